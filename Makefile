@@ -1,0 +1,19 @@
+# 手写 mini-sglang：三个入口命令。每个都会先做 setup（幂等，已完成时几秒内结束）。
+PYTHON ?= $(shell command -v python || command -v python3)
+PYTEST = $(PYTHON) -m pytest --timeout=900
+
+.PHONY: setup test milestone quickstart real-qwen3
+
+setup:            ## 安装依赖并构建离线模型
+	PYTHON=$(PYTHON) bash tools/setup.sh
+
+test: setup       ## 全部测试：骨架无漂移、参考解答全绿、每章骨架全红
+	$(PYTHON) tools/make_skeletons.py --check
+	$(PYTEST) checks --impl solution --strict
+	$(PYTEST) checks/stage1 checks/stage2 --impl skeleton --expect-red -q
+
+milestone: setup  ## 主任务：第二阶段里程碑
+	$(PYTHON) examples/stage2_milestone.py
+
+real-qwen3: setup ## 可选：联网下载真正的 Qwen3-0.6B 到 models/Qwen3-0.6B
+	$(PYTHON) tools/build_models.py --real-qwen3

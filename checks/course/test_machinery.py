@@ -1,0 +1,228 @@
+"""课程机制的检查：在一个只有两章（alpha、beta）的演示课程上验证选择规则、骨架生成、
+漂移检测，以及 pytest 插件的各种模式（含 --expect-red 真能抓住空检查）。"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from minisgl.course.registry import REPO_ROOT, Chapter, chapters_json
+from minisgl.course.skeleton import MarkerError, make_skeleton, parse_tasks
+
+ALPHA = Chapter("alpha", 1, 1, "演示章节一")
+BETA = Chapter("beta", 1, 2, "演示章节二")
+
+ALPHA_SOLUTION = textwrap.dedent('''
+    """演示：一个要学员写的函数。"""
+
+    FACTOR = 2
+
+
+    def double(x: int) -> int:
+        """返回 2x。"""
+        # >>> TASK double: 返回 x 乘以 FACTOR
+        return x * FACTOR
+        # <<< TASK
+''').lstrip()
+
+BETA_SOLUTION = textwrap.dedent('''
+    """演示：依赖上一章，只经由公共命名空间导入。"""
+
+    from minisgl.alpha import double
+
+
+    def quadruple(x: int) -> int:
+        # >>> TASK quadruple: 调用两次 double
+        return double(double(x))
+        # <<< TASK
+''').lstrip()
+
+CHECKS = {
+    "test_alpha.py": "from minisgl.alpha import double\n\n\ndef test_double():\n    assert double(3) == 6, 'double(3) 应为 6'\n",
+    "test_beta.py": "from minisgl.beta import quadruple\n\n\ndef test_quadruple():\n    assert quadruple(3) == 12\n",
+}
+VACUOUS = "\n\ndef test_vacuous():\n    assert 1 + 1 == 2\n"
+
+
+@pytest.fixture()
+def course(tmp_path: Path) -> Path:
+    """一个完整的小课程：章节表、解答、生成的骨架、检查和启用插件的 conftest。"""
+    root = tmp_path / "course"
+    (root / "solutions" / "stage1").mkdir(parents=True)
+    (root / "stage1").mkdir()
+    (root / "checks" / "stage1").mkdir(parents=True)
+    (root / "chapters.json").write_text(chapters_json((ALPHA, BETA)), encoding="utf-8")
+    for ch, src in ((ALPHA, ALPHA_SOLUTION), (BETA, BETA_SOLUTION)):
+        (root / "solutions" / ch.relpath).write_text(src, encoding="utf-8")
+        (root / ch.relpath).write_text(make_skeleton(src, ch), encoding="utf-8")
+    for name, src in CHECKS.items():
+        (root / "checks" / "stage1" / name).write_text(src, encoding="utf-8")
+    (root / "conftest.py").write_text('pytest_plugins = ["minisgl.course.pytest_plugin"]\n', encoding="utf-8")
+    (root / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n", encoding="utf-8")
+    return root
+
+
+def run(course: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MINISGL_")}
+    full_env.update({"MINISGL_COURSE_ROOT": str(course), **(env or {})})
+    return subprocess.run([sys.executable, *args], cwd=course, env=full_env, capture_output=True, text=True, timeout=120)
+
+
+def chosen(course: Path, chapter: str = "alpha", env: dict[str, str] | None = None) -> str:
+    code = f"import minisgl.{chapter} as m; print(m.__name__.split('.')[1])"
+    out = run(course, "-c", code, env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def pytest_run(course: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run(course, "-m", "pytest", "checks", *args, env=env)
+
+
+# --- skeleton generator -------------------------------------------------------------------
+
+
+def test_skeleton_replaces_only_the_task_region():
+    skel = make_skeleton(ALPHA_SOLUTION, ALPHA)
+    assert "return x * FACTOR" not in skel, "任务区段里的解答代码不应留在骨架里"
+    assert "FACTOR = 2" in skel and 'def double(x: int) -> int:\n    """返回 2x。"""' in skel, "任务外的代码应原样保留"
+    assert "    # TODO 任务 double：返回 x 乘以 FACTOR\n    raise NotImplementedError(" in skel, "应保持缩进并写出 TODO"
+    namespace: dict = {}
+    exec(compile(skel, "<skeleton>", "exec"), namespace)
+    with pytest.raises(NotImplementedError) as err:
+        namespace["double"](1)
+    for part in ("第 1.1 章", "alpha", "「double」", "docs/stage1/alpha.md#double", "返回 x 乘以 FACTOR"):
+        assert part in str(err.value), f"NotImplementedError 的消息应包含 {part!r}"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "# >>> TASK a: x\n# >>> TASK b: y\n# <<< TASK\n# <<< TASK\n",  # nested
+        "# >>> TASK a: x\npass\n",  # not closed
+        "pass\n# <<< TASK\n",  # stray end
+        "# >>> TASK a: x\n# <<< TASK\n# >>> TASK a: y\n# <<< TASK\n",  # duplicate name
+        "# >>> TASK a\n# <<< TASK\n",  # no hint
+    ],
+)
+def test_bad_markers_are_rejected(source: str):
+    with pytest.raises(MarkerError):
+        parse_tasks(source)
+
+
+def test_tasks_are_listed_in_order():
+    assert [t.name for t in parse_tasks(ALPHA_SOLUTION + BETA_SOLUTION)] == ["double", "quadruple"]
+
+
+# --- selection rule ---------------------------------------------------------------------------
+
+
+def test_selection_rule(course: Path):
+    assert chosen(course) == "solution", "新克隆：学员文件等于骨架，应使用参考解答"
+    learner = course / ALPHA.relpath
+    learner.write_text(learner.read_text(encoding="utf-8") + "\n# 我开始写了\n", encoding="utf-8")
+    assert chosen(course) == "learner", "学员改过文件后应使用学员代码"
+    assert chosen(course, env={"MINISGL_IMPL": "alpha=solution"}) == "solution", "环境变量可强制用解答"
+    assert chosen(course, env={"MINISGL_IMPL": "skeleton"}) == "skeleton"
+    assert run(course, "-m", "minisgl.course", "use", "solution", "alpha").returncode == 0
+    assert chosen(course) == "solution", "course use 保存的选择应生效"
+    assert chosen(course, env={"MINISGL_IMPL": "alpha=learner"}) == "learner", "环境变量优先于保存的选择"
+    assert run(course, "-m", "minisgl.course", "use", "auto", "all").returncode == 0
+    assert chosen(course) == "learner"
+    assert chosen(course, "beta") == "solution", "没动过的章节仍用解答"
+
+
+def test_alternative_solutions_directory(course: Path, tmp_path: Path):
+    alt = tmp_path / "teacher" / "stage1"
+    alt.mkdir(parents=True)
+    (alt / "alpha.py").write_text("def double(x):\n    return x + x  # 教师版\n", encoding="utf-8")
+    code = "import inspect, minisgl.alpha as m; print('教师版' in inspect.getsource(m))"
+    out = run(course, "-c", code, env={"MINISGL_SOLUTIONS": str(tmp_path / "teacher")})
+    assert out.stdout.strip() == "True", "MINISGL_SOLUTIONS 应指向教师自己的解答目录：" + out.stderr
+
+
+def test_bad_impl_spec_is_a_clear_error(course: Path):
+    out = run(course, "-c", "import minisgl.alpha", env={"MINISGL_IMPL": "gamma=solution"})
+    assert out.returncode != 0 and "gamma" in out.stderr and "已知章节" in out.stderr
+
+
+# --- drift detection ----------------------------------------------------------------------------
+
+
+def test_drift_detection(course: Path):
+    tool = str(REPO_ROOT / "tools" / "make_skeletons.py")
+    assert run(course, tool, "--check").returncode == 0, "骨架与解答一致时不应报漂移"
+    sol = course / "solutions" / ALPHA.relpath
+    sol.write_text(sol.read_text(encoding="utf-8").replace("返回 x 乘以 FACTOR", "新的提示"), encoding="utf-8")
+    out = run(course, tool, "--check")
+    assert out.returncode == 1 and ALPHA.relpath in out.stdout, "改了解答而没重新生成骨架，应报漂移"
+    assert run(course, tool).returncode == 0
+    assert run(course, tool, "--check").returncode == 0, "重新生成后应一致"
+    assert "新的提示" in (course / ALPHA.relpath).read_text(encoding="utf-8")
+
+
+# --- pytest plugin modes --------------------------------------------------------------------
+
+
+def test_solution_strict_passes_and_header_names_impls(course: Path):
+    out = pytest_run(course, "--impl", "solution", "--strict")
+    assert out.returncode == 0, out.stdout
+    assert "alpha" in out.stdout and "参考解答" in out.stdout, "表头应写明每章用的实现"
+
+
+def test_expect_red_accepts_real_checks(course: Path):
+    out = pytest_run(course, "--impl", "skeleton", "--expect-red")
+    assert out.returncode == 0, "两个检查都在骨架上失败，--expect-red 应通过：\n" + out.stdout
+
+
+def test_expect_red_catches_a_vacuous_check(course: Path):
+    check = course / "checks" / "stage1" / "test_beta.py"
+    check.write_text(check.read_text(encoding="utf-8") + VACUOUS, encoding="utf-8")
+    out = pytest_run(course, "--impl", "skeleton", "--expect-red")
+    assert out.returncode != 0, "空检查在骨架上通过了，--expect-red 必须失败"
+    assert "test_vacuous" in out.stdout and "空检查" in out.stdout
+
+
+def test_unstarted_chapters_are_skipped_loudly_and_strict_refuses(course: Path):
+    out = pytest_run(course)
+    assert out.returncode == 0 and "未开始" in out.stdout and "2 skipped" in out.stdout, out.stdout
+    assert pytest_run(course, "--strict").returncode != 0, "--strict 下跳过应算失败"
+
+
+def test_one_broken_chapter_does_not_break_the_next(course: Path):
+    (course / ALPHA.relpath).write_text("def double(x):\n    return x * 3\n", encoding="utf-8")  # wrong
+    (course / BETA.relpath).write_text(BETA_SOLUTION, encoding="utf-8")  # right
+    out = pytest_run(course, "-rA")
+    assert out.returncode != 0
+    assert "FAILED checks/stage1/test_alpha.py" in out.stdout, "学员写错的 alpha 应失败"
+    assert "PASSED checks/stage1/test_beta.py" in out.stdout, "beta 的检查应使用 alpha 的参考解答，不受影响"
+
+
+def test_leave_one_out(course: Path):
+    out = pytest_run(course, "--leave-one-out", "alpha", "-rA")
+    assert out.returncode == 0, "只把 alpha 换回骨架：alpha 应红（按预期），beta 应绿\n" + out.stdout
+    assert "PASSED checks/stage1/test_beta.py" in out.stdout
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def test_cli_status_reset_and_grade(course: Path):
+    out = run(course, "-m", "minisgl.course", "status")
+    assert out.returncode == 0 and "alpha" in out.stdout and "参考解答" in out.stdout, out.stderr
+    learner = course / ALPHA.relpath
+    learner.write_text("def double(x):\n    return 2 * x\n", encoding="utf-8")
+    refused = run(course, "-m", "minisgl.course", "reset", "alpha")
+    assert refused.returncode == 1 and "--force" in refused.stdout, "有改动时重置应拒绝"
+    assert "return 2 * x" in learner.read_text(encoding="utf-8"), "拒绝重置时不能动学员文件"
+    graded = run(course, "-m", "minisgl.course", "grade", "--quiet")
+    assert graded.returncode == 0 and "通过 1/1" in graded.stdout and "未开始" in graded.stdout, graded.stdout
+    status = run(course, "-m", "minisgl.course", "status")
+    assert "学员代码" in status.stdout
+    forced = run(course, "-m", "minisgl.course", "reset", "alpha", "--force")
+    assert forced.returncode == 0 and learner.read_text(encoding="utf-8") == make_skeleton(ALPHA_SOLUTION, ALPHA)

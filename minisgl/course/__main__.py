@@ -1,0 +1,5 @@
+import sys
+
+from minisgl.course.cli import main
+
+sys.exit(main())

@@ -1,0 +1,250 @@
+"""pytest 插件：每章的检查只用这一章的实现，其余章节一律用参考解答。
+
+选项：
+- ``--impl learner``（默认）：检查学员已开始的章节；没开始的章节跳过并标为「未开始」；
+- ``--impl solution``：检查参考解答；``--impl skeleton``：检查未动过的骨架；
+- ``--expect-red``：与 ``--impl skeleton`` 连用，骨架上每个检查都必须失败，通过的就是空检查；
+- ``--leave-one-out 章``：只把这一章换回骨架，它的检查必须全红，其余章节必须全绿；
+- ``--strict``（pytest 自带的选项，这里加严）：出现任何跳过、xfail 或一个检查都没收集到，都算失败；
+- ``--results-json 路径``：把每章的结果写成 JSON（``course status`` 和 ``course grade`` 读它）。
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from minisgl.course import select
+from minisgl.course.registry import CHAPTERS, Chapter, chapter_for_check_file, milestone_stage
+
+IMPL_NAMES = {"learner": "学员代码", "solution": "参考解答", "skeleton": "骨架"}
+_VACUOUS = "这个检查在未动过的骨架上通过了：它没有检验本章的代码（空检查），请让它调用本章的任务。"
+_PLAN = pytest.StashKey["Plan"]()
+
+
+@dataclass
+class FilePlan:
+    """一个检查文件用哪套实现、是否期望失败、是否因“未开始”而跳过。"""
+
+    selection: dict[str, str]
+    chapter: Chapter | None = None
+    expect_red: str | None = None  # None | "each" (every test red) | "file" (at least one red)
+    skip_reason: str | None = None
+
+
+@dataclass
+class Plan:
+    impl: str
+    expect_red: bool
+    leave_one_out: str | None
+    strict: bool
+    results: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    red_files: dict[str, bool] = field(default_factory=dict)  # milestone files under expect-red: saw a red?
+    _files: dict[Path, FilePlan] = field(default_factory=dict)
+
+    def impl_for(self, ch: Chapter) -> str:
+        if self.leave_one_out:
+            return "skeleton" if ch.id == self.leave_one_out else "solution"
+        if self.impl == "learner":
+            return select.choose(ch).impl
+        return self.impl
+
+    def for_file(self, path: Path) -> FilePlan:
+        if path not in self._files:
+            self._files[path] = self._plan_file(path)
+        return self._files[path]
+
+    def _plan_file(self, path: Path) -> FilePlan:
+        ch = chapter_for_check_file(path)
+        everything = {c.id: "solution" for c in CHAPTERS}
+        if ch is not None:
+            impl = self.impl_for(ch)
+            plan = FilePlan({**everything, ch.id: impl}, chapter=ch)
+            if not select.is_written(ch):
+                plan.skip_reason = f"未编写：第 {ch.label} 章 {ch.id} 还没有参考解答"
+            elif self.impl == "learner" and not self.leave_one_out and not select.is_started(ch) and impl != "skeleton":
+                plan.skip_reason = f"未开始：第 {ch.label} 章 {ch.id}（学员文件仍是骨架）"
+            if impl == "skeleton" and (self.expect_red or self.leave_one_out):
+                plan.expect_red = "each"
+            return plan
+        stage = milestone_stage(path)
+        if stage is None:
+            return FilePlan({})  # course machinery and other checks: the normal per-process rule
+        if self.leave_one_out:
+            reverted = next(c for c in CHAPTERS if c.id == self.leave_one_out)
+            red = "file" if reverted.stage <= stage else None
+            return FilePlan({**everything, reverted.id: "skeleton"}, expect_red=red)
+        in_stage = [c for c in CHAPTERS if c.stage == stage and select.is_written(c)]
+        if self.impl == "skeleton":
+            return FilePlan({**everything, **{c.id: "skeleton" for c in in_stage}}, expect_red="file" if self.expect_red else None)
+        return FilePlan({c.id: self.impl_for(c) for c in CHAPTERS})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("minisgl", "手写 mini-sglang 课程检查")
+    group.addoption("--impl", choices=tuple(IMPL_NAMES), default="learner", help="检查哪份实现（默认 learner）")
+    group.addoption("--expect-red", action="store_true", help="骨架上的每个检查都必须失败")
+    group.addoption("--leave-one-out", metavar="CHAPTER", default=None, help="只把这一章换回骨架")
+    group.addoption("--results-json", metavar="PATH", default=None, help="每章结果写到这个 JSON 文件")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    loo = config.getoption("--leave-one-out")
+    if loo is not None and loo not in {c.id for c in CHAPTERS}:
+        raise pytest.UsageError(f"--leave-one-out：没有叫 {loo!r} 的章节")
+    config.stash[_PLAN] = Plan(
+        impl=config.getoption("--impl"),
+        expect_red=config.getoption("--expect-red"),
+        leave_one_out=loo,
+        strict=_strict(config),
+    )
+
+
+def _strict(config: pytest.Config) -> bool:
+    """``--strict`` 是 pytest 自带的选项（pytest 9 打开全部严格模式，更早的版本等于 --strict-markers）；
+    课程在它之上再加一条：不允许跳过、xfail 或空收集。"""
+    try:
+        return bool(config.getini("strict"))
+    except ValueError:
+        return bool(config.getoption("strict_markers", False))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    plan = config.stash[_PLAN]
+    mode = f"--impl {plan.impl}" + (" --expect-red" if plan.expect_red else "")
+    if plan.leave_one_out:
+        mode = f"--leave-one-out {plan.leave_one_out}"
+    lines = [f"手写 mini-sglang 检查（{mode}）：每章的检查只用本章的实现，其余章节用参考解答"]
+    for ch in CHAPTERS:
+        if not select.is_written(ch):
+            lines.append(f"  {ch.label:>4} {ch.id:<16} 未编写")
+            continue
+        impl = plan.impl_for(ch)
+        started = "已开始" if select.is_started(ch) else "未开始"
+        lines.append(f"  {ch.label:>4} {ch.id:<16} {IMPL_NAMES[impl]}（学员文件：{started}）")
+    return lines
+
+
+class _ChapterModule(pytest.Module):
+    """导入检查文件之前先换上它的那套实现，这样文件顶部的 ``from minisgl.x import ...`` 拿到对的对象。"""
+
+    def _getobj(self):  # noqa: ANN202 - pytest internal hook
+        select.use_selection(self.config.stash[_PLAN].for_file(self.path).selection)
+        return super()._getobj()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    if module_path.name.startswith("test_"):
+        return _ChapterModule.from_parent(parent, path=module_path)
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    plan = config.stash[_PLAN]
+    for item in items:
+        reason = plan.for_file(item.path).skip_reason
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    select.use_selection(item.config.stash[_PLAN].for_file(item.path).selection)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201 - hookwrapper
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    plan: Plan = item.config.stash[_PLAN]
+    fplan = plan.for_file(item.path)
+    if fplan.expect_red == "file" and not report.skipped:
+        if report.failed:
+            plan.red_files[str(item.path)] = True
+            report.outcome = "passed"
+        else:
+            plan.red_files.setdefault(str(item.path), False)
+    elif fplan.expect_red == "each" and not report.skipped:
+        # a failure in the call, or a setup failure caused by the skeleton, counts as red
+        if report.failed and (report.when == "call" or "NotImplementedError" in str(report.longrepr)):
+            report.outcome = "passed"
+            report.sections.append(("expect-red", "在骨架上按预期失败"))
+        elif report.when == "call" and report.passed:
+            report.outcome = "failed"
+            report.longrepr = _VACUOUS
+    _record(plan, item.path, report)
+
+
+def _record(plan: Plan, path: Path, report: pytest.TestReport) -> None:
+    """按章（或里程碑）累计结果：每个检查只计一次（调用阶段，或失败的准备阶段）。"""
+    if report.when != "call" and not (report.when == "setup" and not report.passed):
+        return
+    ch = chapter_for_check_file(path)
+    stage = milestone_stage(path)
+    key = ch.id if ch else (f"milestone{stage}" if stage else None)
+    if key is not None:
+        plan.results[key][report.outcome] += 1
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    plan: Plan = session.config.stash[_PLAN]
+    problems: list[str] = []
+    not_red = [p for p, red in plan.red_files.items() if not red]
+    if not_red:
+        problems.append("这些里程碑检查在骨架上没有一个失败：" + ", ".join(not_red))
+    if plan.strict:
+        stats = session.config.pluginmanager.get_plugin("terminalreporter").stats
+        loose = {k: len(stats.get(k, [])) for k in ("skipped", "xfailed", "xpassed")}
+        if session.testscollected == 0:
+            problems.append("--strict：一个检查都没有收集到")
+        for kind, n in loose.items():
+            if n:
+                problems.append(f"--strict：有 {n} 个 {kind}")
+    if problems:
+        session.config.stash[_PROBLEMS] = problems
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _write_results(session.config, plan)
+
+
+_PROBLEMS = pytest.StashKey[list]()
+
+
+def _write_results(config: pytest.Config, plan: Plan) -> None:
+    path = config.getoption("--results-json")
+    target = Path(path) if path else select.workspace_root() / ".minisgl" / "results.json"
+    if not plan.results or (path is None and plan.impl != "learner"):
+        return  # the workspace file records the learner's own runs only
+    old = json.loads(target.read_text(encoding="utf-8")) if target.is_file() else {}
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    for key, counts in plan.results.items():
+        old[key] = {**counts, "impl": plan.impl, "time": stamp}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(old, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    plan: Plan = config.stash[_PLAN]
+    tr = terminalreporter
+    skipped_chapters = sorted(
+        {r.longrepr[2] for r in tr.stats.get("skipped", []) if isinstance(r.longrepr, tuple) and "未开始" in r.longrepr[2]}
+    )
+    if plan.results:
+        tr.section("各章结果")
+        for key, counts in plan.results.items():
+            tr.write_line(
+                f"  {key:<16} 通过 {counts.get('passed', 0):>3}  失败 {counts.get('failed', 0):>3}"
+                f"  跳过 {counts.get('skipped', 0):>3}"
+            )
+    if skipped_chapters:
+        tr.section("未开始的章节（检查已跳过）", red=True, bold=True)
+        for reason in skipped_chapters:
+            tr.write_line(f"  {reason.removeprefix('Skipped: ')}", yellow=True, bold=True)
+        tr.write_line("  动手写这一章（修改 stageN/<章>.py）后，它的检查就会运行。")
+    for problem in config.stash.get(_PROBLEMS, []):
+        tr.write_line(problem, red=True, bold=True)

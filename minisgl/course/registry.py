@@ -1,0 +1,116 @@
+"""章节登记表：所有工具（选择规则、骨架生成、CLI、pytest 插件、文档、笔记本）都从这里读章节信息。"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: 课程根目录：随课程发布的解答所在处。测试课程机制时可指向一个只有演示章节的小课程，
+#: 它的 ``chapters.json`` 代替下面的内置章节表。
+COURSE_ROOT = Path(os.environ.get("MINISGL_COURSE_ROOT") or REPO_ROOT).resolve()
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """一章：学员模块、参考解答、文档页、笔记本和检查文件都由 id 与阶段推出。"""
+
+    id: str
+    stage: int
+    number: int
+    title: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.stage}.{self.number}"
+
+    @property
+    def relpath(self) -> str:
+        """学员文件与解答文件共用的相对路径，如 ``stage1/core.py``。"""
+        return f"stage{self.stage}/{self.id}.py"
+
+    @property
+    def public_module(self) -> str:
+        return f"minisgl.{self.id}"
+
+    @property
+    def learner_module(self) -> str:
+        return f"stage{self.stage}.{self.id}"
+
+    @property
+    def solution_module(self) -> str:
+        return f"solutions.stage{self.stage}.{self.id}"
+
+    @property
+    def docs_page(self) -> str:
+        return f"docs/stage{self.stage}/{self.id}.md"
+
+    @property
+    def notebook(self) -> str:
+        return f"notebooks/stage{self.stage}/{self.number:02d}_{self.id}.ipynb"
+
+    @property
+    def check_file(self) -> str:
+        return f"checks/stage{self.stage}/test_{self.id}.py"
+
+
+BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
+    Chapter("core", 1, 1, "核心数据结构：SamplingParams、Req、Batch、Context"),
+    Chapter("layers", 1, 2, "算子层：线性、嵌入、RMSNorm、RoPE、注意力层"),
+    Chapter("models", 1, 3, "模型：Qwen3 / Llama 解码器与流式权重加载"),
+    Chapter("kvcache", 1, 4, "KV 缓存：分页 KV 池、页表、token 池"),
+    Chapter("attention", 1, 5, "注意力后端：变长批次与分页 KV"),
+    Chapter("engine", 1, 6, "引擎：Engine 与批量采样器"),
+    Chapter("scheduler", 2, 1, "调度器骨架与 LLM.generate"),
+    Chapter("cache_manager", 2, 2, "CacheManager：按需分配页面"),
+    Chapter("radix_cache", 2, 3, "Radix 前缀缓存"),
+    Chapter("chunked_prefill", 2, 4, "分块预填充"),
+    Chapter("overlap", 2, 5, "重叠调度"),
+)
+
+
+
+def _course_chapters() -> tuple[Chapter, ...]:
+    custom = COURSE_ROOT / "chapters.json"
+    if COURSE_ROOT != REPO_ROOT and custom.is_file():
+        return tuple(Chapter(**c) for c in json.loads(custom.read_text(encoding="utf-8")))
+    return BUILTIN_CHAPTERS
+
+
+def chapters_json(chapters: tuple[Chapter, ...]) -> str:
+    """写演示课程的 ``chapters.json`` 用。"""
+    return json.dumps([asdict(c) for c in chapters], ensure_ascii=False, indent=2)
+
+
+CHAPTERS: tuple[Chapter, ...] = _course_chapters()
+STAGES: tuple[int, ...] = tuple(sorted({c.stage for c in CHAPTERS}))
+
+#: 不属于某一章、但依赖各章实现的公共模块；切换实现时与各章模块一起换掉。
+DERIVED_PUBLIC_MODULES: tuple[str, ...] = ("minisgl.llm",)
+
+
+def get_chapter(chapter_id: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter:
+    for ch in chapters:
+        if ch.id == chapter_id:
+            return ch
+    known = ", ".join(c.id for c in chapters)
+    raise KeyError(f"没有叫 {chapter_id!r} 的章节；已知章节：{known}")
+
+
+def chapter_for_check_file(path: str | Path, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter | None:
+    """``checks/stageN/test_<id>.py`` → 对应章节；其他文件（里程碑、课程机制）→ None。"""
+    p = Path(path)
+    for ch in chapters:
+        if p.name == f"test_{ch.id}.py" and p.parent.name == f"stage{ch.stage}":
+            return ch
+    return None
+
+
+def milestone_stage(path: str | Path) -> int | None:
+    """``checks/stageN/test_milestone.py`` → N。"""
+    p = Path(path)
+    if p.name == "test_milestone.py" and p.parent.name.startswith("stage"):
+        return int(p.parent.name.removeprefix("stage"))
+    return None

@@ -1,0 +1,226 @@
+"""每一章用哪份实现：学员代码、参考解答，还是未动过的骨架。
+
+规则（每个进程各自决定）：
+1. 被强制的一章用指定实现——环境变量 ``MINISGL_IMPL``（如 ``solution``、``core=solution,engine=learner``），
+   或 ``python -m minisgl.course use`` 写进工作区 ``.minisgl/selection.json`` 的选择；环境变量优先；
+2. 否则，学员已经动手（文件与生成的骨架不同）就用学员代码；
+3. 否则用参考解答。所以新克隆下来就能跑完整引擎，学员写一章、接管一章。
+
+导入 ``minisgl.<章>`` 时，:class:`ChapterFinder` 直接交出选中的实现模块，
+因此示例、笔记本、检查和学员代码看到的是同一个选择。
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import linecache
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from minisgl.course.registry import CHAPTERS, COURSE_ROOT, DERIVED_PUBLIC_MODULES, Chapter
+from minisgl.course.skeleton import make_skeleton
+
+IMPLS = ("learner", "solution", "skeleton")
+ENV_IMPL = "MINISGL_IMPL"
+ENV_WORKSPACE = "MINISGL_WORKSPACE"
+ENV_SOLUTIONS = "MINISGL_SOLUTIONS"
+_MODULE_PREFIX = "_minisgl_impl"
+
+
+def workspace_root() -> Path:
+    """学员工作区：含 stage1/、stage2/ 的目录；默认就是本仓库。"""
+    return Path(os.environ.get(ENV_WORKSPACE) or COURSE_ROOT).resolve()
+
+
+def solutions_root() -> Path:
+    """参考解答目录；教师可用 ``MINISGL_SOLUTIONS`` 指向自己的一套。"""
+    return Path(os.environ.get(ENV_SOLUTIONS) or COURSE_ROOT / "solutions").resolve()
+
+
+def shipped_solution(ch: Chapter) -> Path:
+    """随课程发布的解答：骨架由它生成，判断“是否开始”也以它为准。"""
+    return COURSE_ROOT / "solutions" / ch.relpath
+
+
+def is_written(ch: Chapter) -> bool:
+    """这一章的参考解答是否已经写好（课程尚在编写中的章节没有解答）。"""
+    return shipped_solution(ch).is_file()
+
+
+def skeleton_source(ch: Chapter) -> str:
+    return make_skeleton(shipped_solution(ch).read_text(encoding="utf-8"), ch)
+
+
+def is_started(ch: Chapter, workspace: Path | None = None) -> bool:
+    """学员文件和随课程发布的骨架不一样，就算开始了这一章。"""
+    path = (workspace or workspace_root()) / ch.relpath
+    if not path.is_file() or not is_written(ch):
+        return False
+    return path.read_text(encoding="utf-8") != skeleton_source(ch)
+
+
+def selection_file(workspace: Path | None = None) -> Path:
+    return (workspace or workspace_root()) / ".minisgl" / "selection.json"
+
+
+def parse_impl_spec(spec: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> dict[str, str]:
+    """``solution`` → 全部章节；``core=solution,engine=learner`` → 指定章节；``all=`` 同全部。"""
+    out: dict[str, str] = {}
+    ids = [c.id for c in chapters]
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, _, value = part.rpartition("=")
+        key = key or "all"
+        if value not in IMPLS + ("auto",):
+            raise ValueError(f"{ENV_IMPL} 里的实现 {value!r} 不认识；可选：{', '.join(IMPLS)}, auto")
+        if key == "all":
+            out.update(dict.fromkeys(ids, value))
+        elif key in ids:
+            out[key] = value
+        else:
+            raise ValueError(f"{ENV_IMPL} 里的章节 {key!r} 不存在；已知章节：{', '.join(ids)}")
+    return out
+
+
+def saved_selection(workspace: Path | None = None) -> dict[str, str]:
+    path = selection_file(workspace)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def save_selection(choices: dict[str, str], workspace: Path | None = None) -> None:
+    path = selection_file(workspace)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = {k: v for k, v in choices.items() if v != "auto"}
+    path.write_text(json.dumps(kept, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Choice:
+    impl: str  # learner | solution | skeleton
+    reason: str  # why, in Chinese, for status tables and the pytest header
+
+
+#: 进程内的覆盖（pytest 插件按章节隔离时设置），优先于环境变量和保存的选择。
+_override: dict[str, str] = {}
+
+
+def choose(ch: Chapter) -> Choice:
+    """按模块文档里的规则为一章选实现。"""
+    if ch.id in _override:
+        return Choice(_override[ch.id], "检查隔离")
+    env = parse_impl_spec(os.environ.get(ENV_IMPL, "")).get(ch.id, "auto")
+    requested, source = (env, ENV_IMPL) if env != "auto" else (saved_selection().get(ch.id, "auto"), "course use")
+    if requested != "auto":
+        return Choice(requested, f"由 {source} 指定")
+    if is_started(ch):
+        return Choice("learner", "学员已开始")
+    return Choice("solution", "未开始，用参考解答")
+
+
+def impl_path(ch: Chapter, impl: str) -> Path:
+    if impl == "learner":
+        return workspace_root() / ch.relpath
+    if impl == "solution":
+        return solutions_root() / ch.relpath
+    return shipped_solution(ch)  # the skeleton is generated from it
+
+
+def _load(ch: Chapter, impl: str) -> ModuleType:
+    """按文件路径加载一章的实现，模块名互不冲突，方便同一进程里缓存多套选择。"""
+    path = impl_path(ch, impl)
+    if not path.is_file():
+        who = {"learner": "学员文件", "solution": "参考解答", "skeleton": "参考解答（生成骨架用）"}[impl]
+        raise ImportError(f"第 {ch.label} 章 {ch.id}：找不到{who} {path}")
+    name = f"{_MODULE_PREFIX}.{impl}.stage{ch.stage}.{ch.id}"
+    if impl == "skeleton":
+        source, filename = skeleton_source(ch), f"<skeleton {ch.relpath}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        module = ModuleType(name)
+        module.__file__ = filename
+        sys.modules[name] = module
+        try:
+            exec(compile(source, filename, "exec"), module.__dict__)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        return module
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+#: 本进程里各章实际用了哪份实现（pytest 表头、status 读它）。
+active: dict[str, Choice] = {}
+
+
+class ChapterFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import minisgl.<章>`` 的查找器：按 :func:`choose` 加载实现，并把它作为该公共模块交出。"""
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 - importlib protocol
+        if any(c.public_module == fullname for c in CHAPTERS):
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        ch = next(c for c in CHAPTERS if c.public_module == spec.name)
+        choice = choose(ch)
+        module = _load(ch, choice.impl)
+        active[ch.id] = choice
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        """实现模块在 create_module 里已经执行过。"""
+
+
+def install_finder() -> None:
+    if not any(isinstance(f, ChapterFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, ChapterFinder())
+
+
+def _managed(name: str) -> bool:
+    return (
+        name.startswith(_MODULE_PREFIX + ".")
+        or name in DERIVED_PUBLIC_MODULES
+        or any(name == c.public_module for c in CHAPTERS)
+    )
+
+
+_cache: dict[tuple[tuple[str, str], ...], dict[str, ModuleType]] = {}
+
+
+def use_selection(selection: dict[str, str]) -> None:
+    """在同一进程里换一套选择（pytest 按章节隔离用）。
+
+    当前这套已导入的章节模块存起来，换上另一套的（没有就在下次导入时现加载），
+    这样同一章的检查总是拿到同一套对象，换来换去也不会重复加载。
+    """
+    global _override
+    current = tuple(sorted(_override.items()))
+    wanted = tuple(sorted(selection.items()))
+    if current == wanted:
+        return
+    _cache[current] = {n: sys.modules.pop(n) for n in [n for n in sys.modules if _managed(n)]}
+    _override = dict(selection)
+    active.clear()
+    package = sys.modules["minisgl"]
+    for name in [c.public_module for c in CHAPTERS] + list(DERIVED_PUBLIC_MODULES):
+        package.__dict__.pop(name.removeprefix("minisgl."), None)
+    for name, module in _cache.get(wanted, {}).items():
+        sys.modules[name] = module
+        if name.startswith("minisgl."):
+            setattr(package, name.removeprefix("minisgl."), module)
+    for ch in CHAPTERS:
+        if ch.public_module in sys.modules:
+            active[ch.id] = Choice(_override.get(ch.id, "solution"), "检查隔离")

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# 一键安装：Python 依赖 + 离线模型（models/）。可重复运行：已装好、已构建的部分会直接跳过。
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-$(command -v python || command -v python3)}"
+
+mkdir -p .minisgl
+stamp=.minisgl/setup.stamp
+want="$(cat pyproject.toml tools/setup.sh | sha256sum | cut -c1-16) $("$PY" -c 'import sys; print(sys.prefix)')"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c "import minisgl, torch, transformers, gguf" 2>/dev/null; then
+    if ! "$PY" -c "import torch" 2>/dev/null; then
+        # 这里给出一个确切版本：在课程的机器上它是本地磁盘上的 CPU 版；别处则是 PyPI 上的普通 torch。
+        "$PY" -m pip install "torch==${MINISGL_TORCH_VERSION:-2.13.0}" || {
+            echo "安装 torch 失败：请检查能否访问 PyPI，或先自行安装 torch 再运行 make setup。" >&2
+            exit 1
+        }
+    fi
+    "$PY" -m pip install -e ".[all]" || {
+        echo "安装依赖失败：请检查能否访问 PyPI，然后重新运行 make setup。" >&2
+        exit 1
+    }
+    echo "$want" > "$stamp"
+fi
+"$PY" tools/build_models.py
