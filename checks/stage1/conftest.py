@@ -1,0 +1,124 @@
+"""第 1 阶段检查共用的工具：模型路径、Hugging Face 参考输出、手工填批次。
+
+这里不导入任何章节模块（``minisgl.core`` 等）：每个检查文件用哪套实现由 pytest 插件在导入那个文件时决定，
+共用代码若在这里先导入，就会绑定到错误的那一套。需要章节里的类时，由检查文件把类传进来。
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minisgl import model_zoo
+
+#: SmolLM2 上做逐 token 比对的提示词：长短不一（1 到 60 多个 token）、代码、数字、对话模板、中文。
+SMOLLM2_PROMPTS = [
+    "The capital of France is",
+    "Hello",
+    "1, 2, 3, 4, 5,",
+    "def fibonacci(n):\n",
+    "Translate to French: Good morning, how are you?",
+    "今天天气很好，我们",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who went out every "
+    "morning before sunrise. One day, while pulling in his nets, he found something strange:",
+    "<|im_start|>user\nWhat is the tallest mountain in the world?<|im_end|>\n<|im_start|>assistant\n",
+]
+SMOLLM2_TOKENS = 32
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> str:
+    return str(model_zoo.tiny_qwen3())
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    return str(model_zoo.smollm2())
+
+
+@pytest.fixture(scope="session")
+def qwen06b_path() -> str:
+    return str(model_zoo.qwen3_06b_random())
+
+
+@pytest.fixture(scope="session")
+def smollm2_prompts(smollm2_path: str) -> list[list[int]]:
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    return [tok(p)["input_ids"] for p in SMOLLM2_PROMPTS]
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_path: str, smollm2_prompts: list[list[int]]) -> list[list[int]]:
+    """每个提示词在 HF 上贪心生成 32 个 token（整个会话只算一次）。"""
+    model = Hand.load_hf(smollm2_path)
+    return [Hand.hf_greedy(model, p, SMOLLM2_TOKENS) for p in smollm2_prompts]
+
+
+# ----------------------------------------------------------------------------- 共用工具
+
+
+class Hand:
+    """检查里共用的小工具（HF 参考、手工驱动引擎），经 ``hand`` fixture 拿到（检查文件不能 import conftest）。"""
+
+    @staticmethod
+    def load_hf(path: str) -> torch.nn.Module:
+        """fp32 的 HF 模型。第 1 阶段的引擎不看 EOS，所以让 HF 的 generate 也不在 EOS 处停下。"""
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model.generation_config.eos_token_id = None
+        return model
+
+    @staticmethod
+    @torch.inference_mode()
+    def hf_greedy(model: torch.nn.Module, prompt: list[int], max_tokens: int) -> list[int]:
+        """Hugging Face ``generate`` 的贪心输出（只返回新 token）。"""
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False)
+        return out[0, len(prompt) :].tolist()
+
+    @staticmethod
+    def assign_pages(engine, row: int) -> None:  # noqa: ANN001 - engine from whichever implementation
+        """给页表第 ``row`` 行静态分配能装下 max_seq_len 个 token 的页（各行互不重叠）。页号用固定的种子打乱，
+        这样只有真正按页表读写的实现才能通过。"""
+        page_size = engine.config.page_size
+        per_row = -(-engine.max_seq_len // page_size)
+        perm = torch.randperm(engine.num_pages, generator=torch.Generator().manual_seed(0))
+        pages = perm[row * per_row : (row + 1) * per_row]
+        assert len(pages) == per_row, "测试配置的页数不够每行静态分配"
+        slots = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[: engine.max_seq_len]
+        engine.page_table[row] = slots.to(torch.int32).to(engine.page_table.device)
+
+    @staticmethod
+    def fill_batch(engine, batch) -> None:  # noqa: ANN001
+        """像第 1 阶段里程碑那样手工填好批次字段，并让注意力后端准备元数据。"""
+        reqs, device = batch.reqs, engine.device
+        batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs]).to(device)
+        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs]).to(device)
+        batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len : r.device_len] for r in reqs])
+        engine.attn_backend.prepare_metadata(batch)
+
+    @staticmethod
+    def step(engine, batch):  # noqa: ANN001, ANN201
+        """前向一步并把新 token 接到每个请求后面；返回 ForwardOutput。"""
+        Hand.fill_batch(engine, batch)
+        out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+        out.copy_done_event.synchronize()
+        for req, token in zip(batch.reqs, out.next_tokens_cpu):
+            req.append_host(token.reshape(1))
+        return out
+
+    @staticmethod
+    def run_to_completion(engine, batch_cls: Callable, reqs: list) -> list[list[int]]:  # noqa: ANN001
+        """整批一起：一次预填充，然后解码到所有请求都生成完（各请求的 output_len 相同）。返回新 token。"""
+        prompt_lens = [len(r.input_ids) for r in reqs]
+        Hand.step(engine, batch_cls(reqs, "prefill"))
+        while reqs[0].can_decode:
+            Hand.step(engine, batch_cls(reqs, "decode"))
+        return [r.input_ids[n:].tolist() for r, n in zip(reqs, prompt_lens)]
+
+
+@pytest.fixture(scope="session")
+def hand() -> type[Hand]:
+    return Hand

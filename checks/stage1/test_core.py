@@ -1,0 +1,108 @@
+"""第 1.1 章 core 的检查：采样参数校验、请求的长度记账、批次与全局上下文。"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, set_global_ctx
+
+
+def make_req(prompt_len: int = 5, output_len: int = 3, cached_len: int = 0, table_idx: int = 0) -> Req:
+    ids = torch.arange(100, 100 + prompt_len, dtype=torch.int32)
+    return Req(ids, table_idx=table_idx, cached_len=cached_len, output_len=output_len, uid=7, sampling_params=SamplingParams())
+
+
+def test_sampling_params_validate() -> None:
+    for ok in [SamplingParams(), SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_tokens=1)]:
+        ok.validate()
+    assert SamplingParams().is_greedy and SamplingParams(temperature=1.0, top_k=1).is_greedy
+    assert not SamplingParams(temperature=0.5).is_greedy
+    bad = [
+        SamplingParams(temperature=-0.1),
+        SamplingParams(top_k=0),
+        SamplingParams(top_k=-2),
+        SamplingParams(top_p=0.0),
+        SamplingParams(top_p=1.5),
+        SamplingParams(max_tokens=0),
+    ]
+    for params in bad:
+        with pytest.raises(ValueError):
+            params.validate()
+            pytest.fail(f"{params} 应该被 validate() 拒绝（ValueError）")
+
+
+def test_req_lengths() -> None:
+    req = make_req(prompt_len=5, output_len=3)
+    assert (req.cached_len, req.device_len, req.max_device_len) == (0, 5, 8), "新请求：device_len=提示词长，max_device_len=提示词长+output_len"
+    assert req.extend_len == 5, "预填充要算整段提示词"
+    assert req.remain_len == 3 and req.can_decode
+    prefixed = make_req(prompt_len=6, output_len=2, cached_len=4)
+    assert prefixed.extend_len == 2, "已缓存 4 个 token 时只需算剩下的 2 个"
+    batch = Batch([req, prefixed], "prefill")
+    assert batch.is_prefill and not batch.is_decode and batch.size == 2
+
+
+@pytest.mark.parametrize(
+    "prompt_len, output_len, cached_len",
+    [(5, 3, 5), (5, 3, 6), (5, 3, -1), (0, 3, 0), (5, -1, 0)],
+)
+def test_req_invariant_rejected(prompt_len: int, output_len: int, cached_len: int) -> None:
+    with pytest.raises(ValueError):
+        make_req(prompt_len=prompt_len, output_len=output_len, cached_len=cached_len)
+        pytest.fail("违反 0 <= cached_len < device_len <= max_device_len 的请求应当抛 ValueError")
+
+
+def test_req_input_ids_must_be_on_cpu() -> None:
+    with pytest.raises(ValueError):
+        Req(torch.zeros(3, dtype=torch.int32, device="meta"), 0, 0, 2, 0, SamplingParams())
+        pytest.fail("input_ids 不在 CPU 上时应当抛 ValueError")
+
+
+def test_complete_one_produces_exactly_output_len_tokens() -> None:
+    """预填充 1 次 + 解码若干次：一共恰好 output_len 次前向，每次之后长度记账都对。"""
+    prompt_len, output_len = 4, 5
+    req = make_req(prompt_len=prompt_len, output_len=output_len)
+    extend_lens, forwards = [], 0
+    while True:
+        extend_lens.append(req.extend_len)
+        req.complete_one()  # 一次前向
+        forwards += 1
+        req.append_host(torch.tensor([900 + forwards], dtype=torch.int32))
+        assert req.cached_len == req.device_len - 1, "前向之后：除了刚采样的 token，其余都在缓存里"
+        assert 0 <= req.cached_len < req.device_len <= req.max_device_len
+        assert len(req.input_ids) == req.device_len, "主机上的 input_ids 应与 device_len 一样长"
+        if not req.can_decode:
+            break
+    assert forwards == output_len, f"应当恰好生成 {output_len} 个 token，实际 {forwards}"
+    assert extend_lens == [prompt_len] + [1] * (output_len - 1), "第一步算整段提示词，之后每步 1 个"
+    assert req.remain_len == 0
+
+
+def test_append_host() -> None:
+    req = make_req(prompt_len=3)
+    req.complete_one()
+    req.append_host(torch.tensor([42], dtype=torch.int32))
+    assert req.input_ids.tolist() == [100, 101, 102, 42]
+    assert req.input_ids.dtype == torch.int32 and req.input_ids.dim() == 1 and req.input_ids.is_cpu
+
+
+def test_context_forward_batch() -> None:
+    ctx = Context(page_size=4)
+    batch = Batch([make_req()], "prefill")
+    with ctx.forward_batch(batch):
+        assert ctx.batch is batch
+        with pytest.raises(RuntimeError):
+            with ctx.forward_batch(batch):
+                pass
+            pytest.fail("forward_batch 嵌套时应当抛 RuntimeError")
+    with pytest.raises(RuntimeError):
+        _ = ctx.batch  # 离开 with 之后没有当前批次
+    with pytest.raises(KeyError):
+        with ctx.forward_batch(batch):
+            raise KeyError("前向出错")
+    with ctx.forward_batch(batch):  # 出错之后批次也要清掉，能再次进入
+        pass
+    set_global_ctx(ctx)
+    assert get_global_ctx() is ctx
+    set_global_ctx(None)

@@ -1,0 +1,228 @@
+"""第 1.6 章 engine 的检查：批量采样器（贪心、温度、top-k、top-p、种子、一批里各自的参数），
+forward_batch 的约定（推进请求、写 token 池、主机副本不共享内存），KV 页数的决定，
+以及 SmolLM2 上与 Hugging Face generate 逐 token 一致：每个请求单独跑、全部放一批，page_size 1 和 4，torch 和 SDPA 后端。"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minisgl.engine as engine_module
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import Engine, EngineConfig, Sampler, resolve_device, resolve_dtype, top_k_top_p_filter
+
+VOCAB = 50
+
+
+def fake_batch(params: list[SamplingParams], device_len: int = 5) -> Batch:
+    reqs = [Req(torch.arange(device_len, dtype=torch.int32), i, 0, 8, i, p) for i, p in enumerate(params)]
+    return Batch(reqs, "decode")
+
+
+def sample(params: list[SamplingParams], logits: torch.Tensor, seed: int = 0, device_len: int = 5) -> torch.Tensor:
+    sampler = Sampler(torch.device("cpu"), logits.shape[-1], seed)
+    return sampler.sample(logits, sampler.prepare(fake_batch(params, device_len)))
+
+
+def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_and_temperature_to_zero() -> None:
+    logits = random_logits(6)
+    argmax = logits.argmax(-1)
+    assert torch.equal(sample([SamplingParams()] * 6, logits), argmax), "temperature=0 应当就是 argmax"
+    tiny = [SamplingParams(temperature=1e-4) for _ in range(6)]
+    for seed in range(5):
+        assert torch.equal(sample(tiny, logits, seed), argmax), "温度趋于 0 时采样应退化为贪心"
+    assert torch.equal(sample([SamplingParams(temperature=2.0, top_k=1)] * 6, logits), argmax), "top_k=1 就是贪心"
+
+
+def test_top_k_never_outside() -> None:
+    logits = random_logits(4, seed=1)
+    for k in (1, 3, 10):
+        allowed = logits.topk(k, dim=-1).indices
+        for seed in range(40):
+            got = sample([SamplingParams(temperature=5.0, top_k=k)] * 4, logits, seed)
+            assert all(got[i] in allowed[i] for i in range(4)), f"top_k={k} 时采到了前 {k} 名之外的 token"
+
+
+def test_top_p_never_outside_nucleus() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.05, 0.05, 0.8, 0.1]])
+    logits = probs.log()
+    nucleus = {0.6: [{0, 1}, {2}], 0.85: [{0, 1, 2}, {2, 3}], 0.3: [{0}, {2}]}
+    for top_p, allowed in nucleus.items():
+        seen: list[set] = [set(), set()]
+        for seed in range(60):
+            got = sample([SamplingParams(temperature=1.0, top_p=top_p)] * 2, logits, seed)
+            for i in range(2):
+                assert got[i].item() in allowed[i], f"top_p={top_p} 时采到了核之外的 token {got[i].item()}"
+                seen[i].add(got[i].item())
+        assert seen == allowed, f"top_p={top_p} 时核里的 token 都应该有机会被采到"
+    filtered = top_k_top_p_filter(probs, torch.tensor([2, 4]), torch.tensor([0.7, 0.85]))
+    kept = filtered > 0
+    assert kept.tolist() == [[True, True, False, False], [False, False, True, True]], "先取前 k 名，再在其中（重新归一化后）取最小的核"
+    torch.testing.assert_close(filtered[0, 0] / filtered[0, 1], torch.tensor(0.5 / 0.3), msg="留下的 token 之间的比例不能变")
+
+
+def test_sampling_follows_distribution() -> None:
+    probs = torch.tensor([0.6, 0.3, 0.1] + [0.0] * 7)
+    logits = probs.log().expand(2000, -1).contiguous()
+    got = sample([SamplingParams(temperature=1.0)] * 2000, logits, seed=3)
+    freq = torch.bincount(got, minlength=10).float() / 2000
+    torch.testing.assert_close(freq, probs, atol=0.04, rtol=0, msg="temperature=1 时采样频率应接近 softmax 概率")
+
+
+def test_seed_reproducible() -> None:
+    logits = random_logits(4, seed=2)
+    params = [SamplingParams(temperature=1.5)] * 4
+    runs = [tuple(sample(params, logits, seed=11).tolist()) for _ in range(2)]
+    assert runs[0] == runs[1], "同一个引擎种子应得到相同结果"
+    others = {tuple(sample(params, logits, seed=s).tolist()) for s in range(12, 20)}
+    assert len(others | {runs[0]}) > 1, "不同的种子应当（几乎总是）得到不同的结果"
+    seeded = SamplingParams(temperature=1.5, seed=123)
+    alone = sample([seeded], logits[2:3], seed=0)
+    together = sample([SamplingParams(temperature=1.5), SamplingParams(), seeded, seeded], logits, seed=99)
+    assert together[2] == alone[0], "带种子的请求，结果与同批的其他请求和引擎种子无关"
+    by_position = {sample([seeded], logits[2:3], seed=0, device_len=n).item() for n in range(5, 15)}
+    assert len(by_position) > 1, "带种子的请求在不同位置上应得到不同的随机数"
+
+
+def test_per_request_params_in_one_batch() -> None:
+    logits = random_logits(4, seed=4)
+    order = logits.argsort(dim=-1, descending=True)
+    params = [
+        SamplingParams(),  # 贪心
+        SamplingParams(temperature=3.0, top_k=2),
+        SamplingParams(temperature=3.0, top_p=0.05),  # 核里只有第一名
+        SamplingParams(temperature=3.0),
+    ]
+    seen_row3 = set()
+    for seed in range(30):
+        got = sample(params, logits, seed)
+        assert got[0] == order[0, 0], "贪心的行应取 argmax"
+        assert got[1] in order[1, :2], "top_k=2 的行只能采前两名"
+        assert got[2] == order[2, 0], "top_p 很小时只剩第一名"
+        seen_row3.add(got[3].item())
+    assert len(seen_row3) > 3, "不限制的高温行应当采到很多不同的 token"
+
+
+# ----------------------------------------------------------------------------- 引擎
+
+
+def tiny_engine(path: str, **kw) -> Engine:  # noqa: ANN003
+    cfg = {"num_page_override": 320, "max_seq_len_override": 64, "max_running_req": 4, **kw}
+    return Engine(EngineConfig(path, **cfg))
+
+
+def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
+    engine = tiny_engine(tiny_path)
+    assert engine.device == resolve_device("auto") and engine.dtype == resolve_dtype(None, engine.device)
+    assert engine.page_table.shape == engine.token_pool.shape == (5, 64) and engine.num_pages == 320
+    reqs = []
+    for row, prompt in [(1, [5, 6, 7]), (3, [8, 9])]:
+        hand.assign_pages(engine, row)
+        reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), row, 0, 3, row, SamplingParams()))
+    batch = Batch(reqs, "prefill")
+    hand.fill_batch(engine, batch)
+    out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+    assert [(r.cached_len, r.device_len) for r in reqs] == [(3, 4), (2, 3)], "forward_batch 要对每个请求调用 complete_one"
+    assert out.next_tokens_gpu.dtype == torch.int32 and out.next_tokens_gpu.shape == (2,)
+    assert engine.token_pool[1, 3] == out.next_tokens_gpu[0] and engine.token_pool[3, 2] == out.next_tokens_gpu[1], (
+        "新 token 应写进 token_pool[table_idx, 它的位置]"
+    )
+    out.copy_done_event.synchronize()
+    host = out.next_tokens_cpu.clone()
+    assert out.next_tokens_cpu.device.type == "cpu"
+    assert out.next_tokens_cpu.data_ptr() != out.next_tokens_gpu.data_ptr(), "主机副本不能与设备上的结果共享内存"
+    out.next_tokens_gpu.fill_(-1)
+    assert torch.equal(out.next_tokens_cpu, host), "改动设备上的结果不应影响主机副本"
+    # 调度器自己推进请求、自己写 token 池时，引擎两样都不做
+    for req, token in zip(reqs, host):
+        req.append_host(token.reshape(1))
+    batch = Batch(reqs, "decode")
+    hand.fill_batch(engine, batch)
+    pool = engine.token_pool.clone()
+    for req in reqs:
+        req.complete_one()
+    engine.forward_batch(batch, engine.sampler.prepare(batch), complete_reqs=False, write_tokens=False)
+    assert [(r.cached_len, r.device_len) for r in reqs] == [(4, 5), (3, 4)], "complete_reqs=False 时不能再推进请求"
+    assert torch.equal(engine.token_pool, pool), "write_tokens=False 时不能写 token 池"
+    engine.shutdown()
+
+
+def test_num_pages(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = tiny_engine(tiny_path)
+    assert engine.num_pages == 320 and engine.max_seq_len == 64
+    per_page = engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32)
+    free = iter([10**9, 10**9 - 10**8] * 2)  # 加载前 1 GB 空闲，模型占了 100 MB
+    monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
+    engine = Engine(EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64))
+    assert engine.num_pages == (5 * 10**8 - 10**8) // per_page, "页数 = (空闲 × 比例 − 模型占用) ÷ 每页字节数"
+    free = iter([10**6, 10**6 - 6 * 10**5])  # 模型占掉的比 1 MB × 0.5 还多
+    with pytest.raises(RuntimeError):
+        Engine(EngineConfig(tiny_path, memory_ratio=0.5))
+        pytest.fail("内存放不下 KV 缓存时应当抛 RuntimeError")
+
+
+def test_fast_linear_agrees_with_reference(tiny_path: str, hand) -> None:  # noqa: ANN001
+    """CPU 快速路径（oneDNN 重排的权重）与参考路径 F.linear 的 logits 一致。"""
+    logits = []
+    for fast in (True, False):
+        engine = tiny_engine(tiny_path, cpu_fast_linear=fast)
+        assert engine.fast_linear == fast
+        hand.assign_pages(engine, 0)
+        req = Req(torch.tensor([3, 1, 4, 1, 5], dtype=torch.int32), 0, 0, 2, 0, SamplingParams())
+        batch = Batch([req], "prefill")
+        hand.fill_batch(engine, batch)
+        with torch.inference_mode(), engine.ctx.forward_batch(batch):
+            logits.append(engine.model.forward())
+        engine.forward_batch(batch, engine.sampler.prepare(batch))
+        engine.shutdown()
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-4, msg="oneDNN 路径与 F.linear 路径不一致")
+
+
+@pytest.fixture(scope="module")
+def smollm2_engines(smollm2_path: str) -> dict:
+    """(后端, page_size) → 引擎；模块内共用。"""
+    engines = {}
+    for backend in ("sdpa", "torch"):
+        for page_size in (1, 4):
+            engines[backend, page_size] = Engine(
+                EngineConfig(smollm2_path, max_running_req=8, num_page_override=8 * 128 // page_size,
+                             max_seq_len_override=128, page_size=page_size, attention_backend=backend)
+            )  # fmt: skip
+    return engines
+
+
+def make_reqs(engine: Engine, hand, prompts: list[list[int]], n: int, rows: list[int]) -> list[Req]:  # noqa: ANN001
+    reqs = []
+    for row, prompt in zip(rows, prompts):
+        hand.assign_pages(engine, row)
+        reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), row, 0, n, row, SamplingParams()))
+    return reqs
+
+
+def describe_mismatch(ours: list[list[int]], ref: list[list[int]]) -> str:
+    bad = [(i, next(j for j, (a, b) in enumerate(zip(o, r)) if a != b)) for i, (o, r) in enumerate(zip(ours, ref)) if o != r]
+    return "与 HF generate 不一致的提示词（序号, 第几个 token）：" + ", ".join(f"({i}, {j})" for i, j in bad)
+
+
+@pytest.mark.parametrize("backend, page_size", [("sdpa", 1), ("torch", 4)])
+def test_smollm2_each_alone_equals_hf(smollm2_engines, smollm2_prompts, smollm2_reference, hand, backend, page_size) -> None:  # noqa: ANN001
+    engine = smollm2_engines[backend, page_size]
+    ours = []
+    for i, prompt in enumerate(smollm2_prompts):
+        [req] = make_reqs(engine, hand, [prompt], len(smollm2_reference[i]), [i])
+        ours += hand.run_to_completion(engine, Batch, [req])
+    assert ours == smollm2_reference, describe_mismatch(ours, smollm2_reference)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "torch"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_smollm2_batched_equals_hf(smollm2_engines, smollm2_prompts, smollm2_reference, hand, backend, page_size) -> None:  # noqa: ANN001
+    engine = smollm2_engines[backend, page_size]
+    rows = list(range(len(smollm2_prompts)))[::-1]  # 行号倒过来，不与序号相同
+    reqs = make_reqs(engine, hand, smollm2_prompts, len(smollm2_reference[0]), rows)
+    ours = hand.run_to_completion(engine, Batch, reqs)
+    assert ours == smollm2_reference, describe_mismatch(ours, smollm2_reference)

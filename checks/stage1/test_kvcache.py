@@ -1,0 +1,91 @@
+"""第 1.4 章 kvcache 的检查：KV 池的形状与视图、只写 out_loc、页号换槽位、每页字节数；经引擎写 KV 也只落在 out_loc。"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import Engine, EngineConfig
+from minisgl.kvcache import MHAKVCache, create_page_table, pages_to_slots
+
+
+def make_cache(page_size: int = 4, num_pages: int = 6) -> MHAKVCache:
+    return MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=num_pages, page_size=page_size,
+                      dtype=torch.float32, device="cpu")  # fmt: skip
+
+
+def test_buffer_and_views() -> None:
+    cache = make_cache()
+    for layer in range(3):
+        k, v = cache.k_cache(layer), cache.v_cache(layer)
+        assert k.shape == v.shape == (24, 2, 8), "每层 K/V 应摊平成 [num_pages * page_size, KV 头数, head_dim]"
+        assert not k.any() and not v.any(), "KV 池应初始化为 0（未写过的槽位不能是 NaN）"
+        k.fill_(layer + 1)  # 是视图：写它就是写池子
+    assert cache.k_cache(1)[0, 0, 0] == 2 and cache.k_cache(2)[-1, -1, -1] == 3, "k_cache 应返回池子的视图，而不是拷贝"
+    assert not cache.v_cache(0).any(), "K 和 V 不能是同一块内存"
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_store_kv_writes_exactly_out_loc(page_size: int) -> None:
+    torch.manual_seed(0)
+    cache = make_cache(page_size=page_size, num_pages=24 // page_size)
+    for layer in range(3):
+        cache.k_cache(layer).copy_(torch.randn(24, 2, 8))
+        cache.v_cache(layer).copy_(torch.randn(24, 2, 8))
+    before_k = [cache.k_cache(i).clone() for i in range(3)]
+    before_v = [cache.v_cache(i).clone() for i in range(3)]
+    out_loc = torch.tensor([17, 3, 9, 22, 0], dtype=torch.int32)
+    k, v = torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    cache.store_kv(k, v, out_loc, layer_id=1)
+    torch.testing.assert_close(cache.k_cache(1)[out_loc.long()], k, msg="K 没写到 out_loc 指定的槽位")
+    torch.testing.assert_close(cache.v_cache(1)[out_loc.long()], v, msg="V 没写到 out_loc 指定的槽位")
+    untouched = torch.ones(24, dtype=torch.bool)
+    untouched[out_loc.long()] = False
+    for layer in range(3):
+        keep = untouched if layer == 1 else torch.ones(24, dtype=torch.bool)
+        assert torch.equal(cache.k_cache(layer)[keep], before_k[layer][keep]), f"第 {layer} 层不该写的 K 槽位被改了"
+        assert torch.equal(cache.v_cache(layer)[keep], before_v[layer][keep]), f"第 {layer} 层不该写的 V 槽位被改了"
+
+
+def test_pages_to_slots() -> None:
+    assert pages_to_slots(torch.tensor([3, 1], dtype=torch.int32), 2).tolist() == [6, 7, 2, 3]
+    assert pages_to_slots(torch.tensor([5, 0, 2]), 1).tolist() == [5, 0, 2]
+    slots = pages_to_slots(torch.tensor([2, 0], dtype=torch.int32), 4)
+    assert slots.tolist() == [8, 9, 10, 11, 0, 1, 2, 3] and slots.dtype == torch.int32, "应保持页号的 dtype"
+
+
+def test_bytes_per_page() -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        cache = MHAKVCache(2, 3, 8, num_pages=5, page_size=4, dtype=dtype, device="cpu")
+        total = cache._kv_buffer.numel() * cache._kv_buffer.element_size()
+        assert MHAKVCache.bytes_per_page(2, 3, 8, 4, dtype) * 5 == total, "每页字节数 × 页数应等于整个 KV 池的大小"
+    assert MHAKVCache.bytes_per_page(8, 28, 128, 1, torch.float32) == 2 * 28 * 8 * 128 * 4
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_engine_writes_kv_only_at_out_loc(tiny_path: str, hand, page_size: int) -> None:  # noqa: ANN001
+    """经过完整的前向：每层 KV 池里被改动的槽位恰好就是 out_loc（预填充和解码都一样）。"""
+    engine = Engine(EngineConfig(tiny_path, max_running_req=2, num_page_override=256 // page_size,
+                                 max_seq_len_override=64, page_size=page_size, attention_backend="torch"))  # fmt: skip
+    page_table = create_page_table(2, 64, "cpu")
+    assert page_table.shape == engine.page_table.shape and page_table.dtype == torch.int32
+    reqs = []
+    for row, prompt in enumerate([[1, 2, 3, 4, 5], [9, 8, 7]]):
+        hand.assign_pages(engine, row)
+        reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), row, 0, 4, row, SamplingParams()))
+    for phase in ("prefill", "decode", "decode"):
+        batch = Batch(reqs, phase)
+        hand.fill_batch(engine, batch)
+        before = engine.kv_cache._kv_buffer.clone()
+        out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+        for req, token in zip(reqs, out.next_tokens_cpu):
+            req.append_host(token.reshape(1))
+        after = engine.kv_cache._kv_buffer
+        for layer in range(engine.model_config.num_layers):
+            for kv in (0, 1):
+                changed = (after[kv, layer] != before[kv, layer]).flatten(2).any(-1).flatten()
+                assert set(changed.nonzero().flatten().tolist()) == set(batch.out_loc.tolist()), (
+                    f"{phase}：第 {layer} 层 {'KV'[kv]} 池被改动的槽位应恰好是 out_loc"
+                )
+    engine.shutdown()

@@ -1,0 +1,193 @@
+"""第 1.2 章 layers 的检查：与 transformers 的同名算子逐个比对，合并线性层的装载，CPU 快速路径。"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
+
+from minisgl.core import Batch, Context, set_global_ctx
+from minisgl.layers import (
+    AttentionLayer,
+    Linear,
+    LMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    VocabEmbedding,
+    apply_rotary,
+    fast_linear_supported,
+    pack_linear_weights,
+    rms_norm,
+    silu_and_mul,
+)
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_rms_norm_matches_hf(dtype: torch.dtype, atol: float) -> None:
+    torch.manual_seed(0)
+    hf = Qwen3RMSNorm(64, eps=1e-6)
+    hf.weight.data = torch.randn(64).to(dtype)
+    x = (torch.randn(7, 64) * 3).to(dtype)
+    ours = RMSNorm(64, 1e-6, dtype=dtype, device=CPU)
+    ours.weight.copy_(hf.weight.data)
+    got = ours.forward(x)
+    want = hf(x)
+    assert got.dtype == want.dtype, "输出 dtype 应与 HF 相同"
+    torch.testing.assert_close(got, want, atol=atol, rtol=0, msg="RMSNorm 与 HF 的 Qwen3RMSNorm 不一致")
+    torch.testing.assert_close(rms_norm(x, hf.weight.data, 1e-6), want, atol=atol, rtol=0)
+
+
+def test_silu_and_mul_matches_hf_mlp() -> None:
+    torch.manual_seed(0)
+    cfg = Qwen3Config(hidden_size=16, intermediate_size=24)
+    mlp = Qwen3MLP(cfg)
+    x = torch.randn(5, 16)
+    gate_up = torch.cat([x @ mlp.gate_proj.weight.T, x @ mlp.up_proj.weight.T], dim=-1)
+    got = silu_and_mul(gate_up) @ mlp.down_proj.weight.T
+    torch.testing.assert_close(got, mlp(x), atol=1e-6, rtol=1e-5, msg="silu_and_mul：前一半是 gate、后一半是 up")
+
+
+def test_rotary_matches_hf() -> None:
+    torch.manual_seed(0)
+    head_dim, theta = 32, 1_000_000.0
+    cfg = Qwen3Config(head_dim=head_dim, hidden_size=64, num_attention_heads=4, rope_theta=theta, max_position_embeddings=512)
+    hf_rope = Qwen3RotaryEmbedding(cfg)
+    positions = torch.tensor([0, 1, 2, 7, 100, 101, 400], dtype=torch.int32)
+    q, k = torch.randn(len(positions), 4, head_dim), torch.randn(len(positions), 2, head_dim)
+    cos, sin = hf_rope(q, positions[None].long())  # [1, T, D]
+    hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    ours = RotaryEmbedding(head_dim, theta, 512, device=CPU)
+    gq, gk = ours.forward(positions, q, k)
+    torch.testing.assert_close(gq, hq[0].transpose(0, 1), atol=1e-5, rtol=1e-5, msg="RoPE（q）与 HF 不一致")
+    torch.testing.assert_close(gk, hk[0].transpose(0, 1), atol=1e-5, rtol=1e-5, msg="RoPE（k）与 HF 不一致")
+    torch.testing.assert_close(apply_rotary(q, cos[0], sin[0]), hq[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+def make_qkv(bias: bool = False) -> tuple[Linear, list[torch.Tensor], list[torch.Tensor]]:
+    torch.manual_seed(0)
+    sizes = [8, 4, 4]
+    ws = [torch.randn(n, 6) for n in sizes]
+    bs = [torch.randn(n) for n in sizes]
+    op = Linear(6, sizes, bias=bias, shard_names=["q_proj", "k_proj", "v_proj"], dtype=torch.float32, device=CPU)
+    slots = op.own_slots("layers.0.self_attn.qkv_proj")
+    assert set(slots) == {f"layers.0.self_attn.{n}_proj.{a}" for n in "qkv" for a in (["weight", "bias"] if bias else ["weight"])}
+    for name, slot in slots.items():
+        shard = "qkv".index(name.split(".")[-2][0])
+        slot.op.load_weight(slot.attr, (ws if slot.attr == "weight" else bs)[shard], slot.shard)
+    return op, ws, bs
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_merged_linear_equals_separate(bias: bool) -> None:
+    op, ws, bs = make_qkv(bias)
+    x = torch.randn(3, 6)
+    want = torch.cat([F.linear(x, w, b if bias else None) for w, b in zip(ws, bs)], dim=-1)
+    torch.testing.assert_close(op.forward(x), want, msg="合并的 qkv 线性层应等于分别算 q、k、v 再拼接")
+    torch.testing.assert_close(op.weight, torch.cat(ws), msg="第 i 段应装在 sum(output_sizes[:i]) 开始的那几行")
+
+
+def test_merged_linear_rejects_wrong_shape() -> None:
+    op, _, _ = make_qkv()
+    with pytest.raises(ValueError, match="形状"):
+        op.load_weight("weight", torch.randn(5, 6), shard=1)
+        pytest.fail("k_proj 应是 4 行，装 5 行的张量时应当报形状错误")
+    with pytest.raises(ValueError, match="形状"):
+        op.load_weight("weight", torch.randn(8, 7), shard=0)
+        pytest.fail("列数不对时应当报形状错误")
+
+
+def test_fast_linear_matches_reference() -> None:
+    op, ws, _ = make_qkv()
+    x = torch.randn(5, 6)
+    want = op.forward(x)
+    assert fast_linear_supported(CPU, torch.float32), "CPU 上 fp32 的 oneDNN 快速路径应当可用"
+    assert pack_linear_weights(op) == 1 and op.weight is None, "打包后的权重应取代原权重"
+    for rows in (1, 5):
+        torch.testing.assert_close(op.forward(x[:rows]), want[:rows], atol=1e-5, rtol=1e-5, msg="oneDNN 路径与 F.linear 不一致")
+
+
+@dataclass
+class _LastIndices:
+    last: torch.Tensor
+
+    def get_last_indices(self, bs: int) -> torch.Tensor:
+        return self.last[:bs]
+
+
+def _ctx_with_batch(last: list[int], positions: torch.Tensor | None = None, backend=None) -> tuple[Context, Batch]:  # noqa: ANN001
+    """一个只填了算子层会读的字段的批次（请求本身用不到，放占位符）。"""
+    ctx = Context(page_size=1)
+    batch = Batch([None] * len(last), "prefill")
+    batch.attn_metadata = _LastIndices(torch.tensor(last))
+    if positions is not None:
+        batch.positions = positions
+    ctx.attn_backend = backend
+    set_global_ctx(ctx)
+    return ctx, batch
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_lm_head_last_tokens_only(tied: bool) -> None:
+    torch.manual_seed(0)
+    emb = VocabEmbedding(50, 8, dtype=torch.float32, device=CPU)
+    emb.weight.copy_(torch.randn(50, 8))
+    head = LMHead(50, 8, tie_to=emb if tied else None, dtype=torch.float32, device=CPU)
+    if not tied:
+        head.load_weight("weight", torch.randn(50, 8))
+        assert set(head.own_slots("lm_head")) == {"lm_head.weight"}
+    else:
+        assert head.own_slots("lm_head") == {}, "共享权重时检查点里没有 lm_head.weight"
+    weight = head.weight.clone()
+    x = torch.randn(9, 8)  # 三个请求，各 4、1、4 个 token
+    ctx, batch = _ctx_with_batch([3, 4, 8])
+    with ctx.forward_batch(batch):
+        logits = head.forward(x)
+        assert logits.shape == (3, 50), "只应为每个请求的最后一个 token 算 logits"
+        torch.testing.assert_close(logits, x[[3, 4, 8]] @ weight.T)
+        emb_before = emb.weight.clone()
+        pack_linear_weights(head)
+        torch.testing.assert_close(head.forward(x), logits, atol=1e-5, rtol=1e-5)
+        assert torch.equal(emb.weight, emb_before), "打包 LM head 不能改动嵌入层自己的权重"
+    set_global_ctx(None)
+
+
+class _RecordingBackend:
+    def forward(self, q, k, v, layer_id, batch):  # noqa: ANN001, ANN201
+        self.seen = (q, k, v, layer_id)
+        return q * 2
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_attention_layer_forward(qk_norm: bool) -> None:
+    torch.manual_seed(0)
+    hq, hkv, d = 4, 2, 16
+    rotary = RotaryEmbedding(d, 10000.0, 64, device=CPU)
+    norms = [RMSNorm(d, 1e-6, dtype=torch.float32, device=CPU) for _ in range(2)] if qk_norm else [None, None]
+    for n in norms:
+        if n is not None:
+            n.weight.copy_(torch.rand(d) + 0.5)
+    layer = AttentionLayer(3, hq, hkv, d, rotary, *norms)
+    positions = torch.tensor([5, 6, 7], dtype=torch.int32)
+    qkv = torch.randn(3, (hq + 2 * hkv) * d)
+    backend = _RecordingBackend()
+    ctx, batch = _ctx_with_batch([2], positions, backend)
+    with ctx.forward_batch(batch):
+        out = layer.forward(qkv)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = q.view(3, hq, d), k.view(3, hkv, d), v.view(3, hkv, d)
+    if qk_norm:
+        q, k = norms[0].forward(q), norms[1].forward(k)
+    q, k = rotary.forward(positions, q, k)
+    got_q, got_k, got_v, layer_id = backend.seen
+    assert layer_id == 3
+    torch.testing.assert_close(got_q, q, msg="交给后端的 q 应是拆分、（q_norm、）RoPE 之后的 [T, Hq, D]")
+    torch.testing.assert_close(got_k, k, msg="交给后端的 k 应是拆分、（k_norm、）RoPE 之后的 [T, Hkv, D]")
+    torch.testing.assert_close(got_v, v, msg="v 不做归一化和 RoPE")
+    assert out.shape == (3, hq * d), "输出应摊平成 [T, Hq * D]"
+    set_global_ctx(None)

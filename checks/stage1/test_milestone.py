@@ -1,0 +1,35 @@
+"""第 1 阶段里程碑：第 0 步的最小引擎与 HF 逐 token 一致；手动驱动的引擎（examples/stage1_milestone.py）
+在 page_size 1 和 4 下都跑通，每个请求的 token 都与 HF generate 一致，写入的 KV 页数正好。"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+
+import stage1_milestone  # noqa: E402
+import step0_tiny_engine as step0  # noqa: E402
+
+
+def test_step0_equals_hf(smollm2_path: str, smollm2_prompts: list, smollm2_reference: list) -> None:
+    cfg, weights, _ = step0.load(smollm2_path)
+    for i in (0, 7):  # 一个短提示词、一个带对话模板的
+        got = step0.generate(cfg, weights, smollm2_prompts[i], 16)
+        assert got == smollm2_reference[i][:16], f"第 0 步在提示词 {i} 上与 HF generate 不一致"
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_milestone(smollm2_path: str, page_size: int, capsys: pytest.CaptureFixture) -> None:
+    n = 8
+    argv = ["--model", smollm2_path, "--page-size", str(page_size), "--max-tokens", str(n), "--skip-step0"]
+    result = stage1_milestone.main(argv)  # 第 0 步由上一个检查单独比对
+    printed = capsys.readouterr().out
+    assert not result["mismatches"], f"有请求与 HF generate 不一致：{result['mismatches']}"
+    assert "完全一致" in printed and "token/s" in printed
+    lens = [n_prompt + n - 1 for n_prompt in result["batch_prompt_lens"]]  # 最后采样的 token 不进缓存
+    assert result["slots_written"] == sum(lens), "写入的槽位数应等于每个请求进过缓存的 token 数之和"
+    assert result["pages_written"] == sum(-(-n_tok // page_size) for n_tok in lens), "写入的页数应是每个请求占的页数之和"
+    assert result["batch_tps"] > 0 and result["single_tps"] > 0

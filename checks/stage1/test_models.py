@@ -1,0 +1,199 @@
+"""第 1.3 章 models 的检查：读配置、流式加载权重（合并投影、清楚的报错）、随机权重，
+以及 Qwen3（tiny 与 0.6B 形状）和 Llama（SmolLM2）的 logits 与 transformers 在同一份权重上一致：
+预填充、带缓存前缀的续算、解码。"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import Engine, EngineConfig
+from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_weights
+
+
+def test_model_config_from_hf(tiny_path: str, smollm2_path: str) -> None:
+    qwen = ModelConfig.from_hf(tiny_path)
+    assert qwen.architecture == "Qwen3ForCausalLM" and qwen.qk_norm, "Qwen3 有 q/k norm"
+    assert (qwen.num_layers, qwen.num_qo_heads, qwen.num_kv_heads, qwen.head_dim) == (2, 4, 2, 32)
+    assert qwen.rope_theta == 1_000_000 and qwen.tie_word_embeddings and qwen.vocab_size == 151936
+    llama = ModelConfig.from_hf(smollm2_path)
+    assert llama.architecture == "LlamaForCausalLM" and not llama.qk_norm, "Llama 没有 q/k norm"
+    assert (llama.num_layers, llama.num_qo_heads, llama.num_kv_heads, llama.head_dim) == (30, 9, 3, 64)
+    assert llama.rope_theta == 100_000, "transformers v5 把 rope_theta 放在 rope_parameters 里"
+    assert llama.rms_norm_eps == pytest.approx(1e-5)
+
+
+def test_model_config_errors(tiny_path: str, tmp_path: Path) -> None:
+    hf = json.loads((Path(tiny_path) / "config.json").read_text())
+    with pytest.raises(ValueError, match="MambaForCausalLM"):
+        ModelConfig.from_dict({**hf, "architectures": ["MambaForCausalLM"]})
+        pytest.fail("不认识的架构应当抛 ValueError 并说出架构名")
+    with pytest.raises(NotImplementedError):
+        ModelConfig.from_dict({**hf, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+        pytest.fail("没有实现的 RoPE 缩放应当直接报错，而不是悄悄算错")
+    no_kv = {k: v for k, v in hf.items() if k not in ("num_key_value_heads", "head_dim")}
+    cfg = ModelConfig.from_dict(no_kv)
+    assert cfg.num_kv_heads == hf["num_attention_heads"] and cfg.head_dim == hf["hidden_size"] // hf["num_attention_heads"]
+    with pytest.raises(FileNotFoundError, match="make setup"):
+        ModelConfig.from_hf(tmp_path)
+
+
+def load_tiny(path: str | Path) -> torch.nn.Module:
+    model = create_model(ModelConfig.from_hf(path), torch.float32, "cpu")
+    load_weights(model, path)
+    return model
+
+
+def test_merged_projections_equal_hf(tiny_path: str, hand) -> None:  # noqa: ANN001
+    model = load_tiny(tiny_path)
+    hf = hand.load_hf(tiny_path).state_dict()
+    for i in range(2):
+        p = f"model.layers.{i}."
+        qkv = model.model.layers[i].self_attn.qkv_proj.weight
+        want = torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        assert torch.equal(qkv, want), "qkv_proj 应按 q、k、v 的顺序拼接 HF 的三个投影"
+        gate_up = model.model.layers[i].mlp.gate_up_proj.weight
+        assert torch.equal(gate_up, torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]]))
+        assert torch.equal(model.model.layers[i].self_attn.q_norm.weight, hf[p + "self_attn.q_norm.weight"])
+    assert torch.equal(model.model.embed_tokens.weight, hf["model.embed_tokens.weight"])
+    assert model.lm_head.weight is model.model.embed_tokens.weight, "共享权重的 LM head 与嵌入层应是同一个张量"
+
+
+def rewrite_checkpoint(src: str, dst: Path, edit) -> Path:  # noqa: ANN001
+    """把检查点拷一份，用 ``edit(dict)`` 改动其中的张量。"""
+    dst.mkdir()
+    shutil.copy(Path(src) / "config.json", dst / "config.json")
+    with safe_open(Path(src) / "model.safetensors", framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+def test_missing_tensor_is_named(tiny_path: str, tmp_path: Path) -> None:
+    path = rewrite_checkpoint(tiny_path, tmp_path / "m", lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight"):
+        load_tiny(path)
+        pytest.fail("缺少张量时应报出它的名字")
+
+
+def test_misshaped_tensor_is_named(tiny_path: str, tmp_path: Path) -> None:
+    def edit(t: dict) -> None:
+        t["model.layers.0.mlp.up_proj.weight"] = torch.zeros(127, 64)
+
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight.*形状"):
+        load_tiny(rewrite_checkpoint(tiny_path, tmp_path / "m", edit))
+        pytest.fail("形状不对时应报出张量名和两个形状")
+
+
+def test_unexpected_tensor_and_missing_file(tiny_path: str, tmp_path: Path) -> None:
+    def edit(t: dict) -> None:
+        t["model.layers.0.self_attn.extra.weight"] = torch.zeros(3)
+
+    with pytest.raises(ValueError, match="extra"):
+        load_tiny(rewrite_checkpoint(tiny_path, tmp_path / "m", edit))
+        pytest.fail("模型里没有位置的张量应当报错（通常说明架构或配置不对）")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(Path(tiny_path) / "config.json", empty / "config.json")
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_tiny(empty)
+
+
+def test_dummy_weights(tiny_path: str, tmp_path: Path, hand) -> None:  # noqa: ANN001
+    only_config = tmp_path / "cfg"
+    only_config.mkdir()
+    shutil.copy(Path(tiny_path) / "config.json", only_config / "config.json")
+    model = create_model(ModelConfig.from_hf(only_config), torch.float32, "cpu")
+    load_dummy_weights(model, seed=1)
+    assert torch.all(model.model.norm.weight == 1)
+    engine = Engine(EngineConfig(str(only_config), use_dummy_weight=True, num_page_override=64, max_seq_len_override=32))
+    hand.assign_pages(engine, 0)
+    req = Req(torch.tensor([1, 2, 3], dtype=torch.int32), 0, 0, 2, 0, SamplingParams())
+    tokens = hand.run_to_completion(engine, Batch, [req])
+    assert len(tokens[0]) == 2
+    engine.shutdown()
+
+
+# ----------------------------------------------------------------------------- 与 transformers 比 logits
+
+
+def engine_logits(engine: Engine, hand, reqs: list[Req], phase: str) -> torch.Tensor:  # noqa: ANN001
+    """前向一次取 logits（不采样），然后像引擎那样推进请求。"""
+    batch = Batch(reqs, phase)
+    hand.fill_batch(engine, batch)
+    with torch.inference_mode(), engine.ctx.forward_batch(batch):
+        logits = engine.model.forward()
+    for req in reqs:
+        req.complete_one()
+    return logits.float()
+
+
+@torch.inference_mode()
+def hf_last_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    return hf(torch.tensor([ids])).logits[0, -1].float()
+
+
+def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    tol = 1e-4 * max(1.0, ref.abs().max().item())
+    err = (ours - ref).abs().max().item()
+    assert err <= tol, f"{what}：logits 与 transformers 相差 {err:.2e}，超过容差 {tol:.2e}"
+
+
+def compare_with_hf(path: str, hand, prompts: list[list[int]], split: int | None, page_size: int = 1) -> None:  # noqa: ANN001
+    """批量预填充（可选：先算前 split 个 token，再带缓存前缀续算其余）→ 接一个固定 token 解码，每一步都比 logits。"""
+    hf = hand.load_hf(path)
+    engine = Engine(EngineConfig(path, max_running_req=len(prompts), num_page_override=256 // page_size,
+                                 max_seq_len_override=64, page_size=page_size, attention_backend="sdpa"))  # fmt: skip
+    reqs = []
+    for row, prompt in enumerate(prompts):
+        hand.assign_pages(engine, row)
+        ids = torch.tensor(prompt, dtype=torch.int32)
+        reqs.append(Req(ids, row, 0, 4, row, SamplingParams()))
+    if split is not None:  # 先只把前 split 个 token 当成“提示词”算进缓存
+        for req in reqs:
+            req.device_len = split
+        engine_logits(engine, hand, reqs, "prefill")
+        for req in reqs:  # 续算其余的提示词：cached_len = split > 0，extend_len > 1
+            req.device_len = len(req.input_ids)
+            assert req.cached_len == split
+    logits = engine_logits(engine, hand, reqs, "prefill")
+    for b, prompt in enumerate(prompts):
+        assert_logits_close(logits[b], hf_last_logits(hf, prompt), "带缓存前缀的续算" if split else "预填充")
+    next_tokens = [1234 + 7 * b for b in range(len(prompts))]  # 固定的下一个 token，两边喂同样的输入
+    for req, t in zip(reqs, next_tokens):
+        req.append_host(torch.tensor([t], dtype=torch.int32))
+    for _ in range(2):
+        logits = engine_logits(engine, hand, reqs, "decode")
+        for b, req in enumerate(reqs):
+            assert_logits_close(logits[b], hf_last_logits(hf, req.input_ids.tolist()), "解码")
+            req.append_host(torch.tensor([99 + b], dtype=torch.int32))
+    engine.shutdown()
+
+
+TINY_PROMPTS = [[151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30], [9707, 11, 1879], [785, 3974, 13876, 38835, 34208, 916]]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_tiny_qwen3_logits_match_hf(tiny_path: str, hand, page_size: int) -> None:  # noqa: ANN001
+    compare_with_hf(tiny_path, hand, TINY_PROMPTS, split=None, page_size=page_size)
+
+
+def test_tiny_qwen3_cached_prefix_logits_match_hf(tiny_path: str, hand) -> None:  # noqa: ANN001
+    compare_with_hf(tiny_path, hand, TINY_PROMPTS, split=2, page_size=4)
+
+
+def test_smollm2_llama_logits_match_hf(smollm2_path: str, hand) -> None:  # noqa: ANN001
+    compare_with_hf(smollm2_path, hand, [[504, 3575, 282, 4649, 314], [19556]], split=None)
+
+
+def test_qwen3_06b_logits_match_hf(qwen06b_path: str, hand) -> None:  # noqa: ANN001
+    """0.6B 形状：一个短提示词的预填充和解码。"""
+    compare_with_hf(qwen06b_path, hand, [[151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30]], split=None)

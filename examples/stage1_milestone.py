@@ -1,0 +1,154 @@
+"""第 1 阶段里程碑：亲手驱动引擎。
+
+第 1 阶段的引擎只会“算一步”：给它一个填好的 Batch，它前向、采样、推进请求。批次里的字段——
+页表的行、``input_ids``、``positions``、``out_loc``——这里都由我们自己动手填，第 2 阶段的调度器会把
+这些自动化。脚本打印：
+
+1. 1 个请求 × 16 个 token 的速度，旁边是第 0 步的速度；
+2. 4 个请求放进同一批的速度（每步毫秒数、总 token/s）；
+3. 一共写了多少个 KV 页；
+4. 每个请求的 token 是否与 Hugging Face ``generate`` 完全一致。
+
+    python examples/stage1_milestone.py                       # 默认模型
+    python examples/stage1_milestone.py --model models/SmolLM2-135M-Instruct --page-size 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import step0_tiny_engine as step0
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import Engine, EngineConfig
+from minisgl.kvcache import pages_to_slots
+from minisgl.model_zoo import default_model
+
+SINGLE = "The capital of France is"
+BATCH = ["Once upon a time, there was", "The three primary colors are", "def add(a, b):", "Water boils at"]
+
+
+class HandDriver:
+    """手工调度：每个请求固定占页表的一行，并一次性分到能装下 max_seq_len 个 token 的页。"""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.pages_per_req = -(-engine.max_seq_len // engine.config.page_size)  # 向上取整
+        self.written_slots: set[int] = set()
+
+    def admit(self, prompt_ids: list[int], row: int, max_tokens: int) -> Req:
+        e, page_size = self.engine, self.engine.config.page_size
+        pages = torch.arange(row * self.pages_per_req, (row + 1) * self.pages_per_req, dtype=torch.int32)
+        e.page_table[row, :] = pages_to_slots(pages, page_size)[: e.max_seq_len].to(e.device)  # 页表这一行
+        ids = torch.tensor(prompt_ids, dtype=torch.int32)
+        return Req(ids, table_idx=row, cached_len=0, output_len=max_tokens, uid=row, sampling_params=SamplingParams())
+
+    def step(self, reqs: list[Req]) -> None:
+        """填好一个批次的字段，前向一步，把新 token 接到每个请求后面。"""
+        e = self.engine
+        batch = Batch(reqs, "prefill" if reqs[0].cached_len == 0 else "decode")
+        batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs]).to(e.device)
+        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs]).to(
+            e.device
+        )
+        batch.out_loc = torch.cat([e.page_table[r.table_idx, r.cached_len : r.device_len] for r in reqs])
+        self.written_slots.update(batch.out_loc.tolist())
+        e.attn_backend.prepare_metadata(batch)
+        out = e.forward_batch(batch, e.sampler.prepare(batch))
+        out.copy_done_event.synchronize()
+        for req, token in zip(reqs, out.next_tokens_cpu):
+            req.append_host(token.reshape(1))
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], list[float]]:
+        """整批一起走：一次预填充，之后每步解码。返回每个请求的新 token 和每步耗时（秒）。"""
+        reqs = [self.admit(p, row, max_tokens) for row, p in enumerate(prompts)]
+        times = []
+        while reqs[0].can_decode:
+            start = time.perf_counter()
+            self.step(reqs)
+            times.append(time.perf_counter() - start)
+        return [r.input_ids[len(p) :].tolist() for r, p in zip(reqs, prompts)], times
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description="第 1 阶段里程碑：亲手驱动引擎")
+    parser.add_argument("--model", default=None, help="模型目录（默认：Qwen3-0.6B，没有就用同形状的随机权重模型）")
+    parser.add_argument("--page-size", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--skip-step0", action="store_true", help="不跑第 0 步的对比（省时间）")
+    args = parser.parse_args(argv)
+    model = Path(args.model) if args.model else default_model()
+    tok = AutoTokenizer.from_pretrained(model)
+    single, batch = tok(SINGLE)["input_ids"], [tok(p)["input_ids"] for p in BATCH]
+    n = args.max_tokens
+
+    step0_tps = None
+    if not args.skip_step0:
+        cfg, weights, _ = step0.load(model)
+        step0.generate(cfg, weights, single, 2)  # 预热
+        start = time.perf_counter()
+        step0.generate(cfg, weights, single, n)
+        step0_tps = n / (time.perf_counter() - start)
+        del weights
+
+    engine = Engine(
+        EngineConfig(
+            str(model), dtype=torch.float32, max_running_req=len(BATCH), max_seq_len_override=512,
+            num_page_override=len(BATCH) * 512 // args.page_size, page_size=args.page_size,
+            attention_backend=args.attention_backend,
+        )
+    )  # fmt: skip
+    HandDriver(engine).generate([single], 2)  # 预热（第一次调用要准备 oneDNN 的计算原语）
+    [single_out], times = HandDriver(engine).generate([single], n)
+    single_tps = n / sum(times)
+    driver = HandDriver(engine)
+    batch_out, batch_times = driver.generate(batch, n)
+    decode_ms = 1000 * sum(batch_times[1:]) / max(len(batch_times) - 1, 1)
+    batch_tps = len(BATCH) * n / sum(batch_times)
+    pages = {slot // args.page_size for slot in driver.written_slots}
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    hf.generation_config.eos_token_id = None  # 第 1 阶段的引擎不看 EOS，HF 也别在 EOS 处停
+    mismatches = []
+    for prompt, ours in zip([single, *batch], [single_out, *batch_out]):
+        ids = torch.tensor([prompt])
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+        ref = ref[0, len(prompt) :].tolist()
+        if ref != ours:
+            mismatches.append((tok.decode(prompt), ours, ref))
+
+    print(f"模型：{model.name}，page_size={args.page_size}，注意力后端：{type(engine.attn_backend).__name__}")
+    if "random" in model.name:
+        print("注意：这是随机权重模型，生成的文字没有意义（token 数和计算量与真模型相同）。")
+    step0_note = f"第 0 步：{step0_tps:.1f} token/s" if step0_tps else "第 0 步：未运行"
+    print(f"1 个请求 × {n} 个 token：{single_tps:.1f} token/s（{step0_note}）")
+    print(f"  {SINGLE!r} → {tok.decode(single_out)!r}")
+    print(f"{len(BATCH)} 个请求一批 × {n} 个 token：解码每步 {decode_ms:.0f} ms，共 {batch_tps:.1f} token/s")
+    for prompt, out in zip(BATCH, batch_out):
+        print(f"  {prompt!r} → {tok.decode(out)!r}")
+    print(f"这一批写入了 {len(pages)} 个 KV 页（{len(driver.written_slots)} 个 token 槽位，每页 {args.page_size} 个）")
+    if mismatches:
+        for prompt, ours, ref in mismatches:
+            print(f"与 Hugging Face 不一致：{prompt!r}\n  我们：{ours}\n  HF：  {ref}")
+    else:
+        print(f"全部 {1 + len(BATCH)} 个请求的 token 与 Hugging Face generate 完全一致")
+    engine.shutdown()
+    return {
+        "step0_tps": step0_tps,
+        "single_tps": single_tps,
+        "batch_tps": batch_tps,
+        "decode_ms": decode_ms,
+        "pages_written": len(pages),
+        "slots_written": len(driver.written_slots),
+        "mismatches": mismatches,
+        "batch_prompt_lens": [len(p) for p in batch],
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,326 @@
+"""第 1.5 章 attention：注意力后端——在分页 KV 上为一批长短不一的请求算注意力。
+
+一个批次里，每个请求本轮有 ``extend_len`` 个 query（预填充时是整段提示词，解码时是 1），
+它们要看到这个请求的全部 ``device_len`` 个 key：前 ``cached_len`` 个早已在 KV 池里，
+后面的是这一轮刚写进去的。K/V 在池里的位置由页表给出；因果掩码要错开 ``cached_len``：
+第 i 个 query 的绝对位置是 ``cached_len + i``，它能看到位置 ``<= cached_len + i`` 的 key。
+
+后端：
+- ``torch``：参考实现，逐个请求按页表取 K/V、显式掩码、einsum，一眼能看懂；
+- ``sdpa``：把整批补齐成矩形，一次 ``F.scaled_dot_product_attention``，CPU 上的默认；
+- ``fi`` / ``fa``：CUDA 上装了 FlashInfer / sgl-kernel 的 FlashAttention 就自动选用（可选依赖）。
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.core import Batch
+from minisgl.kvcache import MHAKVCache
+
+
+class BaseAttnMetadata(ABC):
+    """后端为一个批次准备的元数据。LM head 只需要知道每个请求最后一个 token 在哪。"""
+
+    @abstractmethod
+    def get_last_indices(self, bs: int) -> torch.Tensor: ...
+
+
+class BaseAttnBackend(ABC):
+    """注意力后端接口：先 ``prepare_metadata(batch)``（每批一次），再在每层里 ``forward``。"""
+
+    @abstractmethod
+    def prepare_metadata(self, batch: Batch) -> None:
+        """根据 ``batch.reqs`` 的长度记账和页表，填写 ``batch.attn_metadata``。"""
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        """``q``: [T, Hq, D]，``k``/``v``: [T, Hkv, D]（本轮的 token）。先把 k/v 写到 ``batch.out_loc``，
+        再让每个 query 看它所属请求的全部 K/V。返回 [T, Hq, D]。"""
+
+
+@dataclass
+class VarlenMetadata(BaseAttnMetadata):
+    """变长批次：第 b 个请求的 query 是拼接张量里的 ``[cu_seqlens_q[b], cu_seqlens_q[b+1])``。"""
+
+    cu_seqlens_q: torch.Tensor  # 设备上 int32，[B + 1]
+    cu_seqlens_q_cpu: list[int]
+    cached_lens: list[int]
+    seq_lens: list[int]  # 每个请求的 device_len：本轮之后缓存里有多少个 key
+    table_idx: list[int]
+
+    def get_last_indices(self, bs: int) -> torch.Tensor:
+        return self.cu_seqlens_q[1 : bs + 1] - 1
+
+
+def make_varlen_metadata(batch: Batch, device: torch.device) -> VarlenMetadata:
+    """从请求的长度记账算出变长元数据（所有后端共用）。"""
+    # >>> TASK varlen_metadata: 前缀和 cu_seqlens_q = [0, e0, e0+e1, ...]（e 为 extend_len），另记下 cached_len、device_len、table_idx
+    cu = [0, *accumulate(r.extend_len for r in batch.reqs)]
+    return VarlenMetadata(
+        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32).to(device),
+        cu_seqlens_q_cpu=cu,
+        cached_lens=[r.cached_len for r in batch.reqs],
+        seq_lens=[r.device_len for r in batch.reqs],
+        table_idx=[r.table_idx for r in batch.reqs],
+    )
+    # <<< TASK
+
+
+def causal_mask_with_prefix(cached_len: int, seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[seq_len - cached_len, seq_len]`` 的布尔掩码：query i（绝对位置 cached_len + i）能否看到 key j。"""
+    # >>> TASK causal_mask_with_prefix: key 位置 j 可见当且仅当 j <= cached_len + i
+    q_pos = torch.arange(cached_len, seq_len, device=device)
+    k_pos = torch.arange(seq_len, device=device)
+    return k_pos[None, :] <= q_pos[:, None]
+    # <<< TASK
+
+
+def gather_kv(
+    kv_cache: MHAKVCache, layer_id: int, page_table: torch.Tensor, table_idx: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """按页表取出一个请求的全部 K/V：页表第 ``table_idx`` 行的前 ``seq_len`` 个槽位。返回两个 [seq_len, Hkv, D]。"""
+    # >>> TASK gather_kv: slots = page_table[table_idx, :seq_len]；用它去索引 k_cache(layer_id) 和 v_cache(layer_id)
+    slots = page_table[table_idx, :seq_len].long()
+    return kv_cache.k_cache(layer_id)[slots], kv_cache.v_cache(layer_id)[slots]
+    # <<< TASK
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """一个请求的注意力。``q``: [Lq, Hq, D]，``k``/``v``: [Lk, Hkv, D]，``mask``: [Lq, Lk]。
+
+    GQA：每 Hq/Hkv 个 query 头共用一个 KV 头。在 fp32 里算 softmax，结果转回 q 的 dtype。
+    """
+    # >>> TASK attend: k/v 沿头维 repeat_interleave 成 Hq 个头；scores = einsum("qhd,khd->hqk") * scale；掩掉的填 -inf；softmax；再 einsum 乘 v
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).float()
+    v = v.repeat_interleave(group, dim=1).float()
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    # <<< TASK
+
+
+class TorchAttnBackend(BaseAttnBackend):
+    """参考后端：逐个请求 gather → 掩码 → einsum。慢，但每一步都看得见。"""
+
+    def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor) -> None:
+        self.kv_cache = kv_cache
+        self.page_table = page_table
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        batch.attn_metadata = make_varlen_metadata(batch, self.page_table.device)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        # >>> TASK torch_backend_forward: 先 store_kv 到 batch.out_loc；再对每个请求：切出它的 q，gather_kv，造掩码，attend；最后 cat
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        md: VarlenMetadata = batch.attn_metadata
+        scale = q.shape[-1] ** -0.5
+        outs = []
+        for b in range(batch.size):
+            start, end = md.cu_seqlens_q_cpu[b], md.cu_seqlens_q_cpu[b + 1]
+            k_b, v_b = gather_kv(self.kv_cache, layer_id, self.page_table, md.table_idx[b], md.seq_lens[b])
+            mask = causal_mask_with_prefix(md.cached_lens[b], md.seq_lens[b], q.device)
+            outs.append(attend(q[start:end], k_b, v_b, mask, scale))
+        return torch.cat(outs)
+        # <<< TASK
+
+
+@dataclass
+class PaddedMetadata(VarlenMetadata):
+    """把变长批次补齐成 ``[B, max_q]`` 个 query、``[B, max_k]`` 个 key 的矩形，一次算完。"""
+
+    q_index: torch.Tensor  # [B, max_q]：补齐后每个 query 位置取拼接张量里的哪个 token（补的位置重复最后一个）
+    out_index: torch.Tensor  # [T]：拼接张量里第 t 个 token 在补齐结果（摊平成 B * max_q）里的位置
+    kv_slots: torch.Tensor  # [B, max_k]：每个 key 位置的 KV 槽位（补的位置随便指一个合法槽位）
+    mask: torch.Tensor  # [B, 1, max_q, max_k] 布尔：因果（错开 cached_len）且不超出本请求的长度
+
+
+class SDPAAttnBackend(BaseAttnBackend):
+    """补齐成矩形后调用一次 ``F.scaled_dot_product_attention``（带 GQA）。解码时 max_q = 1，几乎没有浪费。"""
+
+    def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor) -> None:
+        self.kv_cache = kv_cache
+        self.page_table = page_table
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        base = make_varlen_metadata(batch, self.page_table.device)
+        device = self.page_table.device
+        # >>> TASK padded_metadata: 算出 q_index、out_index、kv_slots 和 mask（补的 query 行也要至少能看到一个 key，免得 softmax 出 NaN）
+        cached = torch.tensor(base.cached_lens)
+        seq = torch.tensor(base.seq_lens)
+        extend, start = seq - cached, torch.tensor(base.cu_seqlens_q_cpu[:-1])
+        max_q, max_k = int(extend.max()), int(seq.max())
+        i = torch.arange(max_q)
+        q_index = start[:, None] + torch.minimum(i[None, :], extend[:, None] - 1)
+        out_index = torch.arange(batch.size * max_q).view(batch.size, max_q)[i[None, :] < extend[:, None]]
+        rows = torch.tensor(base.table_idx, device=device)
+        kv_slots = self.page_table[rows, :max_k].long()
+        q_pos = cached[:, None] + i[None, :]  # 每个 query 的绝对位置；补的行超出 seq_len，于是看得到全部 key
+        j = torch.arange(max_k)
+        mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < seq[:, None, None])
+        # <<< TASK
+        batch.attn_metadata = PaddedMetadata(
+            **vars(base),
+            q_index=q_index.to(device),
+            out_index=out_index.to(device),
+            kv_slots=kv_slots,
+            mask=mask[:, None].to(device),
+        )
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        md: PaddedMetadata = batch.attn_metadata
+        bs, max_q = md.q_index.shape
+        q_pad = q[md.q_index].transpose(1, 2)  # [B, Hq, max_q, D]
+        k_pad = self.kv_cache.k_cache(layer_id)[md.kv_slots].transpose(1, 2)  # [B, Hkv, max_k, D]
+        v_pad = self.kv_cache.v_cache(layer_id)[md.kv_slots].transpose(1, 2)
+        o = F.scaled_dot_product_attention(q_pad, k_pad, v_pad, attn_mask=md.mask, enable_gqa=True)
+        return o.transpose(1, 2).reshape(bs * max_q, q.shape[1], q.shape[2])[md.out_index]
+
+
+# ----------------------------------------------------------------------------- CUDA 上的可选后端
+
+
+@dataclass
+class FlashInferMetadata(VarlenMetadata):
+    wrapper: object
+    plan_args: tuple
+    planned: bool = False
+
+
+class FlashInferBackend(BaseAttnBackend):
+    """FlashInfer（CUDA，可选依赖）。页表按 token 记槽位，所以交给它时把每个槽位当作一页（page_size = 1）。
+
+    ``plan`` 推迟到第一层前向时才做：重叠调度时下一批的元数据会在上一批还在算时就准备好。
+    """
+
+    def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor, num_qo_heads: int) -> None:
+        import flashinfer
+
+        self.kv_cache, self.page_table, self.num_qo_heads = kv_cache, page_table, num_qo_heads
+        workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=kv_cache.device)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_tensor_cores=num_qo_heads // kv_cache.num_kv_heads >= 4
+        )
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        base = make_varlen_metadata(batch, self.page_table.device)
+        indices = torch.cat([self.page_table[r.table_idx, : r.device_len] for r in batch.reqs])  # 设备上
+        kv_indptr = torch.tensor([0, *accumulate(base.seq_lens)], dtype=torch.int32)  # 下面这些留在主机上
+        last_page_len = torch.ones(batch.size, dtype=torch.int32)
+        heads = (self.num_qo_heads, self.kv_cache.num_kv_heads, self.kv_cache.head_dim, 1)
+        dtype = self.kv_cache.dtype
+        if batch.is_decode:
+            wrapper = self.decode_wrapper
+            plan_args = (kv_indptr, indices, last_page_len, *heads)
+            plan_kwargs = {"q_data_type": dtype, "kv_data_type": dtype}
+        else:
+            wrapper = self.prefill_wrapper
+            qo_indptr = torch.tensor(base.cu_seqlens_q_cpu, dtype=torch.int32)
+            plan_args = (qo_indptr, kv_indptr, indices, last_page_len, *heads)
+            plan_kwargs = {"causal": True, "q_data_type": dtype, "kv_data_type": dtype}
+        batch.attn_metadata = FlashInferMetadata(**vars(base), wrapper=wrapper, plan_args=(plan_args, plan_kwargs))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        md: FlashInferMetadata = batch.attn_metadata
+        if not md.planned:
+            args, kwargs = md.plan_args
+            md.wrapper.plan(*args, **kwargs)
+            md.planned = True
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        shape = (-1, 1, self.kv_cache.num_kv_heads, self.kv_cache.head_dim)
+        paged = (self.kv_cache.k_cache(layer_id).view(shape), self.kv_cache.v_cache(layer_id).view(shape))
+        return md.wrapper.run(q, paged)
+
+
+@dataclass
+class FlashAttnMetadata(VarlenMetadata):
+    cache_seqlens: torch.Tensor
+    page_indices: torch.Tensor  # [B, 页数]：页号（槽位 // page_size）
+    max_seqlen_q: int
+
+
+class FlashAttnBackend(BaseAttnBackend):
+    """sgl-kernel 的 FlashAttention（CUDA，可选依赖）。它按页读 KV，页表要换成页号；
+    这要求每一页的槽位连续且从页首开始——用 :func:`minisgl.kvcache.pages_to_slots` 填的页表正是如此。"""
+
+    def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor) -> None:
+        self.kv_cache, self.page_table = kv_cache, page_table
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        from sgl_kernel.flash_attn import flash_attn_with_kvcache  # noqa: F401 - 早点报缺包
+
+        base = make_varlen_metadata(batch, self.page_table.device)
+        page_size, rows = self.kv_cache.page_size, torch.tensor(base.table_idx, device=self.page_table.device)
+        pages = self.page_table[rows, : max(base.seq_lens) : page_size] // page_size
+        batch.attn_metadata = FlashAttnMetadata(
+            **vars(base),
+            cache_seqlens=torch.tensor(base.seq_lens, dtype=torch.int32, device=self.page_table.device),
+            page_indices=pages.to(torch.int32),
+            max_seqlen_q=max(r.extend_len for r in batch.reqs),
+        )
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        from sgl_kernel.flash_attn import flash_attn_with_kvcache
+
+        md: FlashAttnMetadata = batch.attn_metadata
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        shape = (self.kv_cache.num_pages, self.kv_cache.page_size, self.kv_cache.num_kv_heads, self.kv_cache.head_dim)
+        return flash_attn_with_kvcache(
+            q=q,
+            k_cache=self.kv_cache.k_cache(layer_id).view(shape),
+            v_cache=self.kv_cache.v_cache(layer_id).view(shape),
+            page_table=md.page_indices,
+            cache_seqlens=md.cache_seqlens,
+            cu_seqlens_q=md.cu_seqlens_q,
+            max_seqlen_q=md.max_seqlen_q,
+            softmax_scale=q.shape[-1] ** -0.5,
+            causal=True,
+        )
+
+
+BACKENDS = ("auto", "torch", "sdpa", "fi", "fa")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # 父包都不存在
+        return False
+
+
+def resolve_backend_name(name: str, device: torch.device) -> str:
+    """``auto``：CUDA 上优先 FlashInfer，其次 FlashAttention，都没装就 SDPA；CPU 上用 SDPA。"""
+    if name not in BACKENDS:
+        raise ValueError(f"不认识的注意力后端 {name!r}；可选：{', '.join(BACKENDS)}")
+    if name != "auto":
+        return name
+    if device.type == "cuda" and _installed("flashinfer"):
+        return "fi"
+    if device.type == "cuda" and _installed("sgl_kernel.flash_attn"):
+        return "fa"
+    return "sdpa"
+
+
+def create_attention_backend(
+    name: str, kv_cache: MHAKVCache, page_table: torch.Tensor, num_qo_heads: int
+) -> BaseAttnBackend:
+    name = resolve_backend_name(name, kv_cache.device)
+    if name in ("fi", "fa") and kv_cache.device.type != "cuda":
+        raise ValueError(f"注意力后端 {name!r} 只能在 CUDA 上用；CPU 上请用 'sdpa' 或 'torch'")
+    if name == "torch":
+        return TorchAttnBackend(kv_cache, page_table)
+    if name == "sdpa":
+        return SDPAAttnBackend(kv_cache, page_table)
+    if name == "fi":
+        return FlashInferBackend(kv_cache, page_table, num_qo_heads)
+    return FlashAttnBackend(kv_cache, page_table)

@@ -1,0 +1,204 @@
+"""第 1.1 章 core：引擎里到处传递的几样数据——采样参数、请求、批次，以及全局上下文。
+
+这些类本身不做计算，但它们的长度记账决定了后面每一章读写 KV 缓存的位置：
+``cached_len`` 个 token 的 K/V 已经在缓存里，``device_len`` 个 token 已知（提示词加已生成的），
+本轮要算的就是中间这 ``extend_len`` 个。
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Literal
+
+import torch
+
+if TYPE_CHECKING:  # 只为类型标注；运行时 core 不依赖后面的章节
+    from minisgl.attention import BaseAttnBackend, BaseAttnMetadata
+    from minisgl.kvcache import MHAKVCache
+
+
+@dataclass
+class SamplingParams:
+    """一个请求怎么采样。temperature <= 0 或 top_k == 1 时就是贪心（取 argmax）。"""
+
+    temperature: float = 0.0
+    top_k: int = -1  # -1：不限制
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    max_tokens: int = 1024
+    seed: int | None = None  # 给了种子，这个请求的随机数只由（种子，位置）决定，与同批的其他请求无关
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+    def validate(self) -> None:
+        """把不可能的参数挡在门外，免得到采样时才出现 NaN 或越界。"""
+        # >>> TASK validate_sampling_params: 检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 ValueError
+        if self.temperature < 0:
+            raise ValueError(f"temperature 不能为负数，收到 {self.temperature}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k 要么是 -1（不限制），要么 >= 1，收到 {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p 必须在 (0, 1] 之间，收到 {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens 至少为 1，收到 {self.max_tokens}")
+        # <<< TASK
+
+
+@dataclass(eq=False)  # 请求按身份比较：两个内容相同的请求也是两个请求
+class Req:
+    """一个正在生成的请求。
+
+    ``input_ids`` 是 CPU 上的 1 维 int32 张量：提示词，之后每生成一个 token 就追加在末尾。
+    ``table_idx`` 是它在页表 / token 池里占的那一行。长度记账：
+
+    - ``cached_len``：K/V 已经写进缓存的 token 数；
+    - ``device_len``：已知的 token 数（提示词 + 已采样的），初值是提示词长度；
+    - ``max_device_len``：提示词长度 + ``output_len``，请求最多走到这里。
+
+    始终满足 ``0 <= cached_len < device_len <= max_device_len``。
+    """
+
+    input_ids: torch.Tensor
+    table_idx: int
+    cached_len: int
+    output_len: int
+    uid: int
+    sampling_params: SamplingParams
+    cache_handle: Any = None  # 第 2 阶段的缓存管理器挂在这里的句柄（前缀缓存命中的节点等）
+
+    def __post_init__(self) -> None:
+        # >>> TASK req_init: 检查 input_ids 在 CPU 上；算出 device_len 与 max_device_len；不变式不成立就抛 ValueError
+        if not self.input_ids.is_cpu:
+            raise ValueError("Req.input_ids 必须是 CPU 张量：它只用于记账和拼接输出，不参与计算")
+        self.device_len = len(self.input_ids)
+        self.max_device_len = len(self.input_ids) + self.output_len
+        if not 0 <= self.cached_len < self.device_len <= self.max_device_len:
+            raise ValueError(
+                "请求长度不满足 0 <= cached_len < device_len <= max_device_len："
+                f"cached_len={self.cached_len}, device_len={self.device_len}, max_device_len={self.max_device_len}"
+            )
+        # <<< TASK
+
+    @property
+    def extend_len(self) -> int:
+        """本轮要送进模型计算的 token 数（预填充时是整段未缓存的提示词，解码时是 1）。"""
+        # >>> TASK extend_len: 本轮要算的 token 数 = device_len - cached_len
+        return self.device_len - self.cached_len
+        # <<< TASK
+
+    @property
+    def remain_len(self) -> int:
+        """还能再生成几个 token。"""
+        # >>> TASK remain_len: 还能生成的 token 数 = max_device_len - device_len
+        return self.max_device_len - self.device_len
+        # <<< TASK
+
+    @property
+    def can_decode(self) -> bool:
+        return self.remain_len > 0
+
+    def complete_one(self) -> None:
+        """一次前向发出之后调用：这轮的 token 都进了缓存，并且多了一个（刚采样的）已知 token。
+
+        它在前向发出时就推进，而不是等采样结果拷回 CPU，这样调度器可以马上准备下一步。
+        """
+        # >>> TASK complete_one: cached_len 追上 device_len，device_len 加一
+        self.cached_len = self.device_len
+        self.device_len += 1
+        # <<< TASK
+
+    def append_host(self, next_token: torch.Tensor) -> None:
+        """把拷回 CPU 的新 token（含 1 个元素的张量）接到 ``input_ids`` 末尾。"""
+        # >>> TASK append_host: 用 torch.cat 把 next_token 接到 input_ids 后面（保持 int32、1 维）
+        self.input_ids = torch.cat([self.input_ids, next_token.reshape(1).to(self.input_ids.dtype)])
+        # <<< TASK
+
+    def __repr__(self) -> str:
+        return (
+            f"Req(uid={self.uid}, table_idx={self.table_idx}, cached_len={self.cached_len}, "
+            f"device_len={self.device_len}, max_device_len={self.max_device_len})"
+        )
+
+
+@dataclass
+class Batch:
+    """一次前向要算的一批请求。``phase`` 为 ``"prefill"``（预填充）或 ``"decode"``（解码）。
+
+    下面这些字段由调用者（第 1 阶段是你自己，第 2 阶段是调度器）在前向之前填好：
+
+    - ``input_ids``：设备上的 int32，``[sum(extend_len)]``，按请求顺序拼接；
+    - ``positions``：同形状，每个 token 在自己序列里的位置（从 ``cached_len`` 到 ``device_len - 1``）；
+    - ``out_loc``：同形状，每个 token 的 K/V 要写进 KV 池的哪个槽位；
+    - ``attn_metadata``：由 ``attn_backend.prepare_metadata(batch)`` 填写。
+    """
+
+    reqs: list[Req]
+    phase: Literal["prefill", "decode"]
+    input_ids: torch.Tensor = field(init=False)
+    positions: torch.Tensor = field(init=False)
+    out_loc: torch.Tensor = field(init=False)
+    attn_metadata: BaseAttnMetadata = field(init=False)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.phase == "prefill"
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == "decode"
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+
+@dataclass
+class Context:
+    """引擎的全局上下文：模型的各层在前向里从这里拿到当前批次、注意力后端和 KV 缓存。
+
+    ``page_table`` 的每个元素是 token 级的 KV 槽位（页号 * page_size + 页内偏移），
+    所以无论 ``page_size`` 多大，查表时都按“每页一个 token”来读。
+    """
+
+    page_size: int
+    page_table: torch.Tensor = field(init=False)
+    attn_backend: BaseAttnBackend = field(init=False)
+    kv_cache: MHAKVCache = field(init=False)
+    _batch: Batch | None = field(default=None, init=False)
+
+    @property
+    def batch(self) -> Batch:
+        if self._batch is None:
+            raise RuntimeError("当前没有正在前向的批次：请在 `with ctx.forward_batch(batch):` 里调用模型")
+        return self._batch
+
+    @contextmanager
+    def forward_batch(self, batch: Batch) -> Iterator[None]:
+        """在 with 块里把 ``batch`` 设为当前批次；离开（包括出错）时一定清掉。"""
+        # >>> TASK ctx_forward_batch: 不允许嵌套（已有批次就抛 RuntimeError）；设置 _batch，yield，finally 里清回 None
+        if self._batch is not None:
+            raise RuntimeError("forward_batch 不能嵌套：上一个批次还没结束")
+        self._batch = batch
+        try:
+            yield
+        finally:
+            self._batch = None
+        # <<< TASK
+
+
+_GLOBAL_CTX: Context | None = None
+
+
+def set_global_ctx(ctx: Context | None) -> None:
+    """设置（或用 None 清除）全局上下文。一个进程里可以先后创建多个引擎，后设置的生效。"""
+    global _GLOBAL_CTX
+    _GLOBAL_CTX = ctx
+
+
+def get_global_ctx() -> Context:
+    if _GLOBAL_CTX is None:
+        raise RuntimeError("全局上下文还没有设置：请先创建 Engine（或调用 set_global_ctx）")
+    return _GLOBAL_CTX

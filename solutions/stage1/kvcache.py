@@ -1,0 +1,105 @@
+"""第 1.4 章 kvcache：预先分配好的分页 KV 池、页表和 token 池。
+
+第 0 步用 ``torch.cat`` 让每个请求的 K/V 越拼越长：每步都要重新分配、拷贝，也没法把
+不同请求的 K/V 放进同一个批次。这里换成一整块预先分配的池子：
+
+- **KV 池**：每层一块 K、一块 V，各有 ``num_pages × page_size`` 个 token 槽位；
+- **页表**：``[max_running_req + 1, max_seq_len]`` 的 int32，第 ``table_idx`` 行第 ``pos`` 列
+  是那个请求第 ``pos`` 个 token 的 K/V 所在的槽位（页号 * page_size + 页内偏移）；
+- **token 池**：形状同页表，存每个位置的 token id，解码的输入直接在设备上按行列取出。
+
+页表按 token 记槽位，所以注意力后端查表时不必关心 ``page_size``；``page_size`` 只决定
+槽位怎样成组地分配出去（第 2 阶段的缓存管理器按页分配和回收）。
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class MHAKVCache:
+    """多头注意力的 KV 池：一个 ``[2, 层数, num_pages, page_size, KV 头数, head_dim]`` 的大张量。
+
+    用 0 初始化而不是 ``torch.empty``：批量注意力会读到还没写过的槽位（再用掩码屏蔽），
+    未初始化内存里可能有 NaN，而 ``0 × NaN`` 仍是 NaN，会污染输出。
+    """
+
+    def __init__(
+        self,
+        num_kv_heads: int,
+        num_layers: int,
+        head_dim: int,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_kv_heads = num_kv_heads
+        self.num_layers = num_layers
+        self.head_dim = head_dim
+        self.num_pages = num_pages
+        self.page_size = page_size
+        # >>> TASK kv_buffer: 分配 [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] 的全 0 张量，存为 self._kv_buffer
+        self._kv_buffer = torch.zeros(
+            (2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
+        )
+        # <<< TASK
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._kv_buffer.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._kv_buffer.device
+
+    def k_cache(self, layer_id: int) -> torch.Tensor:
+        """第 ``layer_id`` 层的 K，按槽位摊平成 ``[num_pages * page_size, KV 头数, head_dim]`` 的视图。"""
+        # >>> TASK kv_views: 取 _kv_buffer[0, layer_id]，view 成 (num_slots, num_kv_heads, head_dim)；不要拷贝
+        return self._kv_buffer[0, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)
+        # <<< TASK
+
+    def v_cache(self, layer_id: int) -> torch.Tensor:
+        return self._kv_buffer[1, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
+        """把本轮算出的 K/V（``[T, KV 头数, head_dim]``）写进第 ``layer_id`` 层的 ``out_loc`` 槽位，别处一个也不碰。"""
+        # >>> TASK store_kv: 按 out_loc 把 k、v 写进 k_cache(layer_id)、v_cache(layer_id)（原地写，用 index_copy_ 或下标赋值）
+        index = out_loc.long()
+        self.k_cache(layer_id).index_copy_(0, index, k)
+        self.v_cache(layer_id).index_copy_(0, index, v)
+        # <<< TASK
+
+    @staticmethod
+    def bytes_per_page(
+        num_kv_heads: int, num_layers: int, head_dim: int, page_size: int, dtype: torch.dtype
+    ) -> int:
+        """一页在所有层里占多少字节（K 与 V 都算）；引擎用它从空闲内存推出能放几页。"""
+        # >>> TASK bytes_per_page: 2（K 和 V）× 层数 × page_size × KV 头数 × head_dim × 每个元素的字节数
+        return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
+        # <<< TASK
+
+
+def pages_to_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
+    """页号 → 这些页里的全部 token 槽位，按顺序：页 ``p`` 的槽位是 ``p*page_size .. p*page_size+page_size-1``。
+
+    例：``pages=[3, 1]``、``page_size=2`` → ``[6, 7, 2, 3]``。把结果的前 n 个写进页表的一行，
+    就给一个 n 个 token 的请求安排好了位置。
+    """
+    # >>> TASK pages_to_slots: pages[:, None] * page_size + arange(page_size)，再摊平；保持 pages 的 dtype 和设备
+    offsets = torch.arange(page_size, dtype=pages.dtype, device=pages.device)
+    return (pages[:, None] * page_size + offsets).flatten()
+    # <<< TASK
+
+
+def create_page_table(max_running_req: int, max_seq_len: int, device: torch.device | str) -> torch.Tensor:
+    """页表：每个请求槽位一行，另加一行留给填充用的假请求。初值 0 是合法槽位，读到也不会越界。
+
+    token 池与它同形同类型（``torch.zeros_like(page_table)``），只是存的是 token id。
+    """
+    return torch.zeros((max_running_req + 1, max_seq_len), dtype=torch.int32, device=device)
+

@@ -1,0 +1,316 @@
+"""第 1.2 章 layers：不依赖 ``nn.Module`` 的算子层。
+
+每个算子是一个普通对象：权重是它的张量属性（名字不以 ``_`` 开头），前向是普通方法。
+算子自己知道权重的形状和怎样从检查点里装载——合并线性层把 HF 的 q/k/v（或 gate/up）
+几个张量按行拼进同一块权重，一次矩阵乘法算完。没有 autograd、没有 hook，推理只要这些。
+
+线性层有两条路径：``F.linear`` 是易读的参考实现；在 CPU 上，加载完权重后可以把权重一次性
+重排成 oneDNN 喜欢的布局（:func:`pack_linear_weights`），之后每步解码快好几倍。
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.core import get_global_ctx
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+@dataclass(frozen=True)
+class WeightSlot:
+    """检查点里的一个张量该装到哪里：哪个算子的哪个属性，合并权重里的第几片。"""
+
+    op: BaseOP
+    attr: str
+    shard: int = 0
+
+
+class BaseOP:
+    """算子基类：遍历子算子、列出权重、按检查点名字装载权重。"""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def children(self) -> Iterator[tuple[str, BaseOP]]:
+        """子算子：属性里的 BaseOP，或 BaseOP 的列表（如解码层列表），名字不以 ``_`` 开头。"""
+        for name, value in vars(self).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, BaseOP):
+                yield name, value
+            elif isinstance(value, list) and all(isinstance(v, BaseOP) for v in value):
+                for i, op in enumerate(value):
+                    yield f"{name}.{i}", op
+
+    def named_ops(self, prefix: str = "") -> Iterator[tuple[str, BaseOP]]:
+        yield prefix, self
+        for name, child in self.children():
+            yield from child.named_ops(_join(prefix, name))
+
+    def own_weights(self) -> dict[str, torch.Tensor]:
+        return {n: v for n, v in vars(self).items() if not n.startswith("_") and isinstance(v, torch.Tensor)}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """全部权重，按本项目自己的名字（合并后的 ``qkv_proj`` 等）。"""
+        return {_join(p, n): w for p, op in self.named_ops() for n, w in op.own_weights().items()}
+
+    def checkpoint_slots(self) -> dict[str, WeightSlot]:
+        """整棵算子树：HF 检查点里的张量名 → 装到哪里。"""
+        return {name: slot for prefix, op in self.named_ops() for name, slot in op.own_slots(prefix).items()}
+
+    def own_slots(self, prefix: str) -> dict[str, WeightSlot]:
+        """本算子自己的权重在检查点里叫什么。默认与本项目的名字相同；合并线性层会改写。"""
+        return {_join(prefix, n): WeightSlot(self, n) for n in self.own_weights()}
+
+    def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
+        """把检查点里的一个张量拷进自己的权重（形状不对就抛 ValueError）。"""
+        target = getattr(self, attr)
+        check_shape(target, tensor)
+        target.copy_(tensor)
+
+    def pack(self) -> None:
+        """为当前设备准备更快的权重布局；默认什么也不做（见 :class:`Linear`）。"""
+
+
+def check_shape(target: torch.Tensor, tensor: torch.Tensor) -> None:
+    if tuple(target.shape) != tuple(tensor.shape):
+        raise ValueError(f"形状不对：模型需要 {tuple(target.shape)}，检查点里是 {tuple(tensor.shape)}")
+
+
+# ----------------------------------------------------------------------------- 线性层
+
+
+def fast_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """CPU 上的 oneDNN 快速路径是否可用：fp32 总可以，bf16 要 CPU 支持。"""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype == torch.float32
+
+
+class Linear(BaseOP):
+    """``y = x Wᵀ + b``。``output_sizes`` 有多段时是合并线性层，``shard_names`` 是各段在 HF 检查点里的名字。
+
+    例如注意力的 ``qkv_proj``：``output_sizes=[q, kv, kv]``、``shard_names=["q_proj", "k_proj", "v_proj"]``，
+    检查点里的 ``...self_attn.k_proj.weight`` 就装进 ``qkv_proj.weight`` 的第 q..q+kv 行。
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: int | list[int],
+        *,
+        bias: bool = False,
+        shard_names: list[str] | None = None,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
+        if shard_names is not None and len(shard_names) != len(self.output_sizes):
+            raise ValueError("shard_names 的个数要与 output_sizes 的段数相同")
+        out = sum(self.output_sizes)
+        self.weight: torch.Tensor | None = torch.empty(out, input_size, dtype=dtype, device=device)
+        self.bias = torch.empty(out, dtype=dtype, device=device) if bias else None
+        self._shard_names = shard_names
+        self._packed: torch.Tensor | None = None  # oneDNN 布局的权重（不透明张量，不能切片）
+
+    def own_slots(self, prefix: str) -> dict[str, WeightSlot]:
+        if self._shard_names is None:
+            return super().own_slots(prefix)
+        parent = prefix.rpartition(".")[0]
+        return {
+            _join(parent, f"{shard}.{attr}"): WeightSlot(self, attr, i)
+            for i, shard in enumerate(self._shard_names)
+            for attr in self.own_weights()
+        }
+
+    def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
+        """把第 ``shard`` 段的检查点张量拷进合并权重里属于它的那几行。"""
+        # >>> TASK merged_linear_load: 第 shard 段从 sum(output_sizes[:shard]) 行开始、共 output_sizes[shard] 行；先 check_shape 再 copy_
+        start = sum(self.output_sizes[:shard])
+        target = getattr(self, attr)[start : start + self.output_sizes[shard]]
+        check_shape(target, tensor)
+        target.copy_(tensor)
+        # <<< TASK
+
+    def pack(self) -> None:
+        """把权重重排成 oneDNN 的布局（只做一次），重排后的副本取代原权重以省内存。
+
+        批大小提示传 ``None``：传 1 会得到一个批大于 1 时很慢的布局。
+        """
+        if self.weight is not None:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            self.weight = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def pack_linear_weights(root: BaseOP) -> int:
+    """把 ``root`` 下所有线性层（含 LM head）换成 CPU 快速布局，返回换了几个。加载完权重后调用一次。"""
+    ops = [op for _, op in root.named_ops() if isinstance(op, Linear)]
+    for op in ops:
+        op.pack()
+    return len(ops)
+
+
+# ----------------------------------------------------------------------------- 嵌入与 LM head
+
+
+class VocabEmbedding(BaseOP):
+    """token id → 向量：查表。"""
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.weight = torch.empty(vocab_size, hidden_size, dtype=dtype, device=device)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)
+
+
+class LMHead(Linear):
+    """隐藏状态 → 词表 logits，只算每个请求的最后一个 token。
+
+    预填充一段 100 个 token 的提示词，只有最后一个位置的 logits 用来采样；
+    词表有十几万行，把其余 99 个也算出来是白费。``tie_to`` 给出时与嵌入层共用权重
+    （检查点里没有 ``lm_head.weight``）；打包成快速布局时另做一份，嵌入层保留自己的原始权重。
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        *,
+        tie_to: VocabEmbedding | None = None,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__(hidden_size, vocab_size, dtype=dtype, device="meta" if tie_to else device)
+        if tie_to is not None:
+            self.weight = tie_to.weight
+        self._tied = tie_to is not None
+
+    def own_slots(self, prefix: str) -> dict[str, WeightSlot]:
+        return {} if self._tied else super().own_slots(prefix)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # >>> TASK lm_head_last_tokens: 用 ctx.batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再做线性变换
+        batch = get_global_ctx().batch
+        last = batch.attn_metadata.get_last_indices(batch.size)
+        return super().forward(x[last])
+        # <<< TASK
+
+
+# ----------------------------------------------------------------------------- 归一化、激活、位置编码
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm：``x / sqrt(mean(x²) + eps) * weight``，在 fp32 里算，再转回原 dtype 乘权重（与 HF 一致）。"""
+    # >>> TASK rms_norm: 先转 float32，乘 rsqrt(x² 在最后一维的均值 + eps)，转回 x.dtype 后乘 weight
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+    # <<< TASK
+
+
+class RMSNorm(BaseOP):
+    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.weight = torch.empty(size, dtype=dtype, device=device)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU 的激活：``x`` 的前一半是 gate、后一半是 up（合并的 gate_up_proj 的输出），返回 ``silu(gate) * up``。"""
+    # >>> TASK silu_and_mul: 沿最后一维对半分成 gate 和 up，返回 F.silu(gate) * up
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+    # <<< TASK
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """旋转位置编码（NeoX / HF 的“前后两半”排布）。``x``: [T, H, D]，``cos``/``sin``: [T, D]。
+
+    把每个头的向量看成 D/2 个二维点 (x[i], x[i + D/2])，按位置转过各自的角度：
+    ``x * cos + rotate_half(x) * sin``，其中 ``rotate_half(x) = cat(-x后半, x前半)``。
+    """
+    # >>> TASK apply_rotary: cos/sin 加一个头维度并转成 x.dtype；x1, x2 = 前后两半；返回 x * cos + cat(-x2, x1) * sin
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    # <<< TASK
+
+
+class RotaryEmbedding(BaseOP):
+    """预先算好每个位置的 cos/sin 表（fp32），前向时按 ``positions`` 查表。全模型共用一个。"""
+
+    def __init__(self, head_dim: int, base: float, max_position: int, *, device: torch.device | str) -> None:
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._cos = emb.cos().to(device)
+        self._sin = emb.sin().to(device)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self._cos[positions], self._sin[positions]
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+# ----------------------------------------------------------------------------- 注意力层
+
+
+class AttentionLayer(BaseOP):
+    """注意力层：拆 qkv → （Qwen3 的）q/k 归一化 → RoPE → 交给注意力后端（写 KV 缓存并算注意力）。
+
+    它自己没有权重：q_norm / k_norm 的权重属于外层的 self_attn 块（检查点里也是这么命名的），
+    这里只借用；怎样在分页 KV 上算注意力是后端的事（第 1.5 章），本层不关心。
+    """
+
+    def __init__(
+        self,
+        layer_id: int,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rotary: RotaryEmbedding,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+    ) -> None:
+        if num_qo_heads % num_kv_heads != 0:
+            raise ValueError(f"query 头数 {num_qo_heads} 必须是 KV 头数 {num_kv_heads} 的整数倍（GQA）")
+        self.layer_id = layer_id
+        self.num_qo_heads = num_qo_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self._rotary = rotary
+        self._q_norm = q_norm
+        self._k_norm = k_norm
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        """``qkv``: [T, (Hq + 2·Hkv)·D] → 注意力输出 [T, Hq·D]。"""
+        # >>> TASK attention_layer_forward: split 出 q/k/v 并 view 成 [T, 头数, D]；有 q/k norm 就先归一化；用 batch.positions 做 RoPE；调用 ctx.attn_backend.forward(q, k, v, layer_id, batch)
+        ctx = get_global_ctx()
+        qo, kv = self.num_qo_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([qo, kv, kv], dim=-1)
+        q = q.reshape(-1, self.num_qo_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self._q_norm is not None:
+            q = self._q_norm.forward(q)
+        if self._k_norm is not None:
+            k = self._k_norm.forward(k)
+        q, k = self._rotary.forward(ctx.batch.positions, q, k)
+        o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        return o.reshape(-1, qo)
+        # <<< TASK

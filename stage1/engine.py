@@ -1,0 +1,218 @@
+# 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+"""第 1.6 章 engine：把前五章拼成一个引擎，再加上批量采样器。
+
+``Engine`` 按顺序初始化：设备与 dtype → 全局上下文 → 模型与权重 → 由剩余内存定出 KV 页数 →
+KV 池 → 页表与 token 池 → 注意力后端 → 采样器。``forward_batch`` 跑一次前向、为每个请求采样
+一个 token、推进请求的长度记账，并把结果写进 token 池。
+
+与 CUDA 有关的东西（设备、空闲显存、异步拷回主机）都收在几个小函数里，CPU 上有对应的做法。
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from minisgl.attention import create_attention_backend
+from minisgl.core import Batch, Context, SamplingParams, set_global_ctx
+from minisgl.kvcache import MHAKVCache, create_page_table
+from minisgl.layers import fast_linear_supported, pack_linear_weights
+from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_weights
+
+# ----------------------------------------------------------------------------- 设备接缝
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """``auto``：有 CUDA 就用第一块 GPU，否则 CPU。"""
+    if str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """没指定时：CUDA 上 bf16，CPU 上 fp32。也接受 ``"bfloat16"`` 这样的字符串。"""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def get_free_memory(device: torch.device) -> int:
+    """空闲内存（字节）：CUDA 上问驱动，CPU 上读 /proc/meminfo 的 MemAvailable。"""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class HostCopyDone:
+    """CPU 上的“拷贝完成事件”：拷贝是同步的，``synchronize()`` 什么也不用等。"""
+
+    def synchronize(self) -> None:
+        return None
+
+
+def copy_to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | HostCopyDone]:
+    """把设备上的结果拷回主机，返回（主机张量，完成事件）。
+
+    CUDA 上异步拷进锁页内存，用事件告诉调用者何时拷完；CPU 上 ``.to("cpu")`` 不拷贝、返回同一块内存，
+    之后设备那份一改主机这份也变，所以要 ``clone``。
+    """
+    if tokens.device.type == "cuda":
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
+    return tokens.clone(), HostCopyDone()
+
+
+# ----------------------------------------------------------------------------- 采样器
+
+
+@dataclass
+class BatchSamplingArgs:
+    """一批请求的采样参数，已整理成张量。``temperatures is None`` 表示整批都是贪心。"""
+
+    temperatures: torch.Tensor | None  # [B] float32；贪心的行填 1（结果会换成 argmax）
+    greedy: torch.Tensor | None = None  # [B] bool
+    top_k: torch.Tensor | None = None  # [B] int64；None：没有一行要 top-k
+    top_p: torch.Tensor | None = None  # [B] float32；None：没有一行要 top-p
+    generators: list[torch.Generator | None] | None = None  # 带种子的行用自己的随机数发生器
+
+
+def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """按行过滤概率：先只留概率最大的 k 个；再在剩下的里（重新归一化后）只留最小的“核”——
+    从大到小累加、刚好达到 p 的那几个（第一个总是留下）。被过滤的概率置 0；结果不必加起来等于 1，
+    采样用的指数竞赛只看各行内的比例。"""
+    # TODO 任务 top_k_top_p：按概率降序排序；排名 >= k 的置 0；归一化后，排在它前面的累计概率已 >= p 的置 0；再 scatter 回原顺序
+    raise NotImplementedError('第 1.6 章 engine 的任务「top_k_top_p」还没有实现。文档：docs/stage1/engine.md#top_k_top_p 提示：按概率降序排序；排名 >= k 的置 0；归一化后，排在它前面的累计概率已 >= p 的置 0；再 scatter 回原顺序')
+
+
+class Sampler:
+    """一批请求、每个请求各自的采样参数，一次批量调用采完。
+
+    随机性来自“指数竞赛”：``argmax(p / E)``（E 独立服从指数分布）恰好以概率 p 选中每个 token，
+    这样整批只要一次 argmax。没有种子的行用采样器自己的发生器（引擎种子决定，可复现）；
+    带种子的行用（种子，位置）生成的发生器，结果与同批的其他请求无关。
+    """
+
+    def __init__(self, device: torch.device, vocab_size: int, seed: int = 0) -> None:
+        self.device = device
+        self.vocab_size = vocab_size
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def prepare(self, batch: Batch) -> BatchSamplingArgs:
+        """在前向之前调用（此时 ``req.device_len`` 就是要采样的 token 的位置）。"""
+        params: list[SamplingParams] = [r.sampling_params for r in batch.reqs]
+        if all(p.is_greedy for p in params):
+            return BatchSamplingArgs(temperatures=None)
+        # TODO 任务 sampler_prepare：每行的温度（贪心行为 1）、是否贪心、top_k（不限为 None）、top_p（不限为 None）、带种子行的发生器；都放到 self.device 上
+        raise NotImplementedError('第 1.6 章 engine 的任务「sampler_prepare」还没有实现。文档：docs/stage1/engine.md#sampler_prepare 提示：每行的温度（贪心行为 1）、是否贪心、top_k（不限为 None）、top_p（不限为 None）、带种子行的发生器；都放到 self.device 上')
+
+    def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """``logits``: [B, vocab] → 每行一个 token id（int64）。"""
+        if args.temperatures is None:
+            return logits.argmax(dim=-1)
+        # TODO 任务 sample：logits 转 float32 除以温度 → softmax → top_k_top_p_filter → 指数噪声（带种子的行用自己的发生器）→ argmax(p / E)；贪心行换成 argmax(logits)
+        raise NotImplementedError('第 1.6 章 engine 的任务「sample」还没有实现。文档：docs/stage1/engine.md#sample 提示：logits 转 float32 除以温度 → softmax → top_k_top_p_filter → 指数噪声（带种子的行用自己的发生器）→ argmax(p / E)；贪心行换成 argmax(logits)')
+
+
+# ----------------------------------------------------------------------------- 引擎
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    dtype: torch.dtype | str | None = None  # None：CUDA 上 bf16，CPU 上 fp32
+    max_running_req: int = 8
+    num_page_override: int | None = None  # None：由剩余内存推出
+    max_seq_len_override: int | None = None  # None：模型的 max_position_embeddings（再受 KV 池容量限制）
+    page_size: int = 1
+    attention_backend: str = "auto"  # auto | torch | sdpa | fi | fa
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    memory_ratio: float | None = None  # 可用内存里给模型 + KV 的比例；None：CUDA 0.9，CPU 0.3（CPU 内存还要留给别的进程）
+    seed: int = 0
+    use_dummy_weight: bool = False  # 不读权重文件，填随机数（只测速度）
+    cpu_fast_linear: bool = True  # CPU 上把线性层权重重排成 oneDNN 布局；False 则一律走参考路径 F.linear
+
+
+class ForwardOutput(NamedTuple):
+    next_tokens_gpu: torch.Tensor  # 设备上 int32 [B]（在 CPU 上运行时也叫这个名字）
+    next_tokens_cpu: torch.Tensor  # 主机上的副本，与上面不共享内存
+    copy_done_event: torch.cuda.Event | HostCopyDone
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.model_config = ModelConfig.from_hf(config.model_path)
+        self.ctx = Context(config.page_size)
+        set_global_ctx(self.ctx)
+
+        # 模型：先记下空闲内存，加载后的差值就是模型占的
+        free_before = get_free_memory(self.device)
+        self.model = create_model(self.model_config, self.dtype, self.device)
+        if config.use_dummy_weight:
+            load_dummy_weights(self.model, config.seed)
+        else:
+            load_weights(self.model, config.model_path)
+        self.fast_linear = config.cpu_fast_linear and fast_linear_supported(self.device, self.dtype)
+        if self.fast_linear:
+            pack_linear_weights(self.model)
+
+        # KV 池、页表、token 池
+        self.num_pages = self._determine_num_pages(free_before)
+        c = self.model_config
+        self.ctx.kv_cache = self.kv_cache = MHAKVCache(
+            c.num_kv_heads, c.num_layers, c.head_dim, self.num_pages, config.page_size, self.dtype, self.device
+        )
+        max_seq_len = config.max_seq_len_override or c.max_position_embeddings
+        self.max_seq_len = min(max_seq_len, self.num_pages * config.page_size)
+        self.ctx.page_table = self.page_table = create_page_table(config.max_running_req, self.max_seq_len, self.device)
+        self.token_pool = torch.zeros_like(self.page_table)
+
+        self.ctx.attn_backend = self.attn_backend = create_attention_backend(
+            config.attention_backend, self.kv_cache, self.page_table, c.num_qo_heads
+        )
+        self.sampler = Sampler(self.device, c.vocab_size, config.seed)
+
+    def _determine_num_pages(self, free_before: int) -> int:
+        """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。"""
+        c, config = self.model_config, self.config
+        # TODO 任务 determine_num_pages：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3）；不足 1 页就抛 RuntimeError
+        raise NotImplementedError('第 1.6 章 engine 的任务「determine_num_pages」还没有实现。文档：docs/stage1/engine.md#determine_num_pages 提示：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3）；不足 1 页就抛 RuntimeError')
+
+    @torch.no_grad()  # 不用 inference_mode：它产出的张量之后在模式外不能原地修改，调度器会踩坑
+    def forward_batch(
+        self, batch: Batch, args: BatchSamplingArgs, *, complete_reqs: bool = True, write_tokens: bool = True
+    ) -> ForwardOutput:
+        """前向 → 推进每个请求（``complete_one``）→ 采样 → 写 token 池 → 拷回主机。
+
+        调用前要填好 ``batch.input_ids / positions / out_loc`` 并调用过 ``attn_backend.prepare_metadata(batch)``。
+        调度器可以关掉两步自己做：``complete_reqs=False``（它已在发出前推进了请求），
+        ``write_tokens=False``（它按自己的映射写 token 池，例如分块预填充的中间块不能覆盖下一个提示词 token）。
+        """
+        if not hasattr(batch, "attn_metadata"):
+            raise RuntimeError("batch.attn_metadata 还没准备：请先调用 engine.attn_backend.prepare_metadata(batch)")
+        set_global_ctx(self.ctx)  # 同一进程里可能有多个引擎，各层读的是全局上下文
+        # TODO 任务 forward_batch：在 ctx.forward_batch(batch) 里跑 model.forward()；每个请求 complete_one()；采样并转 int32；写进 token_pool[table_idx, device_len - 1]；copy_to_host
+        raise NotImplementedError('第 1.6 章 engine 的任务「forward_batch」还没有实现。文档：docs/stage1/engine.md#forward_batch 提示：在 ctx.forward_batch(batch) 里跑 model.forward()；每个请求 complete_one()；采样并转 int32；写进 token_pool[table_idx, device_len - 1]；copy_to_host')
+
+    def shutdown(self) -> None:
+        """放掉全局上下文对本引擎的引用（同一进程里接着建新引擎时不留旧的）。"""
+        set_global_ctx(None)

@@ -1,0 +1,196 @@
+# 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+"""第 1.3 章 models：Qwen3 与 Llama 解码器，以及从 safetensors 流式加载权重。
+
+两种架构共用一份解码器定义，区别只在配置：Qwen3 在注意力里对 q、k 各做一次 RMSNorm（``qk_norm``），
+Llama 没有。结构和权重名字都与 HF 的 ``config.json`` / ``model.safetensors`` 对应，
+唯一的改动是把 q/k/v 和 gate/up 合并成一个线性层（见第 1.2 章）。
+
+加载权重时一次只读一个张量、拷进预先分配好的位置，峰值内存约等于模型本身。
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from minisgl.core import get_global_ctx
+from minisgl.layers import (
+    AttentionLayer,
+    BaseOP,
+    Linear,
+    LMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    VocabEmbedding,
+    silu_and_mul,
+)
+
+#: 支持的架构（``config.json`` 里的 ``architectures[0]``）→ 是否有 q/k norm。
+ARCHITECTURES = {"Qwen3ForCausalLM": True, "LlamaForCausalLM": False}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qk_norm: bool
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_hf(cls, model_path: str | Path) -> ModelConfig:
+        """读 HF 的 ``config.json``。不认识的架构、没有实现的 RoPE 缩放都直接报错，免得算出错的结果。"""
+        path = Path(model_path) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"找不到模型配置 {path}（模型目录不对？请先运行 make setup）")
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+    @classmethod
+    def from_dict(cls, hf: dict) -> ModelConfig:
+        # TODO 任务 model_config_from_hf：检查架构与 RoPE；head_dim 缺省为 hidden_size // num_attention_heads；num_key_value_heads 缺省等于头数；rope_theta 可能在 rope_parameters 里
+        raise NotImplementedError('第 1.3 章 models 的任务「model_config_from_hf」还没有实现。文档：docs/stage1/models.md#model_config_from_hf 提示：检查架构与 RoPE；head_dim 缺省为 hidden_size // num_attention_heads；num_key_value_heads 缺省等于头数；rope_theta 可能在 rope_parameters 里')
+
+
+class SelfAttention(BaseOP):
+    """``self_attn`` 块：合并的 qkv_proj → 注意力层 → o_proj。"""
+
+    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, dtype: torch.dtype, device) -> None:
+        c, kw = config, {"dtype": dtype, "device": device}
+        q_size, kv_size = c.num_qo_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.qkv_proj = Linear(
+            c.hidden_size, [q_size, kv_size, kv_size], bias=c.attention_bias,
+            shard_names=["q_proj", "k_proj", "v_proj"], **kw,
+        )  # fmt: skip
+        self.o_proj = Linear(q_size, c.hidden_size, bias=c.attention_bias, **kw)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw) if c.qk_norm else None
+        self.attn = AttentionLayer(
+            layer_id, c.num_qo_heads, c.num_kv_heads, c.head_dim, rotary, self.q_norm, self.k_norm
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o_proj.forward(self.attn.forward(self.qkv_proj.forward(x)))
+
+
+class MLP(BaseOP):
+    """SwiGLU 前馈：合并的 gate_up_proj → silu(gate) * up → down_proj。"""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device) -> None:
+        c, kw = config, {"dtype": dtype, "device": device}
+        self.gate_up_proj = Linear(
+            c.hidden_size, [c.intermediate_size] * 2, bias=c.mlp_bias, shard_names=["gate_proj", "up_proj"], **kw
+        )
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # TODO 任务 mlp_forward：gate_up_proj → silu_and_mul → down_proj
+        raise NotImplementedError('第 1.3 章 models 的任务「mlp_forward」还没有实现。文档：docs/stage1/models.md#mlp_forward 提示：gate_up_proj → silu_and_mul → down_proj')
+
+
+class DecoderLayer(BaseOP):
+    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, dtype: torch.dtype, device) -> None:
+        kw = {"dtype": dtype, "device": device}
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        self.self_attn = SelfAttention(config, layer_id, rotary, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        self.mlp = MLP(config, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-norm 残差：``h = x + attn(norm(x))``，``out = h + mlp(norm(h))``。"""
+        # TODO 任务 decoder_layer_forward：两个子层都是“先归一化、再计算、再加回残差”
+        raise NotImplementedError('第 1.3 章 models 的任务「decoder_layer_forward」还没有实现。文档：docs/stage1/models.md#decoder_layer_forward 提示：两个子层都是“先归一化、再计算、再加回残差”')
+
+
+class DecoderModel(BaseOP):
+    """检查点里的 ``model.*``：嵌入、N 个解码层、最后的归一化。"""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device) -> None:
+        kw = {"dtype": dtype, "device": device}
+        rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings, device=device)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, **kw)
+        self.layers = [DecoderLayer(config, i, rotary, dtype, device) for i in range(config.num_layers)]
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens.forward(input_ids)
+        for layer in self.layers:
+            h = layer.forward(h)
+        return self.norm.forward(h)
+
+
+class CausalLM(BaseOP):
+    """完整的模型：``forward()`` 读当前批次的 ``input_ids``，返回每个请求最后一个 token 的 logits ``[B, vocab]``。"""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.config = config
+        self.model = DecoderModel(config, dtype, device)
+        tie_to = self.model.embed_tokens if config.tie_word_embeddings else None
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tie_to=tie_to, dtype=dtype, device=device)
+
+    def forward(self) -> torch.Tensor:
+        batch = get_global_ctx().batch
+        return self.lm_head.forward(self.model.forward(batch.input_ids))
+
+
+def create_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
+    """按配置搭出模型，权重只分配、不初始化（接着用 :func:`load_weights` 或 :func:`load_dummy_weights` 填）。"""
+    return CausalLM(config, dtype, device)
+
+
+#: 检查点里可以有、但本项目不需要的张量：旧版 Llama 检查点存下的 RoPE 频率表（我们自己算）。
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def safetensors_files(model_path: str | Path) -> list[Path]:
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_path} 里没有 *.safetensors 权重文件（模型目录不对？请先运行 make setup）")
+    return files
+
+
+def iter_safetensors(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """逐个读出检查点里的张量（可能分成多个文件），带进度条。"""
+    files = safetensors_files(model_path)
+    total = 0
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            total += len(f.keys())
+    with tqdm(total=total, desc="加载权重", unit="张量") as bar:
+        for file in files:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+                    bar.update()
+
+
+def load_weights(model: BaseOP, model_path: str | Path) -> None:
+    """把检查点里的张量逐个装进模型；缺了、多了或形状不对都报出张量的名字。"""
+    slots = model.checkpoint_slots()
+    # TODO 任务 load_weights：遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)；查不到且不可忽略就报错；最后报告缺少的名字
+    raise NotImplementedError('第 1.3 章 models 的任务「load_weights」还没有实现。文档：docs/stage1/models.md#load_weights 提示：遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)；查不到且不可忽略就报错；最后报告缺少的名字')
+
+
+def load_dummy_weights(model: BaseOP, seed: int = 0) -> None:
+    """不读文件，填上随机权重（只测速度和形状时用）：归一化权重为 1，其余 ~ N(0, 0.02)。"""
+    gen = torch.Generator().manual_seed(seed)
+    for name, w in model.state_dict().items():
+        if name.endswith("norm.weight"):
+            w.fill_(1.0)
+        else:
+            w.copy_(torch.randn(w.shape, generator=gen) * 0.02)
