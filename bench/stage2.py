@@ -1,0 +1,156 @@
+"""第 2 阶段基准（不是测试）：默认在 Qwen3-0.6B 形状的模型上用 fp32，一次运行里轮流重复跑，报中位数 / 最小 / 最大：
+
+1. 里程碑的 8 个请求 × 16 个 token：``LLM.generate`` 对 Hugging Face 成批 ``generate`` 的 token/s 倍数（目标 ≥ 2.0×）；
+2. 共享系统提示词的工作负载（第一个单独跑，计后三个一起跑的时间）：radix 对 naive（目标 ≥ 1.7×），
+   以及 radix 对 HF 成批生成同样三个提示词；
+3. 进步的过程：第 0 步（1 个请求）→ 第 1 阶段手工成批（4 个）→ 第 2 阶段 ``LLM.generate``（8 个）。
+
+参考下限：这个模型一步 batch-8 解码要读一遍 2.4 GB 权重、算 9.5 GFLOP，在这台机器上不会快于约 50 ms；
+HF 一步约 245 ms。
+
+    python bench/stage2.py                 # 默认：3 轮（另加 1 轮预热）
+    python bench/stage2.py --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+import torch
+from common import Case, Stats, interleaved, print_table, timed
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minisgl.core import SamplingParams
+from minisgl.engine import Engine, EngineConfig
+from minisgl.llm import LLM
+from minisgl.model_zoo import default_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import step0_tiny_engine as step0  # noqa: E402
+from stage1_milestone import HandDriver  # noqa: E402
+from stage2_milestone import PROMPTS, QUESTIONS, SYSTEM_PROMPT  # noqa: E402
+
+SEED_KW = dict(dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512)
+
+
+def hf_left_padded(tok, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def ratio_stats(a: Stats, b: Stats) -> str:
+    """两项同一轮的样本逐轮相除：中位数（最小 – 最大）。"""
+    r = [x / y for x, y in zip(a.samples, b.samples)]
+    return str(Stats.of(r)).replace("  ", " ").strip() + "×"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="模型目录（默认：Qwen3-0.6B，没有就用同形状的随机权重模型）")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    model = Path(args.model) if args.model else default_model()
+    n = 16
+    tok = AutoTokenizer.from_pretrained(model)
+    enc = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
+    print(f"模型：{model.name}（fp32，{torch.get_num_threads()} 个线程），轮流跑 {args.repeats} 轮（另加 1 轮预热）")
+    if "random" in model.name:
+        print("（随机权重：只比速度，生成的文字没有意义）")
+
+    # ------------------------------------------------------------------ 1 与 2：对 HF、radix 对 naive
+    print("\n加载：Hugging Face 模型、radix 与 naive 两个 LLM ……")
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # 与 ignore_eos 一样，保证生成满 n 个 token
+    radix = LLM(model, **SEED_KW)
+    naive = LLM(model, **SEED_KW, cache_type="naive")
+    sp8 = SamplingParams(max_tokens=n, ignore_eos=True)
+    hf_ids, hf_mask = hf_left_padded(tok, enc)
+
+    def hf_generate(ids: torch.Tensor, mask: torch.Tensor, new: int) -> float:
+        with torch.inference_mode():
+            return timed(lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False))
+
+    cases = [
+        Case("HF generate ×8", lambda: hf_generate(hf_ids, hf_mask, n), 8 * n),
+        Case("LLM.generate ×8", lambda: timed(lambda: radix.generate(enc, sp8)), 8 * n),
+    ]
+    print(f"\n[1] 里程碑工作负载：8 个请求 × {n} 个 token")
+    s1 = interleaved(cases, args.repeats)
+    print_table(s1, baseline="HF generate ×8")
+    print(f"LLM.generate / HF（逐轮比值）：{ratio_stats(s1['LLM.generate ×8'], s1['HF generate ×8'])}（目标 ≥ 2.0×）")
+
+    # 共享系统提示词：每一轮换一个前缀（前面加轮次编号），radix 缓存每轮都从空开始共享
+    rounds = iter(range(1000))
+    sp4 = SamplingParams(max_tokens=4, ignore_eos=True)
+
+    def shared(llm: LLM) -> float:
+        k = next(rounds)
+        prompts = [f"[{k}] {SYSTEM_PROMPT}{q}" for q in QUESTIONS]
+        llm.generate(prompts[:1], sp4)
+        return timed(lambda: llm.generate(prompts[1:], sp4))
+
+    last3 = [tok.encode(SYSTEM_PROMPT + q, add_special_tokens=False) for q in QUESTIONS[1:]]
+    hf3_ids, hf3_mask = hf_left_padded(tok, last3)
+    cases = [
+        Case("naive 后三个", lambda: shared(naive), 3 * 4),
+        Case("radix 后三个", lambda: shared(radix), 3 * 4),
+        Case("HF 后三个", lambda: hf_generate(hf3_ids, hf3_mask, 4), 3 * 4),
+    ]
+    print("\n[2] 共享系统提示词：第一个单独跑，计后三个一起跑（max_tokens=4）的时间")
+    s2 = interleaved(cases, args.repeats)
+    print_table(s2, baseline="naive 后三个", title="token/s（越大越快）：中位数（最小 – 最大）")
+    print(f"radix / naive（逐轮比值）：{ratio_stats(s2['radix 后三个'], s2['naive 后三个'])}（目标 ≥ 1.7×）")
+    print(f"radix / HF（逐轮比值）：{ratio_stats(s2['radix 后三个'], s2['HF 后三个'])}")
+    ms = {name: 1000 * 12 / st.median for name, st in s2.items()}
+    print("后三个请求用时（中位数）：" + "，".join(f"{k} {v:.0f} ms" for k, v in ms.items()))
+
+    # 一步解码的时间：batch 8，接近带宽下限（约 50 ms）就说明调度器几乎没有额外开销
+    steps: list[float] = []
+    original = radix._forward
+
+    def timing_forward(fi):  # noqa: ANN001, ANN202
+        start = time.perf_counter()
+        out = original(fi)
+        out.copy_done_event.synchronize()
+        if fi.batch.is_decode and fi.batch.size == 8:
+            steps.append(time.perf_counter() - start)
+        return out
+
+    from minisgl.env import ENV
+
+    saved, ENV.DISABLE_OVERLAP_SCHEDULING = ENV.DISABLE_OVERLAP_SCHEDULING, True  # 逐步计时要关掉重叠
+    radix._forward = timing_forward
+    radix.generate(enc, sp8)
+    del radix._forward
+    ENV.DISABLE_OVERLAP_SCHEDULING = saved
+    st = Stats.of([1000 * s for s in steps])
+    print(f"\nbatch-8 一步解码：{st} ms（下限约 50 ms，HF 约 245 ms）")
+
+    del hf, naive
+    gc.collect()
+
+    # ------------------------------------------------------------------ 3：进步的过程
+    print("\n加载：第 0 步的权重字典、第 1 阶段引擎 ……")
+    cfg, weights, _ = step0.load(model)
+    engine = Engine(EngineConfig(str(model), dtype=torch.float32, max_running_req=4, max_seq_len_override=512, num_page_override=2048))
+    cases = [
+        Case("第 0 步 ×1", lambda: timed(lambda: step0.generate(cfg, weights, enc[0], n)), n),
+        Case("第 1 阶段手工 ×4", lambda: sum(HandDriver(engine).generate(enc[:4], n)[1]), 4 * n),
+        Case("第 2 阶段 LLM ×8", lambda: timed(lambda: radix.generate(enc, sp8)), 8 * n),
+    ]
+    print(f"\n[3] 进步的过程：每个请求 {n} 个 token")
+    s3 = interleaved(cases, args.repeats)
+    print_table(s3, baseline="第 0 步 ×1")
+    engine.shutdown()
+    radix.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""第 2 阶段检查共用的工具：模型、Hugging Face 参考输出、记录每一步的批次、空闲时的完整性检查。
+
+这里不导入任何章节模块（``minisgl.scheduler`` 等）：每个检查文件用哪套实现由 pytest 插件在导入那个文件时
+决定，共用代码若在这里先导入，就会绑定到错误的那一套。需要 ``LLM`` 时由检查文件把类传进来。
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minisgl import model_zoo
+
+#: SmolLM2 上逐 token 比对的提示词：长短不一（1 到 40 多个 token），含代码、数字、对话模板、中文，
+#: 还有两对共享前缀的（让 radix 缓存真的命中）。
+SMOLLM2_PROMPTS = [
+    "The capital of France is",
+    "Hello",
+    "1, 2, 3, 4, 5,",
+    "def fibonacci(n):\n",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "Once upon a time, in a small village by the sea, there lived a young girl who",
+    "今天天气很好，我们",
+    "<|im_start|>user\nWhat is the tallest mountain in the world?<|im_end|>\n<|im_start|>assistant\n",
+]
+SMOLLM2_TOKENS = 24
+
+#: 第 2 阶段里程碑的共享系统提示词实验（用真实的 Qwen3 分词器，token 数与种子页一致）。
+SYSTEM_PROMPT = "You are a helpful assistant. Answer concisely and accurately. " * 4
+QUESTIONS = ["What is 2 + 2?", "Name a primary color.", "What is the capital of Japan?", "Spell cat."]
+LONG_PROMPT = "Explain, step by step, why the sky is blue. " * 25
+
+#: tiny 模型上常用的引擎参数（小而快）。
+TINY_KW: dict[str, Any] = dict(dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512)
+#: SmolLM2 上常用的引擎参数。
+SMOL_KW: dict[str, Any] = dict(dtype=torch.float32, max_running_req=8, num_page_override=1024, max_seq_len_override=256)
+
+
+def built(getter: Callable[[], Any]) -> str:
+    """模型目录；没建好就直接失败并提示 ``make setup``（不跳过）。"""
+    try:
+        return str(getter())
+    except FileNotFoundError as e:
+        message = str(e)
+    pytest.fail(message, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> str:
+    return built(model_zoo.tiny_qwen3)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    return built(model_zoo.smollm2)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(tiny_path: str) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_prompts(smollm2_path: str) -> list[list[int]]:
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    return [tok.encode(p, add_special_tokens=False) for p in SMOLLM2_PROMPTS]
+
+
+@torch.inference_mode()
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_tokens: int) -> list[int]:
+    """Hugging Face 模型逐步贪心解码 ``max_tokens`` 个 token（带 KV 缓存，不因 EOS 停下）。"""
+    ids = torch.tensor([prompt])
+    out = model(input_ids=ids, use_cache=True)
+    tokens: list[int] = []
+    for _ in range(max_tokens):
+        nxt = int(out.logits[0, -1].argmax())
+        tokens.append(nxt)
+        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_path: str, smollm2_prompts: list[list[int]]) -> list[list[int]]:
+    """每个提示词单独在 HF 上贪心生成 SMOLLM2_TOKENS 个 token（整个会话只算一次）。"""
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+    return [hf_greedy(model, p, SMOLLM2_TOKENS) for p in smollm2_prompts]
+
+
+# ----------------------------------------------------------------------------- 观察调度器
+
+
+@dataclass
+class Step:
+    """一步前向，在发出之前记下来（``complete_one`` 之前，extend_len 还是这一步要算的数）。"""
+
+    phase: str
+    uids: list[int]
+    rows: list[int]
+    extend: list[int]
+    cached: list[int]
+    reqs: list[Any]
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.extend)
+
+
+@dataclass
+class Recorder:
+    """包住 ``llm._forward``，像种子页那样在调用前读 ``fi.batch``。"""
+
+    steps: list[Step] = field(default_factory=list)
+    after: Callable[[Any, Any], None] | None = None  # 每步调用原函数之后的回调 (fi, output)
+
+    def prefill_tokens(self) -> int:
+        return sum(s.tokens for s in self.steps if s.phase == "prefill")
+
+    def prefill_steps(self) -> list[int]:
+        return [s.tokens for s in self.steps if s.phase == "prefill"]
+
+    def reset(self) -> None:
+        self.steps.clear()
+
+
+def record(llm: Any, after: Callable[[Any, Any], None] | None = None) -> Recorder:
+    rec = Recorder(after=after)
+    original = llm._forward
+
+    def wrapped(fi: Any) -> Any:
+        b = fi.batch
+        rec.steps.append(
+            Step(
+                phase="prefill" if b.is_prefill else "decode",
+                uids=[r.uid for r in b.reqs],
+                rows=[r.table_idx for r in b.reqs],
+                extend=[r.extend_len for r in b.reqs],
+                cached=[r.cached_len for r in b.reqs],
+                reqs=list(b.reqs),
+            )
+        )
+        out = original(fi)
+        if rec.after is not None:
+            rec.after(fi, out)
+        return out
+
+    llm._forward = wrapped
+    return rec
+
+
+def assert_idle(llm: Any) -> None:
+    """空闲时的不变式：页面全部回来（空闲 + 缓存 == 总数）、没有锁、请求槽全部空闲。"""
+    llm.cache_manager.check_integrity()
+    assert llm.table_manager.available_size == llm.max_running_req, (
+        f"请求槽没有全部归还：空闲 {llm.table_manager.available_size} / {llm.max_running_req}"
+    )
+    assert not llm.busy, "generate 返回后调度器里还有请求"
+
+
+@pytest.fixture
+def make_llm() -> Any:
+    """造 LLM 的工厂；测试结束时统一 shutdown。用法：``llm = make_llm(LLM, path, **kw)``。"""
+    made: list[Any] = []
+
+    def factory(cls: Any, path: str, **kw: Any) -> Any:
+        llm = cls(path, **kw)
+        made.append(llm)
+        return llm
+
+    yield factory
+    for llm in made:
+        llm.shutdown()
+
+
+def first_fresh_index(tokens: list[int], start: int = 1) -> int:
+    """第一个在前面没出现过的位置（>= start）：把它当成 EOS，请求就恰好在那里停下。"""
+    for i in range(start, len(tokens)):
+        if tokens[i] not in tokens[:i]:
+            return i
+    raise AssertionError(f"找不到可以当作 EOS 的 token：{tokens}")

@@ -1,0 +1,109 @@
+"""第 2.4 章 chunked_prefill 的检查：每步预填充不超过 max_extend_tokens；长提示词分块、其他请求穿插；
+分块中途采样的 token 既不输出、也不覆盖提示词的下一个 token；整段都缓存过的提示词仍至少算 1 个 token；
+分块与否，每个请求的输出都与 Hugging Face 一致。"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import LONG_PROMPT, SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, record
+from minisgl.chunked_prefill import LLM
+from minisgl.core import SamplingParams
+
+
+def test_302_token_prompt_in_4_chunks(tiny_path: str, qwen_tokenizer, make_llm) -> None:  # noqa: ANN001
+    assert len(qwen_tokenizer.encode(LONG_PROMPT)) == 302
+    llm = make_llm(LLM, tiny_path, **TINY_KW, max_extend_tokens=96)
+    rec = record(llm)
+    out = llm.generate([LONG_PROMPT], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert rec.prefill_steps() == [96, 96, 96, 14], f"302 个 token、每步最多 96 个：分 4 步 [96, 96, 96, 14]，实际 {rec.prefill_steps()}"
+    assert len(out[0]["token_ids"]) == 4, "分块中途不输出 token：最后一块之后才开始生成"
+    assert_idle(llm)
+
+
+def test_budget_never_exceeded_and_requests_interleave(tiny_path: str, make_llm) -> None:  # noqa: ANN001
+    budget = 7
+    llm = make_llm(LLM, tiny_path, **TINY_KW, max_extend_tokens=budget)
+    rec = record(llm)
+    prompts = [[3] * 4, [4] * 30, [5] * 9, [6] * 2, [7] * 15]
+    out = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
+    assert [len(o["token_ids"]) for o in out] == [6] * 5
+    prefills = [s for s in rec.steps if s.phase == "prefill"]
+    assert all(s.tokens <= budget for s in prefills), f"每步预填充不超过 {budget} 个 token：{[s.extend for s in prefills]}"
+    assert sum(s.tokens for s in prefills) == sum(map(len, prompts)), "每个提示词 token 恰好算一次"
+    long_uid = prefills[0].uids[1]
+    long_steps = [i for i, s in enumerate(rec.steps) if s.phase == "prefill" and long_uid in s.uids]
+    assert len(long_steps) >= 4, "30 个 token 的提示词要分好几块"
+    shared = [rec.steps[i] for i in long_steps if len(rec.steps[i].uids) > 1]
+    assert shared, "分块请求和别的请求同在一步里（预算还有剩就接纳别人）"
+    between = [s.phase for s in rec.steps[long_steps[0] : long_steps[-1]]]
+    assert "decode" in between, f"两块之间，运行中的请求可以解码一步（不被长提示词卡住）；实际各步：{[s.phase for s in rec.steps]}"
+    assert_idle(llm)
+
+
+def test_partial_chunk_token_neither_emitted_nor_written_over_prompt(tiny_path: str, make_llm) -> None:  # noqa: ANN001
+    llm = make_llm(LLM, tiny_path, **TINY_KW, max_extend_tokens=8)
+    prompt = list(range(1000, 1020))
+    original, checked = llm._forward, []
+
+    def wrapped(fi):  # noqa: ANN001, ANN202
+        partial = [(r.table_idx, r.device_len) for r in fi.batch.reqs if fi.batch.is_prefill and r.device_len < len(prompt)]
+        before = {row: llm.token_pool[row].clone() for row, _ in partial}
+        out = original(fi)
+        out.copy_done_event.synchronize()
+        for row, end in partial:
+            assert torch.equal(llm.token_pool[row, end:], before[row][end:]), (
+                "分块中途采样的 token 不能写进这个请求的 token 池行（那里是提示词的下一个 token）"
+            )
+            checked.append(end)
+        return out
+
+    llm._forward = wrapped
+    out = llm.generate([prompt], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert checked == [8, 16], "20 个 token、每块 8 个：前两块是中途的分块"
+    assert len(out[0]["token_ids"]) == 5, "中途的分块不输出 token"
+    assert_idle(llm)
+
+
+def test_fully_cached_long_prompt_computes_one_token(tiny_path: str, make_llm) -> None:  # noqa: ANN001
+    llm = make_llm(LLM, tiny_path, **TINY_KW, max_extend_tokens=96)
+    rec = record(llm)
+    sp = SamplingParams(max_tokens=3, ignore_eos=True)
+    llm.generate([LONG_PROMPT], sp)
+    assert rec.prefill_steps() == [96, 96, 96, 14]
+    rec.reset()
+    llm.generate([LONG_PROMPT], sp)
+    assert rec.prefill_steps() == [1], "整段都在缓存里：只算最后 1 个 token，一步完成"
+    assert_idle(llm)
+
+
+def test_abort_chunked_request_frees_everything(tiny_path: str, make_llm) -> None:  # noqa: ANN001
+    llm = make_llm(LLM, tiny_path, **TINY_KW, max_extend_tokens=16)
+    uid = llm.add_request(list(range(200, 260)), SamplingParams(max_tokens=4, ignore_eos=True))
+    llm.step()
+    llm.step()
+    assert llm.prefill_manager.pending_list[0].chunked_req is not None, "算了两块，还在分块中"
+    llm.abort(uid)
+    llm.run_until_idle()
+    assert llm.status[uid].aborted and llm.status[uid].output_ids == [], "被取消的请求不输出任何 token"
+    llm.status.pop(uid)
+    llm.check_integrity()
+
+
+@pytest.mark.parametrize("chunk,cache_type,page_size", [(5, "radix", 1), (3, "naive", 4), (16, "radix", 4)])
+def test_chunked_matches_hf(smollm2_path, smollm2_prompts, smollm2_reference, make_llm, chunk, cache_type, page_size) -> None:  # noqa: ANN001
+    llm = make_llm(
+        LLM, smollm2_path, **{**SMOL_KW, "max_extend_tokens": chunk, "cache_type": cache_type, "page_size": page_size,
+                              "num_page_override": 1024 // page_size}
+    )  # fmt: skip
+    rec = record(llm)
+    sp = SamplingParams(max_tokens=SMOLLM2_TOKENS, ignore_eos=True)
+    out = [o["token_ids"] for o in llm.generate(smollm2_prompts, sp)]
+    assert max(rec.prefill_steps()) <= chunk
+    for i, (ours, ref) in enumerate(zip(out, smollm2_reference)):
+        assert ours == ref, f"块大小 {chunk}、{cache_type}、page_size={page_size}：第 {i} 个请求与 HF 不一致\n我们：{ours}\nHF：  {ref}"
+    alone = SamplingParams(max_tokens=12, ignore_eos=True)
+    singles = [llm.generate([p], alone)[0]["token_ids"] for p in smollm2_prompts[4:6]]
+    assert singles == [r[:12] for r in smollm2_reference[4:6]], "单独跑（分块）也与 HF 一致"
+    assert_idle(llm)

@@ -1,0 +1,252 @@
+"""第 2.5 章 overlap 的检查：第 N 步的结果在第 N+1 步发出之后才处理；CPU 上前向在后台线程；结束标志不提前；
+EOS 之后多算的 token 丢掉；槽位在用到它的批次算完之前不复用；预填充在途时取消；前缀插入晚一个迭代；
+开关（也能用环境变量）；以及完整的组合——缓存种类 × 块大小 × 重叠开 / 关 × page_size——都与 HF 逐 token 一致。"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record
+from minisgl.core import SamplingParams
+from minisgl.course import select
+from minisgl.env import ENV
+from minisgl.overlap import LLM
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def overlap_on():  # noqa: ANN201
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING
+    ENV.DISABLE_OVERLAP_SCHEDULING = False
+    yield
+    ENV.DISABLE_OVERLAP_SCHEDULING = saved
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path: str):  # noqa: ANN201
+    llm = LLM(tiny_path, **TINY_KW)
+    yield llm
+    llm.shutdown()
+
+
+def trace_loop(llm) -> list[tuple[str, int]]:  # noqa: ANN001
+    """记录发出（launch）和处理（process）的顺序，用批次编号标识。"""
+    events: list[tuple[str, int]] = []
+    ids: dict[int, int] = {}
+    counter = itertools.count()
+    forward, process = llm._forward, llm._process_last_data
+
+    def launch(fi):  # noqa: ANN001, ANN202
+        ids[id(fi)] = next(counter)
+        events.append(("launch", ids[id(fi)]))
+        return forward(fi)
+
+    def processed(last):  # noqa: ANN001, ANN202
+        if last is not None:
+            events.append(("process", ids[id(last[0])]))
+        return process(last)
+
+    llm._forward, llm._process_last_data = launch, processed
+    return events
+
+
+def test_next_step_launched_before_last_results_processed(tiny, overlap_on) -> None:  # noqa: ANN001
+    events = trace_loop(tiny)
+    threads: list[str] = []
+    engine_forward = tiny.engine.forward_batch
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        threads.append(threading.current_thread().name)
+        return engine_forward(*args, **kwargs)
+
+    tiny.engine.forward_batch = spy
+    try:
+        out = tiny.generate(["a b c", "hello"], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert [len(o["token_ids"]) for o in out] == [4, 4]
+        launches = [n for kind, n in events if kind == "launch"]
+        assert len(launches) == 4
+        for n in launches[:-1]:
+            assert events.index(("launch", n + 1)) < events.index(("process", n)), (
+                f"重叠调度：第 {n} 步的结果要在第 {n + 1} 步发出之后才处理；实际顺序 {events}"
+            )
+        assert all(t != threading.main_thread().name for t in threads), "CPU 上前向在后台线程里跑"
+        events.clear()
+        ENV.DISABLE_OVERLAP_SCHEDULING = True
+        tiny.generate(["a b c"], SamplingParams(max_tokens=3, ignore_eos=True))
+        assert events == [("launch", 4), ("process", 4), ("launch", 5), ("process", 5), ("launch", 6), ("process", 6)], (
+            f"关掉重叠后回到普通循环：发出一步、处理一步；实际 {events}"
+        )
+    finally:
+        del tiny.engine.forward_batch, tiny._forward, tiny._process_last_data
+    assert_idle(tiny)
+
+
+def test_exact_max_tokens_not_one_early(tiny, overlap_on) -> None:  # noqa: ANN001
+    max_tokens = [1, 2, 3, 7, 11]
+    rec = record(tiny)
+    out = tiny.generate([f"prompt {i}" for i in range(5)], [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens])
+    assert [len(o["token_ids"]) for o in out] == max_tokens, "重叠调度下结束判断不能提前（也不能推后）一个 token"
+    per_uid = {}
+    for s in rec.steps:
+        for u in s.uids:
+            per_uid[u] = per_uid.get(u, 0) + 1
+    assert sorted(per_uid.values()) == sorted(max_tokens), "因 max_tokens 结束的请求不多算一步"
+    assert_idle(tiny)
+
+
+def test_token_after_eos_is_dropped(tiny, overlap_on) -> None:  # noqa: ANN001
+    prompt = ["The quick brown fox jumps over the lazy dog"]
+    full = tiny.generate(prompt, SamplingParams(max_tokens=12, ignore_eos=True))[0]["token_ids"]
+    k = first_fresh_index(full)
+    rec = record(tiny)
+    saved = tiny.eos_token_id
+    tiny.eos_token_id = full[k]
+    try:
+        out = tiny.generate(prompt, SamplingParams(max_tokens=12))[0]["token_ids"]
+    finally:
+        tiny.eos_token_id = saved
+        del tiny._forward
+    assert out == full[:k], "EOS 之前的 token 一个不少，EOS 和它之后多算的 token 都不进结果"
+    assert len(rec.steps) == k + 2, "遇到 EOS 时下一步已经发出（重叠）：多算了一步，那个 token 要丢掉"
+    assert_idle(tiny)
+
+
+def test_slot_not_reused_while_batch_in_flight(tiny_path: str, make_llm, overlap_on) -> None:  # noqa: ANN001
+    llm = make_llm(LLM, tiny_path, **{**TINY_KW, "max_running_req": 2})
+    prompts = [f"story number {i} begins" for i in range(6)]
+    full = llm.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    k = first_fresh_index(full[0]["token_ids"])
+    eos = full[0]["token_ids"][k]
+    rec = record(llm)
+    llm.eos_token_id = eos
+    out = llm.generate(prompts, SamplingParams(max_tokens=10))
+    early = [i for i, o in enumerate(out) if len(o["token_ids"]) < 10]
+    assert 0 in early, "第 0 个请求应在 EOS 处提前结束"
+    for prev, cur in zip(rec.steps, rec.steps[1:]):
+        for uid, row in zip(cur.uids, cur.rows):
+            for puid, prow in zip(prev.uids, prev.rows):
+                assert not (row == prow and uid != puid), (
+                    f"请求 {uid} 用了槽位 {row}，而还在途的上一步里请求 {puid} 正用着它：槽位在批次算完之前被复用了"
+                )
+    assert_idle(llm)
+
+
+def test_abort_while_prefill_in_flight(tiny, overlap_on) -> None:  # noqa: ANN001
+    sp = SamplingParams(max_tokens=5, ignore_eos=True)
+    a = tiny.add_request([5, 6, 7, 8, 9], sp)
+    b = tiny.add_request([15, 16, 17], sp)
+    assert tiny.step(), "发出预填充"
+    assert tiny._last_data is not None, "预填充还在途（结果没处理）"
+    tiny.abort(a)
+    tiny.run_until_idle()
+    assert tiny.status[a].aborted and tiny.status[a].output_ids == [], "在途时被取消的请求什么也不输出"
+    assert len(tiny.status[b].output_ids) == 5, "同批的其他请求不受影响"
+    tiny.status.clear()
+    assert_idle(tiny)
+
+
+def test_prefix_insert_lands_one_iteration_later(tiny_path: str, make_llm, overlap_on) -> None:  # noqa: ANN001
+    llm = make_llm(LLM, tiny_path, **TINY_KW)
+    rec = record(llm)
+    shared = list(range(300, 330))
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    a = llm.add_request(shared + [1, 2], sp)
+    llm.step()  # A 的预填充发出；它的结果（以及前缀插入）下一次迭代才处理
+    b = llm.add_request(shared + [3, 4], sp)
+    llm.step()  # B 的预填充发出时 A 的前缀还没插进树
+    llm.run_until_idle()
+    c = llm.add_request(shared + [5, 6], sp)
+    llm.run_until_idle()
+    prefill = {s.uids[0]: s.tokens for s in rec.steps if s.phase == "prefill"}
+    assert prefill[a] == 32 and prefill[b] == 32, "B 发出时 A 的前缀还没插入（晚一个迭代），B 要算整段"
+    assert prefill[c] == 2, "A、B 都处理完之后，C 命中 30 个 token 的共享前缀"
+    assert all(len(llm.status[u].output_ids) == 4 for u in (a, b, c))
+    llm.status.clear()
+    llm.check_integrity()
+
+
+def test_switch_from_environment_variable(tiny_path: str) -> None:
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from minisgl.env import ENV
+        from minisgl.llm import LLM
+        from minisgl.core import SamplingParams
+        assert ENV.DISABLE_OVERLAP_SCHEDULING, "环境变量没有生效"
+        llm = LLM({tiny_path!r}, dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=128)
+        order = []
+        fwd, proc = llm._forward, llm._process_last_data
+        llm._forward = lambda fi: (order.append("launch"), fwd(fi))[1]
+        llm._process_last_data = lambda last: (last is not None and order.append("process"), proc(last))[1]
+        out = llm.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))
+        assert len(out[0]["token_ids"]) == 3
+        assert order == ["launch", "process"] * 3, order
+        llm.shutdown()
+        print("OK")
+        """
+    )
+    # 子进程用和本进程相同的实现（学员代码 / 参考解答 / 骨架）
+    impl = ",".join(f"{chapter}={choice.impl}" for chapter, choice in select.active.items())
+    env = {**os.environ, "MINISGL_DISABLE_OVERLAP_SCHEDULING": "1", "MINISGL_IMPL": impl}
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "OK" in res.stdout, f"MINISGL_DISABLE_OVERLAP_SCHEDULING=1 应当关掉重叠调度：\n{res.stderr[-3000:]}"
+
+
+_CACHE: dict[tuple, object] = {}
+
+
+def _llm_for(path: str, cache_type: str, page_size: int):  # noqa: ANN202
+    key = (cache_type, page_size)
+    if key not in _CACHE:
+        for old in _CACHE.values():
+            old.shutdown()
+        _CACHE.clear()
+        _CACHE[key] = LLM(path, **{**SMOL_KW, "cache_type": cache_type, "page_size": page_size, "num_page_override": 1024 // page_size})
+    return _CACHE[key]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_cached():  # noqa: ANN202
+    yield
+    for llm in _CACHE.values():
+        llm.shutdown()
+    _CACHE.clear()
+
+
+ALONE_TOKENS = 12
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
+@pytest.mark.parametrize("chunk", [None, 5], ids=["nochunk", "chunk5"])
+@pytest.mark.parametrize("cache_type,page_size", [("radix", 1), ("naive", 1), ("radix", 4), ("naive", 4)])
+def test_matches_hf_every_combination(smollm2_path, smollm2_prompts, smollm2_reference, cache_type, page_size, chunk, overlap) -> None:  # noqa: ANN001
+    """成批（8 个请求）和单独跑，每个请求的贪心输出都与 Hugging Face 一致。"""
+    llm = _llm_for(smollm2_path, cache_type, page_size)
+    llm.prefill_budget = chunk or llm.config.max_extend_tokens
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING
+    ENV.DISABLE_OVERLAP_SCHEDULING = not overlap
+    try:
+        rec = record(llm)
+        batched = [o["token_ids"] for o in llm.generate(smollm2_prompts, SamplingParams(max_tokens=SMOLLM2_TOKENS, ignore_eos=True))]
+        assert_idle(llm)
+        alone = [llm.generate([p], SamplingParams(max_tokens=ALONE_TOKENS, ignore_eos=True))[0]["token_ids"] for p in smollm2_prompts]
+        assert_idle(llm)
+    finally:
+        ENV.DISABLE_OVERLAP_SCHEDULING = saved
+        llm.prefill_budget = llm.config.max_extend_tokens
+        del llm._forward
+    if chunk:
+        assert max(rec.prefill_steps()) <= chunk and len(rec.prefill_steps()) > 8, "块比提示词小：确实分块了"
+    what = f"{cache_type}, page_size={page_size}, 块大小 {chunk}, {'重叠' if overlap else '普通循环'}"
+    for i, ref in enumerate(smollm2_reference):
+        assert batched[i] == ref, f"{what}：成批时第 {i} 个请求与 HF 不一致\n我们：{batched[i]}\nHF：  {ref}"
+        assert alone[i] == ref[:ALONE_TOKENS], f"{what}：单独跑第 {i} 个请求与 HF 不一致\n我们：{alone[i]}\nHF：  {ref[:ALONE_TOKENS]}"

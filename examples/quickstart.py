@@ -1,0 +1,48 @@
+"""快速上手：用完整引擎的离线接口 ``LLM.generate`` 和真实权重的 SmolLM2 聊几句。
+
+运行：python examples/quickstart.py
+（先 ``make setup`` 构建离线模型；新克隆下来每章都用参考解答，你写了哪章就换成你的代码。）
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+from minisgl.model_zoo import smollm2
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Give me one tip for writing clean Python code.",
+    "Why is the sky blue? Answer in one sentence.",
+]
+
+
+def main() -> None:
+    llm = LLM(smollm2(), dtype=torch.float32, max_running_req=4, num_page_override=1024, max_seq_len_override=512)
+    chats = [
+        llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in QUESTIONS
+    ]
+    settings = [
+        ("贪心解码（temperature=0）", SamplingParams(temperature=0.0, max_tokens=40)),
+        ("采样（temperature=0.7, top_p=0.9, seed=0）", SamplingParams(temperature=0.7, top_p=0.9, max_tokens=40, seed=0)),
+    ]
+    for title, params in settings:
+        print(f"== {title} ==")
+        start = time.perf_counter()
+        outputs = llm.generate(chats, params)
+        elapsed = time.perf_counter() - start
+        for question, out in zip(QUESTIONS, outputs):
+            print(f"问：{question}")
+            print(f"答：{out['text'].strip()}")
+        tokens = sum(len(o["token_ids"]) for o in outputs)
+        print(f"（{len(outputs)} 个请求一起生成了 {tokens} 个 token，用时 {elapsed:.2f} 秒）\n")
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()

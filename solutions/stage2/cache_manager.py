@@ -1,0 +1,318 @@
+"""第 2.2 章 cache_manager：按需分配 KV 页面的 ``CacheManager``。
+
+第 2.1 章给每个请求槽静态分了一段页面：短请求用不完，长请求又借不到别人的。这一章改成：
+
+- **按需分配**：每一步只给这一步要写的位置分配页面（``page_size`` 个 token 一页，整页地分）；
+- **回收**：请求一结束，它的页面回到空闲池；
+- **准入时预留**：新请求要等到“运行中的请求将来还要的页面”都预留好之后，剩下的还放得下它，
+  才被接纳——否则它先等着（不会死锁：运行中的请求总能跑完并释放页面）；
+- **前缀缓存接口**：缓存管理器通过一个前缀缓存对象决定哪些页面可以复用。本章的 ``naive``
+  缓存什么都不缓存；第 2.3 章的 radix 缓存实现同一套接口；
+- **完整性检查**：空闲时，空闲页 + 缓存里的页 == 总页数，而且没有残留的锁。
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from minisgl.core import Req
+from minisgl.scheduler import PendingReq, PrefillAdder, div_ceil
+from minisgl.scheduler import Scheduler as _Scheduler
+
+
+# ---------------------------------------------------------------------------- 前缀缓存的接口
+
+
+@dataclass(frozen=True)
+class BaseCacheHandle:
+    """前缀缓存命中（或插入）的结果：前 ``cached_len`` 个 token 的 K/V 已在缓存里。"""
+
+    cached_len: int
+
+    def get_matched_indices(self) -> torch.Tensor:
+        """命中部分的 token 级槽位（``cached_len`` 个），可以直接写进页表。"""
+        raise NotImplementedError
+
+
+class SizeInfo(NamedTuple):
+    """前缀缓存占着的 token 数：没人用、可以驱逐的 + 正被请求锁着的。"""
+
+    evictable_size: int
+    protected_size: int
+
+    @property
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size
+
+
+class InsertResult(NamedTuple):
+    cached_len: int  # 插入前缓存里就已经有的长度（这部分请求自己的页面是重复的，要释放）
+    handle: BaseCacheHandle  # 插入后覆盖整段前缀的句柄
+
+
+class BasePrefixCache(ABC):
+    """前缀缓存：记住算过的前缀用的是哪些槽位，下次同样的前缀直接复用。"""
+
+    @abstractmethod
+    def match_prefix(self, input_ids: torch.Tensor) -> BaseCacheHandle:
+        """最长的已缓存前缀。返回的槽位只在句柄被锁住时才安全（否则可能被驱逐）。"""
+
+    @abstractmethod
+    def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> InsertResult:
+        """把 ``input_ids`` 这段前缀及其槽位 ``indices`` 放进缓存（只放整页）。"""
+
+    @abstractmethod
+    def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
+        """锁住（或解锁）句柄覆盖的前缀：锁着的不会被驱逐。"""
+
+    @abstractmethod
+    def evict(self, size: int) -> torch.Tensor:
+        """驱逐至少 ``size`` 个 token（整页），返回腾出来的槽位。"""
+
+    @property
+    @abstractmethod
+    def size_info(self) -> SizeInfo: ...
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """重新清点缓存，账目不对就抛 RuntimeError。"""
+
+
+@dataclass(frozen=True)
+class NaiveCacheHandle(BaseCacheHandle):
+    cached_len: int = 0
+
+    def get_matched_indices(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int32)
+
+
+class NaivePrefixCache(BasePrefixCache):
+    """什么都不缓存：每个请求都从头算，页面用完就还。"""
+
+    def match_prefix(self, input_ids: torch.Tensor) -> BaseCacheHandle:
+        return NaiveCacheHandle()
+
+    def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> InsertResult:
+        return InsertResult(0, NaiveCacheHandle())
+
+    def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
+        pass
+
+    def evict(self, size: int) -> torch.Tensor:
+        if size > 0:
+            raise RuntimeError(f"naive 缓存里没有可驱逐的页面，却要驱逐 {size} 个 token")
+        return torch.empty(0, dtype=torch.int32)
+
+    @property
+    def size_info(self) -> SizeInfo:
+        return SizeInfo(0, 0)
+
+    def check_integrity(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------- 缓存管理器
+
+
+class CacheManager:
+    """管理 KV 池里的页面：空闲页、按需分配、请求结束时交给前缀缓存或回收。
+
+    ``free_slots`` 存每个空闲页的第一个槽位（页号 * page_size），页表里存的则是 token 级槽位。
+    """
+
+    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, prefix_cache: BasePrefixCache):
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.page_table = page_table
+        self.device = page_table.device
+        self.prefix_cache = prefix_cache
+        self.free_slots = torch.arange(num_pages, dtype=torch.int32, device=self.device) * page_size
+        self.max_req_tokens = num_pages * page_size
+
+    # ---------------------------------------------------------------- 查询与加锁
+
+    @property
+    def available_size(self) -> int:
+        """现在最多能腾出多少个 token 的位置：空闲页 + 可驱逐的缓存。"""
+        return len(self.free_slots) * self.page_size + self.prefix_cache.size_info.evictable_size
+
+    def tokens_needed(self, total_len: int, cached_len: int) -> int:
+        """长度从 ``cached_len`` 长到 ``total_len`` 还要新分配多少个 token 的位置（按整页算）。"""
+        return (div_ceil(total_len, self.page_size) - div_ceil(cached_len, self.page_size)) * self.page_size
+
+    def match_req(self, pending: PendingReq) -> BaseCacheHandle:
+        """最多匹配到倒数第二个 token：最后一个 token 总要算一遍，才有 logits 可以采样。"""
+        return self.prefix_cache.match_prefix(pending.input_ids[: pending.input_len - 1])
+
+    def lock(self, handle: BaseCacheHandle) -> None:
+        self.prefix_cache.lock_handle(handle, unlock=False)
+
+    def unlock(self, handle: BaseCacheHandle) -> None:
+        self.prefix_cache.lock_handle(handle, unlock=True)
+
+    # ---------------------------------------------------------------- 分配与释放
+
+    def _allocate(self, num_pages: int) -> torch.Tensor:
+        """取出 ``num_pages`` 个空闲页（返回各页第一个槽位）；空闲页不够就先从前缀缓存驱逐。"""
+        # >>> TASK allocate_pages: 空闲页不够时 evict 差额（按 token 数）并把腾出的页并进 free_slots；再从 free_slots 头部切出 num_pages 个
+        free = len(self.free_slots)
+        if num_pages > free:
+            evicted = self.prefix_cache.evict((num_pages - free) * self.page_size)
+            self.free_slots = torch.cat([self.free_slots, evicted[:: self.page_size].to(self.free_slots)])
+        if num_pages > len(self.free_slots):
+            raise RuntimeError(f"KV 页面不够：要 {num_pages} 页，只有 {len(self.free_slots)} 页（准入控制出错了）")
+        allocated = self.free_slots[:num_pages]
+        self.free_slots = self.free_slots[num_pages:]
+        return allocated
+        # <<< TASK
+
+    def _free(self, indices: torch.Tensor) -> None:
+        """归还一段页对齐的 token 级槽位（取每页的第一个槽位放回空闲池）。"""
+        if len(indices) > 0:
+            self.free_slots = torch.cat([self.free_slots, indices[:: self.page_size].to(self.free_slots)])
+
+    def _page_to_token(self, pages: torch.Tensor) -> torch.Tensor:
+        """各页第一个槽位 → 这些页里的全部槽位。"""
+        if self.page_size == 1:
+            return pages
+        offsets = torch.arange(self.page_size, dtype=pages.dtype, device=pages.device)
+        return (pages[:, None] + offsets).flatten()
+
+    def allocate_paged(self, reqs: Sequence[Req]) -> None:
+        """为这一步要写 K/V 的位置 ``[cached_len, device_len)`` 补齐页面，并写进页表。
+
+        已经分到的页是前 ``div_ceil(cached_len, page_size)`` 页；要一直分到第 ``div_ceil(device_len, page_size)`` 页。
+        """
+        # >>> TASK allocate_paged: 算出每个请求缺的页（first=div_ceil(cached_len)，last=div_ceil(device_len)），一次 _allocate 全部，再把槽位写进页表对应的行与列
+        ps, width = self.page_size, self.page_table.shape[1]
+        spans = []
+        for req in reqs:
+            first, last = div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)
+            if last > first:
+                spans.append((req.table_idx, first * ps, last * ps))
+        if not spans:
+            return
+        needed_pages = sum(end - start for _, start, end in spans) // ps
+        slots = self._page_to_token(self._allocate(needed_pages))
+        rows = torch.cat([torch.full((end - start,), row, dtype=torch.int64) for row, start, end in spans])
+        cols = torch.cat([torch.arange(start, end, dtype=torch.int64) for _, start, end in spans])
+        keep = cols < width  # 最后一页可能伸出页表的宽度，伸出去的位置永远用不到
+        rows, cols, slots = rows[keep], cols[keep], slots[keep.to(slots.device)]
+        self.page_table[rows.to(self.device), cols.to(self.device)] = slots
+        # <<< TASK
+
+    def cache_req(self, req: Req, *, finished: bool) -> None:
+        """把请求算过的前缀 ``[0, cached_len)`` 交给前缀缓存；``finished`` 时归还其余页面。
+
+        插入时缓存里可能已经有别的请求放进去的同一段前缀（``[旧句柄长度, 已有长度)``）：
+        那段请求自己的页面是重复的——先把页表这一行改指向缓存里的页面，再释放重复的页，
+        否则请求接着解码时会读到被别人重新分走的页面。
+        """
+        # >>> TASK cache_req: insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并释放新句柄之后的尾巴，否则锁新句柄、解锁旧句柄、换上新句柄
+        row, old_handle = req.table_idx, req.cache_handle
+        indices = self.page_table[row, : req.cached_len]
+        dup_end, new_handle = self.prefix_cache.insert_prefix(req.input_ids[: req.cached_len], indices)
+        if dup_end > old_handle.cached_len:
+            duplicate = indices[old_handle.cached_len : dup_end].clone()
+            matched = new_handle.get_matched_indices()[old_handle.cached_len : dup_end]
+            self.page_table[row, old_handle.cached_len : dup_end] = matched.to(indices)
+            self._free(duplicate)
+        if finished:
+            self.unlock(old_handle)
+            self._free(self.page_table[row, new_handle.cached_len : req.cached_len])
+        else:
+            self.lock(new_handle)
+            self.unlock(old_handle)
+            req.cache_handle = new_handle
+        # <<< TASK
+
+    # ---------------------------------------------------------------- 检查
+
+    def check_integrity(self) -> None:
+        """空闲时调用：前缀缓存自查；没有残留的锁；空闲页不重复、页对齐；空闲页 + 缓存页 == 总页数。"""
+        self.prefix_cache.check_integrity()
+        # >>> TASK check_integrity: protected_size 必须为 0；free_slots 不重复、都是 page_size 的倍数且在范围内；空闲页数 + total_size/page_size == num_pages；不满足就抛 RuntimeError
+        info = self.prefix_cache.size_info
+        if info.protected_size != 0:
+            raise RuntimeError(f"空闲时前缀缓存里还有 {info.protected_size} 个 token 被锁着（有请求没解锁）")
+        free = self.free_slots.cpu()
+        if len(torch.unique(free)) != len(free):
+            raise RuntimeError("空闲页重复：同一页被释放了不止一次")
+        if bool(((free % self.page_size) != 0).any()) or bool(((free < 0) | (free >= self.num_pages * self.page_size)).any()):
+            raise RuntimeError("空闲池里有不是页首、或超出 KV 池范围的槽位")
+        cached_pages = info.total_size // self.page_size
+        if len(free) + cached_pages != self.num_pages:
+            raise RuntimeError(
+                f"页面对不上账：空闲 {len(free)} 页 + 缓存 {cached_pages} 页 != 总共 {self.num_pages} 页（有页面泄漏或重复释放）"
+            )
+        # <<< TASK
+
+
+# ---------------------------------------------------------------------------- 接入调度器
+
+
+class ReservingPrefillAdder(PrefillAdder):
+    """准入时除了请求槽，还要预留 KV 页面：运行中的请求将来要的先留着，剩下的放得下才接纳。"""
+
+    def __init__(self, scheduler: Scheduler, token_budget: int) -> None:
+        super().__init__(scheduler, token_budget)
+        self.reserved_size = scheduler.reserved_tokens()
+
+    def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
+        # >>> TASK reserve: 有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次；通过后预留、分槽位、把命中的槽位写进页表
+        if self.table_manager.available_size == 0:
+            return None
+        handle = self.cache_manager.match_req(pending)
+        cached_len = handle.cached_len
+        needed = self.cache_manager.tokens_needed(pending.input_len + pending.output_len, cached_len)
+        if needed + self.reserved_size > self.cache_manager.available_size:
+            return None
+        self.cache_manager.lock(handle)  # 锁住以后命中的页不再算“可驱逐”，要再比一次
+        if needed + self.reserved_size > self.cache_manager.available_size:
+            self.cache_manager.unlock(handle)
+            return None
+        self.reserved_size += needed
+        table_idx = self.table_manager.allocate()
+        if cached_len > 0:
+            self.cache_manager.page_table[table_idx, :cached_len] = handle.get_matched_indices().to(self.cache_manager.device)
+        return handle, table_idx, cached_len
+        # <<< TASK
+
+
+class Scheduler(_Scheduler):
+    """第 2.2 章的调度器：按需分配页面，准入时预留，``naive`` 前缀缓存。"""
+
+    supported_cache_types = ("naive",)
+    prefill_adder_cls = ReservingPrefillAdder
+
+    def _make_prefix_cache(self) -> BasePrefixCache:
+        return NaivePrefixCache()
+
+    def _make_cache_manager(self) -> CacheManager:
+        return CacheManager(self.engine.num_pages, self.page_size, self.page_table, self._make_prefix_cache())
+
+    def reserved_tokens(self) -> int:
+        """运行中的请求（以及算了一半的分块请求）将来还要新分配的 token 位置总数。"""
+        cm = self.cache_manager
+        total = sum(cm.tokens_needed(r.max_device_len, r.cached_len) for r in self.decode_manager.running_reqs)
+        for p in self.prefill_manager.pending_list:
+            if p.chunked_req is not None:  # 第 2.4 章：按完整的提示词 + 输出算
+                total += cm.tokens_needed(p.input_len + p.output_len, p.chunked_req.cached_len)
+        return total
+
+    def _check_fits(self, index: int, input_len: int, max_tokens: int) -> None:
+        pages = div_ceil(input_len + max_tokens, self.page_size)
+        if pages > self.cache_manager.num_pages:
+            raise ValueError(
+                f"第 {index} 个提示词放不下：提示词 {input_len} 个 token + max_tokens {max_tokens} 需要 {pages} 页"
+                f"（page_size={self.page_size}），KV 池总共只有 {self.cache_manager.num_pages} 页；"
+                "请减小 max_tokens 或加大 num_page_override"
+            )
+
+
+#: 离线接口：本章的调度器。
+LLM = Scheduler

@@ -1,0 +1,97 @@
+"""第 2.4 章 chunked_prefill：分块预填充。
+
+一段很长的提示词一次预填充完，这一步会很久，其他请求的解码全被卡住（延迟尖峰），
+激活内存也随长度变大。分块预填充给每一步的预填充 token 数设上限 ``max_extend_tokens``：
+
+- 一步里接纳请求时，预算只剩 ``b`` 个 token，而提示词还有 ``r > b`` 个没算，就只算前 ``b`` 个——
+  这个请求成了 **分块请求**（:class:`ChunkedReq`），留在等待队列的队首，下一步接着算；
+- 分块请求占着请求槽和页面，下一步继续时不用重新匹配、重新预留；
+- 最后一块是普通的 ``Req``：它算完整个提示词，采样出第一个输出 token；
+- 中间各块采样出的 token 是“提示词下一个 token 的预测”，**不是输出**：既不记入结果，
+  也不能写进 token 池覆盖提示词的下一个 token（写到不属于任何请求的草稿行）。
+
+每一步的预填充都不超过预算；算完一块之后，正在解码的请求先走一步，再算下一块——
+长提示词不会把别人的解码卡住。
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minisgl.cache_manager import ReservingPrefillAdder
+from minisgl.radix_cache import Scheduler as _Scheduler
+from minisgl.core import Req
+from minisgl.scheduler import ForwardInput, PendingReq
+
+
+class ChunkedReq(Req):
+    """提示词只算了一部分的请求：它不能解码，这一步采样的 token 也不是输出。"""
+
+    @property
+    def can_decode(self) -> bool:
+        return False
+
+    def append_host(self, next_token: torch.Tensor) -> None:
+        raise RuntimeError("分块请求采样出的 token 不是输出，不能接到请求后面")
+
+
+class ChunkedPrefillAdder(ReservingPrefillAdder):
+    """预算不够时把提示词切块；上一步没算完的分块请求直接接着算。"""
+
+    def try_add_one(self, pending: PendingReq) -> Req | None:
+        if self.token_budget <= 0:
+            return None
+        # >>> TASK continue_chunk: 已有 pending.chunked_req 时不再匹配和预留，沿用它的句柄、槽位和 cached_len 接着切下一块
+        if (chunked := pending.chunked_req) is not None:
+            return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)
+        # <<< TASK
+        return super().try_add_one(pending)
+
+    def _add_one_req(self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int) -> Req:
+        """预算够算完剩下的提示词就照常接纳；不够就只切下 ``token_budget`` 个 token 做成 ``ChunkedReq``。"""
+        # >>> TASK take_chunk: 剩余 r = input_len - cached_len；r <= 预算就交给父类并清掉 pending.chunked_req；否则切 [cached_len, cached_len + 预算)：写 token 池、预算清零、建 ChunkedReq（input_ids 只到块尾），记到 pending.chunked_req
+        remain = pending.input_len - cached_len
+        if remain <= self.token_budget:
+            pending.chunked_req = None
+            return super()._add_one_req(pending, cache_handle, table_idx, cached_len)
+        end = cached_len + self.token_budget
+        self.token_pool[table_idx, cached_len:end].copy_(pending.input_ids[cached_len:end], non_blocking=True)
+        self.token_budget = 0
+        pending.chunked_req = ChunkedReq(
+            input_ids=pending.input_ids[:end],
+            table_idx=table_idx,
+            cached_len=cached_len,
+            output_len=pending.output_len,
+            uid=pending.uid,
+            sampling_params=pending.sampling_params,
+            cache_handle=cache_handle,
+        )
+        return pending.chunked_req
+        # <<< TASK
+
+
+class Scheduler(_Scheduler):
+    """第 2.4 章的调度器：每步预填充不超过 ``max_extend_tokens`` 个 token，长提示词分块算。"""
+
+    prefill_adder_cls = ChunkedPrefillAdder
+    _yield_to_decode = False  # 上一步算了一个中途的分块
+
+    def _schedule_next_batch(self) -> ForwardInput | None:
+        """分块请求算完一块后，如果有请求在解码，先让它们走一步，再算下一块：长提示词不会把解码卡住。"""
+        # >>> TASK interleave: 上一步有中途的分块且有请求在解码，就先调度一步解码；否则照常（预填充优先）；记下这一步是否含中途的分块
+        if self._yield_to_decode and self.decode_manager.runnable:
+            self._yield_to_decode = False
+            return self._prepare_batch(self.decode_manager.schedule_next_batch())
+        fi = super()._schedule_next_batch()
+        self._yield_to_decode = fi is not None and any(isinstance(r, ChunkedReq) for r in fi.batch.reqs)
+        return fi
+        # <<< TASK
+
+    def _samples_output(self, req: Req) -> bool:
+        return not isinstance(req, ChunkedReq)
+
+
+#: 离线接口：本章的调度器。
+LLM = Scheduler

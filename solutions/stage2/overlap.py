@@ -1,0 +1,153 @@
+"""第 2.5 章 overlap：重叠调度——设备算第 N 步的时候，主机处理第 N-1 步的结果并准备第 N+1 步。
+
+普通的主循环里，设备每算完一步都要等主机：拷回结果、记账、调度、准备下一步的输入。
+这些主机上的活儿每步可能要一两毫秒，设备就空等着。重叠调度把循环改成：
+
+    发出第 N+1 步  →  处理第 N 步的结果（这时设备在算第 N+1 步）  →  再发出第 N+2 步 …
+
+能这样做，是因为 ``complete_one()`` 在发出时就推进了请求的长度记账，下一步需要的输入 token
+也不经过主机：上一步采样的 token 直接写进设备上的 token 池，下一步从那里取。
+
+- GPU 上：前向跑在引擎自己的 CUDA 流上，发出前等待调度器所在的流；结果用事件通知主机；
+- CPU 上：前向交给一个后台线程（PyTorch 的算子执行时会释放 GIL），主线程同时做调度。
+
+几个坑（都有检查）：
+
+- 结束判断按主机收到的 token 数（见第 2.1 章），不能看 ``can_decode``——它在发出时已经被推进了，
+  会提前一个 token 报告结束；
+- 遇到 EOS 的请求可能已经被放进了下一步：那一步为它算出的 token 要丢掉；
+- 结束或被取消的请求，要等所有用到它的批次都算完，才能归还槽位和页面，否则会被新请求覆盖；
+- 预填充之后的前缀插入，晚一个迭代才发生。
+
+``ENV.DISABLE_OVERLAP_SCHEDULING = True``（或环境变量 ``MINISGL_DISABLE_OVERLAP_SCHEDULING=1``）
+关掉重叠，回到普通的主循环；两种循环的输出完全相同。
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from minisgl.chunked_prefill import Scheduler as _Scheduler
+from minisgl.core import Req
+from minisgl.env import ENV
+from minisgl.scheduler import ForwardInput
+
+
+class BackgroundOutput:
+    """CPU 上交给后台线程的一步：当 ``ForwardOutput`` 用，读结果时才等它算完。"""
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+
+    @property
+    def copy_done_event(self) -> BackgroundOutput:
+        return self
+
+    def synchronize(self) -> None:
+        self._future.result()
+
+    @property
+    def next_tokens_gpu(self) -> torch.Tensor:
+        return self._future.result().next_tokens_gpu
+
+    @property
+    def next_tokens_cpu(self) -> torch.Tensor:
+        return self._future.result().next_tokens_cpu
+
+
+class Scheduler(_Scheduler):
+    """第 2.5 章的调度器：重叠调度（默认开启）。"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._last_data: tuple[ForwardInput, Any] | None = None  # 已发出、结果还没处理的一步
+        self._in_flight: set[Req] = set()  # 可能还在被设备使用的请求
+        self._deferred: list[Req] = []  # 已结束 / 取消、等在途批次算完才能归还资源的请求
+        if self.device.type == "cuda":
+            self.engine_stream = torch.cuda.Stream(self.device)
+        else:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-forward")
+
+    @property
+    def overlap(self) -> bool:
+        return not ENV.DISABLE_OVERLAP_SCHEDULING
+
+    @property
+    def busy(self) -> bool:
+        return super().busy or self._last_data is not None
+
+    # ------------------------------------------------------------------ 发出前向
+
+    def _forward(self, fi: ForwardInput) -> Any:
+        """发出一步，不等它算完。GPU：在引擎的流上排队；CPU：交给后台线程。"""
+        if self.device.type == "cuda":
+            with torch.cuda.stream(self.engine_stream):
+                self.engine_stream.wait_stream(torch.cuda.default_stream(self.device))
+                return super()._forward(fi)
+        if not self.overlap:
+            return super()._forward(fi)
+        # >>> TASK launch_on_worker: 在主线程对每个请求 complete_one()（发出即推进）；把 _compute(fi) 交给 _worker；更新 decode_manager；返回 BackgroundOutput
+        for req in fi.batch.reqs:
+            req.complete_one()
+        future = self._worker.submit(self._compute, fi)
+        self.decode_manager.filter_reqs(fi.batch.reqs)
+        return BackgroundOutput(future)
+        # <<< TASK
+
+    def _compute(self, fi: ForwardInput) -> Any:
+        """后台线程里跑的部分：取输入、前向、采样、写回 token 池。推理模式是线程局部的，要在这里再进一次。"""
+        with torch.inference_mode():
+            return self._run_batch(fi, complete_reqs=False)
+
+    # ------------------------------------------------------------------ 主循环
+
+    def step(self) -> bool:
+        if not self.overlap:
+            self._drain()
+            return super().step()
+        # >>> TASK overlap_loop: 调度并发出下一步（记下在途的请求）；再处理上一步的结果；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
+        fi = self._schedule_next_batch()
+        ongoing = (fi, self._forward(fi)) if fi is not None else None
+        self._in_flight = set(fi.batch.reqs) if fi is not None else set()
+        last, self._last_data = self._last_data, ongoing
+        self._process_last_data(last)
+        self._free_deferred()
+        return ongoing is not None or last is not None
+        # <<< TASK
+
+    def _release_req(self, req: Req) -> None:
+        """还在途的请求先记下来，等用到它的批次算完再归还资源。"""
+        # >>> TASK deferred_free: req 在 _in_flight 里就放进 _deferred，否则立刻 _free_req_resources
+        if req in self._in_flight:
+            self._deferred.append(req)
+        else:
+            self._free_req_resources(req)
+        # <<< TASK
+
+    def _free_deferred(self) -> None:
+        still = []
+        for req in self._deferred:
+            if req in self._in_flight:
+                still.append(req)
+            else:
+                self._free_req_resources(req)
+        self._deferred = still
+
+    def _drain(self) -> None:
+        """等在途的一步算完并处理它的结果，然后归还所有延后的资源。"""
+        last, self._last_data = self._last_data, None
+        self._in_flight = set()
+        self._process_last_data(last)
+        self._free_deferred()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.device.type != "cuda":
+            self._worker.shutdown(wait=True)
+
+
+#: 离线接口：本章的调度器，也是最终的 ``minisgl.llm.LLM``。
+LLM = Scheduler

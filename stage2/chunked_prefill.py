@@ -1,0 +1,73 @@
+# 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+"""第 2.4 章 chunked_prefill：分块预填充。
+
+一段很长的提示词一次预填充完，这一步会很久，其他请求的解码全被卡住（延迟尖峰），
+激活内存也随长度变大。分块预填充给每一步的预填充 token 数设上限 ``max_extend_tokens``：
+
+- 一步里接纳请求时，预算只剩 ``b`` 个 token，而提示词还有 ``r > b`` 个没算，就只算前 ``b`` 个——
+  这个请求成了 **分块请求**（:class:`ChunkedReq`），留在等待队列的队首，下一步接着算；
+- 分块请求占着请求槽和页面，下一步继续时不用重新匹配、重新预留；
+- 最后一块是普通的 ``Req``：它算完整个提示词，采样出第一个输出 token；
+- 中间各块采样出的 token 是“提示词下一个 token 的预测”，**不是输出**：既不记入结果，
+  也不能写进 token 池覆盖提示词的下一个 token（写到不属于任何请求的草稿行）。
+
+每一步的预填充都不超过预算；算完一块之后，正在解码的请求先走一步，再算下一块——
+长提示词不会把别人的解码卡住。
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minisgl.cache_manager import ReservingPrefillAdder
+from minisgl.radix_cache import Scheduler as _Scheduler
+from minisgl.core import Req
+from minisgl.scheduler import ForwardInput, PendingReq
+
+
+class ChunkedReq(Req):
+    """提示词只算了一部分的请求：它不能解码，这一步采样的 token 也不是输出。"""
+
+    @property
+    def can_decode(self) -> bool:
+        return False
+
+    def append_host(self, next_token: torch.Tensor) -> None:
+        raise RuntimeError("分块请求采样出的 token 不是输出，不能接到请求后面")
+
+
+class ChunkedPrefillAdder(ReservingPrefillAdder):
+    """预算不够时把提示词切块；上一步没算完的分块请求直接接着算。"""
+
+    def try_add_one(self, pending: PendingReq) -> Req | None:
+        if self.token_budget <= 0:
+            return None
+        # TODO 任务 continue_chunk：已有 pending.chunked_req 时不再匹配和预留，沿用它的句柄、槽位和 cached_len 接着切下一块
+        raise NotImplementedError('第 2.4 章 chunked_prefill 的任务「continue_chunk」还没有实现。文档：docs/stage2/chunked_prefill.md#continue_chunk 提示：已有 pending.chunked_req 时不再匹配和预留，沿用它的句柄、槽位和 cached_len 接着切下一块')
+        return super().try_add_one(pending)
+
+    def _add_one_req(self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int) -> Req:
+        """预算够算完剩下的提示词就照常接纳；不够就只切下 ``token_budget`` 个 token 做成 ``ChunkedReq``。"""
+        # TODO 任务 take_chunk：剩余 r = input_len - cached_len；r <= 预算就交给父类并清掉 pending.chunked_req；否则切 [cached_len, cached_len + 预算)：写 token 池、预算清零、建 ChunkedReq（input_ids 只到块尾），记到 pending.chunked_req
+        raise NotImplementedError('第 2.4 章 chunked_prefill 的任务「take_chunk」还没有实现。文档：docs/stage2/chunked_prefill.md#take_chunk 提示：剩余 r = input_len - cached_len；r <= 预算就交给父类并清掉 pending.chunked_req；否则切 [cached_len, cached_len + 预算)：写 token 池、预算清零、建 ChunkedReq（input_ids 只到块尾），记到 pending.chunked_req')
+
+
+class Scheduler(_Scheduler):
+    """第 2.4 章的调度器：每步预填充不超过 ``max_extend_tokens`` 个 token，长提示词分块算。"""
+
+    prefill_adder_cls = ChunkedPrefillAdder
+    _yield_to_decode = False  # 上一步算了一个中途的分块
+
+    def _schedule_next_batch(self) -> ForwardInput | None:
+        """分块请求算完一块后，如果有请求在解码，先让它们走一步，再算下一块：长提示词不会把解码卡住。"""
+        # TODO 任务 interleave：上一步有中途的分块且有请求在解码，就先调度一步解码；否则照常（预填充优先）；记下这一步是否含中途的分块
+        raise NotImplementedError('第 2.4 章 chunked_prefill 的任务「interleave」还没有实现。文档：docs/stage2/chunked_prefill.md#interleave 提示：上一步有中途的分块且有请求在解码，就先调度一步解码；否则照常（预填充优先）；记下这一步是否含中途的分块')
+
+    def _samples_output(self, req: Req) -> bool:
+        return not isinstance(req, ChunkedReq)
+
+
+#: 离线接口：本章的调度器。
+LLM = Scheduler

@@ -1,0 +1,205 @@
+# 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+"""第 2.3 章 radix_cache：用基数树（radix tree）复用相同前缀的 K/V。
+
+很多请求共用同一段开头（系统提示词、多轮对话的历史）。这段前缀的 K/V 算一次就够了：
+请求结束时把它算过的 token 和对应的槽位插进一棵基数树，后来的请求先在树里找最长的相同前缀，
+命中的部分直接把槽位写进自己的页表，只算剩下的。
+
+- **匹配**：最多匹配到提示词的倒数第二个 token（最后一个总要算，才有 logits）；
+- **插入**：只插整页；已经在树里的部分不重复插入，告诉调用者那段是重复的；
+- **分裂**：只匹配了一个节点的前半段时，把节点一分为二；
+- **引用计数**：请求用着的前缀沿路径加锁（``ref_count``），锁着的节点不能驱逐；
+- **驱逐**：空间不够时按最近最少使用（LRU）驱逐没上锁的叶子，整页地还回去；
+- **完整性检查**：重新数一遍整棵树，核对可驱逐 / 受保护的 token 数。
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from minisgl.cache_manager import BaseCacheHandle, BasePrefixCache, InsertResult, NaivePrefixCache, SizeInfo
+from minisgl.cache_manager import Scheduler as _Scheduler
+
+
+def _match_len(key: torch.Tensor, input_ids: torch.Tensor) -> int:
+    """两段 token 从头开始有多少个相同。"""
+    n = min(len(key), len(input_ids))
+    diff = torch.nonzero(key[:n] != input_ids[:n])
+    return int(diff[0, 0]) if len(diff) > 0 else n
+
+
+class RadixTreeNode:
+    """树上的一个节点：一段 token（``key``）和它们的 K/V 槽位（``value``，是拷贝，不是页表的视图）。
+
+    子节点按“第一页的 token”索引：同一个父节点下，两个子节点的第一页一定不同。
+    """
+
+    _counter = 0
+
+    def __init__(self, key_fn: Callable[[torch.Tensor], Any], timestamp: int = 0) -> None:
+        self.key_fn = key_fn
+        self.children: dict[Any, RadixTreeNode] = {}
+        self.parent: RadixTreeNode | None = None
+        self.ref_count = 0
+        self.timestamp = timestamp
+        self.key = torch.empty(0, dtype=torch.int32)
+        self.value = torch.empty(0, dtype=torch.int32)
+        self.uid = RadixTreeNode._counter
+        RadixTreeNode._counter += 1
+
+    @property
+    def length(self) -> int:
+        return len(self.key)
+
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    def is_leaf(self) -> bool:
+        return len(self.children) == 0
+
+    def set_key_value(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        assert len(key) == len(value)
+        self.key, self.value = key, value
+
+    def set_parent(self, parent: RadixTreeNode) -> None:
+        self.parent = parent
+        parent.children[self.key_fn(self.key)] = self
+
+    def split_at(self, pos: int) -> RadixTreeNode:
+        """在第 ``pos`` 个 token 处一分为二，返回新的上半段节点（它接替本节点在父节点下的位置）。
+
+        新节点继承本节点的引用计数和时间戳：锁过本节点的句柄也锁过它所在的整条路径。
+        """
+        # TODO 任务 split_node：新节点拿 key/value 的前 pos 个、挂到原父节点下、继承 ref_count 与 timestamp；本节点留下后半段并改挂到新节点下
+        raise NotImplementedError('第 2.3 章 radix_cache 的任务「split_node」还没有实现。文档：docs/stage2/radix_cache.md#split_node 提示：新节点拿 key/value 的前 pos 个、挂到原父节点下、继承 ref_count 与 timestamp；本节点留下后半段并改挂到新节点下')
+
+    def __lt__(self, other: RadixTreeNode) -> bool:  # 给 heapq 用：越久没用的越先驱逐
+        return (self.timestamp, self.uid) < (other.timestamp, other.uid)
+
+    def __repr__(self) -> str:
+        return f"RadixTreeNode(len={self.length}, ref={self.ref_count}, t={self.timestamp}, key={self.key[:8].tolist()}...)"
+
+
+@dataclass(frozen=True)
+class RadixCacheHandle(BaseCacheHandle):
+    """命中到 ``node`` 为止：从根到 ``node`` 的路径上一共 ``cached_len`` 个 token。"""
+
+    node: RadixTreeNode
+
+    def get_matched_indices(self) -> torch.Tensor:
+        values = []
+        node = self.node
+        while not node.is_root():
+            values.append(node.value)
+            node = node.parent
+        values.reverse()
+        return torch.cat(values) if values else torch.empty(0, dtype=torch.int32)
+
+
+class RadixPrefixCache(BasePrefixCache):
+    """基数树前缀缓存。``page_size > 1`` 时只缓存整页，匹配长度也按页向下取整。"""
+
+    def __init__(self, page_size: int = 1, device: torch.device | str = "cpu") -> None:
+        self.page_size = page_size
+        self.device = torch.device(device)
+        if page_size == 1:
+            self.key_fn: Callable[[torch.Tensor], Any] = lambda ids: int(ids[0])
+        else:
+            self.key_fn = lambda ids: tuple(ids[:page_size].tolist())
+        self.root = RadixTreeNode(self.key_fn)
+        self.root.ref_count = 1  # 根永远受保护
+        self.evictable_size = 0
+        self.protected_size = 0
+        self._clock = 0
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    # ---------------------------------------------------------------- 查找
+
+    def _tree_walk(self, input_ids: torch.Tensor) -> tuple[RadixTreeNode, int]:
+        """从根往下走，尽量长地匹配 ``input_ids``（按整页）；走到节点中间就把它分裂。
+
+        返回最后一个完全匹配的节点和匹配的长度；路过的节点都刷新时间戳（LRU）。
+        """
+        # TODO 任务 tree_walk：按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at 并返回分出来的节点；完全匹配就更新 timestamp 继续
+        raise NotImplementedError('第 2.3 章 radix_cache 的任务「tree_walk」还没有实现。文档：docs/stage2/radix_cache.md#tree_walk 提示：按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at 并返回分出来的节点；完全匹配就更新 timestamp 继续')
+
+    def match_prefix(self, input_ids: torch.Tensor) -> RadixCacheHandle:
+        node, prefix_len = self._tree_walk(input_ids)
+        return RadixCacheHandle(prefix_len, node)
+
+    # ---------------------------------------------------------------- 插入
+
+    def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> InsertResult:
+        """插入 ``input_ids`` 的整页部分。返回插入前已有的长度，以及覆盖整段（整页部分）的句柄。"""
+        # TODO 任务 insert：长度按页向下取整；_tree_walk 找已有的部分；剩下的挂一个新叶子（value 要 clone！），计入 evictable_size
+        raise NotImplementedError('第 2.3 章 radix_cache 的任务「insert」还没有实现。文档：docs/stage2/radix_cache.md#insert 提示：长度按页向下取整；_tree_walk 找已有的部分；剩下的挂一个新叶子（value 要 clone！），计入 evictable_size')
+
+    # ---------------------------------------------------------------- 加锁与驱逐
+
+    def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
+        """从句柄的节点一直到根，每个节点的 ``ref_count`` 加一（解锁减一）；0 与非 0 之间变化时在两本账之间挪长度。"""
+        assert isinstance(handle, RadixCacheHandle)
+        # TODO 任务 lock：沿 parent 走到根（根不算）；加锁时 0→1 把长度从 evictable 挪到 protected，解锁时 1→0 挪回去；计数不能为负
+        raise NotImplementedError('第 2.3 章 radix_cache 的任务「lock」还没有实现。文档：docs/stage2/radix_cache.md#lock 提示：沿 parent 走到根（根不算）；加锁时 0→1 把长度从 evictable 挪到 protected，解锁时 1→0 挪回去；计数不能为负')
+
+    def evict(self, size: int) -> torch.Tensor:
+        """驱逐至少 ``size`` 个 token：每次驱逐最久没用、没上锁的叶子；父节点因此变成无锁叶子就也加入候选。"""
+        if size <= 0:
+            return torch.empty(0, dtype=torch.int32, device=self.device)
+        if size > self.evictable_size:
+            raise RuntimeError(f"要驱逐 {size} 个 token，但只有 {self.evictable_size} 个可以驱逐")
+        # TODO 任务 evict：收集 ref_count==0 的叶子建堆（按 timestamp）；逐个弹出、从父节点删掉、记下 value、扣 evictable_size；父节点变成无锁叶子就入堆；够 size 就停
+        raise NotImplementedError('第 2.3 章 radix_cache 的任务「evict」还没有实现。文档：docs/stage2/radix_cache.md#evict 提示：收集 ref_count==0 的叶子建堆（按 timestamp）；逐个弹出、从父节点删掉、记下 value、扣 evictable_size；父节点变成无锁叶子就入堆；够 size 就停')
+
+    # ---------------------------------------------------------------- 统计与自查
+
+    @property
+    def size_info(self) -> SizeInfo:
+        return SizeInfo(self.evictable_size, self.protected_size)
+
+    def _all_nodes(self) -> list[RadixTreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def cached_indices(self) -> torch.Tensor:
+        """树里全部的槽位（检查用）。"""
+        values = [n.value for n in self._all_nodes() if not n.is_root()]
+        return torch.cat(values) if values else torch.empty(0, dtype=torch.int32)
+
+    def check_integrity(self) -> None:
+        """重新数一遍：每个节点的结构、整页、引用计数，以及两本账的合计。不对就抛 RuntimeError。"""
+        # TODO 任务 check_tree：遍历全部节点：非根节点非空、长度是 page_size 的倍数、key/value 等长、挂在父节点的正确位置、ref_count >= 0 且不小于子节点之和；按 ref_count 重新累计 evictable/protected 并与记账比较；槽位不重复
+        raise NotImplementedError('第 2.3 章 radix_cache 的任务「check_tree」还没有实现。文档：docs/stage2/radix_cache.md#check_tree 提示：遍历全部节点：非根节点非空、长度是 page_size 的倍数、key/value 等长、挂在父节点的正确位置、ref_count >= 0 且不小于子节点之和；按 ref_count 重新累计 evictable/protected 并与记账比较；槽位不重复')
+
+
+def create_prefix_cache(cache_type: str, page_size: int, device: torch.device | str) -> BasePrefixCache:
+    """按名字创建前缀缓存：``"radix"`` 或 ``"naive"``。"""
+    if cache_type == "radix":
+        return RadixPrefixCache(page_size, device)
+    if cache_type == "naive":
+        return NaivePrefixCache()
+    raise ValueError(f"未知的 cache_type={cache_type!r}：可选 'radix'、'naive'")
+
+
+class Scheduler(_Scheduler):
+    """第 2.3 章的调度器：默认 radix 前缀缓存，``cache_type="naive"`` 可以关掉复用。"""
+
+    supported_cache_types = ("radix", "naive")
+
+    def _make_prefix_cache(self) -> BasePrefixCache:
+        return create_prefix_cache(self.config.cache_type, self.page_size, self.device)
+
+
+#: 离线接口：本章的调度器。
+LLM = Scheduler
