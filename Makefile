@@ -9,7 +9,7 @@ setup:            ## 安装依赖并构建离线模型
 
 test: setup       ## 全部测试：骨架无漂移、参考解答全绿、每章骨架全红
 	$(PYTHON) tools/make_skeletons.py --check
-	$(PYTEST) checks --impl solution --strict
+	$(PYTEST) checks/course checks/stage1 checks/stage2 checks/docs --impl solution --strict
 	$(PYTEST) checks/stage1 checks/stage2 --impl skeleton --expect-red -q
 
 milestone: setup  ## 主任务：第二阶段里程碑

@@ -22,3 +22,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c "import minisgl, t
     echo "$want" > "$stamp"
 fi
 "$PY" tools/build_models.py
+# 文档的浏览器检查要用 Debian 的无头 Chromium；不是 root 时只提示怎么装，不中断安装。
+bash tools/setup_browser.sh || echo "（跳过了浏览器安装：文档的浏览器检查会失败，其余不受影响。）"

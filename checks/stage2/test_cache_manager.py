@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, record
+from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, record
 from minisgl.cache_manager import LLM, CacheManager, NaivePrefixCache
 from minisgl.core import Req, SamplingParams
 from minisgl.radix_cache import RadixPrefixCache

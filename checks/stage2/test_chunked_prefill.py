@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import LONG_PROMPT, SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, record
+from .conftest import LONG_PROMPT, SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, record
 from minisgl.chunked_prefill import LLM
 from minisgl.core import SamplingParams
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from conftest import LONG_PROMPT, QUESTIONS, SYSTEM_PROMPT, assert_idle, record
+from .conftest import LONG_PROMPT, QUESTIONS, SYSTEM_PROMPT, assert_idle, record
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 

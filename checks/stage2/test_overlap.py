@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record
+from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record
 from minisgl.core import SamplingParams
 from minisgl.course import select
 from minisgl.env import ENV

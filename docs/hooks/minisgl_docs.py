@@ -1,0 +1,290 @@
+"""mkdocs hook: include code by symbol, recorded outputs and chapter tasks.
+
+A directive is a whole line (it may be indented, e.g. inside an admonition) of the form ``[[kind arg]]``:
+
+    [[code solutions/stage1/core.py::Req.complete_one]]   source of a function / class / method / assignment
+    [[code examples/step0_tiny_engine.py]]                 a whole file
+    [[sig solutions/stage1/core.py::Req]]                  signatures and docstrings only (reference page)
+    [[output stage2_milestone]]                            docs/outputs/stage2_milestone.txt, recorded by
+                                                           tools/record_outputs.py
+    [[task complete_one]]                                  a task of this page's chapter: heading with the
+                                                           anchor used in the skeleton's NotImplementedError,
+                                                           the hint, the skeleton's code and the solution
+    [[practice]]                                           this chapter's files, notebook and check commands
+
+Directives inside fenced code blocks are left alone. Any problem (unknown file, symbol, task, output or
+directive) is logged as an error, which fails ``mkdocs build --strict``, and shows as a red box on the page.
+The syntax does not overlap with pymdownx.snippets (``--8<--``).
+
+It also drops the line breaks inside Chinese paragraphs, which HTML would otherwise render as spaces.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+import sys
+import textwrap
+from functools import lru_cache
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from minisgl.course.registry import CHAPTERS, Chapter  # noqa: E402
+from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message  # noqa: E402
+
+log = logging.getLogger("mkdocs.plugins.minisgl_docs")
+
+DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)\[\[(?P<kind>[a-z]+)(?: (?P<arg>[^\]]+?))?\]\]\s*$")
+FENCE = re.compile(r"^[ \t]*(```|~~~)")
+OUTPUTS = REPO / "docs" / "outputs"
+
+
+class DocsError(Exception):
+    """A directive that cannot be resolved."""
+
+
+# ---------------------------------------------------------------- source files and symbols
+
+
+@lru_cache(maxsize=None)
+def _parse(path: str, mtime: float) -> tuple[list[str], ast.Module]:
+    source = (REPO / path).read_text(encoding="utf-8")
+    return source.splitlines(), ast.parse(source, filename=path)
+
+
+def load(path: str) -> tuple[list[str], ast.Module]:
+    full = (REPO / path).resolve()
+    if REPO not in full.parents or not full.is_file():
+        raise DocsError(f"找不到文件 {path}（路径相对于仓库根目录）")
+    return _parse(path, full.stat().st_mtime)
+
+
+def _name(node: ast.AST) -> str | None:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return node.target.id
+    return None
+
+
+def find_symbol(tree: ast.Module, dotted: str, path: str) -> ast.AST:
+    scope: list[ast.stmt] = tree.body
+    node: ast.AST | None = None
+    for part in dotted.split("."):
+        node = next((n for n in scope if _name(n) == part), None)
+        if node is None:
+            raise DocsError(f"{path} 里没有符号 {dotted}")
+        scope = getattr(node, "body", [])
+    return node
+
+
+def qualname_at(tree: ast.Module, lineno: int) -> str:
+    """Dotted name of the innermost function or class containing ``lineno``."""
+    names: list[str] = []
+    scope: list[ast.stmt] = tree.body
+    while True:
+        inner = next(
+            (n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+             and n.lineno <= lineno <= n.end_lineno),
+            None,
+        )
+        if inner is None:
+            return ".".join(names)
+        names.append(inner.name)
+        scope = inner.body
+
+
+def _start(node: ast.AST) -> int:
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+
+
+def _end(lines: list[str], node: ast.AST) -> int:
+    """Last line of ``node``, including comments that close its body (ast drops them, e.g. ``# <<< TASK``)."""
+    end = node.end_lineno
+    indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip())
+    probe = end
+    while probe < len(lines):
+        text = lines[probe]
+        if text.strip() and not (text.lstrip().startswith("#") and len(text) - len(text.lstrip()) > indent):
+            break
+        probe += 1
+        if text.strip():
+            end = probe
+    return end
+
+
+def _docstring_end(node: ast.AST) -> int | None:
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        return body[0].end_lineno
+    return None
+
+
+def _signature_lines(lines: list[str], node: ast.AST) -> list[str]:
+    """Decorators, ``def``/``class`` line(s) and docstring; bodies become ``...``."""
+    first_body = node.body[0].lineno
+    head_end = max(first_body - 1, node.lineno)
+    while head_end > node.lineno and (not lines[head_end - 1].strip() or lines[head_end - 1].lstrip().startswith("#")):
+        head_end -= 1
+    out = lines[_start(node) - 1 : head_end]
+    doc_end = _docstring_end(node)
+    if doc_end:
+        out += lines[first_body - 1 : doc_end]
+    if isinstance(node, ast.ClassDef):
+        for child in node.body:
+            if isinstance(child, (ast.AnnAssign, ast.Assign)):
+                out += lines[child.lineno - 1 : child.end_lineno]
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                not child.name.startswith("_") or child.name in ("__init__", "__post_init__")
+            ):
+                out += [""] + _signature_lines(lines, child)
+    else:
+        indent = re.match(r"\s*", lines[node.lineno - 1]).group(0)
+        out.append(indent + "    ...")
+    return out
+
+
+def code_block(path: str, symbol: str | None, *, signature: bool = False, title: str | None = None,
+               source: str | None = None) -> list[str]:
+    """A fenced python block with the symbol's exact source lines and their line numbers."""
+    if source is None:
+        lines, tree = load(path)
+    else:
+        lines, tree = source.splitlines(), ast.parse(source)
+    if symbol is None:
+        body, start = lines, 1
+    else:
+        node = find_symbol(tree, symbol, path)
+        body = _signature_lines(lines, node) if signature else lines[_start(node) - 1 : _end(lines, node)]
+        start = _start(node)
+    body = textwrap.dedent("\n".join(body)).splitlines()
+    caption = title or (f"{path} · {symbol}" if symbol else path)
+    nums = "" if signature else f' linenums="{start}"'
+    return [f'```` {{ .python .included-code title="{caption}"{nums} }}', *body, "````"]  # 4: source may hold ```
+
+
+# ---------------------------------------------------------------- recorded outputs
+
+
+def output_block(name: str) -> list[str]:
+    path = OUTPUTS / f"{name}.txt"
+    if not path.is_file():
+        raise DocsError(f"没有录制的输出 docs/outputs/{name}.txt：运行 python tools/record_outputs.py {name}")
+    text = path.read_text(encoding="utf-8").rstrip("\n").splitlines()
+    title = f"运行结果（docs/outputs/{name}.txt，由 tools/record_outputs.py 录制）"
+    return [f'```` {{ .text .recorded-output title="{title}" }}', *text, "````"]
+
+
+# ---------------------------------------------------------------- chapter tasks
+
+
+def _escape(text: str) -> str:
+    """Show a hint literally: Markdown must not read ``index_copy_`` or ``x * y`` as emphasis."""
+    return re.sub(r"([\\`*_{}\[\]<>#|])", r"\\\1", text)
+
+
+def chapter_of(src_uri: str) -> Chapter:
+    for ch in CHAPTERS:
+        if Path(ch.docs_page).relative_to("docs").as_posix() == src_uri:
+            return ch
+    raise DocsError(f"页面 {src_uri} 不是某一章的页面，不能用 [[task ...]]")
+
+
+def task_block(chapter: Chapter, name: str) -> list[str]:
+    sol_path = f"solutions/{chapter.relpath}"
+    lines, tree = load(sol_path)
+    source = "\n".join(lines) + "\n"
+    tasks = {t.name: t for t in parse_tasks(source, sol_path)}
+    if name not in tasks:
+        raise DocsError(f"第 {chapter.label} 章 {chapter.id} 没有任务 {name}；有：{', '.join(tasks)}")
+    task = tasks[name]
+    symbol = qualname_at(tree, task.line)
+    if not symbol:
+        raise DocsError(f"{sol_path}:{task.line}: 任务 {name} 不在任何函数里")
+    message = todo_message(chapter, name, task.hint)
+    skeleton = make_skeleton(source, chapter)
+    out = [
+        f"### `{name}` {{ #{name} .task }}",
+        "",
+        f"**位置**：`{chapter.relpath}` 里的 `{symbol}` · **提示**：{_escape(task.hint)}",
+        "",
+        *code_block(chapter.relpath, symbol, source=skeleton, title=f"{chapter.relpath} · {symbol}（你的骨架）"),
+        "",
+        "??? quote \"没写完时运行会看到的报错\"",
+        "",
+        f"    `` NotImplementedError: {message} ``",
+        "",
+        "??? success \"参考解答（先自己写，再展开对照）\"",
+        "",
+        *["    " + line if line else "" for line in code_block(sol_path, symbol)],
+    ]
+    return out
+
+
+def practice_block(ch: Chapter) -> list[str]:
+    return [
+        '!!! abstract "动手：本章的文件、笔记本和检查"',
+        "",
+        f"    - 你的文件：`{ch.relpath}`（骨架，从这里写起）；参考解答：`solutions/{ch.relpath}`",
+        f"    - 配套笔记本：`{ch.notebook}`，用 `jupyter lab {ch.notebook}` 打开",
+        f"    - 跑本章的检查：`pytest {ch.check_file}`，或 `python -m minisgl.course check {ch.id}`",
+        f"    - 卡住了：`python -m minisgl.course use solution {ch.id}` 先换回参考解答，"
+        f"`python -m minisgl.course use auto {ch.id}` 再换回你的代码",
+    ]
+
+
+# ---------------------------------------------------------------- the hook
+
+
+def expand(markdown: str, src_uri: str) -> str:
+    out: list[str] = []
+    in_fence = False
+    for lineno, line in enumerate(markdown.splitlines(), start=1):
+        if FENCE.match(line):
+            in_fence = not in_fence
+        m = None if in_fence else DIRECTIVE.match(line)
+        if not m:
+            out.append(line)
+            continue
+        indent, kind, arg = m["indent"], m["kind"], (m["arg"] or "").strip()
+        try:
+            if kind in ("code", "sig"):
+                path, _, symbol = arg.partition("::")
+                if kind == "sig" and not symbol:
+                    raise DocsError("[[sig ...]] 需要写出符号：路径::符号")
+                block = code_block(path.strip(), symbol.strip() or None, signature=kind == "sig")
+            elif kind == "output":
+                block = output_block(arg)
+            elif kind == "task":
+                block = task_block(chapter_of(src_uri), arg)
+            elif kind == "practice":
+                block = practice_block(chapter_of(src_uri))
+            else:
+                raise DocsError(f"不认识的指令 [[{kind} ...]]；可用：code、sig、output、task、practice")
+        except (DocsError, SyntaxError) as err:
+            log.error(f"docs/{src_uri}:{lineno}: {err}")
+            block = ["!!! failure \"文档引用出错\"", "", f"    {err}"]
+        out += ["", *[(indent + b) if b else "" for b in block], ""]
+    return "\n".join(out) + "\n"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 - mkdocs hook signature
+    return expand(markdown, page.file.src_uri)
+
+
+# A line break inside a Chinese paragraph would show as a space between two characters: drop it (outside <pre>).
+_CJK = "\u2e80-\u9fff\u3000-\u303f\uff00-\uffef"
+_CJK_BREAK = re.compile(rf"([{_CJK}])\n[ \t]*([{_CJK}])")
+_PRE = re.compile(r"(<pre\b.*?</pre>)", re.S)
+
+
+def on_page_content(html: str, page, config, files) -> str:  # noqa: ANN001 - mkdocs hook signature
+    parts = _PRE.split(html)
+    return "".join(p if i % 2 else _CJK_BREAK.sub(r"\1\2", p) for i, p in enumerate(parts))

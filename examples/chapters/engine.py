@@ -1,0 +1,56 @@
+"""第 1.6 章示例：用 Engine 手工跑一个请求（预填充一次、再逐个解码），以及批量采样器的几种设置。
+
+    python examples/chapters/engine.py
+"""
+
+import torch
+from transformers import AutoTokenizer
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import Engine, EngineConfig, Sampler
+from minisgl.model_zoo import smollm2
+
+path = smollm2()
+engine = Engine(EngineConfig(model_path=str(path), max_running_req=1, num_page_override=64, max_seq_len_override=64))
+tok = AutoTokenizer.from_pretrained(path)
+print(f"引擎：{engine.device}，{engine.dtype}，KV 池 {engine.num_pages} 页，注意力后端 {type(engine.attn_backend).__name__}")
+
+prompt = torch.tensor(tok.encode("The capital of France is"), dtype=torch.int32)
+req = Req(prompt, table_idx=0, cached_len=0, output_len=6, uid=0, sampling_params=SamplingParams(max_tokens=6))
+engine.page_table[0, : req.max_device_len] = torch.arange(req.max_device_len)  # 这个请求用槽位 0, 1, 2, ...
+while req.can_decode:
+    batch = Batch(reqs=[req], phase="prefill" if req.cached_len == 0 else "decode")
+    batch.input_ids = req.input_ids[req.cached_len : req.device_len].to(engine.device)
+    batch.positions = torch.arange(req.cached_len, req.device_len, dtype=torch.int32)
+    batch.out_loc = engine.page_table[0, req.cached_len : req.device_len]
+    engine.attn_backend.prepare_metadata(batch)
+    n = req.extend_len
+    out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+    out.copy_done_event.synchronize()
+    req.append_host(out.next_tokens_cpu)
+    print(f"{batch.phase:<7} 算了 {n} 个 token → {tok.decode(out.next_tokens_cpu)!r}")
+print(f"结果：{tok.decode(req.input_ids)!r}")
+engine.shutdown()
+
+# 批量采样器：同一批里每行用自己的参数
+sampler = Sampler(torch.device("cpu"), vocab_size=6, seed=0)
+logits = torch.tensor([[2.0, 1.0, 0.5, 0.1, 0.0, -1.0]] * 4)
+rows = [
+    ("贪心", SamplingParams()),
+    ("top_k=1", SamplingParams(temperature=1.0, top_k=1)),
+    ("温度 1、种子 7", SamplingParams(temperature=1.0, seed=7)),
+    ("温度 1、top_p=0.8", SamplingParams(temperature=1.0, top_p=0.8)),
+]
+reqs = [Req(torch.zeros(3, dtype=torch.int32), i, 0, 1, i, sp) for i, (_, sp) in enumerate(rows)]
+batch = Batch(reqs=reqs, phase="prefill")
+args = sampler.prepare(batch)
+draws = torch.stack([sampler.sample(logits, args) for _ in range(200)])
+for i, (name, _) in enumerate(rows):
+    counts = torch.bincount(draws[:, i], minlength=6).tolist()
+    print(f"{name}：200 次采样里 token 0..5 各出现 {counts} 次")
+alone = Batch(reqs=[reqs[2]], phase="prefill")
+other = Sampler(torch.device("cpu"), vocab_size=6, seed=123)  # 换一个引擎种子
+alone_args = other.prepare(alone)
+alone_draws = [other.sample(logits[:1], alone_args).item() for _ in range(10)]
+print(f"带种子的请求，在批里的前 10 次：{draws[:10, 2].tolist()}")
+print(f"换引擎种子、单独一个请求的前 10 次：{alone_draws}")
