@@ -123,14 +123,19 @@ def main(argv: list[str] | None = None) -> dict:
             mismatches.append((tok.decode(prompt), ours, ref))
 
     print(f"模型：{model.name}，page_size={args.page_size}，注意力后端：{type(engine.attn_backend).__name__}")
-    if "random" in model.name:
-        print("注意：这是随机权重模型，生成的文字没有意义（token 数和计算量与真模型相同）。")
+    random_weights = "random" in model.name
+    if random_weights:
+        print("注意：这是随机权重模型，生成的文字没有意义（token 数和计算量与真模型相同），下面只列出前 8 个 token id。")
+
+    def show(out: list[int]) -> str:
+        return f"token id {out[:8]} …" if random_weights else repr(tok.decode(out))
+
     step0_note = f"第 0 步：{step0_tps:.1f} token/s" if step0_tps else "第 0 步：未运行"
     print(f"1 个请求 × {n} 个 token：{single_tps:.1f} token/s（{step0_note}）")
-    print(f"  {SINGLE!r} → {tok.decode(single_out)!r}")
+    print(f"  {SINGLE!r} → {show(single_out)}")
     print(f"{len(BATCH)} 个请求一批 × {n} 个 token：解码每步 {decode_ms:.0f} ms，共 {batch_tps:.1f} token/s")
     for prompt, out in zip(BATCH, batch_out):
-        print(f"  {prompt!r} → {tok.decode(out)!r}")
+        print(f"  {prompt!r} → {show(out)}")
     print(f"这一批写入了 {len(pages)} 个 KV 页（{len(driver.written_slots)} 个 token 槽位，每页 {args.page_size} 个）")
     if mismatches:
         for prompt, ours, ref in mismatches:
