@@ -2,15 +2,22 @@
 PYTHON ?= $(shell command -v python || command -v python3)
 PYTEST = $(PYTHON) -m pytest --timeout=900
 
-.PHONY: setup test milestone quickstart real-qwen3
+.PHONY: setup test milestone notebooks docs real-qwen3
 
 setup:            ## 安装依赖并构建离线模型
 	PYTHON=$(PYTHON) bash tools/setup.sh
 
-test: setup       ## 全部测试：骨架无漂移、参考解答全绿、每章骨架全红
+test: setup       ## 全部测试：骨架无漂移、参考解答全绿、每章骨架全红、笔记本逐格对照
 	$(PYTHON) tools/make_skeletons.py --check
-	$(PYTEST) checks/course checks/stage1 checks/stage2 checks/docs --impl solution --strict
+	$(PYTEST) checks --impl solution --strict
 	$(PYTEST) checks/stage1 checks/stage2 --impl skeleton --expect-red -q
+	MINISGL_IMPL=solution $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks -q
+
+notebooks: setup  ## 重新生成并执行全部笔记本（改了解答或里程碑脚本之后）
+	$(PYTHON) tools/build_notebooks.py
+
+docs: setup       ## 本地预览课程讲义
+	$(PYTHON) -m mkdocs serve
 
 milestone: setup  ## 主任务：第二阶段里程碑
 	$(PYTHON) examples/stage2_milestone.py

@@ -1,0 +1,119 @@
+"""笔记本的配对与卫生检查（不执行笔记本；执行并逐格比较输出的是 nbval，见 README 的测试命令）。
+
+- 登记表里的每一章都有笔记本和它的源文件，第 0 步和两个里程碑也有；没有不属于任何一章的笔记本；
+- 笔记本只经由 ``minisgl.*`` 导入，从不直接导入 ``solutions.*`` 或 ``stageN.*``（否则实现选择对它无效）；
+- 每个笔记本用同一个处理函数演示一次控件回调，最后一格跑本章（或里程碑）的检查，且 CI 跳过这一格；
+- 提交的 .ipynb 正是 ``tools/build_notebooks.py`` 从源文件生成并执行的结果，没有手改。
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+
+import nbformat
+import pytest
+
+from minisgl.course.registry import BUILTIN_CHAPTERS, REPO_ROOT
+
+_spec = importlib.util.spec_from_file_location("build_notebooks", REPO_ROOT / "tools" / "build_notebooks.py")
+build = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("build_notebooks", build)  # dataclasses 需要在 sys.modules 里找到模块
+_spec.loader.exec_module(build)
+
+PAIRS = build.pairs()
+EXTRAS = {"step0": "notebooks/step0.ipynb", "milestone1": "notebooks/stage1/milestone.ipynb", "milestone2": "notebooks/stage2/milestone.ipynb"}
+FORBIDDEN_MODULE = re.compile(r"^(solutions|stage\d+)(\.|$)")
+
+
+def _code_cells(pair) -> list[str]:
+    nb = nbformat.read(REPO_ROOT / pair.notebook, as_version=4)
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def test_every_chapter_has_its_notebook():
+    by_chapter = {p.chapter: p for p in PAIRS if p.chapter}
+    for ch in BUILTIN_CHAPTERS:
+        assert ch.id in by_chapter, f"第 {ch.label} 章 {ch.id} 没有笔记本"
+        pair = by_chapter[ch.id]
+        assert pair.notebook == ch.notebook, f"第 {ch.label} 章的笔记本应在 {ch.notebook}，却是 {pair.notebook}"
+        assert (REPO_ROOT / pair.source).is_file(), f"第 {ch.label} 章 {ch.id} 缺少笔记本源文件 {pair.source}"
+        assert (REPO_ROOT / ch.notebook).is_file(), f"第 {ch.label} 章 {ch.id} 缺少笔记本 {ch.notebook}（运行 python tools/build_notebooks.py {ch.id}）"
+
+
+def test_step0_and_milestone_notebooks_exist():
+    keys = {p.key: p for p in PAIRS}
+    for key, path in EXTRAS.items():
+        assert key in keys and keys[key].notebook == path, f"缺少 {key} 的笔记本 {path}"
+        assert (REPO_ROOT / path).is_file(), f"缺少笔记本 {path}（运行 python tools/build_notebooks.py {key}）"
+        assert (REPO_ROOT / keys[key].source).is_file(), f"缺少笔记本源文件 {keys[key].source}"
+
+
+def test_every_notebook_belongs_to_a_chapter():
+    known = {p.notebook for p in PAIRS}
+    sources = {p.source for p in PAIRS}
+    stray = [
+        p.relative_to(REPO_ROOT).as_posix()
+        for p in (REPO_ROOT / "notebooks").rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in p.parts and p.relative_to(REPO_ROOT).as_posix() not in known
+    ]
+    assert not stray, f"这些笔记本不属于任何一章或里程碑：{stray}"
+    stray_src = [
+        p.relative_to(REPO_ROOT).as_posix()
+        for p in (REPO_ROOT / build.SRC_DIR).rglob("*.py")
+        if p.relative_to(REPO_ROOT).as_posix() not in sources
+    ]
+    assert not stray_src, f"这些源文件不对应任何笔记本：{stray_src}"
+    assert len(known) == len(BUILTIN_CHAPTERS) + len(EXTRAS)
+
+
+def _bad_imports(source: str) -> list[str]:
+    """直接导入 solutions.* / stageN.*，或把这样的模块名写成字符串（importlib）。"""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            bad += [a.name for a in node.names if FORBIDDEN_MODULE.match(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and FORBIDDEN_MODULE.match(node.module):
+            bad.append(node.module)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"(solutions|stage\d+)\.[\w.]+", node.value):
+            bad.append(node.value)
+    return bad
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=[p.key for p in PAIRS])
+def test_notebook_imports_only_public_namespace(pair):
+    source = (REPO_ROOT / pair.source).read_text(encoding="utf-8")
+    bad = _bad_imports(source)
+    assert not bad, f"{pair.source} 直接导入了 {bad}：笔记本只能从 minisgl.* 导入，实现选择才对它有效"
+    for cell in _code_cells(pair):
+        text = "\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
+        bad = _bad_imports(text)
+        assert not bad, f"{pair.notebook} 直接导入了 {bad}：笔记本只能从 minisgl.* 导入"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=[p.key for p in PAIRS])
+def test_notebook_shape(pair):
+    """交互控件的回调至少被调用一次；最后一格跑本章检查，CI 跳过它；0.6B 模型只在里程碑里用。"""
+    cells = _code_cells(pair)
+    source = "\n".join(cells)
+    assert "Explorer(" in source and re.search(r"\.run\(", source), f"{pair.notebook} 没有交互控件，或没有调用一次控件的处理函数"
+    assert "setup_notebook()" in cells[0], f"{pair.notebook} 的第一个代码格应调用 setup_notebook()"
+    last = cells[-1]
+    if pair.chapter:
+        want = f'run_chapter_checks("{pair.chapter}")'
+    elif pair.key.startswith("milestone"):
+        want = f"run_milestone_checks({pair.key.removeprefix('milestone')})"
+    else:
+        want = None
+    if want:
+        assert want in last, f"{pair.notebook} 的最后一格应调用 {want}"
+        assert "# NBVAL_SKIP" in last, f"{pair.notebook} 的最后一格（跑学员检查）要标 # NBVAL_SKIP，CI 由 checks/ 覆盖"
+    if not pair.key.startswith("milestone"):
+        assert "qwen3_06b_random" not in source, f"{pair.notebook}：0.6B 形状的模型只在里程碑笔记本里用，章节用 tiny_qwen3 / smollm2"
+
+
+def test_committed_notebooks_are_built_by_the_tool():
+    problems = build.check(PAIRS)
+    assert not problems, "笔记本与源文件不一致（请运行 python tools/build_notebooks.py 重新生成，不要手改 .ipynb）：\n" + "\n".join(problems)

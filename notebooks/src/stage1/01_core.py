@@ -1,0 +1,251 @@
+# %% [markdown]
+# # 第 1.1 章 core：SamplingParams、Req、Batch、Context
+#
+# 第 0 步的朴素引擎里，一个请求就是一个不断变长的 token 列表。真正的引擎要同时伺候很多请求，
+# 每个请求走到哪一步了、哪些 token 的 K/V 已经在缓存里、这一轮要算哪些 token，都得有人记账。
+# 这一章的四样东西就是这本账：
+#
+# - **SamplingParams**：一个请求怎么采样（温度、top-k、top-p、种子、最多生成几个 token）；
+# - **Req**：一个请求和它的三个长度 `cached_len ≤ device_len ≤ max_device_len`；
+# - **Batch**：一次前向要算的一批请求（预填充或解码）；
+# - **Context**：全局上下文，模型的各层在前向里从这里拿到当前批次。
+#
+# 这些类不做计算，但后面每一章读写 KV 缓存的位置都由它们的长度推出来。下面先看本章要你写的任务。
+
+# %%
+# 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+import sys
+from pathlib import Path
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
+sys.path.insert(0, str(ROOT))
+from minisgl.notebook_utils import setup_notebook
+
+setup_notebook()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# 本章的任务（和 stage1/core.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+from minisgl.notebook_utils import show_tasks
+
+show_tasks("core")
+
+# %% [markdown]
+# ## 1. 采样参数
+#
+# `temperature <= 0` 或 `top_k == 1` 就是贪心。`validate()` 把不可能的参数挡在门外——
+# 否则要等到采样时才冒出 NaN 或越界。
+
+# %%
+import torch
+
+from minisgl.core import Batch, Context, Req, SamplingParams
+
+for sp in [SamplingParams(), SamplingParams(temperature=0.8, top_k=1), SamplingParams(temperature=0.7, top_p=0.9)]:
+    print(sp, "→ 贪心" if sp.is_greedy else "→ 随机采样")
+
+for bad in [dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0), dict(max_tokens=0)]:
+    try:
+        SamplingParams(**bad).validate()
+    except ValueError as err:
+        print(f"{bad}: ValueError：{err}")
+
+# %% [markdown]
+# ## 2. 请求的三个长度
+#
+# 拿一句真正的提示词（Qwen3 分词器），建一个最多生成 4 个 token 的请求：
+#
+# - `cached_len`：K/V 已经写进缓存的 token 数，一开始是 0；
+# - `device_len`：已知的 token 数（提示词 + 已生成的），一开始是提示词长度；
+# - `max_device_len`：提示词长度 + `max_tokens`，请求最多走到这里；
+# - 本轮要算的就是中间那一段：`extend_len = device_len - cached_len`。
+
+# %%
+from transformers import AutoTokenizer
+
+from minisgl.model_zoo import tokenizer_dir
+
+tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+prompt = "The capital of France is"
+ids = tokenizer.encode(prompt)
+print(f"提示词 {prompt!r} → {len(ids)} 个 token：{ids}")
+
+sp = SamplingParams(max_tokens=4)
+req = Req(torch.tensor(ids, dtype=torch.int32), table_idx=0, cached_len=0, output_len=sp.max_tokens, uid=0, sampling_params=sp)
+print(req)
+print(f"extend_len={req.extend_len}  remain_len={req.remain_len}  can_decode={req.can_decode}")
+
+# %% [markdown]
+# 引擎每发出一次前向，就对批次里的每个请求调用一次 `complete_one()`：这一轮的 token 都进了缓存
+# （`cached_len` 追上 `device_len`），并且多了一个刚采样的 token（`device_len` 加一）。
+# 采样结果拷回 CPU 以后，再用 `append_host` 把它接到 `input_ids` 后面。
+# 下面手工模拟一次预填充和三次解码（“采样”出的 token 是随便编的）。
+
+# %%
+snapshots = [("预填充之前", [(req.uid, req.cached_len, req.device_len, req.max_device_len)])]
+fake_tokens = [12095, 13, 576, 6722]
+for step, token in enumerate(fake_tokens):
+    phase = "预填充" if step == 0 else "解码"
+    extend = req.extend_len
+    req.complete_one()
+    req.append_host(torch.tensor([token], dtype=torch.int32))
+    print(f"第 {step} 步（{phase}）：算了 {extend} 个 token → {req}，can_decode={req.can_decode}")
+    if step == 0:
+        snapshots.append(("预填充之后", [(req.uid, req.cached_len, req.device_len, req.max_device_len)]))
+print("input_ids 现在有", len(req.input_ids), "个 token")
+
+# %% [markdown]
+# 用图看预填充前后：绿色已缓存，橙色是下一轮要算的，斜线是还能生成的。
+# 预填充之后橙色只剩 1 格——这就是解码每步只算 1 个 token 的原因。
+
+# %%
+import matplotlib.pyplot as plt
+
+from minisgl.notebook_utils import draw_req_lengths
+
+draw_req_lengths(snapshots, title="Req 的三个长度")
+plt.show()
+
+# %% [markdown]
+# 不变式 `0 <= cached_len < device_len <= max_device_len` 在构造时就检查：
+
+# %%
+for cached in [0, len(ids) - 1, len(ids)]:
+    try:
+        Req(torch.tensor(ids, dtype=torch.int32), table_idx=0, cached_len=cached, output_len=4, uid=1, sampling_params=sp)
+        print(f"cached_len={cached}：可以（还有 {len(ids) - cached} 个提示词 token 要算）")
+    except ValueError as err:
+        print(f"cached_len={cached}：ValueError：{err}")
+
+# %% [markdown]
+# ## 3. 批次和上下文
+#
+# 一个批次里的请求可以处在不同的位置。预填充批次里每个请求要算的 token 数不同，它们按请求顺序
+# 拼成一个一维的 `input_ids`，总长是各请求 `extend_len` 之和。第 2.3 章的前缀缓存会让 `cached_len`
+# 一开始就大于 0——请求 B 假装已经命中了 3 个 token 的缓存。
+
+# %%
+reqs = [
+    Req(torch.tensor(ids, dtype=torch.int32), table_idx=0, cached_len=0, output_len=4, uid=10, sampling_params=sp),
+    Req(torch.tensor(ids, dtype=torch.int32), table_idx=1, cached_len=3, output_len=4, uid=11, sampling_params=sp),
+]
+batch = Batch(reqs=reqs, phase="prefill")
+print(f"phase={batch.phase} size={batch.size} is_prefill={batch.is_prefill}")
+print("各请求的 extend_len：", [r.extend_len for r in batch.reqs], "→ 本批共算", sum(r.extend_len for r in batch.reqs), "个 token")
+print("每个 token 的位置（positions）：", torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).tolist())
+
+# %% [markdown]
+# `Context.forward_batch` 是一个 with 块：块里 `ctx.batch` 就是当前批次，离开时（包括出错）一定清掉；
+# 不允许嵌套。
+
+# %%
+ctx = Context(page_size=1)
+with ctx.forward_batch(batch):
+    print("块里：ctx.batch.size =", ctx.batch.size)
+try:
+    ctx.batch
+except RuntimeError as err:
+    print("块外：RuntimeError：", err)
+try:
+    with ctx.forward_batch(batch):
+        raise ValueError("前向里出了错")
+except ValueError:
+    pass
+print("出错以后 _batch 被清掉了吗？", ctx._batch is None)
+try:
+    with ctx.forward_batch(batch):
+        with ctx.forward_batch(batch):
+            pass
+except RuntimeError as err:
+    print("嵌套：RuntimeError：", err)
+
+# %% [markdown]
+# ## 4. 动手调：提示词、max_tokens、命中的前缀
+#
+# 改提示词、`max_tokens` 和“前缀缓存命中了几个 token”，看请求从预填充到结束每一步算多少个 token。
+
+# %%
+import ipywidgets as widgets
+
+from minisgl.notebook_utils import Explorer
+
+
+def lifecycle(prompt: str, max_tokens: int, cached: int) -> None:
+    ids = tokenizer.encode(prompt) or [0]
+    cached = min(cached, len(ids) - 1)
+    r = Req(torch.tensor(ids, dtype=torch.int32), 0, cached, max_tokens, 0, SamplingParams(max_tokens=max_tokens))
+    shots = [("开始", [(0, r.cached_len, r.device_len, r.max_device_len)])]
+    work = []
+    while True:
+        work.append(r.extend_len)
+        r.complete_one()
+        r.append_host(torch.tensor([0], dtype=torch.int32))
+        if len(work) == 1:
+            shots.append(("预填充之后", [(0, r.cached_len, r.device_len, r.max_device_len)]))
+        if not r.can_decode:
+            break
+    shots.append(("结束", [(0, r.cached_len, r.device_len, r.max_device_len)]))
+    print(f"提示词 {len(ids)} 个 token，命中 {cached} 个；共 {len(work)} 次前向，每次算的 token 数：{work}")
+    print(f"结束时 {r}")
+    draw_req_lengths(shots)
+
+
+explorer = Explorer(
+    lifecycle,
+    title="请求的一生",
+    prompt=widgets.Text(value="The capital of France is", description="提示词"),
+    max_tokens=widgets.IntSlider(value=4, min=1, max=16, description="max_tokens"),
+    cached=widgets.IntSlider(value=0, min=0, max=16, description="命中前缀"),
+)
+explorer
+
+# %%
+# 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+explorer.run(prompt="You are a helpful assistant. What is 2 + 2?", max_tokens=3, cached=6)
+
+# %% [markdown]
+# ## 自测
+#
+# 1. 一个提示词 10 个 token、`max_tokens=5` 的请求，从开始到结束一共前向几次？每次的 `extend_len` 是多少？
+#
+# <details><summary>答案</summary>
+#
+# 5 次：预填充一次算 10 个，之后 4 次解码各算 1 个（第 5 个输出 token 由第 5 次前向采样得到，
+# 之后 `remain_len = 0`，不再前向）。`extend_len` 依次是 10, 1, 1, 1, 1。
+# </details>
+#
+# 2. 为什么 `complete_one()` 在前向 **发出** 时就推进长度，而不是等采样结果拷回 CPU？
+#
+# <details><summary>答案</summary>
+#
+# 这样调度器可以马上为下一步准备批次（位置、写入槽位都只依赖长度），不必等这一步算完；
+# 第 2.5 章的重叠调度正是靠这一点让准备和计算同时进行。代价是：要读本轮的 `extend_len`，
+# 必须在前向之前读。
+# </details>
+#
+# 3. 为什么不变式要求 `cached_len < device_len`（严格小于）？
+#
+# <details><summary>答案</summary>
+#
+# 每次前向至少要算一个 token，才有最后一个位置的 logits 可以采样。即使整段提示词都在前缀缓存里，
+# 也要留下最后一个 token 重算一遍。
+# </details>
+#
+# 4. `Req` 为什么用 `@dataclass(eq=False)`？
+#
+# <details><summary>答案</summary>
+#
+# 请求按身份比较：两个内容一样的请求仍是两个请求。调度器把请求放进 dict / set，
+# 按值比较会把它们混为一谈（而且 dataclass 的 `eq=True` 会让对象不可哈希）。
+# </details>
+
+# %% [markdown]
+# ## 检查你的代码
+#
+# 写完 `stage1/core.py` 里的任务后运行下面这一格：它对你的代码跑本章的检查（`python -m minisgl.course check core`）。
+
+# %% tags=["skip-execution"]
+# NBVAL_SKIP
+from minisgl.notebook_utils import run_chapter_checks
+
+run_chapter_checks("core")

@@ -1,0 +1,210 @@
+# %% [markdown]
+# # 第 1.4 章 kvcache：分页 KV 池、页表、token 池
+#
+# 第 0 步用 `torch.cat` 让每个请求的 K/V 越拼越长：每步都要重新分配、拷贝，也没法把不同请求放进同一批。
+# 这里换成启动时一次分配好的三样东西：
+#
+# - **KV 池**：每层一块 K、一块 V，各有 `num_pages × page_size` 个 token 槽位；
+# - **页表**：`[max_running_req + 1, max_seq_len]` 的 int32，第 `table_idx` 行第 `pos` 列是那个请求第 `pos` 个 token
+#   的 K/V 所在的槽位（页号 × page_size + 页内偏移）；
+# - **token 池**：形状同页表，存每个位置的 token id，解码的输入在设备上直接按行列取。
+#
+# 页表按 token 记槽位，所以注意力后端查表时不必关心 `page_size`；`page_size` 只决定槽位怎样成组地分出去。
+
+# %%
+# 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+import sys
+from pathlib import Path
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
+sys.path.insert(0, str(ROOT))
+from minisgl.notebook_utils import setup_notebook
+
+setup_notebook()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# 本章的任务（和 stage1/kvcache.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+from minisgl.notebook_utils import show_tasks
+
+show_tasks("kvcache")
+
+# %% [markdown]
+# ## 1. 一页有多大
+#
+# 一页在所有层里占 `2（K 和 V）× 层数 × page_size × KV 头数 × head_dim × 每元素字节数`。
+# 引擎用它从剩余内存算出能放几页（第 1.6 章）。
+
+# %%
+import torch
+
+from minisgl.kvcache import MHAKVCache
+from minisgl.model_zoo import smollm2, tiny_qwen3
+from minisgl.models import ModelConfig
+
+shapes = {name: ModelConfig.from_hf(p) for name, p in [("小 Qwen3", tiny_qwen3()), ("SmolLM2-135M", smollm2())]}
+rows = [(n, c.num_layers, c.num_kv_heads, c.head_dim) for n, c in shapes.items()]
+rows.append(("Qwen3-0.6B（公开配置）", 28, 8, 128))
+for name, layers, kv_heads, head_dim in rows:
+    for dtype in (torch.float32, torch.bfloat16):
+        per_token = MHAKVCache.bytes_per_page(kv_heads, layers, head_dim, 1, dtype)
+        print(f"{name:<24}{str(dtype):<16}每个 token {per_token:>8,} 字节；1 GiB 放得下 {2**30 // per_token:>9,} 个 token")
+
+# %% [markdown]
+# ## 2. 池子、视图和写入
+#
+# 整个池子是一个 `[2, 层数, num_pages, page_size, KV 头数, head_dim]` 的大张量，用 0 初始化
+# （批量注意力会读到没写过的槽位再用掩码屏蔽，未初始化内存里的 NaN 乘 0 还是 NaN）。
+# `k_cache(layer)` 是摊平成 `[槽位数, KV 头数, head_dim]` 的 **视图**，不拷贝。
+# `store_kv` 只写 `out_loc` 指定的槽位，别处一个也不碰。
+
+# %%
+cache = MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=4, num_pages=6, page_size=4, dtype=torch.float32, device="cpu")
+print("KV 池形状：", tuple(cache._kv_buffer.shape), "；槽位数：", cache.num_slots)
+k0 = cache.k_cache(0)
+print("第 0 层 K 的视图：", tuple(k0.shape), "；与池子共享内存：", k0.data_ptr() == cache._kv_buffer[0, 0].data_ptr())
+out_loc = torch.tensor([5, 6, 17], dtype=torch.int32)
+k, v = torch.ones(3, 2, 4), torch.full((3, 2, 4), 2.0)
+cache.store_kv(k, v, out_loc, layer_id=1)
+written = [(layer, (cache.k_cache(layer).abs().sum(dim=(1, 2)) > 0).nonzero().flatten().tolist()) for layer in range(3)]
+print("写入后每层非零的槽位：", written)
+
+# %% [markdown]
+# ## 3. 页表：给请求安排槽位
+#
+# `pages_to_slots(pages, page_size)` 把页号展开成槽位：页 `p` 的槽位是 `p*page_size … p*page_size+page_size-1`。
+# 取前 n 个写进页表的一行，就给一个 n 个 token 的请求安排好了位置。页不必连续——下面从一个打乱的空闲页列表里分。
+
+# %%
+from minisgl.kvcache import create_page_table, pages_to_slots
+
+print("pages_to_slots([3, 1], page_size=2) =", pages_to_slots(torch.tensor([3, 1]), 2).tolist())
+
+
+def place(lengths: list[int], page_size: int, num_pages: int, seed: int = 0):
+    """按提示词长度给每个请求分页，写页表；返回页表、每个槽位的主人、每个请求分到的页。"""
+    table = create_page_table(max_running_req=len(lengths), max_seq_len=max(lengths) + 1, device="cpu")
+    free = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
+    owners: list[int | None] = [None] * (num_pages * page_size)
+    pages_of = []
+    for row, n in enumerate(lengths):
+        need = -(-(n + 1) // page_size)  # 提示词 + 下一个要生成的 token
+        if need > len(free):
+            raise RuntimeError(f"请求 {row} 要 {need} 页，只剩 {len(free)} 页")
+        pages, free = free[:need], free[need:]
+        slots = pages_to_slots(torch.tensor(pages, dtype=torch.int32), page_size)[: n + 1]
+        table[row, : n + 1] = slots
+        for s in slots.tolist():
+            owners[s] = row
+        pages_of.append(pages)
+    return table, owners, pages_of
+
+
+lengths, page_size, num_pages = [5, 9, 3], 4, 10
+table, owners, pages_of = place(lengths, page_size, num_pages)
+for row, (n, pages) in enumerate(zip(lengths, pages_of)):
+    print(f"请求 {row}：提示词 {n} 个 token → 页 {pages} → 槽位 {table[row, :n].tolist()}")
+
+# %% [markdown]
+# 预填充时，本批每个 token 的 K/V 写到 `out_loc = page_table[行, cached_len:device_len]`（粗框）；
+# 之后的解码每步只写一格：`page_table[行, device_len - 1]`。同一页的槽位同色。
+
+# %%
+import matplotlib.pyplot as plt
+
+from minisgl.notebook_utils import draw_kv_pool, draw_page_table
+
+prefill = [(row, j) for row, n in enumerate(lengths) for j in range(n)]
+out_loc = torch.cat([table[row, :n] for row, n in enumerate(lengths)])
+print("预填充批次的 out_loc：", out_loc.tolist())
+decode = [(row, n) for row, n in enumerate(lengths)]
+print("下一步解码的 out_loc：", [int(table[row, n]) for row, n in decode])
+draw_page_table(table, rows=[0, 1, 2], width=max(lengths) + 1, page_size=page_size, highlight=prefill, lengths=[n + 1 for n in lengths], title="页表（粗框：预填充写入的位置）")
+draw_page_table(table, rows=[0, 1, 2], width=max(lengths) + 1, page_size=page_size, highlight=decode, lengths=[n + 1 for n in lengths], title="页表（粗框：下一步解码写入的位置）")
+draw_kv_pool(owners, page_size)
+plt.show()
+
+# %% [markdown]
+# ## 4. 动手调：page_size、页数和提示词长度
+#
+# 页越大，每个请求最后一页里空着的槽位（内部碎片）越多；页太少就放不下。
+
+# %%
+import ipywidgets as widgets
+
+from minisgl.notebook_utils import Explorer
+
+
+def explore(page_size: int, num_pages: int, lengths: str) -> None:
+    lens = [int(x) for x in lengths.replace("，", ",").split(",") if x.strip()]
+    table, owners, pages_of = place(lens, page_size, num_pages)
+    used = sum(len(p) for p in pages_of)
+    waste = used * page_size - sum(n + 1 for n in lens)
+    print(f"page_size={page_size}：{len(lens)} 个请求共用 {used}/{num_pages} 页，最后一页里空着 {waste} 个槽位（内部碎片）")
+    for row, pages in enumerate(pages_of):
+        print(f"  请求 {row}（{lens[row]} 个 token + 1）→ 页 {pages}")
+    draw_page_table(table, rows=list(range(len(lens))), width=max(lens) + 1, page_size=page_size, lengths=[n + 1 for n in lens])
+    draw_kv_pool(owners, page_size)
+
+
+explorer = Explorer(
+    explore,
+    title="分页",
+    page_size=widgets.SelectionSlider(options=[1, 2, 4, 8], value=4, description="page_size"),
+    num_pages=widgets.IntSlider(value=10, min=2, max=32, description="页数"),
+    lengths=widgets.Text(value="5, 9, 3", description="提示词长度"),
+)
+explorer
+
+# %%
+# 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+explorer.run(page_size=8, num_pages=6, lengths="5, 9, 3")
+
+# %%
+# 页不够时会清楚地报错（控件的输出区里也一样）
+explorer.run(page_size=8, num_pages=3, lengths="5, 9, 3")
+
+# %% [markdown]
+# ## 自测
+#
+# 1. `page_size = 4`，一个请求的页是 `[7, 2]`。它第 5 个 token（位置 5）的 K/V 在哪个槽位？
+#
+# <details><summary>答案</summary>
+#
+# 位置 5 在第 1 页（`5 // 4 = 1`，即页 2）的偏移 1：槽位 `2 × 4 + 1 = 9`。
+# </details>
+#
+# 2. 页表为什么比 `max_running_req` 多一行？
+#
+# <details><summary>答案</summary>
+#
+# 留给填充用的假请求（例如凑批大小、或分块预填充时不该写回的 token），它写进去的东西不属于任何真实请求，
+# 读写都不会越界，也不会弄脏别人的行。
+# </details>
+#
+# 3. 为什么 KV 池用 `torch.zeros` 而不是 `torch.empty`？
+#
+# <details><summary>答案</summary>
+#
+# 补齐成矩形的批量注意力会读到还没写过的槽位，再用掩码把它们的权重变成 0。未初始化的内存里可能有 NaN，
+# 而 `0 × NaN = NaN`，会污染输出。
+# </details>
+#
+# 4. 页表里存 token 级的槽位（而不是页号），有什么好处？
+#
+# <details><summary>答案</summary>
+#
+# 注意力后端按位置直接查到槽位，不必知道 `page_size`；`page_size` 只影响分配器怎样成组地发放槽位。
+# 需要页号的后端（如 FlashAttention）用 `槽位 // page_size` 换算。
+# </details>
+
+# %% [markdown]
+# ## 检查你的代码
+#
+# 写完 `stage1/kvcache.py` 里的任务后运行下面这一格（`python -m minisgl.course check kvcache`）。
+
+# %% tags=["skip-execution"]
+# NBVAL_SKIP
+from minisgl.notebook_utils import run_chapter_checks
+
+run_chapter_checks("kvcache")

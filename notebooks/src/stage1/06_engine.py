@@ -1,0 +1,230 @@
+# %% [markdown]
+# # 第 1.6 章 engine：Engine 与批量采样器
+#
+# 把前五章拼起来：`Engine` 按顺序初始化 设备与 dtype → 全局上下文 → 模型与权重 → 由剩余内存定出 KV 页数 →
+# KV 池 → 页表与 token 池 → 注意力后端 → 采样器。`forward_batch` 跑一次前向、为每个请求采样一个 token、
+# 推进请求的长度记账（`complete_one`），并把新 token 写进 token 池。
+#
+# 采样器一次为整批采样，每个请求有自己的温度、top-k、top-p 和种子。随机性来自“指数竞赛”：
+# `argmax(p / E)`（E 独立服从指数分布）恰好以概率 p 选中每个 token，整批只要一次 argmax。
+#
+# 第 1 阶段结束时，批次的字段（`input_ids`、`positions`、`out_loc`、页表的行）仍由你手工填——第 2 阶段的调度器再自动化。
+
+# %%
+# 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+import sys
+from pathlib import Path
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
+sys.path.insert(0, str(ROOT))
+from minisgl.notebook_utils import setup_notebook
+
+setup_notebook()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# 本章的任务（和 stage1/engine.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+from minisgl.notebook_utils import show_tasks
+
+show_tasks("engine")
+
+# %% [markdown]
+# ## 1. 建一个引擎
+#
+# 不指定页数时，引擎按 `(可用内存 × 比例 − 模型占用) ÷ 每页字节数` 算出页数（CPU 上比例默认 0.3，
+# 内存还要留给别的进程）。笔记本里用 `num_page_override` 固定页数，结果与机器无关。
+
+# %%
+import torch
+
+from minisgl.engine import Engine, EngineConfig
+from minisgl.model_zoo import smollm2
+
+engine = Engine(EngineConfig(str(smollm2()), dtype=torch.float32, max_running_req=4, num_page_override=512, max_seq_len_override=128, page_size=4))
+print(f"设备 {engine.device}，dtype {engine.dtype}，CPU 快速线性层：{engine.fast_linear}")
+print(f"KV 池：{engine.num_pages} 页 × page_size {engine.config.page_size}，max_seq_len={engine.max_seq_len}")
+print(f"页表 / token 池：{tuple(engine.page_table.shape)}（max_running_req + 1 行）")
+print(f"注意力后端：{type(engine.attn_backend).__name__}；采样器：{type(engine.sampler).__name__}")
+
+# %% [markdown]
+# ## 2. 手工驱动：一批两个请求，和 Hugging Face 逐 token 对照
+#
+# 每个请求占页表的一行，提前分好页。每一步填好批次的 `input_ids`、`positions`、`out_loc`，
+# 准备注意力元数据和采样参数，然后 `forward_batch`。引擎在发出时就调用了每个请求的 `complete_one()`。
+
+# %%
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.kvcache import pages_to_slots
+
+tok = AutoTokenizer.from_pretrained(smollm2())
+PAGES_PER_ROW = engine.max_seq_len // engine.config.page_size
+
+
+def admit(prompt: str, row: int, sp: SamplingParams) -> Req:
+    pages = torch.arange(row * PAGES_PER_ROW, (row + 1) * PAGES_PER_ROW, dtype=torch.int32)
+    engine.page_table[row, :] = pages_to_slots(pages, engine.config.page_size)[: engine.max_seq_len]
+    ids = torch.tensor(tok(prompt)["input_ids"], dtype=torch.int32)
+    return Req(ids, table_idx=row, cached_len=0, output_len=sp.max_tokens, uid=row, sampling_params=sp)
+
+
+def step(reqs: list[Req]) -> list[int]:
+    batch = Batch(reqs, "prefill" if reqs[0].cached_len == 0 else "decode")
+    batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs])
+    batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
+    batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len : r.device_len] for r in reqs])
+    engine.attn_backend.prepare_metadata(batch)
+    out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+    out.copy_done_event.synchronize()
+    for r, t in zip(reqs, out.next_tokens_cpu):
+        r.append_host(t.reshape(1))
+    return out.next_tokens_cpu.tolist()
+
+
+prompts = ["The capital of France is", "The three primary colors are"]
+reqs = [admit(p, row, SamplingParams(max_tokens=8)) for row, p in enumerate(prompts)]
+n_prompt = [len(r.input_ids) for r in reqs]
+while reqs[0].can_decode:
+    phase = "预填充" if reqs[0].cached_len == 0 else "解码"
+    extend = [r.extend_len for r in reqs]
+    tokens = step(reqs)
+    print(f"{phase}：每个请求算 {extend} 个 token → 新 token {tokens}；{reqs[0]}")
+
+hf = AutoModelForCausalLM.from_pretrained(smollm2(), dtype=torch.float32)
+for r, n, p in zip(reqs, n_prompt, prompts):
+    ours = r.input_ids[n:].tolist()
+    ids = torch.tensor([r.input_ids[:n].tolist()])
+    ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)[0, n:].tolist()
+    print(f"{p!r} → {tok.decode(ours)!r}；与 HF 一致：{ours == ref}")
+print("token 池第 0 行：", engine.token_pool[0, : n_prompt[0] + 8].tolist())
+print("（提示词的位置还是 0：第 1 阶段的输入直接取自 req.input_ids；第 2 阶段的调度器才把提示词也写进 token 池）")
+
+# %% [markdown]
+# ## 3. 批量采样器
+#
+# 拿一个 8 个 token 的“词表”和固定的 logits，把同一个请求复制 4000 份放进一批，一次采完，
+# 数一数每个 token 被选中的频率，和理论分布（温度 → softmax → top-k → top-p）对比。
+
+# %%
+import matplotlib.pyplot as plt
+
+from minisgl.engine import Sampler, top_k_top_p_filter
+
+LOGITS = torch.tensor([2.0, 1.5, 1.2, 0.5, 0.0, -0.5, -1.0, -2.0])
+
+
+def sample_many(sp: SamplingParams, n: int = 4000, seed: int = 0) -> torch.Tensor:
+    sampler = Sampler(torch.device("cpu"), vocab_size=len(LOGITS), seed=seed)
+    batch = Batch([Req(torch.tensor([0], dtype=torch.int32), i, 0, 4, i, sp) for i in range(n)], "prefill")
+    return sampler.sample(LOGITS.repeat(n, 1), sampler.prepare(batch))
+
+
+def theory(sp: SamplingParams) -> torch.Tensor:
+    if sp.is_greedy:
+        return torch.nn.functional.one_hot(LOGITS.argmax(), len(LOGITS)).float()
+    probs = (LOGITS / sp.temperature).softmax(-1)[None]
+    k = torch.tensor([sp.top_k if sp.top_k >= 1 else len(LOGITS)])
+    p = torch.tensor([sp.top_p])
+    probs = top_k_top_p_filter(probs, k, p)[0]
+    return probs / probs.sum()
+
+
+def draw_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    tokens = sample_many(sp)
+    freq = torch.bincount(tokens, minlength=len(LOGITS)).float() / len(tokens)
+    want = theory(sp)
+    print(f"temperature={temperature} top_k={top_k} top_p={top_p}：贪心={sp.is_greedy}")
+    print("可能被选中的 token：", (want > 0).nonzero().flatten().tolist(), "；实际出现过的：", (freq > 0).nonzero().flatten().tolist())
+    print(f"频率与理论概率的最大差 < 0.05：{bool((freq - want).abs().max() < 0.05)}")
+    fig, ax = plt.subplots(figsize=(6, 2.6))
+    xs = torch.arange(len(LOGITS))
+    ax.bar(xs - 0.2, want, width=0.4, label="理论概率", color="#6fa8dc")
+    ax.bar(xs + 0.2, freq, width=0.4, label="4000 次采样的频率", color="#f4a261")
+    ax.set_xticks(xs.tolist())
+    ax.set_xlabel("token id（logits 从大到小）")
+    ax.legend(fontsize=8)
+
+
+draw_sampling(1.0, -1, 1.0)
+plt.show()
+
+# %% [markdown]
+# **种子**：给了 `seed` 的请求，随机数只由（种子，位置）决定，与同批还有谁无关。
+
+# %%
+sp_seeded = SamplingParams(temperature=1.0, seed=42)
+alone = sample_many(sp_seeded, n=1, seed=0)
+sampler = Sampler(torch.device("cpu"), vocab_size=len(LOGITS), seed=123)
+others = [Req(torch.tensor([0], dtype=torch.int32), i, 0, 4, i, SamplingParams(temperature=1.0)) for i in range(5)]
+mixed = Batch([*others[:2], Req(torch.tensor([0], dtype=torch.int32), 9, 0, 4, 9, sp_seeded), *others[2:]], "prefill")
+in_batch = sampler.sample(LOGITS.repeat(6, 1), sampler.prepare(mixed))
+print("单独采样：", alone.tolist(), "；夹在另外 5 个请求中间、采样器种子也不同：", in_batch[2:3].tolist(), "→ 相同：", alone.tolist() == in_batch[2:3].tolist())
+
+# %% [markdown]
+# ## 4. 动手调：温度、top-k、top-p
+
+# %%
+import ipywidgets as widgets
+
+from minisgl.notebook_utils import Explorer
+
+explorer = Explorer(
+    draw_sampling,
+    title="采样",
+    temperature=widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.1, description="temperature"),
+    top_k=widgets.IntSlider(value=-1, min=-1, max=8, description="top_k"),
+    top_p=widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top_p"),
+)
+explorer
+
+# %%
+# 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+explorer.run(temperature=0.7, top_k=5, top_p=0.8)
+
+# %% [markdown]
+# ## 自测
+#
+# 1. `top_k = 3`、`top_p = 0.5`，三个最大的概率（归一化后）是 0.45、0.35、0.20。最后留下哪几个 token？
+#
+# <details><summary>答案</summary>
+#
+# 前两个。按从大到小累加：第一个之前的累计是 0 < 0.5，留下；第二个之前是 0.45 < 0.5，留下；
+# 第三个之前是 0.80 ≥ 0.5，去掉。
+# </details>
+#
+# 2. 为什么 `argmax(p / E)`（E 服从指数分布）等价于按概率 p 采样？
+#
+# <details><summary>答案</summary>
+#
+# `E_i / p_i` 服从速率为 `p_i` 的指数分布，最小的那个是 i 的概率恰好是 `p_i / Σp`（指数分布的“竞赛”性质）；
+# 取 `p / E` 的最大值就是取 `E / p` 的最小值。好处是整批一次 argmax，不用逐行 `multinomial`。
+# </details>
+#
+# 3. CPU 上 `copy_to_host` 为什么要 `clone()`？
+#
+# <details><summary>答案</summary>
+#
+# CPU 上 `.to("cpu")` 不拷贝、直接返回同一块内存。下一步引擎改写设备上的结果张量时，“主机副本”也跟着变，
+# 调度器读到的就不是这一步的 token 了。
+# </details>
+#
+# 4. 引擎写 token 池的位置为什么是 `[table_idx, device_len - 1]`？
+#
+# <details><summary>答案</summary>
+#
+# 写之前 `complete_one()` 已经把 `device_len` 加了一：新 token 在序列里的位置是加一之前的 `device_len`，
+# 也就是现在的 `device_len - 1`。下一步解码就从这里取输入。
+# </details>
+
+# %% [markdown]
+# ## 检查你的代码
+#
+# 写完 `stage1/engine.py` 里的任务后运行下面这一格（`python -m minisgl.course check engine`）。
+
+# %% tags=["skip-execution"]
+# NBVAL_SKIP
+from minisgl.notebook_utils import run_chapter_checks
+
+run_chapter_checks("engine")

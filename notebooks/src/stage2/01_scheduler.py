@@ -1,0 +1,200 @@
+# %% [markdown]
+# # 第 2.1 章 scheduler：调度器骨架与 LLM.generate
+#
+# 第 1 阶段结束时，一批里有哪些请求、每个 token 的位置、K/V 写到哪个槽位，都是手工填的，
+# 而且整批同进同出。调度器把这些自动化，并让请求来来去去：
+#
+# - **主循环**：接收新请求 → 选出下一批 → 准备输入（positions、输入映射、`out_loc`）→ 前向 → 处理结果；
+# - **预填充优先**：有等待的请求就先做预填充，否则让运行中的请求一起解码一步；
+# - **准入控制**：请求槽（页表的一行）只有 `max_running_req` 个；一步预填充的 token 数有预算 `max_extend_tokens`；
+# - **连续批处理**：请求一结束就离开、归还槽位，等待的请求下一步就能加入；
+# - **结果处理**：把采样出的 token 接到请求后面，生成够 `max_tokens` 或遇到 EOS 就结束。
+#
+# 本章的 KV 页面还是静态分配：每个请求槽固定分到同样多的页（第 1 阶段的做法，自动化了）。
+
+# %%
+# 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+import sys
+from pathlib import Path
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
+sys.path.insert(0, str(ROOT))
+from minisgl.notebook_utils import setup_notebook
+
+setup_notebook()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# 本章的任务（和 stage2/scheduler.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+from minisgl.notebook_utils import show_tasks
+
+show_tasks("scheduler")
+
+# %% [markdown]
+# ## 1. 一次 generate
+#
+# 用小 Qwen3（随机权重，只看机制；输出的文字没有意义）建本章的 `LLM`：最多同时跑 2 个请求。
+
+# %%
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.model_zoo import tiny_qwen3
+from minisgl.scheduler import LLM
+
+TINY = str(tiny_qwen3())
+llm = LLM(TINY, dtype=torch.float32, max_running_req=2, num_page_override=256, max_seq_len_override=128)
+print(f"请求槽 {llm.max_running_req} 个；KV 池 {llm.engine.num_pages} 页，每个槽静态分到 {llm.engine.num_pages // llm.max_running_req} 页 → 单个请求最长 {llm.max_seq_len} 个 token")
+out = llm.generate(["Hello, my name is", "The sky is"], SamplingParams(max_tokens=4, ignore_eos=True))
+for o in out:
+    print(o["token_ids"])
+
+# %% [markdown]
+# ## 2. 拆开一步看
+#
+# `generate` 就是 `add_request` 加上反复调用 `step()`。手工走两步，看调度器替我们算出的字段：
+#
+# - `positions`：每个请求 `arange(cached_len, device_len)` 拼起来；
+# - `input_mapping`：`(行号, 位置)`，`token_pool[input_mapping]` 就是本步的输入（提示词已由准入时写进 token 池）；
+# - `out_loc = page_table[input_mapping]`：本步每个 token 的 K/V 写到哪里；
+# - `write_mapping`：每个请求一对 `(行号, device_len)`，采样出的新 token 写回 token 池的这里。
+
+# %%
+ids = [llm.tokenizer.encode(p) for p in ["Hello, my name is", "The sky is"]]
+uids = [llm.add_request(i, SamplingParams(max_tokens=3, ignore_eos=True)) for i in ids]
+for step in range(2):
+    fi = llm._schedule_next_batch()
+    b = fi.batch
+    print(f"第 {step} 步：{b.phase}，请求 {[r.uid for r in b.reqs]}，extend_len {[r.extend_len for r in b.reqs]}")
+    print(f"  positions    = {b.positions.tolist()}")
+    print(f"  input_mapping= 行 {fi.input_mapping[0].tolist()}，列 {fi.input_mapping[1].tolist()}")
+    print(f"  out_loc      = {b.out_loc.tolist()}")
+    print(f"  write_mapping= 行 {fi.write_mapping[0].tolist()}，列 {fi.write_mapping[1].tolist()}")
+    llm._process_last_data((fi, llm._forward(fi)))
+llm.run_until_idle()
+print("输出：", [llm.status.pop(u).output_ids for u in uids])
+llm.check_integrity()
+print("完整性检查通过：请求槽全部归还")
+
+# %% [markdown]
+# ## 3. 连续批处理
+#
+# 5 个请求、只有 2 个请求槽、各自的 `max_tokens` 不同。预填充优先：一有空槽，等待的请求下一步就预填充进来；
+# 谁先生成够谁先走，不用等整批结束。下图每根柱子是一步，按请求分段，高度是这一步为它算的 token 数
+# （纵轴是对数刻度；橙边预填充、蓝边解码）。
+
+# %%
+import matplotlib.pyplot as plt
+
+from minisgl.notebook_utils import StepRecorder, draw_steps
+
+PROMPTS = ["Hello, my name is", "The capital of France is", "Once upon a time", "1, 2, 3,", "Water boils at a temperature of"]
+MAX_TOKENS = [3, 6, 2, 5, 4]
+
+
+def continuous(max_running_req: int, max_extend_tokens: int, num_prompts: int) -> None:
+    llm = LLM(TINY, dtype=torch.float32, max_running_req=max_running_req, num_page_override=512,
+              max_seq_len_override=64, max_extend_tokens=max_extend_tokens)  # fmt: skip
+    rec = StepRecorder(llm)
+    sps = [SamplingParams(max_tokens=m, ignore_eos=True) for m in MAX_TOKENS[:num_prompts]]
+    out = llm.generate(PROMPTS[:num_prompts], sps)
+    print(f"max_running_req={max_running_req}，max_extend_tokens={max_extend_tokens}：{rec.summary()}")
+    for i, s in enumerate(rec.steps):
+        print(f"  第 {i:>2} 步 {s['phase']:<7} 请求 {[u for u, _, _ in s['reqs']]}，各算 {[e for _, e, _ in s['reqs']]} 个 token")
+    print("每个请求的输出长度：", [len(o["token_ids"]) for o in out])
+    draw_steps(rec.steps, budget=max_extend_tokens if max_extend_tokens < 64 else None)
+    llm.shutdown()
+
+
+continuous(max_running_req=2, max_extend_tokens=8192, num_prompts=5)
+plt.show()
+
+# %% [markdown]
+# ## 4. 静态分页的限制
+#
+# 每个槽只有 `num_pages // max_running_req` 页，超出的请求在提交时就被拒绝（而不是永远等下去），
+# 哪怕别的槽空着。`max_tokens` 超出上限会被截短并给出警告。第 2.2 章改成按需分配。
+
+# %%
+import warnings
+
+small = LLM(TINY, dtype=torch.float32, max_running_req=4, num_page_override=64, max_seq_len_override=64)
+print("单个请求最长：", small.max_seq_len, "个 token")
+try:
+    small.generate([list(range(100, 120))], SamplingParams(max_tokens=4))
+except ValueError as err:
+    print("ValueError：", err)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    res = small.generate([list(range(100, 110))], SamplingParams(max_tokens=50, ignore_eos=True))
+print("警告：", [str(w.message) for w in caught])
+print("实际生成：", len(res[0]["token_ids"]), "个 token")
+
+# %% [markdown]
+# ## 5. 动手调：请求槽、预填充预算、请求数
+#
+# 预算 `max_extend_tokens` 限制一步预填充接纳多少 token：本章还没有分块，预算用完就不再接纳新请求
+# （但总会接纳至少一个，否则长提示词永远进不来）。
+
+# %%
+import ipywidgets as widgets
+
+from minisgl.notebook_utils import Explorer
+
+explorer = Explorer(
+    continuous,
+    title="连续批处理",
+    max_running_req=widgets.IntSlider(value=2, min=1, max=5, description="max_running_req"),
+    max_extend_tokens=widgets.SelectionSlider(options=[4, 8, 16, 8192], value=8192, description="预填充预算"),
+    num_prompts=widgets.IntSlider(value=5, min=1, max=5, description="请求数"),
+)
+explorer
+
+# %%
+# 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+explorer.run(max_running_req=3, max_extend_tokens=8, num_prompts=5)
+
+# %% [markdown]
+# ## 自测
+#
+# 1. “预填充优先”在什么情况下会让运行中的请求多等？为什么还要这样做？
+#
+# <details><summary>答案</summary>
+#
+# 只要有能接纳的等待请求，这一步就做预填充，运行中的请求这一步不解码。这样新请求尽快开始（首 token 延迟小），
+# 也尽快把批次填满，之后每一步解码的请求更多、吞吐更高。第 2.4 章的分块预填充限制每步预填充的量，缓解等待。
+# </details>
+#
+# 2. 为什么结束的判断要用主机收到的 token 数，而不是 `req.can_decode`？
+#
+# <details><summary>答案</summary>
+#
+# `can_decode` 由 `complete_one()` 推进，而它在前向 **发出** 时就调用了；重叠调度时主机看到结果前，请求已经
+# 又被推进了一步，用它判断会提前一个 token 结束。按收到的 token 数判断与发出时机无关。
+# </details>
+#
+# 3. `write_mapping` 为什么是 `(行号, device_len)`？
+#
+# <details><summary>答案</summary>
+#
+# 准备批次时请求还没被推进：本步采样出的 token 在序列里的位置正是此刻的 `device_len`。写回 token 池的这个位置，
+# 下一步解码的输入映射 `(行号, device_len)` 恰好读到它，token 不必经过主机。
+# </details>
+#
+# 4. 请求槽只有 2 个、5 个请求同时提交，第 3 个请求什么时候开始预填充？
+#
+# <details><summary>答案</summary>
+#
+# 前两个请求里有一个结束、归还槽位之后的下一步（预填充优先，它马上被接纳）。
+# </details>
+
+# %% [markdown]
+# ## 检查你的代码
+#
+# 写完 `stage2/scheduler.py` 里的任务后运行下面这一格（`python -m minisgl.course check scheduler`）。
+
+# %% tags=["skip-execution"]
+# NBVAL_SKIP
+from minisgl.notebook_utils import run_chapter_checks
+
+run_chapter_checks("scheduler")

@@ -1,0 +1,158 @@
+# %% [markdown]
+# # 第 2.5 章 overlap：重叠调度
+#
+# 普通的主循环里，设备每算完一步都要等主机：拷回结果、记账、调度、准备下一步的输入。这些主机上的活儿
+# 每步要一两毫秒，设备就空等着。重叠调度把循环改成：
+#
+#     发出第 N+1 步 → 处理第 N 步的结果（这时设备在算第 N+1 步）→ 再发出第 N+2 步 …
+#
+# 能这样做，是因为 `complete_one()` 在发出时就推进了长度记账，下一步的输入 token 也不经过主机：
+# 上一步采样的 token 直接写进设备上的 token 池，下一步从那里取。GPU 上前向跑在引擎自己的 CUDA 流上；
+# CPU 上交给一个后台线程（PyTorch 的算子执行时会释放 GIL）。
+#
+# 几个坑：结束判断按主机收到的 token 数；遇到 EOS 的请求可能已被放进下一步，那一步为它算的 token 要丢掉；
+# 结束或取消的请求要等用到它的批次都算完才能归还槽位和页面；预填充之后的前缀插入晚一个迭代。
+# `ENV.DISABLE_OVERLAP_SCHEDULING = True` 关掉重叠，两种循环的输出完全相同。
+
+# %%
+# 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+import sys
+from pathlib import Path
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
+sys.path.insert(0, str(ROOT))
+from minisgl.notebook_utils import setup_notebook
+
+setup_notebook()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# 本章的任务（和 stage2/overlap.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+from minisgl.notebook_utils import show_tasks
+
+show_tasks("overlap")
+
+# %% [markdown]
+# ## 1. 重叠与不重叠：输出完全相同
+#
+# 同一个引擎、同一批请求（有的贪心、有的带种子采样），开关重叠调度各跑一次。
+
+# %%
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.env import ENV
+from minisgl.model_zoo import tiny_qwen3
+from minisgl.overlap import LLM
+
+TINY = str(tiny_qwen3())
+PROMPTS = ["Hello, my name is", "The capital of France is", "Once upon a time", "1, 2, 3,", "Water boils at", "def add(a, b):"]
+SPS = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=t, seed=s) for n, t, s in
+       [(6, 0.0, None), (9, 0.8, 1), (4, 0.0, None), (12, 1.0, 7), (7, 0.0, None), (5, 0.6, 3)]]  # fmt: skip
+llm = LLM(TINY, dtype=torch.float32, max_running_req=4, num_page_override=512, max_seq_len_override=128)
+results = {}
+for overlap in (True, False):
+    ENV.DISABLE_OVERLAP_SCHEDULING = not overlap
+    results[overlap] = [o["token_ids"] for o in llm.generate(PROMPTS, SPS)]
+    print(f"重叠={overlap}：每个请求的输出长度 {[len(t) for t in results[overlap]]}")
+ENV.DISABLE_OVERLAP_SCHEDULING = False
+print("两种循环的输出逐 token 相同：", results[True] == results[False])
+print("长度正好是各自的 max_tokens：", [len(t) for t in results[True]] == [sp.max_tokens for sp in SPS])
+
+# %% [markdown]
+# ## 2. 时间线
+#
+# 记下每一步几段活儿的起止时间：调度与准备、处理结果（主线程），前向计算，以及主线程等结果的时间（灰）。
+# 不重叠时它们首尾相接；重叠时前向在后台线程里跑，主线程同时处理上一步的结果、准备下一步。
+# 在 CPU 上前向占了大头，主线程多半在等；在 GPU 上设备算得快得多，主机上的活儿才是瓶颈，重叠省下的比例大得多。
+# 时间每次运行都不同（CI 只比较步数和“输出相同”）。
+
+# %%
+import matplotlib.pyplot as plt
+
+from minisgl.notebook_utils import Timeline, draw_timeline, fmt_ms
+
+
+def timeline(num_reqs: int, max_tokens: int, model: str = TINY) -> None:
+    llm = LLM(model, dtype=torch.float32, max_running_req=8, num_page_override=1024, max_seq_len_override=128)
+    tl = Timeline(llm)
+    prompts = (PROMPTS * 2)[:num_reqs]
+    runs, outs = [], {}
+    llm.generate(prompts[:1], SamplingParams(max_tokens=2))  # 预热
+    for overlap in (False, True):
+        ENV.DISABLE_OVERLAP_SCHEDULING = not overlap
+        tl.start()
+        outs[overlap] = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        total = max(r[3] for r in tl.records)
+        steps = sum(1 for r in tl.records if r[0] == "前向计算")
+        runs.append((f"{'重叠' if overlap else '不重叠'}：{steps} 步，{fmt_ms(total)}", list(tl.records)))
+        print(f"{'重叠' if overlap else '不重叠'}：{num_reqs} 个请求 × {max_tokens} 个 token，{steps} 步，用时 {fmt_ms(total)}")
+    ENV.DISABLE_OVERLAP_SCHEDULING = False
+    print("输出相同：", outs[True] == outs[False])
+    draw_timeline(runs)
+    llm.shutdown()
+
+
+timeline(num_reqs=8, max_tokens=8)
+plt.show()
+
+# %% [markdown]
+# ## 3. 动手调：请求数和生成长度
+#
+# 请求越多、每步主机上的活儿越多，重叠省下的时间越明显（在 GPU 上更是如此，设备算得比主机准备得快）。
+
+# %%
+import ipywidgets as widgets
+
+from minisgl.notebook_utils import Explorer
+
+explorer = Explorer(
+    timeline,
+    title="重叠调度的时间线",
+    num_reqs=widgets.IntSlider(value=8, min=1, max=12, description="请求数"),
+    max_tokens=widgets.IntSlider(value=8, min=1, max=32, description="max_tokens"),
+)
+explorer
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它；打印的时间每次不同，CI 不比较这一格）
+explorer.run(num_reqs=4, max_tokens=6)
+
+# %% [markdown]
+# ## 自测
+#
+# 1. 重叠调度里，为什么 `complete_one()` 必须在主线程、发出时调用，而不能在后台线程算完以后？
+#
+# <details><summary>答案</summary>
+#
+# 主线程紧接着就要为下一步调度和准备输入，它需要推进后的长度（位置、写入槽位都由长度推出）。
+# 放在后台线程里会与主线程同时读写同一个请求的字段，形成竞争。
+# </details>
+#
+# 2. 一个请求在第 N 步采样出 EOS。重叠调度时第 N+1 步已经为它算了一个 token，怎么处理？
+#
+# <details><summary>答案</summary>
+#
+# 处理第 N 步结果时把它标为结束；处理第 N+1 步结果时发现它已经结束，这个多算的 token 直接丢掉，
+# 不记入输出。它的资源等第 N+1 步算完（不再在途）才归还。
+# </details>
+#
+# 3. 为什么下一步的输入 token 不必经过主机？
+#
+# <details><summary>答案</summary>
+#
+# 引擎把采样结果按 `write_mapping` 写进设备上的 token 池，下一步的输入映射正好从那里取。
+# 主机拿到结果只是为了记账和判断结束，不在关键路径上。
+# </details>
+
+# %% [markdown]
+# ## 检查你的代码
+#
+# 写完 `stage2/overlap.py` 里的任务后运行下面这一格（`python -m minisgl.course check overlap`）。
+
+# %% tags=["skip-execution"]
+# NBVAL_SKIP
+from minisgl.notebook_utils import run_chapter_checks
+
+run_chapter_checks("overlap")
