@@ -59,6 +59,8 @@ class HandDriver:
         self.written_slots.update(batch.out_loc.tolist())
         e.attn_backend.prepare_metadata(batch)
         out = e.forward_batch(batch, e.sampler.prepare(batch))
+        for req in reqs:
+            req.complete_one()  # 发出即推进：引擎只算，记账是我们的事
         out.copy_done_event.synchronize()
         for req, token in zip(reqs, out.next_tokens_cpu):
             req.append_host(token.reshape(1))

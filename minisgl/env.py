@@ -1,20 +1,51 @@
-"""全局开关。每个开关都可以在启动前用同名环境变量（加前缀 ``MINISGL_``）设置，也可以在运行时改。"""
+"""全局开关，和 mini-sglang 的写法一样：每个开关是一个带 ``.value`` 的对象。
+
+- 读：``ENV.DISABLE_OVERLAP_SCHEDULING.value``，或直接当布尔值用（``if ENV.DISABLE_OVERLAP_SCHEDULING:``）；
+- 写：``ENV.DISABLE_OVERLAP_SCHEDULING.value = True``（运行时随时生效）；
+- 默认值：启动前设环境变量 ``MINISGL_DISABLE_OVERLAP_SCHEDULING=1``（前缀 ``MINISGL_`` 加开关名）。
+
+为了兼容早先的写法，``ENV.DISABLE_OVERLAP_SCHEDULING = True`` 也可以，等同于设 ``.value``。
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(f"MINISGL_{name}", "").strip().lower() in {"1", "true", "yes", "on"}
+class EnvBool:
+    """一个布尔开关：默认值来自环境变量 ``MINISGL_<名字>``，之后读写 ``.value``。"""
+
+    def __init__(self, name: str, default: bool = False) -> None:
+        self.name = name
+        raw = os.environ.get(f"MINISGL_{name}")
+        if raw is None:
+            self.value = default
+        elif raw.strip().lower() in _TRUE | _FALSE:
+            self.value = raw.strip().lower() in _TRUE
+        else:
+            raise ValueError(f"环境变量 MINISGL_{name}={raw!r} 不是布尔值：请设成 1/0、true/false、yes/no 或 on/off")
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __repr__(self) -> str:
+        return f"EnvBool({self.name}={self.value})"
 
 
-@dataclass
 class _Env:
-    """进程级开关；``ENV.DISABLE_OVERLAP_SCHEDULING = True`` 即可关掉重叠调度。"""
+    """进程级开关的集合。"""
 
-    DISABLE_OVERLAP_SCHEDULING: bool = field(default_factory=lambda: _flag("DISABLE_OVERLAP_SCHEDULING"))
+    def __init__(self) -> None:
+        object.__setattr__(self, "DISABLE_OVERLAP_SCHEDULING", EnvBool("DISABLE_OVERLAP_SCHEDULING"))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        switch = getattr(self, name, None)
+        if not isinstance(switch, EnvBool):
+            raise AttributeError(f"ENV 没有开关 {name}；已有的开关：{', '.join(vars(self))}")
+        switch.value = bool(value.value if isinstance(value, EnvBool) else value)
 
 
 ENV = _Env()

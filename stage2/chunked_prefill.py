@@ -24,7 +24,7 @@ import torch
 from minisgl.cache_manager import ReservingPrefillAdder
 from minisgl.radix_cache import Scheduler as _Scheduler
 from minisgl.core import Req
-from minisgl.scheduler import ForwardInput, PendingReq
+from minisgl.scheduling import ForwardInput, PendingReq
 
 
 class ChunkedReq(Req):
@@ -48,10 +48,12 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
         raise NotImplementedError('第 2.4 章 chunked_prefill 的任务「continue_chunk」还没有实现。文档：docs/stage2/chunked_prefill.md#continue_chunk 提示：已有 pending.chunked_req 时不再匹配和预留，沿用它的句柄、槽位和 cached_len 接着切下一块')
         return super().try_add_one(pending)
 
-    def _add_one_req(self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int) -> Req:
-        """预算够算完剩下的提示词就照常接纳；不够就只切下 ``token_budget`` 个 token 做成 ``ChunkedReq``。"""
-        # TODO 任务 take_chunk：剩余 r = input_len - cached_len；r <= 预算就交给父类并清掉 pending.chunked_req；否则切 [cached_len, cached_len + 预算)：写 token 池、预算清零、建 ChunkedReq（input_ids 只到块尾），记到 pending.chunked_req
-        raise NotImplementedError('第 2.4 章 chunked_prefill 的任务「take_chunk」还没有实现。文档：docs/stage2/chunked_prefill.md#take_chunk 提示：剩余 r = input_len - cached_len；r <= 预算就交给父类并清掉 pending.chunked_req；否则切 [cached_len, cached_len + 预算)：写 token 池、预算清零、建 ChunkedReq（input_ids 只到块尾），记到 pending.chunked_req')
+    def _add_one_req(
+        self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int, req_cls: type[Req] = Req, end: int | None = None
+    ) -> Req:
+        """预算够算完剩下的提示词就照常接纳；不够就只接纳 ``token_budget`` 个 token，做成 ``ChunkedReq``。"""
+        # TODO 任务 take_chunk：剩余 r = input_len - cached_len；r <= 预算就清掉 pending.chunked_req、照常交给父类；否则让父类只接纳到 cached_len + 预算（req_cls=ChunkedReq），记到 pending.chunked_req 再返回
+        raise NotImplementedError('第 2.4 章 chunked_prefill 的任务「take_chunk」还没有实现。文档：docs/stage2/chunked_prefill.md#take_chunk 提示：剩余 r = input_len - cached_len；r <= 预算就清掉 pending.chunked_req、照常交给父类；否则让父类只接纳到 cached_len + 预算（req_cls=ChunkedReq），记到 pending.chunked_req 再返回')
 
 
 class Scheduler(_Scheduler):
@@ -67,6 +69,21 @@ class Scheduler(_Scheduler):
 
     def _samples_output(self, req: Req) -> bool:
         return not isinstance(req, ChunkedReq)
+
+    def reserved_tokens(self) -> int:
+        """算了一半的分块请求也占着槽位，它将来要的页面（完整的提示词 + 输出）也要预留。"""
+        cm = self.cache_manager
+        chunked = [p for p in self.prefill_manager.pending_list if p.chunked_req is not None]
+        return super().reserved_tokens() + sum(
+            cm.tokens_needed(p.input_len + p.output_len, p.chunked_req.cached_len) for p in chunked
+        )
+
+    def abort(self, uid: int) -> None:
+        """取消还在分块的请求时，已经算过的那几块占着的槽位和页面也要还。"""
+        pending = next((p for p in self.prefill_manager.pending_list if p.uid == uid), None)
+        super().abort(uid)
+        if pending is not None and pending.chunked_req is not None:
+            self._release_req(pending.chunked_req)
 
 
 #: 离线接口：本章的调度器。

@@ -125,10 +125,10 @@ class RadixPrefixCache(BasePrefixCache):
     def _tree_walk(self, input_ids: torch.Tensor) -> tuple[RadixTreeNode, int]:
         """从根往下走，尽量长地匹配 ``input_ids``（按整页）；走到节点中间就把它分裂。
 
-        返回最后一个完全匹配的节点和匹配的长度；路过的节点都刷新时间戳（LRU）。
+        返回最后一个完全匹配的节点和匹配的长度；用到的节点都刷新时间戳（严格的 LRU：只用到前半段的节点先分裂，只刷新前半段）。
         """
-        # TODO 任务 tree_walk：按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at 并返回分出来的节点；完全匹配就更新 timestamp 继续
-        raise NotImplementedError('第 2.3 章 radix_cache 的任务「tree_walk」还没有实现。文档：docs/stage2/radix_cache.md#tree_walk 提示：按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at 并返回分出来的节点；完全匹配就更新 timestamp 继续')
+        # TODO 任务 tree_walk：按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续
+        raise NotImplementedError('第 2.3 章 radix_cache 的任务「tree_walk」还没有实现。文档：docs/stage2/radix_cache.md#tree_walk 提示：按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续')
 
     def match_prefix(self, input_ids: torch.Tensor) -> RadixCacheHandle:
         node, prefix_len = self._tree_walk(input_ids)

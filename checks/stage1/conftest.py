@@ -101,9 +101,11 @@ class Hand:
 
     @staticmethod
     def step(engine, batch):  # noqa: ANN001, ANN201
-        """前向一步并把新 token 接到每个请求后面；返回 ForwardOutput。"""
+        """前向一步（发出时推进每个请求），把新 token 接到每个请求后面；返回 ForwardOutput。"""
         Hand.fill_batch(engine, batch)
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+        for req in batch.reqs:
+            req.complete_one()
         out.copy_done_event.synchronize()
         for req, token in zip(batch.reqs, out.next_tokens_cpu):
             req.append_host(token.reshape(1))

@@ -1,5 +1,5 @@
 """第 1.6 章 engine 的检查：批量采样器（贪心、温度、top-k、top-p、种子、一批里各自的参数），
-forward_batch 的约定（推进请求、写 token 池、主机副本不共享内存），KV 页数的决定，
+forward_batch 的约定（只算不记账：不推进请求、不写 token 池；主机副本不共享内存），KV 页数的决定，
 以及 SmolLM2 上与 Hugging Face generate 逐 token 一致：每个请求单独跑、全部放一批，page_size 1 和 4，torch 和 SDPA 后端。"""
 
 from __future__ import annotations
@@ -125,29 +125,28 @@ def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
         reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), row, 0, 3, row, SamplingParams()))
     batch = Batch(reqs, "prefill")
     hand.fill_batch(engine, batch)
+    pool = engine.token_pool.clone()
     out = engine.forward_batch(batch, engine.sampler.prepare(batch))
-    assert [(r.cached_len, r.device_len) for r in reqs] == [(3, 4), (2, 3)], "forward_batch 要对每个请求调用 complete_one"
-    assert out.next_tokens_gpu.dtype == torch.int32 and out.next_tokens_gpu.shape == (2,)
-    assert engine.token_pool[1, 3] == out.next_tokens_gpu[0] and engine.token_pool[3, 2] == out.next_tokens_gpu[1], (
-        "新 token 应写进 token_pool[table_idx, 它的位置]"
+    assert [(r.cached_len, r.device_len) for r in reqs] == [(0, 3), (0, 2)], (
+        "forward_batch 只算不记账：推进请求（complete_one）是调用者发出时的事"
     )
+    assert torch.equal(engine.token_pool, pool), "forward_batch 不写 token 池：新 token 写到哪里由调用者决定"
+    assert out.next_tokens_gpu.dtype == torch.int32 and out.next_tokens_gpu.shape == (2,)
     out.copy_done_event.synchronize()
     host = out.next_tokens_cpu.clone()
     assert out.next_tokens_cpu.device.type == "cpu"
     assert out.next_tokens_cpu.data_ptr() != out.next_tokens_gpu.data_ptr(), "主机副本不能与设备上的结果共享内存"
     out.next_tokens_gpu.fill_(-1)
     assert torch.equal(out.next_tokens_cpu, host), "改动设备上的结果不应影响主机副本"
-    # 调度器自己推进请求、自己写 token 池时，引擎两样都不做
+    # 调用者推进请求、接上新 token 之后，解码一步算出的正是下一个 token
     for req, token in zip(reqs, host):
+        req.complete_one()
         req.append_host(token.reshape(1))
     batch = Batch(reqs, "decode")
     hand.fill_batch(engine, batch)
-    pool = engine.token_pool.clone()
-    for req in reqs:
-        req.complete_one()
-    engine.forward_batch(batch, engine.sampler.prepare(batch), complete_reqs=False, write_tokens=False)
-    assert [(r.cached_len, r.device_len) for r in reqs] == [(4, 5), (3, 4)], "complete_reqs=False 时不能再推进请求"
-    assert torch.equal(engine.token_pool, pool), "write_tokens=False 时不能写 token 池"
+    out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+    assert [(r.cached_len, r.device_len) for r in reqs] == [(3, 4), (2, 3)], "forward_batch 不能推进请求"
+    assert torch.equal(engine.token_pool, pool), "forward_batch 不能写 token 池"
     engine.shutdown()
 
 

@@ -80,6 +80,7 @@ def test_engine_writes_kv_only_at_out_loc(tiny_path: str, hand, page_size: int) 
         before = engine.kv_cache._kv_buffer.clone()
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
         for req, token in zip(reqs, out.next_tokens_cpu):
+            req.complete_one()
             req.append_host(token.reshape(1))
         after = engine.kv_cache._kv_buffer
         for layer in range(engine.model_config.num_layers):

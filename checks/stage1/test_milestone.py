@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from minisgl.paths import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "examples"))
 
 import stage1_milestone  # noqa: E402
 import step0_tiny_engine as step0  # noqa: E402

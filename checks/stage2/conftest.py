@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl import model_zoo
+from minisgl.trace import StepTrace
 
 #: SmolLM2 上逐 token 比对的提示词：长短不一（1 到 40 多个 token），含代码、数字、对话模板、中文，
 #: 还有两对共享前缀的（让 radix 缓存真的命中）。
@@ -29,7 +30,7 @@ SMOLLM2_PROMPTS = [
 ]
 SMOLLM2_TOKENS = 24
 
-#: 第 2 阶段里程碑的共享系统提示词实验（用真实的 Qwen3 分词器，token 数与种子页一致）。
+#: 第 2 阶段里程碑的共享系统提示词实验（用真实的 Qwen3 分词器，token 数可以精确复现）。
 SYSTEM_PROMPT = "You are a helpful assistant. Answer concisely and accurately. " * 4
 QUESTIONS = ["What is 2 + 2?", "Name a primary color.", "What is the capital of Japan?", "Spell cat."]
 LONG_PROMPT = "Explain, step by step, why the sky is blue. " * 25
@@ -94,27 +95,12 @@ def smollm2_reference(smollm2_path: str, smollm2_prompts: list[list[int]]) -> li
 
 
 @dataclass
-class Step:
-    """一步前向，在发出之前记下来（``complete_one`` 之前，extend_len 还是这一步要算的数）。"""
-
-    phase: str
-    uids: list[int]
-    rows: list[int]
-    extend: list[int]
-    cached: list[int]
-    reqs: list[Any]
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.extend)
-
-
-@dataclass
 class Recorder:
-    """包住 ``llm._forward``，像种子页那样在调用前读 ``fi.batch``。"""
+    """用 ``llm.add_step_listener`` 收集每一步的 :class:`~minisgl.trace.StepTrace`（长度是发出前的）。"""
 
-    steps: list[Step] = field(default_factory=list)
-    after: Callable[[Any, Any], None] | None = None  # 每步调用原函数之后的回调 (fi, output)
+    steps: list[StepTrace] = field(default_factory=list)
+    after: Callable[[StepTrace], None] | None = None  # 每收到一步就调用
+    close: Callable[[], None] = lambda: None  # 取消监听
 
     def prefill_tokens(self) -> int:
         return sum(s.tokens for s in self.steps if s.phase == "prefill")
@@ -126,34 +112,30 @@ class Recorder:
         self.steps.clear()
 
 
-def record(llm: Any, after: Callable[[Any, Any], None] | None = None) -> Recorder:
+def record(llm: Any, after: Callable[[StepTrace], None] | None = None) -> Recorder:
     rec = Recorder(after=after)
-    original = llm._forward
 
-    def wrapped(fi: Any) -> Any:
-        b = fi.batch
-        rec.steps.append(
-            Step(
-                phase="prefill" if b.is_prefill else "decode",
-                uids=[r.uid for r in b.reqs],
-                rows=[r.table_idx for r in b.reqs],
-                extend=[r.extend_len for r in b.reqs],
-                cached=[r.cached_len for r in b.reqs],
-                reqs=list(b.reqs),
-            )
-        )
-        out = original(fi)
+    def listen(trace: StepTrace) -> None:
+        rec.steps.append(trace)
         if rec.after is not None:
-            rec.after(fi, out)
-        return out
+            rec.after(trace)
 
-    llm._forward = wrapped
+    rec.close = llm.add_step_listener(listen)
     return rec
 
 
 def assert_idle(llm: Any) -> None:
     """空闲时的不变式：页面全部回来（空闲 + 缓存 == 总数）、没有锁、请求槽全部空闲。"""
     llm.cache_manager.check_integrity()
+    cm = llm.cache_manager
+    if hasattr(cm, "prefix_cache"):  # 第 2.2 章起：不只信学员自己的 check_integrity，直接数一遍
+        info = cm.prefix_cache.size_info
+        assert info.protected_size == 0, f"空闲时还有 {info.protected_size} 个 token 被锁着（有请求没解锁）"
+        free = cm.free_slots.cpu().tolist()
+        assert len(set(free)) == len(free), "空闲池里有重复的页"
+        assert len(free) + info.total_size // cm.page_size == cm.num_pages, (
+            f"页面没有全部回来：空闲 {len(free)} 页 + 缓存 {info.total_size // cm.page_size} 页 != 总共 {cm.num_pages} 页"
+        )
     assert llm.table_manager.available_size == llm.max_running_req, (
         f"请求槽没有全部归还：空闲 {llm.table_manager.available_size} / {llm.max_running_req}"
     )

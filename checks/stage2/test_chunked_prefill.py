@@ -30,7 +30,7 @@ def test_budget_never_exceeded_and_requests_interleave(tiny_path: str, make_llm)
     out = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
     assert [len(o["token_ids"]) for o in out] == [6] * 5
     prefills = [s for s in rec.steps if s.phase == "prefill"]
-    assert all(s.tokens <= budget for s in prefills), f"每步预填充不超过 {budget} 个 token：{[s.extend for s in prefills]}"
+    assert all(s.tokens <= budget for s in prefills), f"每步预填充不超过 {budget} 个 token：{[s.extend_lens for s in prefills]}"
     assert sum(s.tokens for s in prefills) == sum(map(len, prompts)), "每个提示词 token 恰好算一次"
     long_uid = prefills[0].uids[1]
     long_steps = [i for i, s in enumerate(rec.steps) if s.phase == "prefill" and long_uid in s.uids]
@@ -45,21 +45,20 @@ def test_budget_never_exceeded_and_requests_interleave(tiny_path: str, make_llm)
 def test_partial_chunk_token_neither_emitted_nor_written_over_prompt(tiny_path: str, make_llm) -> None:  # noqa: ANN001
     llm = make_llm(LLM, tiny_path, **TINY_KW, max_extend_tokens=8)
     prompt = list(range(1000, 1020))
-    original, checked = llm._forward, []
+    checked = []
 
-    def wrapped(fi):  # noqa: ANN001, ANN202
-        partial = [(r.table_idx, r.device_len) for r in fi.batch.reqs if fi.batch.is_prefill and r.device_len < len(prompt)]
-        before = {row: llm.token_pool[row].clone() for row, _ in partial}
-        out = original(fi)
-        out.copy_done_event.synchronize()
-        for row, end in partial:
-            assert torch.equal(llm.token_pool[row, end:], before[row][end:]), (
-                "分块中途采样的 token 不能写进这个请求的 token 池行（那里是提示词的下一个 token）"
-            )
-            checked.append(end)
-        return out
+    def check(trace) -> None:  # noqa: ANN001
+        for row, cached, extend, is_output in zip(trace.rows, trace.cached_lens, trace.extend_lens, trace.outputs):
+            if trace.is_prefill and not is_output:
+                end = cached + extend
+                assert bool((llm.token_pool[row, end:] == SENTINEL).all()), (
+                    f"分块中途（算到第 {end} 个 token）采样的 token 不能写进这个请求的 token 池行：那里是提示词的下一个 token"
+                )
+                checked.append(end)
 
-    llm._forward = wrapped
+    SENTINEL = -7
+    llm.token_pool.fill_(SENTINEL)  # 还没写过的位置都是哨兵值：谁写了它一眼就能看出来
+    record(llm, after=check)
     out = llm.generate([prompt], SamplingParams(max_tokens=5, ignore_eos=True))
     assert checked == [8, 16], "20 个 token、每块 8 个：前两块是中途的分块"
     assert len(out[0]["token_ids"]) == 5, "中途的分块不输出 token"

@@ -4,13 +4,11 @@ EOS 之后多算的 token 丢掉；槽位在用到它的批次算完之前不复
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -18,17 +16,17 @@ from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh
 from minisgl.core import SamplingParams
 from minisgl.course import select
 from minisgl.env import ENV
+from minisgl.paths import REPO_ROOT
 from minisgl.overlap import LLM
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def overlap_on():  # noqa: ANN201
-    saved = ENV.DISABLE_OVERLAP_SCHEDULING
-    ENV.DISABLE_OVERLAP_SCHEDULING = False
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = False
     yield
-    ENV.DISABLE_OVERLAP_SCHEDULING = saved
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
 
 
 @pytest.fixture(scope="module")
@@ -38,55 +36,29 @@ def tiny(tiny_path: str):  # noqa: ANN201
     llm.shutdown()
 
 
-def trace_loop(llm) -> list[tuple[str, int]]:  # noqa: ANN001
-    """记录发出（launch）和处理（process）的顺序，用批次编号标识。"""
-    events: list[tuple[str, int]] = []
-    ids: dict[int, int] = {}
-    counter = itertools.count()
-    forward, process = llm._forward, llm._process_last_data
-
-    def launch(fi):  # noqa: ANN001, ANN202
-        ids[id(fi)] = next(counter)
-        events.append(("launch", ids[id(fi)]))
-        return forward(fi)
-
-    def processed(last):  # noqa: ANN001, ANN202
-        if last is not None:
-            events.append(("process", ids[id(last[0])]))
-        return process(last)
-
-    llm._forward, llm._process_last_data = launch, processed
-    return events
+def launched_before_processed(steps) -> list[bool]:  # noqa: ANN001
+    """对每对相邻的步 (N, N+1)：第 N+1 步是否在第 N 步的结果处理之前就发出了（准备完即发出）。"""
+    return [nxt.prepare[1] < cur.process[0] for cur, nxt in zip(steps, steps[1:])]
 
 
 def test_next_step_launched_before_last_results_processed(tiny, overlap_on) -> None:  # noqa: ANN001
-    events = trace_loop(tiny)
-    threads: list[str] = []
-    engine_forward = tiny.engine.forward_batch
-
-    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        threads.append(threading.current_thread().name)
-        return engine_forward(*args, **kwargs)
-
-    tiny.engine.forward_batch = spy
+    rec = record(tiny)
     try:
         out = tiny.generate(["a b c", "hello"], SamplingParams(max_tokens=4, ignore_eos=True))
         assert [len(o["token_ids"]) for o in out] == [4, 4]
-        launches = [n for kind, n in events if kind == "launch"]
-        assert len(launches) == 4
-        for n in launches[:-1]:
-            assert events.index(("launch", n + 1)) < events.index(("process", n)), (
-                f"重叠调度：第 {n} 步的结果要在第 {n + 1} 步发出之后才处理；实际顺序 {events}"
-            )
-        assert all(t != threading.main_thread().name for t in threads), "CPU 上前向在后台线程里跑"
-        events.clear()
-        ENV.DISABLE_OVERLAP_SCHEDULING = True
+        assert len(rec.steps) == 4 and all(launched_before_processed(rec.steps)), (
+            f"重叠调度：第 N 步的结果要在第 N+1 步发出之后才处理；各对相邻步：{launched_before_processed(rec.steps)}"
+        )
+        threads = {s.forward_thread for s in rec.steps}
+        assert threading.main_thread().name not in threads, f"CPU 上前向在后台线程里跑；实际在 {threads}"
+        rec.reset()
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = True
         tiny.generate(["a b c"], SamplingParams(max_tokens=3, ignore_eos=True))
-        assert events == [("launch", 4), ("process", 4), ("launch", 5), ("process", 5), ("launch", 6), ("process", 6)], (
-            f"关掉重叠后回到普通循环：发出一步、处理一步；实际 {events}"
+        assert len(rec.steps) == 3 and not any(launched_before_processed(rec.steps)), (
+            "关掉重叠后回到普通循环：处理完一步才发出下一步"
         )
     finally:
-        del tiny.engine.forward_batch, tiny._forward, tiny._process_last_data
+        rec.close()
     assert_idle(tiny)
 
 
@@ -114,7 +86,7 @@ def test_token_after_eos_is_dropped(tiny, overlap_on) -> None:  # noqa: ANN001
         out = tiny.generate(prompt, SamplingParams(max_tokens=12))[0]["token_ids"]
     finally:
         tiny.eos_token_id = saved
-        del tiny._forward
+        rec.close()
     assert out == full[:k], "EOS 之前的 token 一个不少，EOS 和它之后多算的 token 都不进结果"
     assert len(rec.steps) == k + 2, "遇到 EOS 时下一步已经发出（重叠）：多算了一步，那个 token 要丢掉"
     assert_idle(tiny)
@@ -154,6 +126,43 @@ def test_abort_while_prefill_in_flight(tiny, overlap_on) -> None:  # noqa: ANN00
     assert_idle(tiny)
 
 
+ABORT_POINTS = ["waiting", "mid_chunk", "prefill_in_flight", "final_step_in_flight", "last_decode_in_flight", "finished"]
+
+
+@pytest.mark.parametrize("when", ABORT_POINTS)
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_abort_at_every_point_releases_everything_once(tiny_path: str, make_llm, when: str, overlap: bool, page_size: int) -> None:  # noqa: ANN001
+    """在请求一生的每个时刻取消它：槽位、页面、锁都恰好归还一次，同批的其他请求不受影响。"""
+    llm = make_llm(LLM, tiny_path, **{**TINY_KW, "page_size": page_size, "num_page_override": 2048 // page_size, "max_extend_tokens": 8})
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+    try:
+        sp = lambda n: SamplingParams(max_tokens=n, ignore_eos=True)  # noqa: E731
+        prompt, steps_before_abort, max_tokens = {
+            "waiting": (list(range(100, 106)), 0, 3),
+            "mid_chunk": (list(range(100, 120)), 1, 3),  # 20 个 token、每块 8 个：一步之后还在分块
+            "prefill_in_flight": (list(range(100, 106)), 1, 3),
+            "final_step_in_flight": (list(range(100, 106)), 1, 1),  # 唯一的一步（预填充）就是最后一步
+            "last_decode_in_flight": (list(range(100, 106)), 3, 3),  # 预填充 + 2 次解码：最后一次解码已发出
+            "finished": (list(range(100, 106)), 6, 2),
+        }[when]
+        uid = llm.add_request(prompt, sp(max_tokens))
+        for _ in range(steps_before_abort):
+            llm.step()
+        llm.abort(uid)
+        other = llm.add_request(list(range(200, 212)), sp(3))
+        llm.run_until_idle()
+        status = llm.status[uid]
+        assert status.aborted or status.finished, f"{when}：请求既没被取消也没结束"
+        assert len(status.output_ids) <= max_tokens
+        assert len(llm.status[other].output_ids) == 3, f"{when}：取消一个请求不应影响其他请求"
+        llm.status.clear()
+        assert_idle(llm)
+    finally:
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
+
+
 def test_prefix_insert_lands_one_iteration_later(tiny_path: str, make_llm, overlap_on) -> None:  # noqa: ANN001
     llm = make_llm(LLM, tiny_path, **TINY_KW)
     rec = record(llm)
@@ -181,15 +190,13 @@ def test_switch_from_environment_variable(tiny_path: str) -> None:
         from minisgl.env import ENV
         from minisgl.llm import LLM
         from minisgl.core import SamplingParams
-        assert ENV.DISABLE_OVERLAP_SCHEDULING, "环境变量没有生效"
+        assert ENV.DISABLE_OVERLAP_SCHEDULING.value, "环境变量没有生效"
         llm = LLM({tiny_path!r}, dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=128)
-        order = []
-        fwd, proc = llm._forward, llm._process_last_data
-        llm._forward = lambda fi: (order.append("launch"), fwd(fi))[1]
-        llm._process_last_data = lambda last: (last is not None and order.append("process"), proc(last))[1]
+        steps = []
+        llm.add_step_listener(steps.append)
         out = llm.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))
         assert len(out[0]["token_ids"]) == 3
-        assert order == ["launch", "process"] * 3, order
+        assert len(steps) == 3 and all(b.prepare[0] > a.process[1] for a, b in zip(steps, steps[1:])), "没有关掉重叠"
         llm.shutdown()
         print("OK")
         """
@@ -197,7 +204,7 @@ def test_switch_from_environment_variable(tiny_path: str) -> None:
     # 子进程用和本进程相同的实现（学员代码 / 参考解答 / 骨架）
     impl = ",".join(f"{chapter}={choice.impl}" for chapter, choice in select.active.items())
     env = {**os.environ, "MINISGL_DISABLE_OVERLAP_SCHEDULING": "1", "MINISGL_IMPL": impl}
-    res = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "OK" in res.stdout, f"MINISGL_DISABLE_OVERLAP_SCHEDULING=1 应当关掉重叠调度：\n{res.stderr[-3000:]}"
 
 
@@ -232,8 +239,8 @@ def test_matches_hf_every_combination(smollm2_path, smollm2_prompts, smollm2_ref
     """成批（8 个请求）和单独跑，每个请求的贪心输出都与 Hugging Face 一致。"""
     llm = _llm_for(smollm2_path, cache_type, page_size)
     llm.prefill_budget = chunk or llm.config.max_extend_tokens
-    saved = ENV.DISABLE_OVERLAP_SCHEDULING
-    ENV.DISABLE_OVERLAP_SCHEDULING = not overlap
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
     try:
         rec = record(llm)
         batched = [o["token_ids"] for o in llm.generate(smollm2_prompts, SamplingParams(max_tokens=SMOLLM2_TOKENS, ignore_eos=True))]
@@ -241,9 +248,9 @@ def test_matches_hf_every_combination(smollm2_path, smollm2_prompts, smollm2_ref
         alone = [llm.generate([p], SamplingParams(max_tokens=ALONE_TOKENS, ignore_eos=True))[0]["token_ids"] for p in smollm2_prompts]
         assert_idle(llm)
     finally:
-        ENV.DISABLE_OVERLAP_SCHEDULING = saved
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
         llm.prefill_budget = llm.config.max_extend_tokens
-        del llm._forward
+        rec.close()
     if chunk:
         assert max(rec.prefill_steps()) <= chunk and len(rec.prefill_steps()) > 8, "块比提示词小：确实分块了"
     what = f"{cache_type}, page_size={page_size}, 块大小 {chunk}, {'重叠' if overlap else '普通循环'}"

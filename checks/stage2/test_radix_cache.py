@@ -45,6 +45,19 @@ def test_duplicate_prefix_insert_reports_cached_length() -> None:
     cache.check_integrity()
 
 
+def test_lru_partial_match_refreshes_only_the_used_head() -> None:
+    """严格的 LRU：只用到节点前半段的匹配，只刷新前半段；没用到的后半段仍是最久没用的，先被驱逐。"""
+    cache = RadixPrefixCache(1)
+    cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), slots(0, 6))  # 最早插入
+    cache.insert_prefix(ids(9, 9, 9), slots(10, 3))  # 之后插入
+    assert cache.match_prefix(ids(1, 2, 3, 7)).cached_len == 3  # 只用到 [1,2,3]：节点分裂
+    evicted = sorted(cache.evict(3).tolist())
+    assert evicted == [3, 4, 5], (
+        f"应驱逐最久没用的 [4,5,6]（槽位 3、4、5），实际驱逐了槽位 {evicted}：部分匹配不能刷新没用到的后半段"
+    )
+    cache.check_integrity()
+
+
 def test_node_values_are_copies() -> None:
     cache = RadixPrefixCache(1)
     row = slots(10, 8)

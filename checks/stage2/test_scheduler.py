@@ -42,7 +42,7 @@ def test_exactly_max_tokens_and_extend_len_before_forward(tiny, qwen_tokenizer) 
     assert rec.prefill_tokens() == sum(lens), "在 _forward 之前读到的 extend_len：预填充要算的正是整段提示词"
     for s in rec.steps:
         if s.phase == "decode":
-            assert s.extend == [1] * len(s.uids), "解码时每个请求只算 1 个 token"
+            assert s.extend_lens == [1] * len(s.uids), "解码时每个请求只算 1 个 token"
     computed = sum(s.tokens for s in rec.steps)
     assert computed == sum(lens) + sum(n - 1 for n in max_tokens), "最后一个 token 采样出来就结束，不再送进模型"
     assert_idle(tiny)
@@ -62,9 +62,9 @@ def test_prefill_first_and_token_budget(tiny_path: str, make_llm, qwen_tokenizer
         f"预填充优先：有等待的请求就先预填充，全部接纳后才解码；实际各步：{[s.phase for s in rec.steps]}"
     )
     for s in prefills:
-        assert sum(s.extend[:-1]) < budget, f"预算 {budget} 用完就不再接纳新请求（这一步：{s.extend}）"
-    assert [s.extend for s in prefills] == [lens[:2], lens[2:]], (
-        f"预算 {budget}：第一步装下前两个（第二个用完预算），第二步装下后两个；实际：{[s.extend for s in prefills]}"
+        assert sum(s.extend_lens[:-1]) < budget, f"预算 {budget} 用完就不再接纳新请求（这一步：{s.extend_lens}）"
+    assert [s.extend_lens for s in prefills] == [lens[:2], lens[2:]], (
+        f"预算 {budget}：第一步装下前两个（第二个用完预算），第二步装下后两个；实际：{[s.extend_lens for s in prefills]}"
     )
     assert_idle(llm)
 
@@ -101,13 +101,13 @@ def test_max_running_req_2_completes_8_requests(tiny_path: str, make_llm) -> Non
 def test_positions_input_mapping_and_out_loc(tiny, qwen_tokenizer) -> None:  # noqa: ANN001
     checked = []
 
-    def check(fi, out) -> None:  # noqa: ANN001
-        b = fi.batch
-        want_pos = torch.cat([torch.arange(c, c + e) for c, e in zip(rec.steps[-1].cached, rec.steps[-1].extend)])
+    def check(trace) -> None:  # noqa: ANN001
+        b = trace.batch
+        want_pos = torch.cat([torch.arange(c, c + e) for c, e in zip(rec.steps[-1].cached_lens, rec.steps[-1].extend_lens)])
         assert b.positions.cpu().tolist() == want_pos.tolist(), "positions = 各请求 arange(cached_len, device_len) 拼起来"
-        rows = torch.repeat_interleave(torch.tensor(rec.steps[-1].rows), torch.tensor(rec.steps[-1].extend))
+        rows = torch.repeat_interleave(torch.tensor(rec.steps[-1].rows), torch.tensor(rec.steps[-1].extend_lens))
         assert b.out_loc.cpu().tolist() == tiny.page_table[rows, want_pos].cpu().tolist(), "out_loc = 页表[行, 位置]"
-        checked.append((b, rec.steps[-1]))
+        checked.append((b, trace))
 
     rec = record(tiny, after=check)
     prompts = ["Hello world, this is a test", "Another one", "x y z"]
@@ -116,7 +116,7 @@ def test_positions_input_mapping_and_out_loc(tiny, qwen_tokenizer) -> None:  # n
     full = [qwen_tokenizer.encode(p) + o["token_ids"] for p, o in zip(prompts, out)]
     by_uid = dict(zip(sorted({u for s in rec.steps for u in s.uids}), full))
     for b, s in checked:
-        want = [tok for u, c, e in zip(s.uids, s.cached, s.extend) for tok in by_uid[u][c : c + e]]
+        want = [tok for u, c, e in zip(s.uids, s.cached_lens, s.extend_lens) for tok in by_uid[u][c : c + e]]
         assert b.input_ids.cpu().tolist() == want, "输入 token 从 token 池按（行，位置）取出：预填充是提示词，解码是上一步采样的 token"
     assert_idle(tiny)
 

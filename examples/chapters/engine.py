@@ -26,6 +26,7 @@ while req.can_decode:
     engine.attn_backend.prepare_metadata(batch)
     n = req.extend_len
     out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+    req.complete_one()  # 发出这一步的人推进记账：引擎只算
     out.copy_done_event.synchronize()
     req.append_host(out.next_tokens_cpu)
     print(f"{batch.phase:<7} 算了 {n} 个 token → {tok.decode(out.next_tokens_cpu)!r}")

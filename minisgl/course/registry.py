@@ -7,7 +7,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from minisgl.paths import REPO_ROOT
+
 #: 课程根目录：随课程发布的解答所在处。测试课程机制时可指向一个只有演示章节的小课程，
 #: 它的 ``chapters.json`` 代替下面的内置章节表。
 COURSE_ROOT = Path(os.environ.get("MINISGL_COURSE_ROOT") or REPO_ROOT).resolve()
@@ -88,7 +89,7 @@ CHAPTERS: tuple[Chapter, ...] = _course_chapters()
 STAGES: tuple[int, ...] = tuple(sorted({c.stage for c in CHAPTERS}))
 
 #: 不属于某一章、但依赖各章实现的公共模块；切换实现时与各章模块一起换掉。
-DERIVED_PUBLIC_MODULES: tuple[str, ...] = ("minisgl.llm",)
+DERIVED_PUBLIC_MODULES: tuple[str, ...] = ("minisgl.llm", "minisgl.validation", "minisgl.scheduling")
 
 
 def get_chapter(chapter_id: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter:

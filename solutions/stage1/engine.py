@@ -2,7 +2,7 @@
 
 ``Engine`` 按顺序初始化：设备与 dtype → 全局上下文 → 模型与权重 → 由剩余内存定出 KV 页数 →
 KV 池 → 页表与 token 池 → 注意力后端 → 采样器。``forward_batch`` 跑一次前向、为每个请求采样
-一个 token、推进请求的长度记账，并把结果写进 token 池。
+一个 token 并拷回主机；推进请求的长度记账（``complete_one``）由发出这一步的调用者来做。
 
 与 CUDA 有关的东西（设备、空闲显存、异步拷回主机）都收在几个小函数里，CPU 上有对应的做法。
 """
@@ -240,29 +240,21 @@ class Engine:
         # <<< TASK
 
     @torch.no_grad()  # 不用 inference_mode：它产出的张量之后在模式外不能原地修改，调度器会踩坑
-    def forward_batch(
-        self, batch: Batch, args: BatchSamplingArgs, *, complete_reqs: bool = True, write_tokens: bool = True
-    ) -> ForwardOutput:
-        """前向 → 推进每个请求（``complete_one``）→ 采样 → 写 token 池 → 拷回主机。
+    def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        """前向 → 为每个请求采样一个 token → 开始拷回主机。只算，不动请求的记账，也不写 token 池。
 
         调用前要填好 ``batch.input_ids / positions / out_loc`` 并调用过 ``attn_backend.prepare_metadata(batch)``。
-        调度器可以关掉两步自己做：``complete_reqs=False``（它已在发出前推进了请求），
-        ``write_tokens=False``（它按自己的映射写 token 池，例如分块预填充的中间块不能覆盖下一个提示词 token）。
+        推进请求（``complete_one``）是调用者在“发出”这一步时做的事：第 2.5 章的重叠调度在结果回来之前、
+        甚至计算还在另一个线程里跑的时候，就要用推进后的长度调度下一步。新 token 写到哪里也由调用者决定
+        （第 2 阶段写进 token 池；分块预填充的中间块不能覆盖下一个提示词 token）。
         """
         if not hasattr(batch, "attn_metadata"):
             raise RuntimeError("batch.attn_metadata 还没准备：请先调用 engine.attn_backend.prepare_metadata(batch)")
         set_global_ctx(self.ctx)  # 同一进程里可能有多个引擎，各层读的是全局上下文
-        # >>> TASK forward_batch: 在 ctx.forward_batch(batch) 里跑 model.forward()；每个请求 complete_one()；采样并转 int32；写进 token_pool[table_idx, device_len - 1]；copy_to_host
+        # >>> TASK forward_batch: 在 ctx.forward_batch(batch) 里跑 model.forward()；采样并转 int32；copy_to_host 得到主机副本和完成事件；返回 ForwardOutput（不调用 complete_one，不写 token 池）
         with self.ctx.forward_batch(batch):
             logits = self.model.forward()
-        if complete_reqs:
-            for req in batch.reqs:
-                req.complete_one()
         next_tokens = self.sampler.sample(logits, args).to(torch.int32)
-        if write_tokens:  # 新 token 的位置：complete_one 之后是 device_len - 1
-            rows = torch.tensor([r.table_idx for r in batch.reqs], device=self.device)
-            cols = torch.tensor([r.device_len - 1 for r in batch.reqs], device=self.device)
-            self.token_pool[rows, cols] = next_tokens
         host, done = copy_to_host(next_tokens)
         return ForwardOutput(next_tokens, host, done)
         # <<< TASK

@@ -20,8 +20,9 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from minisgl.core import Req
-from minisgl.scheduler import PendingReq, PrefillAdder, div_ceil
+from minisgl.scheduler import PrefillAdder
 from minisgl.scheduler import Scheduler as _Scheduler
+from minisgl.scheduling import PendingReq, div_ceil
 
 
 # ---------------------------------------------------------------------------- 前缀缓存的接口
@@ -256,11 +257,7 @@ class CacheManager:
 
 
 class ReservingPrefillAdder(PrefillAdder):
-    """准入时除了请求槽，还要预留 KV 页面：运行中的请求将来要的先留着，剩下的放得下才接纳。"""
-
-    def __init__(self, scheduler: Scheduler, token_budget: int) -> None:
-        super().__init__(scheduler, token_budget)
-        self.reserved_size = scheduler.reserved_tokens()
+    """准入时除了请求槽，还要预留 KV 页面：运行中的请求将来要的（``reserved_size``）先留着，剩下的放得下才接纳。"""
 
     def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
         # >>> TASK reserve: 有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次；通过后预留、分槽位、把命中的槽位写进页表
@@ -296,22 +293,13 @@ class Scheduler(_Scheduler):
         return CacheManager(self.engine.num_pages, self.page_size, self.page_table, self._make_prefix_cache())
 
     def reserved_tokens(self) -> int:
-        """运行中的请求（以及算了一半的分块请求）将来还要新分配的 token 位置总数。"""
+        """运行中的请求将来还要新分配的 token 位置总数（按提示词 + ``max_tokens`` 算到底）。"""
         cm = self.cache_manager
-        total = sum(cm.tokens_needed(r.max_device_len, r.cached_len) for r in self.decode_manager.running_reqs)
-        for p in self.prefill_manager.pending_list:
-            if p.chunked_req is not None:  # 第 2.4 章：按完整的提示词 + 输出算
-                total += cm.tokens_needed(p.input_len + p.output_len, p.chunked_req.cached_len)
-        return total
+        return sum(cm.tokens_needed(r.max_device_len, r.cached_len) for r in self.decode_manager.running_reqs)
 
-    def _check_fits(self, index: int, input_len: int, max_tokens: int) -> None:
-        pages = div_ceil(input_len + max_tokens, self.page_size)
-        if pages > self.cache_manager.num_pages:
-            raise ValueError(
-                f"第 {index} 个提示词放不下：提示词 {input_len} 个 token + max_tokens {max_tokens} 需要 {pages} 页"
-                f"（page_size={self.page_size}），KV 池总共只有 {self.cache_manager.num_pages} 页；"
-                "请减小 max_tokens 或加大 num_page_override"
-            )
+    def pages_in_use(self) -> int:
+        """按需分配以后，被占用的就是不在空闲池里的页（请求正用着的 + 前缀缓存占着的）。"""
+        return self.cache_manager.num_pages - len(self.cache_manager.free_slots)
 
 
 #: 离线接口：本章的调度器。

@@ -23,7 +23,7 @@ import torch
 from minisgl.cache_manager import ReservingPrefillAdder
 from minisgl.radix_cache import Scheduler as _Scheduler
 from minisgl.core import Req
-from minisgl.scheduler import ForwardInput, PendingReq
+from minisgl.scheduling import ForwardInput, PendingReq
 
 
 class ChunkedReq(Req):
@@ -49,25 +49,16 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
         # <<< TASK
         return super().try_add_one(pending)
 
-    def _add_one_req(self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int) -> Req:
-        """预算够算完剩下的提示词就照常接纳；不够就只切下 ``token_budget`` 个 token 做成 ``ChunkedReq``。"""
-        # >>> TASK take_chunk: 剩余 r = input_len - cached_len；r <= 预算就交给父类并清掉 pending.chunked_req；否则切 [cached_len, cached_len + 预算)：写 token 池、预算清零、建 ChunkedReq（input_ids 只到块尾），记到 pending.chunked_req
-        remain = pending.input_len - cached_len
-        if remain <= self.token_budget:
+    def _add_one_req(
+        self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int, req_cls: type[Req] = Req, end: int | None = None
+    ) -> Req:
+        """预算够算完剩下的提示词就照常接纳；不够就只接纳 ``token_budget`` 个 token，做成 ``ChunkedReq``。"""
+        # >>> TASK take_chunk: 剩余 r = input_len - cached_len；r <= 预算就清掉 pending.chunked_req、照常交给父类；否则让父类只接纳到 cached_len + 预算（req_cls=ChunkedReq），记到 pending.chunked_req 再返回
+        if pending.input_len - cached_len <= self.token_budget:
             pending.chunked_req = None
             return super()._add_one_req(pending, cache_handle, table_idx, cached_len)
         end = cached_len + self.token_budget
-        self.token_pool[table_idx, cached_len:end].copy_(pending.input_ids[cached_len:end], non_blocking=True)
-        self.token_budget = 0
-        pending.chunked_req = ChunkedReq(
-            input_ids=pending.input_ids[:end],
-            table_idx=table_idx,
-            cached_len=cached_len,
-            output_len=pending.output_len,
-            uid=pending.uid,
-            sampling_params=pending.sampling_params,
-            cache_handle=cache_handle,
-        )
+        pending.chunked_req = super()._add_one_req(pending, cache_handle, table_idx, cached_len, ChunkedReq, end)
         return pending.chunked_req
         # <<< TASK
 
@@ -91,6 +82,21 @@ class Scheduler(_Scheduler):
 
     def _samples_output(self, req: Req) -> bool:
         return not isinstance(req, ChunkedReq)
+
+    def reserved_tokens(self) -> int:
+        """算了一半的分块请求也占着槽位，它将来要的页面（完整的提示词 + 输出）也要预留。"""
+        cm = self.cache_manager
+        chunked = [p for p in self.prefill_manager.pending_list if p.chunked_req is not None]
+        return super().reserved_tokens() + sum(
+            cm.tokens_needed(p.input_len + p.output_len, p.chunked_req.cached_len) for p in chunked
+        )
+
+    def abort(self, uid: int) -> None:
+        """取消还在分块的请求时，已经算过的那几块占着的槽位和页面也要还。"""
+        pending = next((p for p in self.prefill_manager.pending_list if p.uid == uid), None)
+        super().abort(uid)
+        if pending is not None and pending.chunked_req is not None:
+            self._release_req(pending.chunked_req)
 
 
 #: 离线接口：本章的调度器。

@@ -19,8 +19,11 @@
 - 结束或被取消的请求，要等所有用到它的批次都算完，才能归还槽位和页面，否则会被新请求覆盖；
 - 预填充之后的前缀插入，晚一个迭代才发生。
 
-``ENV.DISABLE_OVERLAP_SCHEDULING = True``（或环境变量 ``MINISGL_DISABLE_OVERLAP_SCHEDULING=1``）
+``ENV.DISABLE_OVERLAP_SCHEDULING.value = True``（或环境变量 ``MINISGL_DISABLE_OVERLAP_SCHEDULING=1``）
 关掉重叠，回到普通的主循环；两种循环的输出完全相同。
+
+发出的一步是一个 ``Future``：CPU 上由后台线程完成；GPU 上内核已经排进流里，``Future`` 当场就有结果，
+真正的等待在 ``copy_done_event.synchronize()``。处理结果前先 ``result()`` 拿到 ``ForwardOutput``。
 """
 
 from __future__ import annotations
@@ -32,30 +35,11 @@ import torch
 
 from minisgl.chunked_prefill import Scheduler as _Scheduler
 from minisgl.core import Req
+from minisgl.engine import ForwardOutput
 from minisgl.env import ENV
-from minisgl.scheduler import ForwardInput
+from minisgl.scheduling import ForwardInput
 
-
-class BackgroundOutput:
-    """CPU 上交给后台线程的一步：当 ``ForwardOutput`` 用，读结果时才等它算完。"""
-
-    def __init__(self, future: Future) -> None:
-        self._future = future
-
-    @property
-    def copy_done_event(self) -> BackgroundOutput:
-        return self
-
-    def synchronize(self) -> None:
-        self._future.result()
-
-    @property
-    def next_tokens_gpu(self) -> torch.Tensor:
-        return self._future.result().next_tokens_gpu
-
-    @property
-    def next_tokens_cpu(self) -> torch.Tensor:
-        return self._future.result().next_tokens_cpu
+InFlight = tuple[ForwardInput, "Future[ForwardOutput]"]
 
 
 class Scheduler(_Scheduler):
@@ -63,7 +47,7 @@ class Scheduler(_Scheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._last_data: tuple[ForwardInput, Any] | None = None  # 已发出、结果还没处理的一步
+        self._last_data: InFlight | None = None  # 已发出、结果还没处理的一步
         self._in_flight: set[Req] = set()  # 可能还在被设备使用的请求
         self._deferred: list[Req] = []  # 已结束 / 取消、等在途批次算完才能归还资源的请求
         if self.device.type == "cuda":
@@ -73,7 +57,7 @@ class Scheduler(_Scheduler):
 
     @property
     def overlap(self) -> bool:
-        return not ENV.DISABLE_OVERLAP_SCHEDULING
+        return not ENV.DISABLE_OVERLAP_SCHEDULING.value
 
     @property
     def busy(self) -> bool:
@@ -81,39 +65,53 @@ class Scheduler(_Scheduler):
 
     # ------------------------------------------------------------------ 发出前向
 
-    def _forward(self, fi: ForwardInput) -> Any:
-        """发出一步，不等它算完。GPU：在引擎的流上排队；CPU：交给后台线程。"""
+    def _launch(self, fi: ForwardInput) -> Future[ForwardOutput]:
+        """让设备开始算这一步，不等它算完。CPU：交给后台线程；GPU：在引擎自己的流上排队。"""
         if self.device.type == "cuda":
             with torch.cuda.stream(self.engine_stream):
                 self.engine_stream.wait_stream(torch.cuda.default_stream(self.device))
-                return super()._forward(fi)
+                launched: Future[ForwardOutput] = Future()
+                launched.set_result(self._run_batch(fi))
+                return launched
+        return self._worker.submit(self._run_batch, fi)
+
+    def _forward(self, fi: ForwardInput) -> ForwardOutput | Future[ForwardOutput]:
+        """重叠时，发出一步并立刻返回 ``Future``：请求在主线程、发出时就推进，下一步马上可以用新的长度调度。
+
+        关掉重叠时照旧（同步算完，返回 ``ForwardOutput``）。
+        """
         if not self.overlap:
             return super()._forward(fi)
-        # >>> TASK launch_on_worker: 在主线程对每个请求 complete_one()（发出即推进）；把 _compute(fi) 交给 _worker；更新 decode_manager；返回 BackgroundOutput
+        # >>> TASK launch_on_worker: 在主线程对每个请求 complete_one()；_launch(fi) 让设备开始算（CPU 上交给后台线程），得到 Future；更新 decode_manager；返回 Future
         for req in fi.batch.reqs:
             req.complete_one()
-        future = self._worker.submit(self._compute, fi)
+        launched = self._launch(fi)
         self.decode_manager.filter_reqs(fi.batch.reqs)
-        return BackgroundOutput(future)
+        return launched
         # <<< TASK
 
-    def _compute(self, fi: ForwardInput) -> Any:
-        """后台线程里跑的部分：取输入、前向、采样、写回 token 池。推理模式是线程局部的，要在这里再进一次。"""
-        with torch.inference_mode():
-            return self._run_batch(fi, complete_reqs=False)
+    def _finish(self, last: InFlight | None) -> None:
+        """等发出的那一步算完，处理它的结果。"""
+        if last is not None:
+            fi, launched = last
+            self._process_last_data((fi, launched.result()))
 
     # ------------------------------------------------------------------ 主循环
 
     def step(self) -> bool:
         if not self.overlap:
             self._drain()
-            return super().step()
-        # >>> TASK overlap_loop: 调度并发出下一步（记下在途的请求）；再处理上一步的结果；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
+            return self.normal_loop()
+        return self.overlap_loop()
+
+    def overlap_loop(self) -> bool:
+        """发出第 N+1 步，再处理第 N 步的结果：设备算的时候，主机在干活。"""
+        # >>> TASK overlap_loop: 调度并 _forward 下一步（记下在途的请求）；再 _finish 上一步；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
         fi = self._schedule_next_batch()
         ongoing = (fi, self._forward(fi)) if fi is not None else None
         self._in_flight = set(fi.batch.reqs) if fi is not None else set()
         last, self._last_data = self._last_data, ongoing
-        self._process_last_data(last)
+        self._finish(last)
         self._free_deferred()
         return ongoing is not None or last is not None
         # <<< TASK
@@ -136,11 +134,21 @@ class Scheduler(_Scheduler):
                 self._free_req_resources(req)
         self._deferred = still
 
+    def abort(self, uid: int) -> None:
+        """最后一步已经发出的请求，发出时就离开了运行队列，也不在等待队列里：要在在途的批次里找到它来归还。"""
+        status = self.status[uid]
+        if status.finished or status.aborted:
+            return
+        final_step = [r for r in self._in_flight if r.uid == uid and r.remain_len == 0]
+        super().abort(uid)
+        for req in final_step:
+            self._release_req(req)
+
     def _drain(self) -> None:
         """等在途的一步算完并处理它的结果，然后归还所有延后的资源。"""
         last, self._last_data = self._last_data, None
         self._in_flight = set()
-        self._process_last_data(last)
+        self._finish(last)
         self._free_deferred()
 
     def shutdown(self) -> None:

@@ -132,9 +132,9 @@ class RadixPrefixCache(BasePrefixCache):
     def _tree_walk(self, input_ids: torch.Tensor) -> tuple[RadixTreeNode, int]:
         """从根往下走，尽量长地匹配 ``input_ids``（按整页）；走到节点中间就把它分裂。
 
-        返回最后一个完全匹配的节点和匹配的长度；路过的节点都刷新时间戳（LRU）。
+        返回最后一个完全匹配的节点和匹配的长度；用到的节点都刷新时间戳（严格的 LRU：只用到前半段的节点先分裂，只刷新前半段）。
         """
-        # >>> TASK tree_walk: 按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at 并返回分出来的节点；完全匹配就更新 timestamp 继续
+        # >>> TASK tree_walk: 按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续
         node, prefix_len, now = self.root, 0, self._tick()
         ps = self.page_size
         while len(input_ids) - prefix_len >= ps:
@@ -142,10 +142,12 @@ class RadixPrefixCache(BasePrefixCache):
             if child is None:
                 break
             match = _match_len(child.key, input_ids[prefix_len:]) // ps * ps
-            child.timestamp = now
             prefix_len += match
-            if match < child.length:
-                return child.split_at(match), prefix_len
+            if match < child.length:  # 只用到节点的前半段：只刷新分出来的前半段，没用到的后半段保持原来的时间
+                head = child.split_at(match)
+                head.timestamp = now
+                return head, prefix_len
+            child.timestamp = now
             node = child
         return node, prefix_len
         # <<< TASK

@@ -12,106 +12,31 @@
   ``ignore_eos`` 时遇到 EOS）。
 
 本章的 KV 页面还是静态分配：每个请求槽固定分到同样多的页（第一阶段手工填页表的做法，自动化了）。
-第 2.2 章换成按需分配。
+
+想看每一步做了什么，用 ``llm.add_step_listener(fn)``（见 :mod:`minisgl.trace`），不要去包私有方法。
+
+后面几章各自派生本章的 ``Scheduler``，只改它们新增能力的那几处。本章为它们留的接口：
+
+- 第 2.2 章：``_make_cache_manager``、``prefill_adder_cls``、``reserved_tokens``、``pages_in_use``；
+- 第 2.3 章：``supported_cache_types``；
+- 第 2.4 章：``PendingReq.chunked_req``、``PrefillAdder._add_one_req`` 的 ``req_cls`` / ``end`` 参数、``_samples_output``；
+- 第 2.5 章：``_release_req`` / ``_free_req_resources``（延后归还）、``_drain``、结果处理里跳过已结束的请求。
 """
 
 from __future__ import annotations
 
-import heapq
-import warnings
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, NamedTuple, Sequence
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers import AutoTokenizer
 
 from minisgl.core import Batch, Req, SamplingParams
-from minisgl.engine import Engine, EngineConfig
-
-
-def div_ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@dataclass
-class SchedulerConfig(EngineConfig):
-    """引擎配置再加上调度器的两个参数。
-
-    - ``cache_type``：前缀缓存的种类；``None`` 表示用本章能提供的最好的那种
-      （第 2.1、2.2 章只有 ``"naive"``，第 2.3 章起默认 ``"radix"``）；
-    - ``max_extend_tokens``：一步预填充最多算多少个 token（预填充预算）。
-    """
-
-    cache_type: str | None = None
-    max_extend_tokens: int = 8192
-
-
-@dataclass(eq=False)
-class PendingReq:
-    """等待预填充的请求：还没有请求槽，也还没有 ``Req`` 对象。"""
-
-    uid: int
-    input_ids: torch.Tensor  # CPU 上的 1 维 int32：完整的提示词
-    sampling_params: SamplingParams
-    chunked_req: Req | None = None  # 第 2.4 章：上一块已经算过的那部分
-
-    @property
-    def input_len(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def output_len(self) -> int:
-        return self.sampling_params.max_tokens
-
-
-@dataclass
-class RequestStatus:
-    """一个请求在主机这边的结果：输出的 token（不含 EOS）和状态。"""
-
-    uid: int
-    prompt_len: int
-    max_tokens: int
-    output_ids: list[int] = field(default_factory=list)
-    finished: bool = False
-    aborted: bool = False
-
-
-class ForwardInput(NamedTuple):
-    """准备好的一步：批次、采样参数，以及在设备上读写 token 池用的两组下标。
-
-    - ``input_mapping``：``(行号, 位置)``，每个要计算的 token 一对，``token_pool[input_mapping]`` 就是输入；
-    - ``write_mapping``：``(行号, 位置)``，每个请求一对，采样出的新 token 写回 ``token_pool`` 的这里。
-    """
-
-    batch: Batch
-    sample_args: Any
-    input_mapping: tuple[torch.Tensor, torch.Tensor]
-    write_mapping: tuple[torch.Tensor, torch.Tensor]
-
-
-class TableManager:
-    """请求槽：页表 / token 池的行。总是发出编号最小的空闲行，方便复现。"""
-
-    def __init__(self, max_running_req: int) -> None:
-        self.max_running_req = max_running_req
-        self._free = list(range(max_running_req))
-
-    @property
-    def available_size(self) -> int:
-        return len(self._free)
-
-    def allocate(self) -> int:
-        return heapq.heappop(self._free)
-
-    def free(self, table_idx: int) -> None:
-        if table_idx in self._free:
-            raise RuntimeError(f"请求槽 {table_idx} 被重复释放")
-        heapq.heappush(self._free, table_idx)
-
-    def check_integrity(self) -> None:
-        if sorted(self._free) != list(range(self.max_running_req)):
-            busy = sorted(set(range(self.max_running_req)) - set(self._free))
-            raise RuntimeError(f"请求槽没有全部归还：第 {busy} 行仍被占用")
+from minisgl.engine import Engine, EngineConfig, ForwardOutput
+from minisgl.scheduling import DecodeManager, ForwardInput, PendingReq, RequestStatus, SchedulerConfig, TableManager, div_ceil
+from minisgl.trace import StepListener, StepTracer
+from minisgl.validation import validate_config, validate_requests
 
 
 class StaticCacheManager:
@@ -152,15 +77,18 @@ class StaticCacheManager:
             raise RuntimeError("静态页表被改动过")
 
 
+@dataclass
 class PrefillAdder:
-    """一步预填充的“装车员”：按顺序尝试接纳等待的请求，直到槽位或预算用完。"""
+    """一步预填充的“装车员”：按顺序尝试接纳等待的请求，直到槽位、页面或预算用完。
 
-    def __init__(self, scheduler: Scheduler, token_budget: int) -> None:
-        self.scheduler = scheduler
-        self.table_manager = scheduler.table_manager
-        self.cache_manager = scheduler.cache_manager
-        self.token_pool = scheduler.token_pool
-        self.token_budget = token_budget
+    它要用的东西都写在字段里：预算、已预留的 token 数、两个管理器和 token 池；调度器每步新建一个。
+    """
+
+    token_budget: int  # 这一步还能预填充多少个 token
+    reserved_size: int  # 运行中的请求将来还要的 token 位置（第 2.2 章用来做准入）
+    table_manager: TableManager
+    cache_manager: Any  # StaticCacheManager，或第 2.2 章的 CacheManager
+    token_pool: torch.Tensor
 
     def try_add_one(self, pending: PendingReq) -> Req | None:
         """能接纳就返回新建的 ``Req``，否则返回 None（调用者就此停下，保持先来先服务）。"""
@@ -178,17 +106,20 @@ class PrefillAdder:
             return None
         return None, self.table_manager.allocate(), 0
 
-    def _add_one_req(self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int) -> Req:
-        """接纳整段提示词：写进 token 池、扣预算、建 ``Req``。
+    def _add_one_req(
+        self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int, req_cls: type[Req] = Req, end: int | None = None
+    ) -> Req:
+        """接纳提示词的 ``[cached_len, end)`` 这一段（``end`` 缺省为整段）：写进 token 池、扣预算、建请求。
 
         没有分块时，最后一个请求可以超出剩余预算（否则比预算长的提示词永远进不来）。
+        第 2.4 章切块时传入更小的 ``end`` 和 ``req_cls=ChunkedReq``。
         """
-        # >>> TASK add_one_req: 把提示词 input_ids[cached_len:] 写进 token_pool 第 table_idx 行的对应位置；预算减去要算的 token 数；返回 Req
-        extend = pending.input_ids[cached_len:]
-        self.token_pool[table_idx, cached_len : pending.input_len].copy_(extend, non_blocking=True)
-        self.token_budget -= len(extend)
-        return Req(
-            input_ids=pending.input_ids,
+        end = pending.input_len if end is None else end
+        # >>> TASK add_one_req: 把 input_ids[cached_len:end] 写进 token_pool 第 table_idx 行的同样位置；预算减去这段的长度；返回 req_cls(input_ids=input_ids[:end], ...)
+        self.token_pool[table_idx, cached_len:end].copy_(pending.input_ids[cached_len:end], non_blocking=True)
+        self.token_budget -= end - cached_len
+        return req_cls(
+            input_ids=pending.input_ids[:end],
             table_idx=table_idx,
             cached_len=cached_len,
             output_len=pending.output_len,
@@ -238,37 +169,6 @@ class PrefillManager:
         return None
 
 
-class DecodeManager:
-    """正在运行（已预填充、还要继续解码）的请求，按加入顺序排列。"""
-
-    def __init__(self) -> None:
-        self.running_reqs: dict[Req, None] = {}  # 用 dict 当有序集合
-
-    @property
-    def runnable(self) -> bool:
-        return len(self.running_reqs) > 0
-
-    def filter_reqs(self, reqs: Sequence[Req]) -> None:
-        """一步发出之后：刚预填充完的加入，已经生成够 ``max_tokens`` 的离开（``can_decode`` 为假）。"""
-        merged = dict.fromkeys([*self.running_reqs, *reqs])
-        self.running_reqs = {r: None for r in merged if r.can_decode}
-
-    def remove_req(self, req: Req) -> None:
-        self.running_reqs.pop(req, None)
-
-    def abort_req(self, uid: int) -> Req | None:
-        for req in self.running_reqs:
-            if req.uid == uid:
-                del self.running_reqs[req]
-                return req
-        return None
-
-    def schedule_next_batch(self) -> Batch | None:
-        if not self.runnable:
-            return None
-        return Batch(reqs=list(self.running_reqs), phase="decode")
-
-
 class Scheduler:
     """调度器兼离线接口：``Scheduler(model_path, dtype=..., **配置)``，然后 ``generate(prompts, sampling_params)``。
 
@@ -282,8 +182,7 @@ class Scheduler:
     def __init__(self, model_path: str, dtype: torch.dtype | None = None, **kwargs: Any) -> None:
         config = SchedulerConfig(model_path=str(model_path), dtype=dtype, **kwargs)
         config.cache_type = self._resolve_cache_type(config.cache_type)
-        if config.max_extend_tokens < 1:
-            raise ValueError(f"max_extend_tokens 至少为 1，收到 {config.max_extend_tokens}")
+        validate_config(config)
         self.config = config
         engine_fields = {f.name: getattr(config, f.name) for f in fields(EngineConfig)}
         self.engine = Engine(EngineConfig(**engine_fields))
@@ -301,9 +200,14 @@ class Scheduler:
         self.decode_manager = DecodeManager()
         self.prefill_budget = config.max_extend_tokens
         self.status: dict[int, RequestStatus] = {}
+        self.tracer = StepTracer(self.device)
         self._uid_counter = 0
 
-    # ------------------------------------------------------------------ 每章可以换掉的部件
+    def add_step_listener(self, fn: StepListener) -> Callable[[], None]:
+        """每一步的结果处理完，就调用 ``fn(trace)``（:class:`~minisgl.trace.StepTrace`）。返回取消监听的函数。"""
+        return self.tracer.add_listener(fn)
+
+    # ------------------------------------------------------------------ 后面几章换掉的部件
 
     def _resolve_cache_type(self, cache_type: str | None) -> str:
         if cache_type is None:
@@ -320,7 +224,22 @@ class Scheduler:
         return StaticCacheManager(self.engine.num_pages, self.page_size, self.page_table, self.max_running_req)
 
     def _make_prefill_adder(self) -> PrefillAdder:
-        return self.prefill_adder_cls(self, self.prefill_budget)
+        return self.prefill_adder_cls(
+            token_budget=self.prefill_budget,
+            reserved_size=self.reserved_tokens(),
+            table_manager=self.table_manager,
+            cache_manager=self.cache_manager,
+            token_pool=self.token_pool,
+        )
+
+    def reserved_tokens(self) -> int:
+        """运行中的请求将来还要新分配的 token 位置。静态分配时它们的页早就分好了：0。"""
+        return 0
+
+    def pages_in_use(self) -> int:
+        """KV 池里正被占用的页数。本章：每个占用中的请求槽静态分到的那些页。"""
+        busy = self.max_running_req - self.table_manager.available_size
+        return busy * self.cache_manager.slot_tokens // self.page_size
 
     @property
     def max_seq_len(self) -> int:
@@ -343,16 +262,12 @@ class Scheduler:
         return uid
 
     def abort(self, uid: int) -> None:
-        """取消一个请求：它不再输出任何 token，占用的槽位和页面全部归还。"""
+        """取消一个请求：它不再输出任何 token，占用的槽位和页面全部归还（恰好一次）。"""
         status = self.status[uid]
         if status.finished or status.aborted:
             return
         status.aborted = True
-        if (pending := self.prefill_manager.abort_req(uid)) is not None:
-            if pending.chunked_req is not None:  # 第 2.4 章：算了一半的请求已占着槽位和页面
-                self._release_req(pending.chunked_req)
-            return
-        if (req := self.decode_manager.abort_req(uid)) is not None:
+        if self.prefill_manager.abort_req(uid) is None and (req := self.decode_manager.abort_req(uid)) is not None:
             self._release_req(req)
 
     # ------------------------------------------------------------------ 调度与准备
@@ -369,6 +284,7 @@ class Scheduler:
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         """算出这一步的 positions、输入映射、``out_loc`` 和新 token 的写回位置，并准备注意力与采样。"""
+        started = time.perf_counter()
         self.cache_manager.allocate_paged(batch.reqs)
         # >>> TASK prepare_batch: positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row
         reqs = batch.reqs
@@ -386,7 +302,9 @@ class Scheduler:
         # <<< TASK
         self.engine.attn_backend.prepare_metadata(batch)
         sample_args = self.engine.sampler.prepare(batch)
-        return ForwardInput(batch, sample_args, input_mapping, write_mapping)
+        outputs = [self._samples_output(r) for r in batch.reqs]
+        trace = self.tracer.begin(batch, outputs, self.pages_in_use(), started)
+        return ForwardInput(batch, sample_args, input_mapping, write_mapping, trace)
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -395,31 +313,36 @@ class Scheduler:
 
     # ------------------------------------------------------------------ 前向
 
-    def _forward(self, fi: ForwardInput) -> Any:
-        """发出一步前向，然后更新运行中的请求（刚预填充完的加入，生成够了的离开）。
+    def _forward(self, fi: ForwardInput) -> ForwardOutput:
+        """发出一步：在设备上算它，推进每个请求的长度记账，再更新运行中的请求（刚预填充完的加入，生成够了的离开）。
 
-        前向发出时每个请求的 ``complete_one()`` 就被调用了，所以读 ``extend_len`` 要在调用本函数之前。
+        ``complete_one()`` 在发出时就调用，所以要读这一步的 ``extend_len``，得在调用本函数之前。
         """
         output = self._run_batch(fi)
+        for req in fi.batch.reqs:
+            req.complete_one()
         self.decode_manager.filter_reqs(fi.batch.reqs)
         return output
 
-    def _run_batch(self, fi: ForwardInput, complete_reqs: bool = True) -> Any:
+    @torch.inference_mode()  # 推理模式是线程局部的：第 2.5 章在后台线程里调用它，也要在这里进入
+    def _run_batch(self, fi: ForwardInput) -> ForwardOutput:
         """在设备上跑一步：从 token 池取输入 → 引擎前向并采样 → 新 token 按 ``write_mapping`` 写回 token 池。"""
-        batch = fi.batch
-        batch.input_ids = self.token_pool[fi.input_mapping]
-        output = self.engine.forward_batch(batch, fi.sample_args, complete_reqs=complete_reqs, write_tokens=False)
+        started = self.tracer.forward_started(fi.trace)
+        fi.batch.input_ids = self.token_pool[fi.input_mapping]
+        output = self.engine.forward_batch(fi.batch, fi.sample_args)
         self.token_pool[fi.write_mapping] = output.next_tokens_gpu
+        self.tracer.forward_done(fi.trace, started)
         return output
 
     # ------------------------------------------------------------------ 处理结果
 
-    def _process_last_data(self, last_data: tuple[ForwardInput, Any] | None) -> None:
+    def _process_last_data(self, last_data: tuple[ForwardInput, ForwardOutput] | None) -> None:
         """把一步的采样结果交给各个请求：记下输出、判断结束、归还资源。"""
         if last_data is None:
             return
         fi, output = last_data
         output.copy_done_event.synchronize()
+        started = time.perf_counter()
         batch = fi.batch
         next_tokens = output.next_tokens_cpu.tolist()
         for req, token in zip(batch.reqs, next_tokens):
@@ -440,6 +363,7 @@ class Scheduler:
             elif batch.is_prefill:
                 self.cache_manager.cache_req(req, finished=False)
             # <<< TASK
+        self.tracer.finish(fi.trace, started)
 
     def _release_req(self, req: Req) -> None:
         """请求结束或被取消：归还资源（第 2.5 章要等用到它的批次都算完才能还）。"""
@@ -456,7 +380,11 @@ class Scheduler:
         return self.prefill_manager.runnable or self.decode_manager.runnable
 
     def step(self) -> bool:
-        """主循环的一次迭代：调度 → 准备 → 前向 → 处理结果。没事可做时返回 False。"""
+        """主循环的一次迭代。没事可做时返回 False。"""
+        return self.normal_loop()
+
+    def normal_loop(self) -> bool:
+        """调度 → 准备 → 前向 → 处理结果，一步一步地来。"""
         # >>> TASK normal_loop: 调度出下一步（没有就返回 False），_forward 它，再 _process_last_data((fi, 输出))，返回 True
         fi = self._schedule_next_batch()
         if fi is None:
@@ -497,7 +425,14 @@ class Scheduler:
 
         先校验全部请求，有任何一个不合法就抛错，一个 token 也不算。
         """
-        requests = self._validate(prompts, sampling_params)
+        requests = validate_requests(
+            prompts,
+            sampling_params,
+            tokenizer=self.tokenizer,
+            max_seq_len=self.max_seq_len,
+            num_pages=self.engine.num_pages,
+            page_size=self.page_size,
+        )
         uids = [self.add_request(ids, sp) for ids, sp in requests]
         self.run_until_idle()
         self.check_integrity()
@@ -506,64 +441,6 @@ class Scheduler:
             status = self.status.pop(uid)
             results.append({"text": self.tokenizer.decode(status.output_ids), "token_ids": status.output_ids})
         return results
-
-    def _validate(
-        self,
-        prompts: Sequence[str] | Sequence[Sequence[int]],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-    ) -> list[tuple[torch.Tensor, SamplingParams]]:
-        if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
-            raise TypeError("prompts 应该是列表：每个元素是一个字符串，或一个 token id 列表")
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(
-                    f"sampling_params 的个数（{len(params)}）与 prompts 的个数（{len(prompts)}）不一致；"
-                    "要么给一个 SamplingParams 让所有提示词共用，要么每个提示词给一个"
-                )
-        vocab = len(self.tokenizer)
-        out: list[tuple[torch.Tensor, SamplingParams]] = []
-        for i, (prompt, sp) in enumerate(zip(prompts, params)):
-            if not isinstance(sp, SamplingParams):
-                raise TypeError(f"第 {i} 个提示词的采样参数不是 SamplingParams，而是 {type(sp).__name__}")
-            try:
-                sp.validate()
-            except ValueError as e:
-                raise ValueError(f"第 {i} 个提示词的采样参数不合法：{e}") from None
-            if isinstance(prompt, str):
-                ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-            elif isinstance(prompt, (Sequence, torch.Tensor)):
-                ids = [int(t) for t in prompt]
-            else:
-                raise TypeError(f"第 {i} 个提示词既不是字符串也不是 token id 列表：{type(prompt).__name__}")
-            if len(ids) == 0:
-                raise ValueError(f"第 {i} 个提示词是空的：至少要有 1 个 token")
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"第 {i} 个提示词含有词表（大小 {vocab}）之外的 token id：{bad[:5]}")
-            limit = self.max_seq_len
-            if len(ids) >= limit:
-                raise ValueError(
-                    f"第 {i} 个提示词有 {len(ids)} 个 token，达到了单个请求的长度上限 {limit}"
-                    "（提示词之后至少还要放 1 个输出 token）"
-                )
-            if sp.max_tokens > limit - len(ids):
-                warnings.warn(
-                    f"第 {i} 个提示词：max_tokens={sp.max_tokens} 超出长度上限 {limit}，"
-                    f"截成 {limit - len(ids)}（提示词 {len(ids)} 个 token）",
-                    stacklevel=3,
-                )
-                sp = replace(sp, max_tokens=limit - len(ids))
-            self._check_fits(i, len(ids), sp.max_tokens)
-            out.append((torch.tensor(ids, dtype=torch.int32), sp))
-        return out
-
-    def _check_fits(self, index: int, input_len: int, max_tokens: int) -> None:
-        """请求再怎么等也放不下时要立刻报错，而不是永远等下去。本章由 max_seq_len 已经保证。"""
 
     def shutdown(self) -> None:
         self._drain()

@@ -1,0 +1,136 @@
+"""调度器的公共零件：配置、几种纯数据（等待中的请求、请求的结果、准备好的一步）、请求槽管理和解码队列。
+
+它们不含要你写的代码，各章的调度器都用同一份（和 mini-sglang 一样，放在调度器主文件之外）。
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+
+import torch
+
+from minisgl.core import Batch
+from minisgl.engine import EngineConfig
+
+if TYPE_CHECKING:
+    from minisgl.core import Req, SamplingParams
+    from minisgl.trace import StepTrace
+
+
+def div_ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(eq=False)
+class PendingReq:
+    """等待预填充的请求：还没有请求槽，也还没有 ``Req`` 对象。"""
+
+    uid: int
+    input_ids: torch.Tensor  # CPU 上的 1 维 int32：完整的提示词
+    sampling_params: SamplingParams
+    chunked_req: Req | None = None  # 第 2.4 章：上一块已经算过的那部分
+
+    @property
+    def input_len(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def output_len(self) -> int:
+        return self.sampling_params.max_tokens
+
+
+@dataclass
+class RequestStatus:
+    """一个请求在主机这边的结果：输出的 token（不含 EOS）和状态。"""
+
+    uid: int
+    prompt_len: int
+    max_tokens: int
+    output_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    aborted: bool = False
+
+
+class ForwardInput(NamedTuple):
+    """准备好的一步：批次、采样参数、在设备上读写 token 池用的两组下标，以及这一步的轨迹。
+
+    - ``input_mapping``：``(行号, 位置)``，每个要计算的 token 一对，``token_pool[input_mapping]`` 就是输入；
+    - ``write_mapping``：``(行号, 位置)``，每个请求一对，采样出的新 token 写回 ``token_pool`` 的这里。
+    """
+
+    batch: Batch
+    sample_args: Any
+    input_mapping: tuple[torch.Tensor, torch.Tensor]
+    write_mapping: tuple[torch.Tensor, torch.Tensor]
+    trace: StepTrace
+
+
+class TableManager:
+    """请求槽：页表 / token 池的行。总是发出编号最小的空闲行，方便复现。"""
+
+    def __init__(self, max_running_req: int) -> None:
+        self.max_running_req = max_running_req
+        self._free = list(range(max_running_req))
+
+    @property
+    def available_size(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        return heapq.heappop(self._free)
+
+    def free(self, table_idx: int) -> None:
+        if table_idx in self._free:
+            raise RuntimeError(f"请求槽 {table_idx} 被重复释放")
+        heapq.heappush(self._free, table_idx)
+
+    def check_integrity(self) -> None:
+        if sorted(self._free) != list(range(self.max_running_req)):
+            busy = sorted(set(range(self.max_running_req)) - set(self._free))
+            raise RuntimeError(f"请求槽没有全部归还：第 {busy} 行仍被占用")
+
+
+@dataclass
+class SchedulerConfig(EngineConfig):
+    """引擎配置再加上调度器的两个参数。
+
+    - ``cache_type``：前缀缓存的种类；``None`` 表示用本章能提供的最好的那种
+      （第 2.1、2.2 章只有 ``"naive"``，第 2.3 章起默认 ``"radix"``）；
+    - ``max_extend_tokens``：一步预填充最多算多少个 token（预填充预算）。
+    """
+
+    cache_type: str | None = None
+    max_extend_tokens: int = 8192
+
+
+class DecodeManager:
+    """正在运行（已预填充、还要继续解码）的请求，按加入顺序排列。"""
+
+    def __init__(self) -> None:
+        self.running_reqs: dict[Req, None] = {}  # 用 dict 当有序集合
+
+    @property
+    def runnable(self) -> bool:
+        return len(self.running_reqs) > 0
+
+    def filter_reqs(self, reqs: Sequence[Req]) -> None:
+        """一步发出之后：刚预填充完的加入，已经生成够 ``max_tokens`` 的离开（``can_decode`` 为假）。"""
+        merged = dict.fromkeys([*self.running_reqs, *reqs])
+        self.running_reqs = {r: None for r in merged if r.can_decode}
+
+    def remove_req(self, req: Req) -> None:
+        self.running_reqs.pop(req, None)
+
+    def abort_req(self, uid: int) -> Req | None:
+        for req in self.running_reqs:
+            if req.uid == uid:
+                del self.running_reqs[req]
+                return req
+        return None
+
+    def schedule_next_batch(self) -> Batch | None:
+        if not self.runnable:
+            return None
+        return Batch(reqs=list(self.running_reqs), phase="decode")
