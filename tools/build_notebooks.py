@@ -25,13 +25,9 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from minisgl.course.registry import BUILTIN_CHAPTERS  # noqa: E402
+from minisgl.course.registry import BUILTIN_CHAPTERS
+from minisgl.paths import REPO_ROOT
 
 SRC_DIR = "notebooks/src"
 SKIP_TAG = "skip-execution"
@@ -67,7 +63,7 @@ def convert(pair: Pair):
     import jupytext
     import nbformat
 
-    text = (REPO / pair.source).read_text(encoding="utf-8")
+    text = (REPO_ROOT / pair.source).read_text(encoding="utf-8")
     nb = jupytext.reads(text, fmt="py:percent")
     nb.metadata = nbformat.from_dict(
         {
@@ -97,13 +93,13 @@ def execute(pair: Pair, timeout: int = 900):
     from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
 
     nb = convert(pair)
-    (REPO / pair.notebook).parent.mkdir(parents=True, exist_ok=True)
+    (REPO_ROOT / pair.notebook).parent.mkdir(parents=True, exist_ok=True)
     km = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME, kernel_spec_manager=NbvalKernelspecManager())
     client = NotebookClient(
         nb,
         km=km,
         timeout=timeout,
-        resources={"metadata": {"path": str((REPO / pair.notebook).parent)}},
+        resources={"metadata": {"path": str((REPO_ROOT / pair.notebook).parent)}},
         skip_cells_with_tag=SKIP_TAG,
         store_widget_state=False,
         record_timing=False,
@@ -124,7 +120,7 @@ def execute(pair: Pair, timeout: int = 900):
 def write(pair: Pair, nb) -> None:
     import nbformat
 
-    path = REPO / pair.notebook
+    path = REPO_ROOT / pair.notebook
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(nb, ensure_ascii=False, indent=1, sort_keys=True) + "\n"
     nbformat.validate(nbformat.reads(text, as_version=4))
@@ -137,7 +133,7 @@ def check(selected: list[Pair]) -> list[str]:
 
     problems = []
     for pair in selected:
-        src, nbpath = REPO / pair.source, REPO / pair.notebook
+        src, nbpath = REPO_ROOT / pair.source, REPO_ROOT / pair.notebook
         if not src.is_file():
             problems.append(f"{pair.source}: missing source for {pair.notebook}")
             continue
@@ -162,12 +158,12 @@ def check(selected: list[Pair]) -> list[str]:
                 problems.append(f"{pair.notebook}: cell {i} is tagged {SKIP_TAG} but lacks # NBVAL_SKIP")
     known_nb = {p.notebook for p in pairs()}
     known_src = {p.source for p in pairs()}
-    for path in sorted((REPO / "notebooks").rglob("*.ipynb")):
-        rel = path.relative_to(REPO).as_posix()
+    for path in sorted((REPO_ROOT / "notebooks").rglob("*.ipynb")):
+        rel = path.relative_to(REPO_ROOT).as_posix()
         if ".ipynb_checkpoints" not in rel and rel not in known_nb:
             problems.append(f"{rel}: belongs to no chapter or milestone (stray notebook)")
-    for path in sorted((REPO / SRC_DIR).rglob("*.py")):
-        rel = path.relative_to(REPO).as_posix()
+    for path in sorted((REPO_ROOT / SRC_DIR).rglob("*.py")):
+        rel = path.relative_to(REPO_ROOT).as_posix()
         if rel not in known_src:
             problems.append(f"{rel}: source of no notebook")
     return problems
@@ -203,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["MINISGL_IMPL"] = "solution"
     os.environ["PYTHONHASHSEED"] = "0"
     os.environ["TQDM_DISABLE"] = "1"
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    missing = [p.source for p in selected if not (REPO / p.source).is_file()]
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    missing = [p.source for p in selected if not (REPO_ROOT / p.source).is_file()]
     if missing:
         print("missing sources: " + ", ".join(missing), file=sys.stderr)
         return 1

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from minisgl import model_zoo
+from minisgl.paths import REPO_ROOT
 
 QWEN3_06B_SPEC = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -185,6 +186,5 @@ def test_model_zoo_does_not_import_torch() -> None:
         "import sys, minisgl; t = 'torch' in sys.modules; "
         "import minisgl.model_zoo; assert t or 'torch' not in sys.modules"
     )
-    root = Path(model_zoo.__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, f"导入 minisgl.model_zoo 不应加载 torch：{proc.stderr[-500:]}"
