@@ -1,8 +1,9 @@
 """讲义里的示意图（docs/assets/diagrams/*.svg）由这个脚本生成：python tools/make_diagrams.py"""
 import html
-from pathlib import Path
 
-OUT = str(Path(__file__).resolve().parents[1] / "docs" / "assets" / "diagrams") + "/"
+from minisgl.paths import REPO_ROOT
+
+OUT = str(REPO_ROOT / "docs" / "assets" / "diagrams") + "/"
 FONT = 'font-family="WenQuanYi Micro Hei, Noto Sans CJK SC, PingFang SC, Microsoft YaHei, sans-serif"'
 C = dict(cached="#8fd19e", extend="#7fb3ff", future="#ffffff", edge="#555", text="#222", muted="#777",
          orange="#ffc48a", purple="#c9b3ff", gray="#e3e6eb", red="#ff9a9a")
@@ -63,17 +64,23 @@ def kvcache():
             b += text(118 + j * 40, y + 19, str(s))
     b += text(20, 160, "KV 池（page_size = 2：每页 2 个槽位，槽位 = 页号 × 2 + 页内偏移）", anchor="start", weight="bold")
     owner = {6: 0, 7: 0, 2: 0, 3: 0, 12: 0, 0: 1, 1: 1, 10: 1}
+    tail = {13: 0, 11: 1}  # 各自最后一页里还没用到的槽位：归这个请求，暂时空着（页内碎片）
     for p in range(8):
         x = 20 + p * 72
         b += text(x + 34, 182, f"页 {p}", color=C["muted"])
         for o in range(2):
             s = p * 2 + o
-            fill = C["extend"] if owner.get(s) == 0 else C["orange"] if owner.get(s) == 1 else C["future"]
-            b += rect(x + o * 34, 190, 32, 30, fill)
-            b += text(x + o * 34 + 16, 210, str(s), size=12)
+            who = owner.get(s, tail.get(s))
+            fill = C["extend"] if who == 0 else C["orange"] if who == 1 else C["future"]
+            b += rect(x + o * 34, 190, 32, 30, fill, dash=s in tail)
+            if s in tail:  # 冲淡颜色：属于这个请求，但没有存 K/V
+                b += f'<rect x="{x + o * 34}" y="190" width="32" height="30" rx="3" fill="#fff" fill-opacity="0.6"/>'
+            b += text(x + o * 34 + 16, 210, str(s), size=12, color=C["muted"] if s in tail else None)
     b += line(118, 72, 20 + 3 * 72 + 16, 188, arrow=True, color=C["muted"])
     b += text(400, 70, "A 的第 0 个 token 在槽位 6（页 3）", anchor="start", color=C["muted"])
-    b += text(400, 110, "槽位 13、11 等空着：以后分给别的请求", anchor="start", color=C["muted"])
+    b += text(340, 104, "虚线格（槽位 13、11）在 A、B 各自的最后一页里：", anchor="start", color=C["muted"])
+    b += text(340, 122, "归这个请求，暂时空着（页内碎片），别的请求用不了", anchor="start", color=C["muted"])
+    b += text(340, 140, "白色的页（2、4、7）空闲，才能分给别的请求", anchor="start", color=C["muted"])
     return svg(720, 240, b)
 
 # 3. attention: varlen batch
@@ -113,8 +120,9 @@ def radix():
     b += line(120, 196, 60, 232, arrow=True) + line(120, 196, 200, 232, arrow=True)
     b += rect(0 + 10, 234, 120, 34, C["extend"]) + text(70, 256, "Ġ 2 Ġ+ Ġ 2 ?（6）", size=12)
     b += rect(140, 234, 170, 34, C["extend"]) + text(225, 256, "Ġthe Ġcapital … ?（5）", size=12)
-    b += text(20, 300, "请求 1 = 52 + 2 + 6 = 60；请求 3 = 52 + 2 + 5 = 59；请求 2 = 52 + 5 = 57；请求 4 = 52 + 3 = 55", anchor="start", size=12, color=C["muted"])
-    return svg(670, 320, b)
+    b += text(20, 296, "Ġ 是字节级 BPE 里“前面带一个空格”的记号：ĠWhat 就是 “ What”，空格并进了这个词的 token", anchor="start", size=12, color=C["muted"])
+    b += text(20, 316, "请求 1 = 52 + 2 + 6 = 60；请求 3 = 52 + 2 + 5 = 59；请求 2 = 52 + 5 = 57；请求 4 = 52 + 3 = 55", anchor="start", size=12, color=C["muted"])
+    return svg(670, 332, b)
 
 # 6. chunked prefill
 def chunked():

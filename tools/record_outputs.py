@@ -1,16 +1,22 @@
 """录制示例的输出，给文档引用（``[[output 名字]]`` 读 ``docs/outputs/<名字>.txt``）。
 
-    python tools/record_outputs.py                 # 全部重新录制
+    python tools/record_outputs.py                 # 全部重新录制（机器忙时拒绝，见下）
     python tools/record_outputs.py stage2_milestone quickstart
     python tools/record_outputs.py --check         # 重跑并与已提交的输出比较确定性的行
     python tools/record_outputs.py --list
 
 示例一律用参考解答运行（``MINISGL_IMPL=solution``），与学员的进度无关。
 
+**只在安静的机器上录制。** 录下的速度会写进讲义，别的进程抢 CPU 时测出的数字互相矛盾。所以录制前先看
+1 分钟平均负载（``os.getloadavg()``，上限 ``--max-load``）和别的进程（任何一个占用超过 ``--busy-cpu``% 个核），
+忙就说明原因、每 10 秒再看一次，最多等 ``--wait`` 秒，还忙就以退出码 3 结束；录制期间也一直看着别的进程，
+有谁抢了 CPU，这一份就作废、等安静了重录。``--force`` 跳过这些（只在你要的是非计时的行时用）。
+``--check`` 只比较遮住计时之后的行，不检查机器忙不忙。示例自己负责在计时前预热。
+
 “确定性的行”怎么比：每一行先把与机器有关的数字遮住——带时间、速度、内存单位的数（``1.23 s``、
-``409 ms``、``104.5 tok/s``、``2.4 GB``）和倍数（``1.7×``）——遮住后整行必须与已提交的一致；
-所以 token 数、分块、页数、生成的 token 这类数字都要逐字相等。个别示例还可以用 ``volatile``
-正则整行跳过（例如打印设备名、线程数的行）。
+``409 ms``、``104.5 tok/s``、``2.4 GB``）和倍数（``1.7×``、``5 倍``；``请求3×5`` 这种后面紧跟数字的不算倍数）——
+遮住后整行必须与已提交的一致；所以 token 数、分块、页数、生成的 token 这类数字都要逐字相等。个别示例还可以用
+``volatile`` 正则整行跳过（例如打印设备名、线程数的行）。
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from minisgl.paths import REPO_ROOT as REPO
+
 OUTPUTS = REPO / "docs" / "outputs"
 
 
@@ -42,6 +49,10 @@ EXAMPLES: dict[str, Example] = {
     "step0": Example("examples/step0_tiny_engine.py"),
     "stage1_milestone": Example("examples/stage1_milestone.py", timeout=1800),
     "stage2_milestone": Example("examples/stage2_milestone.py", timeout=1800),
+    # 里程碑页的练习：只有 2 个请求槽时，实验 2 逐步打印
+    "stage2_milestone_trace": Example(
+        "examples/stage2_milestone.py", ("--max-running-req", "2", "--trace", "--experiment", "2"), timeout=1800
+    ),
     "quickstart": Example("examples/quickstart.py"),
     # 各章的小示例（examples/chapters/），每章页面的“运行结果”来自这里
     "core": Example("examples/chapters/core.py"),
@@ -59,7 +70,7 @@ EXAMPLES: dict[str, Example] = {
 
 _UNIT = r"(?:ms|s|秒|毫秒|tok/s|token/s|tokens/s|it/s|GB/s|MB/s|GB|GiB|MB|MiB|KB|KiB|%)"
 _MEASURED = re.compile(rf"\d+(?:\.\d+)?(?:e[-+]?\d+)?\s*{_UNIT}(?![A-Za-z])")
-_RATIO = re.compile(r"\d+(?:\.\d+)?\s*(?:×|倍|x\b)")
+_RATIO = re.compile(r"\d+(?:\.\d+)?\s*(?:×|倍|x\b)(?!\s*\d)")  # “请求3×5”不是倍数
 
 
 def mask(line: str) -> str:
@@ -76,20 +87,162 @@ def command_line(ex: Example) -> str:
     return " ".join(["python", ex.script, *ex.args])
 
 
-def run(name: str, ex: Example) -> str:
-    """运行一个示例（参考解答），返回要写进文件的文本：第一行是命令，后面是标准输出。"""
+# ---------------------------------------------------------------- 机器忙不忙
+
+
+@dataclass
+class Quiet:
+    """录制计时之前机器要多安静。"""
+
+    max_load: float  # 1 分钟平均负载的上限
+    busy_cpu: float  # 别的进程占用超过一个核的这么多百分比，就算忙
+    wait: float  # 最多等多少秒
+
+
+def default_max_load() -> float:
+    """2 核机器上 0.5，4 核及以上 1.0：PyTorch 会用满所有核，哪怕一个核被占着，计时也不可信。"""
+    return min(1.0, 0.25 * (os.cpu_count() or 1))
+
+
+def _cpu_ticks() -> dict[int, tuple[int, int, str]]:
+    """每个进程的 (累计 CPU 时间, 父进程, 名字)。Linux 读 /proc；别的系统有 psutil 就用它，都没有就返回空。"""
+    procs: dict[int, tuple[int, int, str]] = {}
+    proc = Path("/proc")
+    if (proc / "self" / "stat").is_file():
+        for d in proc.iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:  # 进程刚好结束了
+                continue
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            procs[int(d.name)] = (int(fields[11]) + int(fields[12]), int(fields[1]), comm)  # utime + stime, ppid
+        return procs
+    try:
+        import psutil
+    except ImportError:
+        return procs
+    for pr in psutil.process_iter(["ppid", "name", "cpu_times"]):
+        times = pr.info["cpu_times"]
+        if times is not None:
+            procs[pr.pid] = (int(100 * (times.user + times.system)), pr.info["ppid"] or 0, pr.info["name"] or "?")
+    return procs
+
+
+def _ticks_per_second() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK") if Path("/proc/self/stat").is_file() else 100
+    except (AttributeError, ValueError, OSError):
+        return 100
+
+
+def _ours(procs: dict[int, tuple[int, int, str]]) -> set[int]:
+    """本进程和它的全部子孙（正在录制的示例）。"""
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        more = {pid for pid, (_, ppid, _) in procs.items() if ppid in mine} - mine
+        mine |= more
+        grew = bool(more)
+    return mine
+
+
+class CpuWatch:
+    """隔一段时间采样一次，找出占用 CPU 的别的进程（不算本进程和它的子孙）。"""
+
+    def __init__(self) -> None:
+        self.hz = _ticks_per_second()
+        self.last = _cpu_ticks()
+        self.at = time.monotonic()
+        self.available = bool(self.last)
+
+    def sample(self) -> list[tuple[int, str, float]]:
+        """上次采样以来每个别的进程用了一个核的百分之几：[(pid, 名字, 百分比)]，从高到低。"""
+        now, at = _cpu_ticks(), time.monotonic()
+        elapsed = max(at - self.at, 1e-3)
+        mine = _ours(now)
+        usage = []
+        for pid, (ticks, _, comm) in now.items():
+            if pid in mine or pid not in self.last:
+                continue
+            percent = 100 * (ticks - self.last[pid][0]) / self.hz / elapsed
+            usage.append((pid, comm, percent))
+        self.last, self.at = now, at
+        return sorted(usage, key=lambda u: -u[2])
+
+
+def busy_reasons(quiet: Quiet, *, check_load: bool) -> list[str]:
+    """机器为什么不够安静（空列表：安静）。``check_load``：也看平均负载（录制中途不看：负载里有我们自己）。"""
+    reasons = []
+    if check_load and hasattr(os, "getloadavg"):
+        load = os.getloadavg()[0]
+        if load > quiet.max_load:
+            reasons.append(f"1 分钟平均负载 {load:.2f}，超过上限 {quiet.max_load:.2f}（{os.cpu_count()} 个核）")
+    watch = CpuWatch()
+    time.sleep(1.0)
+    for pid, comm, percent in watch.sample():
+        if percent > quiet.busy_cpu:
+            reasons.append(f"进程 {pid}（{comm}）占用 {percent:.0f}% 个核")
+    return reasons
+
+
+class MachineBusy(Exception):
+    """等够了，机器还是忙。"""
+
+
+def wait_until_quiet(quiet: Quiet, *, check_load: bool) -> None:
+    """安静就立刻返回；忙就说明原因，每 10 秒再看一次，最多等 ``quiet.wait`` 秒，还忙就抛 :class:`MachineBusy`。"""
+    deadline = time.monotonic() + quiet.wait
+    reasons = busy_reasons(quiet, check_load=check_load)
+    said = False
+    while reasons:
+        if time.monotonic() >= deadline:
+            raise MachineBusy("；".join(reasons))
+        if not said:
+            print(f"[等待] 机器正忙，录下的计时会不可信：{'；'.join(reasons)}。最多再等 {quiet.wait:.0f} 秒……", flush=True)
+            said = True
+        time.sleep(10)
+        reasons = busy_reasons(quiet, check_load=check_load)
+    if said:
+        print("[等待] 机器安静了，开始录制", flush=True)
+
+
+# ---------------------------------------------------------------- 运行示例
+
+
+def run(name: str, ex: Example, quiet: Quiet | None = None) -> tuple[str, list[str]]:
+    """运行一个示例（参考解答），返回要写进文件的文本（第一行是命令，后面是标准输出），以及运行期间抢 CPU 的
+    别的进程（``quiet`` 为 None 时不看，返回空列表）。"""
     env = {**os.environ, "MINISGL_IMPL": "solution", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
     env.pop("MINISGL_WORKSPACE", None)
     env.pop("MINISGL_SOLUTIONS", None)
-    proc = subprocess.run(
-        [sys.executable, ex.script, *ex.args], cwd=REPO, env=env, capture_output=True, text=True, timeout=ex.timeout
+    proc = subprocess.Popen(
+        [sys.executable, ex.script, *ex.args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    watch = CpuWatch() if quiet is not None else None
+    intruders: dict[int, str] = {}
+    deadline = time.monotonic() + ex.timeout
+    while True:
+        try:
+            stdout, stderr = proc.communicate(timeout=2)  # 超时后再调用不会丢输出
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.communicate()
+                raise
+            if watch is not None:
+                for pid, comm, percent in watch.sample():
+                    if percent > quiet.busy_cpu:
+                        intruders[pid] = f"进程 {pid}（{comm}）占用 {percent:.0f}% 个核"
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        tail = "\n".join((stdout + stderr).splitlines()[-30:])
         raise RuntimeError(f"{ex.script} 退出码 {proc.returncode}：\n{tail}")
     # 仓库在哪台机器、哪个目录都一样：绝对路径换成相对仓库根目录的路径
-    body = "\n".join(l.rstrip() for l in proc.stdout.replace(str(REPO) + os.sep, "").rstrip().splitlines())
-    return f"$ {command_line(ex)}\n{body}\n"
+    body = "\n".join(l.rstrip() for l in stdout.replace(str(REPO) + os.sep, "").rstrip().splitlines())
+    return f"$ {command_line(ex)}\n{body}\n", list(intruders.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="只处理这些示例（默认全部）")
     parser.add_argument("--check", action="store_true", help="重跑并比较确定性的行，不写文件；不一致时退出码 1")
     parser.add_argument("--list", action="store_true", help="列出示例和它们的状态")
+    parser.add_argument("--force", action="store_true", help="机器忙也照样录制（录下的计时不可信，只在要非计时的行时用）")
+    parser.add_argument("--max-load", type=float, default=default_max_load(), help="1 分钟平均负载的上限（默认按核数）")
+    parser.add_argument("--busy-cpu", type=float, default=50.0, help="别的进程占用超过一个核的百分之几算忙（默认 50）")
+    parser.add_argument("--wait", type=float, default=600.0, help="机器忙时最多等多少秒（默认 600）")
     args = parser.parse_args(argv)
 
     unknown = [n for n in args.names if n not in EXAMPLES]
@@ -110,8 +267,21 @@ def main(argv: list[str] | None = None) -> int:
             ex = EXAMPLES[name]
             state = "已录制" if (OUTPUTS / f"{name}.txt").is_file() else "未录制"
             exists = "" if (REPO / ex.script).is_file() else "（脚本还不存在）"
-            print(f"{name:18} {ex.script}{exists}  {state}")
+            print(f"{name:22} {command_line(ex)[len('python '):]}{exists}  {state}")
         return 0
+
+    quiet = None if args.check or args.force else Quiet(args.max_load, args.busy_cpu, args.wait)
+    if args.force and not args.check:
+        print("[注意] --force：不检查机器忙不忙，录下的计时可能不可信", flush=True)
+    if quiet is not None:
+        if not CpuWatch().available:
+            print("[注意] 这个系统上读不到别的进程的 CPU 占用（没有 /proc，也没装 psutil），只看平均负载", flush=True)
+        try:
+            wait_until_quiet(quiet, check_load=True)
+        except MachineBusy as busy:
+            print(f"[拒绝录制] 等了 {quiet.wait:.0f} 秒机器还是忙：{busy}。\n"
+                  "请等别的任务结束再录（或用 --wait 等更久）；只要非计时的行时可以加 --force。", file=sys.stderr)
+            return 3
 
     OUTPUTS.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
@@ -125,7 +295,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t0 = time.perf_counter()
         try:
-            text = run(name, ex)
+            for attempt in range(3):
+                if quiet is not None and attempt:  # 上一次录制期间有别的进程抢 CPU：等安静了重录
+                    wait_until_quiet(quiet, check_load=False)
+                text, intruders = run(name, ex, quiet)
+                if not intruders:
+                    break
+                print(f"[作废] {name}：录制期间有别的进程抢 CPU（{'；'.join(intruders)}），计时不可信", flush=True)
+            else:
+                raise MachineBusy("连续 3 次录制期间都有别的进程抢 CPU")
         except subprocess.TimeoutExpired:
             print(f"[超时] {name}：{ex.script} 超过 {ex.timeout} 秒还没结束", flush=True)
             failed.append(name)
@@ -134,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[失败] {name}：{err}", flush=True)
             failed.append(name)
             continue
+        except MachineBusy as busy:
+            print(f"[拒绝录制] {name}：机器一直忙（{busy}），没有写文件；请等安静了再录。", file=sys.stderr, flush=True)
+            return 3
         took = f"{time.perf_counter() - t0:.1f} s"
         if not args.check:
             out_file.write_text(text, encoding="utf-8")

@@ -15,8 +15,8 @@ import pytest
 
 from minisgl.course.registry import CHAPTERS, Chapter
 from minisgl.course.skeleton import parse_tasks, todo_message
+from minisgl.paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 sys.path.insert(0, str(REPO / "tools"))
 import record_outputs  # noqa: E402
@@ -109,6 +109,25 @@ def test_task_anchors_in_site(built_site: Path) -> None:
             assert re.search(rf'<h3 class="task" id="{re.escape(t.name)}"', html), (
                 f"{ch.docs_page} 构建后没有锚点 #{t.name}"
             )
+
+
+def test_task_hints_render_literally(built_site: Path) -> None:
+    """网页上每个任务的“提示”逐字等于解答里的提示：没有多出来的反斜杠（如 ``\\<``），也没被读成强调或标签。"""
+    import html as html_lib
+
+    for ch in CHAPTERS:
+        solution = REPO / "solutions" / ch.relpath
+        if not solution.is_file():
+            continue  # test_tasks_match_skeleton 会报告
+        html = (built_site / Path(ch.docs_page).relative_to("docs").with_suffix("") / "index.html").read_text(
+            encoding="utf-8"
+        )
+        for t in parse_tasks(solution.read_text(encoding="utf-8")):
+            m = re.search(rf'<h3 class="task" id="{re.escape(t.name)}".*?<strong>提示</strong>：(.*?)</p>', html, re.S)
+            assert m, f"{ch.docs_page} 构建后找不到任务 {t.name} 的提示"
+            assert "\\&lt;" not in m.group(1), f"{ch.docs_page} 任务 {t.name} 的提示里出现了字面的 \\<"
+            shown = html_lib.unescape(re.sub(r"<[^>]+>", "", m.group(1)))
+            assert shown == t.hint, f"{ch.docs_page} 任务 {t.name} 的提示显示成了 {shown!r}，应是 {t.hint!r}"
 
 
 def test_outputs_are_from_the_tool() -> None:

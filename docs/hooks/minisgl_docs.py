@@ -24,17 +24,13 @@ from __future__ import annotations
 import ast
 import logging
 import re
-import sys
 import textwrap
 from functools import lru_cache
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from minisgl.course.registry import CHAPTERS, Chapter  # noqa: E402
-from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message  # noqa: E402
+from minisgl.course.registry import CHAPTERS, Chapter
+from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message
+from minisgl.paths import REPO_ROOT as REPO
 
 log = logging.getLogger("mkdocs.plugins.minisgl_docs")
 
@@ -186,8 +182,13 @@ def output_block(name: str) -> list[str]:
 
 
 def _escape(text: str) -> str:
-    """Show a hint literally: Markdown must not read ``index_copy_`` or ``x * y`` as emphasis."""
-    return re.sub(r"([\\`*_{}\[\]<>#|])", r"\\\1", text)
+    """Show a hint literally: Markdown must not read ``index_copy_`` or ``x * y`` as emphasis.
+
+    ``&`` and ``<`` become HTML entities (Markdown has no backslash escape for ``<``: ``\\<`` would show
+    the backslash); every other character Markdown could act on gets a backslash.
+    """
+    text = text.replace("&", "&amp;").replace("<", "&lt;")
+    return re.sub(r"([\\`*_{}\[\]>#|])", r"\\\1", text)
 
 
 def chapter_of(src_uri: str) -> Chapter:

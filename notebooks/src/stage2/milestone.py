@@ -2,7 +2,7 @@
 # # 第 2 阶段里程碑：调度器的三个实验，逐章对比
 #
 # 第 2 阶段把第 1 阶段的“算一步”变成了一个离线接口 `LLM.generate`：连续批处理、按需分页、
-# Radix 前缀复用、分块预填充、重叠调度。种子页面用三个实验衡量它，模型是 Qwen3-0.6B 形状
+# Radix 前缀复用、分块预填充、重叠调度。里程碑用三个实验衡量它，模型是 Qwen3-0.6B 形状
 # （这里是同形状的随机权重：token 数和计算量与真模型相同，**生成的文字没有意义**）：
 #
 # 1. 8 个提示词 × 16 个 token（`ignore_eos=True`）：总时间和 token/s；
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
@@ -28,19 +28,31 @@ setup_notebook()
 # ## 1. 运行里程碑脚本
 #
 # 相当于 `python examples/stage2_milestone.py --skip-baselines`（不测第 0 步和第 1 阶段的速度，快一些）。
-# 脚本每个实验都新建一个 `LLM`，并包住 `llm._forward`：在调用原函数 **之前** 读这一步的批次
-# （引擎发出时就推进了请求的长度），数出预填充计算了多少 token、分了几步。
+# 脚本每个实验都新建一个 `LLM`，先预热，再用 `llm.add_step_listener` 监听每一步：轨迹里的长度是前向
+# **发出之前**记下的（引擎发出时就推进了请求的长度），数出预填充计算了多少 token、分了几步。
+# 重叠调度默认关掉（`ENV.DISABLE_OVERLAP_SCHEDULING.value = True`），速度只反映调度器本身。
 # 速度每次运行都不同（CI 比较输出时换成占位符）；token 数和步数是确定的。
 
 # %%
 sys.path.insert(0, str(ROOT / "examples"))
 import stage2_milestone
 
-seed = stage2_milestone.main(["--skip-baselines"])
+results = stage2_milestone.main(["--skip-baselines"])
 
 # %%
-print(f"实验 2：提示词 {seed['prompt_tokens']}，共 {sum(seed['prompt_tokens'])} 个 token；naive 计算 {seed['naive_computed']} 个，radix 计算 {seed['radix_computed']} 个")
-print(f"实验 3：{seed['long_prompt_tokens']} 个 token 分 {len(seed['chunk_steps'])} 步预填充 {seed['chunk_steps']}")
+print(f"实验 2：提示词 {results['prompt_tokens']}，共 {sum(results['prompt_tokens'])} 个 token；naive 计算 {results['naive_computed']} 个，radix 计算 {results['radix_computed']} 个")
+print(f"实验 3：{results['long_prompt_tokens']} 个 token 分 {len(results['chunk_steps'])} 步预填充 {results['chunk_steps']}")
+
+# %% [markdown]
+# 想看调度器每一步做了什么，加 `--trace`：每一步一行，预填充还是解码、每个请求算几个 token、KV 池占用几页。
+# 下面只有 2 个请求槽、只跑实验 2：请求 4 要等请求 2、3 结束、还回请求槽，才在下一步进来；radix 下它照样命中 52 个 token。
+# 用小 Qwen3 跑（分词器相同，每一步的计数一样，几秒就完）。请求编号是 uid；预热用掉了 uid 0 和第 0、1 步。
+# 逐行的解释见讲义的里程碑页。
+
+# %%
+from minisgl.model_zoo import tiny_qwen3
+
+_ = stage2_milestone.main(["--max-running-req", "2", "--trace", "--experiment", "2", "--model", str(tiny_qwen3())])
 
 # %% [markdown]
 # ## 2. 逐章对比
@@ -68,7 +80,7 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.course.registry import CHAPTERS
 from minisgl.model_zoo import qwen3_06b_random
-from minisgl.notebook_utils import StepRecorder, fmt_ms
+from minisgl.notebook import StepRecorder, fmt_ms
 
 MODEL = str(qwen3_06b_random())
 CONFIG = dict(dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512)
@@ -151,13 +163,14 @@ import ipywidgets as widgets
 from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.model_zoo import tiny_qwen3
-from minisgl.notebook_utils import Explorer, draw_steps
+from minisgl.notebook import Explorer, draw_steps
 
 TINY = str(tiny_qwen3())
 
 
 def knobs(cache_type: str, max_extend_tokens: int, page_size: int, overlap: bool) -> None:
-    ENV.DISABLE_OVERLAP_SCHEDULING = not overlap
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
     try:
         llm = LLM(TINY, cache_type=cache_type, max_extend_tokens=max_extend_tokens, page_size=page_size, **CONFIG)
         rec = StepRecorder(llm)
@@ -174,7 +187,7 @@ def knobs(cache_type: str, max_extend_tokens: int, page_size: int, overlap: bool
         draw_steps(rec.steps, title="实验 3 的每一步", budget=max_extend_tokens)
         llm.shutdown()
     finally:
-        ENV.DISABLE_OVERLAP_SCHEDULING = False
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
 
 
 explorer = Explorer(
@@ -194,7 +207,7 @@ explorer.run(cache_type="radix", max_extend_tokens=128, page_size=4, overlap=Fal
 # %% [markdown]
 # ## 自测
 #
-# 1. 种子页面说共享的系统提示词是“158 个 token”。对吗？
+# 1. 常见的误读：“共享的系统提示词有 158 个 token”。对吗？
 #
 # <details><summary>答案</summary>
 #
@@ -224,6 +237,6 @@ explorer.run(cache_type="radix", max_extend_tokens=128, page_size=4, overlap=Fal
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_milestone_checks
+from minisgl.notebook import run_milestone_checks
 
 run_milestone_checks(2)
