@@ -18,8 +18,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.engine import Engine, EngineConfig
 from minisgl.model_zoo import default_model
+from minisgl.paths import REPO_ROOT
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(REPO_ROOT / "examples"))
 import step0_tiny_engine as step0  # noqa: E402
 from stage1_milestone import BATCH, SINGLE, HandDriver  # noqa: E402
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,10 +25,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import SamplingParams
 from minisgl.engine import Engine, EngineConfig
+from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.model_zoo import default_model
+from minisgl.paths import REPO_ROOT
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(REPO_ROOT / "examples"))
 import step0_tiny_engine as step0  # noqa: E402
 from stage1_milestone import HandDriver  # noqa: E402
 from stage2_milestone import PROMPTS, QUESTIONS, SYSTEM_PROMPT  # noqa: E402
@@ -112,25 +113,22 @@ def main() -> None:
     print("后三个请求用时（中位数）：" + "，".join(f"{k} {v:.0f} ms" for k, v in ms.items()))
 
     # 一步解码的时间：batch 8，接近带宽下限（约 50 ms）就说明调度器几乎没有额外开销
+    # 每一步的轨迹里有设备上的前向时间（GPU 上是 CUDA 事件，CPU 上就是计算本身）
     steps: list[float] = []
-    original = radix._forward
 
-    def timing_forward(fi):  # noqa: ANN001, ANN202
-        start = time.perf_counter()
-        out = original(fi)
-        out.copy_done_event.synchronize()
-        if fi.batch.is_decode and fi.batch.size == 8:
-            steps.append(time.perf_counter() - start)
-        return out
+    def on_step(trace):  # noqa: ANN001, ANN202
+        if trace.phase == "decode" and len(trace.uids) == 8:
+            steps.append(trace.device_ms)
 
-    from minisgl.env import ENV
-
-    saved, ENV.DISABLE_OVERLAP_SCHEDULING = ENV.DISABLE_OVERLAP_SCHEDULING, True  # 逐步计时要关掉重叠
-    radix._forward = timing_forward
-    radix.generate(enc, sp8)
-    del radix._forward
-    ENV.DISABLE_OVERLAP_SCHEDULING = saved
-    st = Stats.of([1000 * s for s in steps])
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # 逐步计时要关掉重叠：不让主线程的活儿和前向抢 CPU
+    remove = radix.add_step_listener(on_step)
+    try:
+        radix.generate(enc, sp8)
+    finally:
+        remove()
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
+    st = Stats.of(steps)
     print(f"\nbatch-8 一步解码：{st} ms（下限约 50 ms，HF 约 245 ms）")
 
     del hf, naive

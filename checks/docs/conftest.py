@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from minisgl.paths import REPO_ROOT as REPO
+
 
 
 @pytest.fixture(scope="session")

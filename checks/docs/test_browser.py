@@ -20,7 +20,8 @@ from typing import Iterator
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from minisgl.paths import REPO_ROOT as REPO
+
 SHOTS = REPO / "artifacts" / "screenshots"
 CHROMIUM = os.environ.get("MINISGL_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = os.environ.get("MINISGL_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"

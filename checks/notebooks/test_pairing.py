@@ -16,7 +16,8 @@ import sys
 import nbformat
 import pytest
 
-from minisgl.course.registry import BUILTIN_CHAPTERS, REPO_ROOT
+from minisgl.course.registry import BUILTIN_CHAPTERS
+from minisgl.paths import REPO_ROOT
 
 _spec = importlib.util.spec_from_file_location("build_notebooks", REPO_ROOT / "tools" / "build_notebooks.py")
 build = importlib.util.module_from_spec(_spec)

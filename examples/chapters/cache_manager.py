@@ -19,8 +19,8 @@ cm = llm.cache_manager
 print(f"KV 池：{cm.num_pages} 页 × page_size {cm.page_size}；请求槽 {llm.max_running_req} 个")
 
 
-def show(step, phase, work):  # noqa: ANN001, ANN201
-    print(f"{describe(step, phase, work)}  （为这一步分配之后，空闲 {len(cm.free_slots)} 页）")
+def show(step, trace):  # noqa: ANN001, ANN201
+    print(f"{describe(step, trace)}  （为这一步分配之后，空闲 {cm.num_pages - trace.pages_in_use} 页）")
 
 
 trace_steps(llm, show=show)

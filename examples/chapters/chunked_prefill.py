@@ -14,7 +14,7 @@ from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.model_zoo import smollm2  # noqa: E402
 
 llm = LLM(smollm2(), max_running_req=4, num_page_override=256, max_seq_len_override=64, max_extend_tokens=8)
-steps = trace_steps(llm, show=lambda *step: print(describe(*step)))
+steps = trace_steps(llm, show=lambda i, trace: print(describe(i, trace)))
 long_prompt = "Count with me: one, two, three, four, five, six, seven, eight, nine"
 prompts = ["Water boils at", long_prompt]
 print(f"提示词长度：{[len(llm.tokenizer.encode(p)) for p in prompts]}，每步预填充最多 {llm.config.max_extend_tokens} 个 token")

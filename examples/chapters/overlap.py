@@ -17,23 +17,26 @@ params = SamplingParams(max_tokens=12)
 llm.generate(prompts, SamplingParams(max_tokens=2))  # 预热：第一次遇到某个批大小时，oneDNN 要准备计算原语
 results = {}
 for overlap in (False, True):
-    ENV.DISABLE_OVERLAP_SCHEDULING = not overlap
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
     t0 = time.perf_counter()
     results[overlap] = llm.generate(prompts, params)
     took = time.perf_counter() - t0
     print(f"重叠调度{'开' if overlap else '关'}：{took:.2f} s")
-ENV.DISABLE_OVERLAP_SCHEDULING = False
+ENV.DISABLE_OVERLAP_SCHEDULING.value = False
 
 same = [r["token_ids"] for r in results[True]] == [r["token_ids"] for r in results[False]]
 print(f"两种主循环的输出逐 token 相同：{same}")
 for prompt, out in zip(prompts, results[True]):
     print(f"{prompt!r} → {out['text']!r}")
 
-# 看一步里的先后：发出第 N 步之后，才处理第 N-1 步的结果
-events = []
-launch, process = llm._forward, llm._process_last_data
-llm._forward = lambda fi: (events.append(f"发出 {fi.batch.phase}×{fi.batch.size}"), launch(fi))[1]
-llm._process_last_data = lambda last: (events.append("处理上一步的结果" if last else "（没有上一步）"), process(last))[1]
+# 看一步里的先后：每一步的轨迹记着它什么时候发出（准备完）、什么时候开始处理结果，按时间排一排
+traces = []
+remove = llm.add_step_listener(traces.append)
 llm.generate(prompts[:2], SamplingParams(max_tokens=3, ignore_eos=True))
-print("重叠调度的前几件事：" + " → ".join(events[:7]))
+remove()
+first = traces[0].index
+events = [(t.prepare[1], f"发出第 {t.index - first} 步（{t.phase}×{len(t.uids)}）") for t in traces]
+events += [(t.process[0], f"处理第 {t.index - first} 步的结果") for t in traces]
+print("重叠调度的先后：" + " → ".join(name for _, name in sorted(events)))
+print(f"前向在哪个线程里算：{sorted({t.forward_thread for t in traces})}")
 llm.shutdown()

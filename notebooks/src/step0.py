@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
@@ -108,7 +108,7 @@ for step in range(4):
 # %%
 import matplotlib.pyplot as plt
 
-from minisgl.notebook_utils import draw_mask
+from minisgl.notebook import draw_mask
 
 n = len(prompt_ids)
 prefill_mask = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
@@ -125,7 +125,7 @@ plt.show()
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 
 def run_step0(prompt: str, max_tokens: int) -> None:

@@ -19,14 +19,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage1/core.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("core")
 
@@ -76,7 +76,8 @@ print(req)
 print(f"extend_len={req.extend_len}  remain_len={req.remain_len}  can_decode={req.can_decode}")
 
 # %% [markdown]
-# 引擎每发出一次前向，就对批次里的每个请求调用一次 `complete_one()`：这一轮的 token 都进了缓存
+# 每发出一次前向，发出它的一方（第 1.6 章手工驱动时是我们，第 2 阶段是调度器）就对批次里的每个请求调用一次
+# `complete_one()`：这一轮的 token 都进了缓存
 # （`cached_len` 追上 `device_len`），并且多了一个刚采样的 token（`device_len` 加一）。
 # 采样结果拷回 CPU 以后，再用 `append_host` 把它接到 `input_ids` 后面。
 # 下面手工模拟一次预填充和三次解码（“采样”出的 token 是随便编的）。
@@ -101,7 +102,7 @@ print("input_ids 现在有", len(req.input_ids), "个 token")
 # %%
 import matplotlib.pyplot as plt
 
-from minisgl.notebook_utils import draw_req_lengths
+from minisgl.notebook import draw_req_lengths
 
 draw_req_lengths(snapshots, title="Req 的三个长度")
 plt.show()
@@ -167,7 +168,7 @@ except RuntimeError as err:
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 
 def lifecycle(prompt: str, max_tokens: int, cached: int) -> None:
@@ -246,6 +247,6 @@ explorer.run(prompt="You are a helpful assistant. What is 2 + 2?", max_tokens=3,
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("core")

@@ -16,14 +16,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage1/layers.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("layers")
 
@@ -138,7 +138,7 @@ plt.show()
 import time
 
 from minisgl.layers import fast_linear_supported
-from minisgl.notebook_utils import fmt_ms
+from minisgl.notebook import fmt_ms
 
 print("本机 fp32 能走快速路径：", fast_linear_supported(torch.device("cpu"), torch.float32))
 big = Linear(576, [1536, 1536], dtype=torch.float32, device="cpu")
@@ -169,7 +169,7 @@ print("打包后原权重被替换掉了（省内存）：weight is None →", b
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 explorer = Explorer(
     draw_rope,
@@ -222,6 +222,6 @@ explorer.run(base=100.0, head_dim=32)
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("layers")

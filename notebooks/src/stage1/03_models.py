@@ -15,14 +15,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage1/models.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("models")
 
@@ -148,7 +148,7 @@ print("下一个 token：", repr(tok.decode(int(ours.argmax()))))
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 
 def top5(prompt: str) -> None:
@@ -209,6 +209,6 @@ explorer.run(prompt="def add(a, b):\n    return")
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("models")

@@ -18,14 +18,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage1/kvcache.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("kvcache")
 
@@ -112,7 +112,7 @@ for row, (n, pages) in enumerate(zip(lengths, pages_of)):
 # %%
 import matplotlib.pyplot as plt
 
-from minisgl.notebook_utils import draw_kv_pool, draw_page_table
+from minisgl.notebook import draw_kv_pool, draw_page_table
 
 prefill = [(row, j) for row, n in enumerate(lengths) for j in range(n)]
 out_loc = torch.cat([table[row, :n] for row, n in enumerate(lengths)])
@@ -132,7 +132,7 @@ plt.show()
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 
 def explore(page_size: int, num_pages: int, lengths: str) -> None:
@@ -205,6 +205,6 @@ explorer.run(page_size=8, num_pages=3, lengths="5, 9, 3")
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("kvcache")

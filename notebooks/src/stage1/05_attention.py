@@ -16,14 +16,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage1/attention.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("attention")
 
@@ -64,7 +64,7 @@ print("cu_seqlens_q =", md.cu_seqlens_q.tolist(), "；每个请求最后一个 q
 import matplotlib.pyplot as plt
 
 from minisgl.attention import causal_mask_with_prefix
-from minisgl.notebook_utils import draw_mask
+from minisgl.notebook import draw_mask
 
 mask = causal_mask_with_prefix(3, 7)
 print(mask.int())
@@ -171,7 +171,7 @@ plt.show()
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 
 def explore(cached_len: int, seq_len: int, page_size: int) -> None:
@@ -237,6 +237,6 @@ explorer.run(cached_len=9, seq_len=10, page_size=2)
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("attention")

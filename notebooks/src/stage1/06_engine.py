@@ -2,8 +2,8 @@
 # # 第 1.6 章 engine：Engine 与批量采样器
 #
 # 把前五章拼起来：`Engine` 按顺序初始化 设备与 dtype → 全局上下文 → 模型与权重 → 由剩余内存定出 KV 页数 →
-# KV 池 → 页表与 token 池 → 注意力后端 → 采样器。`forward_batch` 跑一次前向、为每个请求采样一个 token、
-# 推进请求的长度记账（`complete_one`），并把新 token 写进 token 池。
+# KV 池 → 页表与 token 池 → 注意力后端 → 采样器。`forward_batch` 跑一次前向、为每个请求采样一个 token
+# 并拷回主机；它只算不记账：推进请求（`complete_one`）和把新 token 写到哪里，都由发出这一步的调用者来做。
 #
 # 采样器一次为整批采样，每个请求有自己的温度、top-k、top-p 和种子。随机性来自“指数竞赛”：
 # `argmax(p / E)`（E 独立服从指数分布）恰好以概率 p 选中每个 token，整批只要一次 argmax。
@@ -17,14 +17,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage1/engine.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("engine")
 
@@ -50,7 +50,7 @@ print(f"注意力后端：{type(engine.attn_backend).__name__}；采样器：{ty
 # ## 2. 手工驱动：一批两个请求，和 Hugging Face 逐 token 对照
 #
 # 每个请求占页表的一行，提前分好页。每一步填好批次的 `input_ids`、`positions`、`out_loc`，
-# 准备注意力元数据和采样参数，然后 `forward_batch`。引擎在发出时就调用了每个请求的 `complete_one()`。
+# 准备注意力元数据和采样参数，然后 `forward_batch`；发出之后由我们自己对每个请求调用 `complete_one()`（引擎只算不记账）。
 
 # %%
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -76,6 +76,8 @@ def step(reqs: list[Req]) -> list[int]:
     batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len : r.device_len] for r in reqs])
     engine.attn_backend.prepare_metadata(batch)
     out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+    for r in reqs:
+        r.complete_one()
     out.copy_done_event.synchronize()
     for r, t in zip(reqs, out.next_tokens_cpu):
         r.append_host(t.reshape(1))
@@ -97,8 +99,8 @@ for r, n, p in zip(reqs, n_prompt, prompts):
     ids = torch.tensor([r.input_ids[:n].tolist()])
     ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)[0, n:].tolist()
     print(f"{p!r} → {tok.decode(ours)!r}；与 HF 一致：{ours == ref}")
-print("token 池第 0 行：", engine.token_pool[0, : n_prompt[0] + 8].tolist())
-print("（提示词的位置还是 0：第 1 阶段的输入直接取自 req.input_ids；第 2 阶段的调度器才把提示词也写进 token 池）")
+print("token 池第 0 行仍然全是 0：", bool((engine.token_pool[0] == 0).all()))
+print("（引擎只算不写：第 1 阶段的输入直接取自 req.input_ids；第 2 阶段由调度器把提示词和新 token 写进 token 池）")
 
 # %% [markdown]
 # ## 3. 批量采样器
@@ -168,7 +170,7 @@ print("单独采样：", alone.tolist(), "；夹在另外 5 个请求中间、�
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 explorer = Explorer(
     draw_sampling,
@@ -210,12 +212,15 @@ explorer.run(temperature=0.7, top_k=5, top_p=0.8)
 # 调度器读到的就不是这一步的 token 了。
 # </details>
 #
-# 4. 引擎写 token 池的位置为什么是 `[table_idx, device_len - 1]`？
+# 4. `forward_batch` 既不推进请求（`complete_one`），也不把新 token 写进 token 池。这两件事由谁做、为什么不放进引擎？
 #
 # <details><summary>答案</summary>
 #
-# 写之前 `complete_one()` 已经把 `device_len` 加了一：新 token 在序列里的位置是加一之前的 `device_len`，
-# 也就是现在的 `device_len - 1`。下一步解码就从这里取输入。
+# 都由发出这一步的调用者做：本章是上面手工驱动的 `step`，第 2 阶段是调度器。
+# **推进**要在发出时、主线程上做：第 2.5 章的重叠调度紧接着就用推进后的长度调度下一步，这时前向可能还在后台线程里算，
+# 放进引擎就会和主线程同时改同一个请求。**写回**的位置只有调度器知道：通常是 token 池的 `(table_idx, device_len)`
+# （推进之前的 `device_len`，下一步解码就从这里取输入）；但分块预填充的中间块采样出的不是输出，要写到不属于任何请求的
+# 那一行，否则会覆盖提示词的下一个 token。引擎只管算，结果怎么用交给调用者，两个阶段用的是同一个 `forward_batch`。
 # </details>
 
 # %% [markdown]
@@ -225,6 +230,6 @@ explorer.run(temperature=0.7, top_k=5, top_p=0.8)
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("engine")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
@@ -51,7 +51,7 @@ import torch
 from transformers import AutoTokenizer
 
 from minisgl.engine import Engine, EngineConfig
-from minisgl.notebook_utils import draw_page_table, draw_steps
+from minisgl.notebook import draw_page_table, draw_steps
 
 tok = AutoTokenizer.from_pretrained(SMOL)
 PROMPTS = stage1_milestone.BATCH
@@ -98,7 +98,7 @@ plt.show()
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 explorer = Explorer(
     hand_batch,
@@ -147,6 +147,6 @@ explorer.run(page_size=8, num_reqs=2, max_tokens=4)
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_milestone_checks
+from minisgl.notebook import run_milestone_checks
 
 run_milestone_checks(1)

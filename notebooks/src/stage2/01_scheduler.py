@@ -19,14 +19,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage2/scheduler.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("scheduler")
 
@@ -52,7 +52,8 @@ for o in out:
 # %% [markdown]
 # ## 2. 拆开一步看
 #
-# `generate` 就是 `add_request` 加上反复调用 `step()`。手工走两步，看调度器替我们算出的字段：
+# `generate` 就是 `add_request` 加上反复调用 `step()`。手工走两步（正是 `normal_loop` 的三行：调度并准备 → `_forward` 发出
+# → `_process_last_data` 处理结果），看调度器替我们算出的字段：
 #
 # - `positions`：每个请求 `arange(cached_len, device_len)` 拼起来；
 # - `input_mapping`：`(行号, 位置)`，`token_pool[input_mapping]` 就是本步的输入（提示词已由准入时写进 token 池）；
@@ -79,6 +80,9 @@ print("完整性检查通过：请求槽全部归还")
 # %% [markdown]
 # ## 3. 连续批处理
 #
+# 每一步做了什么，用 `llm.add_step_listener(fn)` 来看：每一步的结果处理完，调度器就把这一步的轨迹（`StepTrace`：
+# 阶段、请求、发出前的长度、占用的页、几段时间）交给 `fn`。下面的 `StepRecorder` 就是这样一个监听者。
+#
 # 5 个请求、只有 2 个请求槽、各自的 `max_tokens` 不同。预填充优先：一有空槽，等待的请求下一步就预填充进来；
 # 谁先生成够谁先走，不用等整批结束。下图每根柱子是一步，按请求分段，高度是这一步为它算的 token 数
 # （纵轴是对数刻度；橙边预填充、蓝边解码）。
@@ -86,7 +90,7 @@ print("完整性检查通过：请求槽全部归还")
 # %%
 import matplotlib.pyplot as plt
 
-from minisgl.notebook_utils import StepRecorder, draw_steps
+from minisgl.notebook import StepRecorder, draw_steps
 
 PROMPTS = ["Hello, my name is", "The capital of France is", "Once upon a time", "1, 2, 3,", "Water boils at a temperature of"]
 MAX_TOKENS = [3, 6, 2, 5, 4]
@@ -139,7 +143,7 @@ print("实际生成：", len(res[0]["token_ids"]), "个 token")
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 explorer = Explorer(
     continuous,
@@ -195,6 +199,6 @@ explorer.run(max_running_req=3, max_extend_tokens=8, num_prompts=5)
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("scheduler")

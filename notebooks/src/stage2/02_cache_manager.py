@@ -17,14 +17,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage2/cache_manager.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("cache_manager")
 
@@ -32,7 +32,8 @@ show_tasks("cache_manager")
 # ## 1. 页面随请求来去
 #
 # 小 Qwen3、`page_size = 4`、64 页。6 个请求（提示词 5～12 个 token，各生成 8 个），最多同时跑 3 个。
-# 每一步之后记下页面账：运行中的请求占着的、空闲的。请求一结束，它的页马上回到空闲池。
+# `StepRecorder` 监听每一步（`llm.add_step_listener`），在这一步的结果处理完之后记下页面账：运行中的请求占着的、空闲的。
+# 请求一结束，它的页马上回到空闲池。
 
 # %%
 import warnings
@@ -43,7 +44,7 @@ import torch
 from minisgl.cache_manager import LLM
 from minisgl.core import SamplingParams
 from minisgl.model_zoo import tiny_qwen3
-from minisgl.notebook_utils import StepRecorder, draw_page_usage, draw_steps, page_usage
+from minisgl.notebook import StepRecorder, draw_page_usage, draw_steps, page_usage
 
 TINY = str(tiny_qwen3())
 PROMPTS = [list(range(1000, 1000 + n)) for n in (5, 12, 7, 9, 6, 11)]
@@ -62,7 +63,7 @@ def run(num_pages: int, page_size: int, max_running_req: int, max_tokens: int = 
     except ValueError as err:
         print("ValueError：", err)
         return None
-    peak = max(s["after"]["used"] for s in rec.steps)
+    peak = max(s["pages_in_use"] for s in rec.steps)  # 准备好每一步时占用的页（步与步之间的最高点）
     print(f"num_pages={num_pages} page_size={page_size} max_running_req={max_running_req}：{rec.summary()}；最多同时占用 {peak} 页")
     print("每步运行的请求数：", [len(s["reqs"]) for s in rec.steps])
     print("结束后：", page_usage(llm), "→ 全部归还")
@@ -99,7 +100,7 @@ run(num_pages=3, page_size=4, max_running_req=3)
 # 手工走几步，看第 0 行的页表。
 
 # %%
-from minisgl.notebook_utils import draw_page_table
+from minisgl.notebook import draw_page_table
 
 llm = LLM(TINY, dtype=torch.float32, max_running_req=2, num_page_override=16, max_seq_len_override=32, page_size=2)
 for p in PROMPTS[:2]:
@@ -123,7 +124,7 @@ print("跑完后完整性检查通过：空闲页 + 缓存页 == 总页数")
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 explorer = Explorer(
     run,
@@ -178,6 +179,6 @@ explorer.run(num_pages=20, page_size=2, max_running_req=6)
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("cache_manager")

@@ -2,8 +2,11 @@
 # # 第 2.3 章 radix_cache：Radix 前缀缓存
 #
 # 很多请求共用同一段开头（系统提示词、多轮对话的历史）。这段前缀的 K/V 算一次就够了：
-# 请求结束时把算过的 token 和对应的槽位插进一棵基数树（radix tree），后来的请求先在树里找最长的相同前缀，
+# 请求预填充完就把算过的 token 和对应的槽位插进一棵基数树（radix tree），后来的请求先在树里找最长的相同前缀，
 # 命中的部分直接把槽位写进自己的页表，只算剩下的。
+#
+# **前缀什么时候进树**：请求预填充之后插入树里并加锁（在处理预填充的结果时；开着重叠调度时晚一个迭代），
+# 请求结束时解锁。解锁后它留在树里，可以被后来的请求命中，也可以被驱逐。
 #
 # - **匹配**：最多匹配到提示词的倒数第二个 token（最后一个总要算，才有 logits）；
 # - **插入**：只插整页；已经在树里的部分不重复插入，告诉调用者那段是重复的；
@@ -18,14 +21,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage2/radix_cache.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("radix_cache")
 
@@ -40,7 +43,7 @@ import torch
 from transformers import AutoTokenizer
 
 from minisgl.model_zoo import tokenizer_dir
-from minisgl.notebook_utils import draw_radix_steps, format_radix, radix_nodes
+from minisgl.notebook import draw_radix_steps, format_radix, radix_nodes
 from minisgl.radix_cache import RadixPrefixCache
 
 tok = AutoTokenizer.from_pretrained(tokenizer_dir())
@@ -93,7 +96,7 @@ print(f"A 有 {len(a)} 个 token，page_size=5 时只插入整页的 {res.handle
 print(f"B 与 A 共有 {h.cached_len} 个 token 的前缀，不满一页，page_size=5 时命中 {paged.match_prefix(b).cached_len} 个")
 
 # %% [markdown]
-# ## 2. 种子页面的实验：共享系统提示词
+# ## 2. 里程碑的实验：共享系统提示词
 #
 # 4 个提示词共用系统提示词 `"You are a helpful assistant. Answer concisely and accurately. " * 4`，
 # 先单独跑第一个，再一起跑后三个，`max_tokens=4`。数一数预填充一共算了多少 token。
@@ -103,7 +106,7 @@ print(f"B 与 A 共有 {h.cached_len} 个 token 的前缀，不满一页，page_
 # %%
 from minisgl.core import SamplingParams
 from minisgl.model_zoo import tiny_qwen3
-from minisgl.notebook_utils import StepRecorder, draw_page_usage, page_usage
+from minisgl.notebook import StepRecorder, draw_page_usage, page_usage
 from minisgl.radix_cache import LLM
 
 TINY = str(tiny_qwen3())
@@ -136,10 +139,14 @@ plt.show()
 # （`" What"`、`" Name"`……），所以树在那里分叉；而 `" What is"` 又被两个问题共享，再省一点。
 # 后三个请求分别省下 52、54、52 个 token，一共 158 个：231 − 158 = 73。
 #
+# 常见的误读是把 158 当成“共享的系统提示词有 158 个 token”。不是：158 是后三个请求**一共省下**的 token 数。
+# 共享的前缀只有 52 个 token（系统提示词去掉末尾的空格），后三个请求各复用这 52 个；请求 3 又和请求 1
+# 一样以 `" What is"` 开头，多复用 2 个：52 + 54 + 52 = 158。
+#
 # ## 3. 页面随时间：请求占用、锁住、可驱逐、空闲
 #
 # 只给 200 页，跑三轮：第一个问题；后三个问题；再换一段系统提示词问四个问题。
-# 请求预填充完，它算过的部分就插进树里并被它自己锁住（红）；请求结束后解锁，留在树里可驱逐（绿）；
+# 请求预填充之后，它算过的部分就插进树里并被它自己锁住（红）；请求结束时解锁，留在树里可驱逐（绿）；
 # 第三轮空闲页不够时，旧的前缀按 LRU 被驱逐。第三轮的 4 个请求放不下，第 4 个等前 3 个跑完——那时海盗的前缀已在树里。
 
 # %%
@@ -164,7 +171,7 @@ plt.show()
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 
 def explore(cache_type: str, page_size: int) -> None:
@@ -226,6 +233,6 @@ explorer.run(cache_type="radix", page_size=16)
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("radix_cache")

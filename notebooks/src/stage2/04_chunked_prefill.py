@@ -17,19 +17,19 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage2/chunked_prefill.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("chunked_prefill")
 
 # %% [markdown]
-# ## 1. 种子页面的实验：302 个 token、每步最多 96 个
+# ## 1. 里程碑的实验：302 个 token、每步最多 96 个
 #
 # `"Explain, step by step, why the sky is blue. " * 25` 用真 Qwen3 分词器是 302 个 token。
 # `max_extend_tokens=96` 时分 4 步预填充：96、96、96、14。用小 Qwen3 跑（只看机制）。
@@ -41,7 +41,7 @@ import torch
 from minisgl.chunked_prefill import LLM
 from minisgl.core import SamplingParams
 from minisgl.model_zoo import tiny_qwen3
-from minisgl.notebook_utils import StepRecorder, draw_steps
+from minisgl.notebook import StepRecorder, draw_steps
 
 TINY = str(tiny_qwen3())
 LONG = "Explain, step by step, why the sky is blue. " * 25
@@ -106,7 +106,7 @@ plt.show()
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 explorer = Explorer(
     long_arrives,
@@ -160,6 +160,6 @@ explorer.run(max_extend_tokens=64, long_repeat=10)
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("chunked_prefill")

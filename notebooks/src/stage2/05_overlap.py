@@ -7,12 +7,13 @@
 #     发出第 N+1 步 → 处理第 N 步的结果（这时设备在算第 N+1 步）→ 再发出第 N+2 步 …
 #
 # 能这样做，是因为 `complete_one()` 在发出时就推进了长度记账，下一步的输入 token 也不经过主机：
-# 上一步采样的 token 直接写进设备上的 token 池，下一步从那里取。GPU 上前向跑在引擎自己的 CUDA 流上；
-# CPU 上交给一个后台线程（PyTorch 的算子执行时会释放 GIL）。
+# 上一步采样的 token 直接写进设备上的 token 池，下一步从那里取。发出的一步是一个 `Future`：
+# GPU 上前向跑在引擎自己的 CUDA 流上；CPU 上交给一个后台线程（PyTorch 的算子执行时会释放 GIL），
+# 处理结果前用 `result()` 等它算完。
 #
 # 几个坑：结束判断按主机收到的 token 数；遇到 EOS 的请求可能已被放进下一步，那一步为它算的 token 要丢掉；
 # 结束或取消的请求要等用到它的批次都算完才能归还槽位和页面；预填充之后的前缀插入晚一个迭代。
-# `ENV.DISABLE_OVERLAP_SCHEDULING = True` 关掉重叠，两种循环的输出完全相同。
+# `ENV.DISABLE_OVERLAP_SCHEDULING.value = True` 关掉重叠，两种循环的输出完全相同。
 
 # %%
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
@@ -21,14 +22,14 @@ from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
-from minisgl.notebook_utils import setup_notebook
+from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # 本章的任务（和 stage2/overlap.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
-from minisgl.notebook_utils import show_tasks
+from minisgl.notebook import show_tasks
 
 show_tasks("overlap")
 
@@ -52,17 +53,18 @@ SPS = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=t, seed=s) for 
 llm = LLM(TINY, dtype=torch.float32, max_running_req=4, num_page_override=512, max_seq_len_override=128)
 results = {}
 for overlap in (True, False):
-    ENV.DISABLE_OVERLAP_SCHEDULING = not overlap
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
     results[overlap] = [o["token_ids"] for o in llm.generate(PROMPTS, SPS)]
     print(f"重叠={overlap}：每个请求的输出长度 {[len(t) for t in results[overlap]]}")
-ENV.DISABLE_OVERLAP_SCHEDULING = False
+ENV.DISABLE_OVERLAP_SCHEDULING.value = False
 print("两种循环的输出逐 token 相同：", results[True] == results[False])
 print("长度正好是各自的 max_tokens：", [len(t) for t in results[True]] == [sp.max_tokens for sp in SPS])
 
 # %% [markdown]
 # ## 2. 时间线
 #
-# 记下每一步几段活儿的起止时间：调度与准备、处理结果（主线程），前向计算，以及主线程等结果的时间（灰）。
+# `Timeline` 用 `llm.add_step_listener` 收下每一步的轨迹，画出几段活儿的起止时间：准备、处理结果（主线程），
+# 前向计算（重叠时在后台线程）。主线程上的空白就是在等结果。
 # 不重叠时它们首尾相接；重叠时前向在后台线程里跑，主线程同时处理上一步的结果、准备下一步。
 # 在 CPU 上前向占了大头，主线程多半在等；在 GPU 上设备算得快得多，主机上的活儿才是瓶颈，重叠省下的比例大得多。
 # 时间每次运行都不同（CI 只比较步数和“输出相同”）。
@@ -70,7 +72,7 @@ print("长度正好是各自的 max_tokens：", [len(t) for t in results[True]] 
 # %%
 import matplotlib.pyplot as plt
 
-from minisgl.notebook_utils import Timeline, draw_timeline, fmt_ms
+from minisgl.notebook import Timeline, draw_timeline, fmt_ms
 
 
 def timeline(num_reqs: int, max_tokens: int, model: str = TINY) -> None:
@@ -80,14 +82,14 @@ def timeline(num_reqs: int, max_tokens: int, model: str = TINY) -> None:
     runs, outs = [], {}
     llm.generate(prompts[:1], SamplingParams(max_tokens=2))  # 预热
     for overlap in (False, True):
-        ENV.DISABLE_OVERLAP_SCHEDULING = not overlap
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
         tl.start()
         outs[overlap] = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
         total = max(r[3] for r in tl.records)
-        steps = sum(1 for r in tl.records if r[0] == "前向计算")
+        steps = tl.steps
         runs.append((f"{'重叠' if overlap else '不重叠'}：{steps} 步，{fmt_ms(total)}", list(tl.records)))
         print(f"{'重叠' if overlap else '不重叠'}：{num_reqs} 个请求 × {max_tokens} 个 token，{steps} 步，用时 {fmt_ms(total)}")
-    ENV.DISABLE_OVERLAP_SCHEDULING = False
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = False
     print("输出相同：", outs[True] == outs[False])
     draw_timeline(runs)
     llm.shutdown()
@@ -104,7 +106,7 @@ plt.show()
 # %%
 import ipywidgets as widgets
 
-from minisgl.notebook_utils import Explorer
+from minisgl.notebook import Explorer
 
 explorer = Explorer(
     timeline,
@@ -142,8 +144,8 @@ explorer.run(num_reqs=4, max_tokens=6)
 #
 # <details><summary>答案</summary>
 #
-# 引擎把采样结果按 `write_mapping` 写进设备上的 token 池，下一步的输入映射正好从那里取。
-# 主机拿到结果只是为了记账和判断结束，不在关键路径上。
+# 调度器在发出这一步时（`_run_batch` 里，引擎算完之后）把采样结果按 `write_mapping` 写进设备上的 token 池，
+# 下一步的输入映射正好从那里取。主机拿到结果只是为了记账和判断结束，不在关键路径上。
 # </details>
 
 # %% [markdown]
@@ -153,6 +155,6 @@ explorer.run(num_reqs=4, max_tokens=6)
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
-from minisgl.notebook_utils import run_chapter_checks
+from minisgl.notebook import run_chapter_checks
 
 run_chapter_checks("overlap")
