@@ -4,14 +4,19 @@
 - ``--impl learner``（默认）：检查学员已开始的章节；没开始的章节跳过并标为「未开始」；
 - ``--impl solution``：检查参考解答；``--impl skeleton``：检查未动过的骨架；
 - ``--expect-red``：与 ``--impl skeleton`` 连用，骨架上每个检查都必须失败，通过的就是空检查；
-- ``--leave-one-out 章``：只把这一章换回骨架，它的检查必须全红，其余章节必须全绿；
+- ``--leave-one-out 章``：只把这一章换回骨架，它的检查必须全红，其余章节必须全绿（章节写 id 或编号，如 ``2.2``）；
 - ``--strict``（pytest 自带的选项，这里加严）：出现任何跳过、xfail 或一个检查都没收集到，都算失败；
-- ``--results-json 路径``：把每章的结果写成 JSON（``course status`` 和 ``course grade`` 读它）。
+- ``--results-json 路径``：把每章的结果写成 JSON（``course status`` 和 ``course grade`` 读它），
+  每章记下实际用的实现和学员文件的哈希（文件改了，status 就把结果标为过期）。
+
+学员文件导入失败（语法错误、导入时出错，或评分时引用了参考解答）不会中断整个收集：
+这一章的检查照常收集（本章临时用参考解答），但每个都在准备阶段失败并给出原因，其余章节照常运行。
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -19,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from minisgl.course import select
-from minisgl.course.registry import CHAPTERS, Chapter, chapter_for_check_file, milestone_stage
+from minisgl.course import integrity, select
+from minisgl.course.registry import CHAPTERS, Chapter, chapter_for_check_file, get_chapter, milestone_stage
 
 IMPL_NAMES = {"learner": "学员代码", "solution": "参考解答", "skeleton": "骨架"}
 _VACUOUS = "这个检查在未动过的骨架上通过了：它没有检验本章的代码（空检查），请让它调用本章的任务。"
@@ -35,6 +40,16 @@ class FilePlan:
     chapter: Chapter | None = None
     expect_red: str | None = None  # None | "each" (every test red) | "file" (at least one red)
     skip_reason: str | None = None
+    failure: str | None = None  # every test fails in setup with this message (learner file could not be used)
+    failure_kind: str | None = None  # "refused" | "error"
+    record: dict = field(default_factory=dict)  # written to results.json next to the counts
+
+    def fail_with(self, kind: str, message: str, chapters: list[str]) -> None:
+        """这些章的学员文件用不了：改用参考解答收集检查，每个检查在准备阶段以 message 失败。"""
+        self.failure = message if self.failure is None else f"{self.failure}\n{message}"
+        self.failure_kind = "refused" if "refused" in (kind, self.failure_kind) else kind
+        self.selection = {**self.selection, **dict.fromkeys(chapters, "solution")}
+        self.record = {**self.record, self.failure_kind: self.failure}
 
 
 @dataclass
@@ -44,6 +59,7 @@ class Plan:
     leave_one_out: str | None
     strict: bool
     results: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    records: dict[str, dict] = field(default_factory=dict)  # per key: impl really used, learner file hash, failure
     red_files: dict[str, bool] = field(default_factory=dict)  # milestone files under expect-red: saw a red?
     _files: dict[Path, FilePlan] = field(default_factory=dict)
 
@@ -51,7 +67,7 @@ class Plan:
         if self.leave_one_out:
             return "skeleton" if ch.id == self.leave_one_out else "solution"
         if self.impl == "learner":
-            return select.choose(ch).impl
+            return select.choose(ch, isolated=False).impl
         return self.impl
 
     def for_file(self, path: Path) -> FilePlan:
@@ -65,10 +81,15 @@ class Plan:
         if ch is not None:
             impl = self.impl_for(ch)
             plan = FilePlan({**everything, ch.id: impl}, chapter=ch)
+            plan.record = {"impl": impl, "sha256": select.learner_hash(ch)}
             if not select.is_written(ch):
                 plan.skip_reason = f"未编写：第 {ch.label} 章 {ch.id} 还没有参考解答"
             elif self.impl == "learner" and not self.leave_one_out and not select.is_started(ch) and impl != "skeleton":
-                plan.skip_reason = f"未开始：第 {ch.label} 章 {ch.id}（学员文件仍是骨架）"
+                plan.skip_reason = f"未开始：第 {ch.label} 章 {ch.id}（{ch.relpath} 仍是骨架）"
+            elif impl == "learner" and select.grading():
+                problems = integrity.scan_file(select.impl_path(ch, "learner"))
+                if problems:
+                    plan.fail_with("refused", integrity.refusal_message(ch.label, ch.id, ch.relpath, problems), [ch.id])
             if impl == "skeleton" and (self.expect_red or self.leave_one_out):
                 plan.expect_red = "each"
             return plan
@@ -95,8 +116,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     loo = config.getoption("--leave-one-out")
-    if loo is not None and loo not in {c.id for c in CHAPTERS}:
-        raise pytest.UsageError(f"--leave-one-out：没有叫 {loo!r} 的章节")
+    if loo is not None:
+        try:
+            loo = get_chapter(loo).id
+        except KeyError as err:
+            raise pytest.UsageError(f"--leave-one-out：{err.args[0]}") from None
+    if select.grading():
+        integrity.install_import_guard()
+    else:
+        try:  # a mistyped MINISGL_IMPL or selection file: one line, not an internal error
+            select.parse_impl_spec(os.environ.get(select.ENV_IMPL, ""))
+            select.saved_selection()
+        except select.ImplSpecError as err:
+            raise pytest.UsageError(str(err)) from None
     config.stash[_PLAN] = Plan(
         impl=config.getoption("--impl"),
         expect_red=config.getoption("--expect-red"),
@@ -131,11 +163,27 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 class _ChapterModule(pytest.Module):
-    """导入检查文件之前先换上它的那套实现，这样文件顶部的 ``from minisgl.x import ...`` 拿到对的对象。"""
+    """导入检查文件之前先换上它的那套实现，这样文件顶部的 ``from minisgl.x import ...`` 拿到对的对象。
+
+    学员文件导入失败时不让整个收集中断：记下原因，改用参考解答重新收集，这些检查在准备阶段失败。
+    """
 
     def _getobj(self):  # noqa: ANN202 - pytest internal hook
         select.use_selection(self.config.stash[_PLAN].for_file(self.path).selection)
         return super()._getobj()
+
+    def collect(self):  # noqa: ANN201 - pytest hook
+        fplan = self.config.stash[_PLAN].for_file(self.path)
+        select.load_errors.clear()
+        try:
+            return super().collect()
+        except Exception:
+            broken = {cid: err for cid, err in select.load_errors.items() if fplan.selection.get(cid) == "learner"}
+            if not broken:
+                raise
+        for cid, (kind, message) in broken.items():
+            fplan.fail_with(kind, message, [cid])
+        return super().collect()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -155,7 +203,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    select.use_selection(item.config.stash[_PLAN].for_file(item.path).selection)
+    fplan = item.config.stash[_PLAN].for_file(item.path)
+    if fplan.failure:
+        pytest.fail(fplan.failure, pytrace=False)
+    select.use_selection(fplan.selection)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -190,6 +241,7 @@ def _record(plan: Plan, path: Path, report: pytest.TestReport) -> None:
     key = ch.id if ch else (f"milestone{stage}" if stage else None)
     if key is not None:
         plan.results[key][report.outcome] += 1
+        plan.records[key] = plan.for_file(path).record
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -218,12 +270,12 @@ _PROBLEMS = pytest.StashKey[list]()
 def _write_results(config: pytest.Config, plan: Plan) -> None:
     path = config.getoption("--results-json")
     target = Path(path) if path else select.workspace_root() / ".minisgl" / "results.json"
-    if not plan.results or (path is None and plan.impl != "learner"):
+    if not plan.results or (path is None and (plan.impl != "learner" or plan.leave_one_out)):
         return  # the workspace file records the learner's own runs only
     old = json.loads(target.read_text(encoding="utf-8")) if target.is_file() else {}
     stamp = time.strftime("%Y-%m-%d %H:%M")
     for key, counts in plan.results.items():
-        old[key] = {**counts, "impl": plan.impl, "time": stamp}
+        old[key] = {**counts, "impl": plan.impl, **plan.records.get(key, {}), "time": stamp}
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(old, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
@@ -237,14 +289,37 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if plan.results:
         tr.section("各章结果")
         for key, counts in plan.results.items():
-            tr.write_line(
-                f"  {key:<16} 通过 {counts.get('passed', 0):>3}  失败 {counts.get('failed', 0):>3}"
-                f"  跳过 {counts.get('skipped', 0):>3}"
-            )
+            tr.write_line(f"  {_key_label(key)}  {summary(counts, plan.records.get(key))}")
     if skipped_chapters:
         tr.section("未开始的章节（检查已跳过）", red=True, bold=True)
         for reason in skipped_chapters:
             tr.write_line(f"  {reason.removeprefix('Skipped: ')}", yellow=True, bold=True)
-        tr.write_line("  动手写这一章（修改 stageN/<章>.py）后，它的检查就会运行。")
+        tr.write_line("  动手写这一章（修改上面列出的文件）后，它的检查就会运行。")
     for problem in config.stash.get(_PROBLEMS, []):
         tr.write_line(problem, red=True, bold=True)
+
+
+_NOTES = {"refused": "拒绝评分", "error": "导入失败"}
+
+
+def summary(counts: dict, record: dict | None = None) -> str:
+    """一章结果的一句话，任何情况下都是「通过 x/y」，再加备注：
+    ``通过 16/16``、``通过 3/16（导入失败）``、``通过 16/16（参考解答）``；全部跳过的是 ``未开始``。"""
+    passed, failed, skipped = (int(counts.get(k, 0)) for k in ("passed", "failed", "skipped"))
+    record = record or {}
+    if passed + failed == 0:
+        return "未开始" if skipped else "—"
+    notes = [_NOTES[k] for k in _NOTES if record.get(k)]
+    impl = record.get("impl", "learner")
+    if impl != "learner":
+        notes.append(select.SHORT_NAMES.get(impl, impl))
+    if skipped:
+        notes.append(f"跳过 {skipped}")
+    return f"通过 {passed}/{passed + failed}" + (f"（{'，'.join(notes)}）" if notes else "")
+
+
+def _key_label(key: str) -> str:
+    ch = next((c for c in CHAPTERS if c.id == key), None)
+    if ch is not None:
+        return f"{ch.label:>4} {ch.id:<16}"
+    return f"里程碑（第 {key.removeprefix('milestone')} 阶段）"

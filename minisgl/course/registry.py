@@ -92,12 +92,22 @@ STAGES: tuple[int, ...] = tuple(sorted({c.stage for c in CHAPTERS}))
 DERIVED_PUBLIC_MODULES: tuple[str, ...] = ("minisgl.llm", "minisgl.validation", "minisgl.scheduling")
 
 
-def get_chapter(chapter_id: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter:
+def find_chapter(name: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter | None:
+    """按 id（``cache_manager``）或编号（``2.2``）找章节；找不到返回 None。"""
+    name = name.strip()
     for ch in chapters:
-        if ch.id == chapter_id:
+        if name in (ch.id, ch.label):
             return ch
-    known = ", ".join(c.id for c in chapters)
-    raise KeyError(f"没有叫 {chapter_id!r} 的章节；已知章节：{known}")
+    return None
+
+
+def get_chapter(chapter_id: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter:
+    """同 :func:`find_chapter`，找不到时抛 KeyError，消息列出已知章节。"""
+    ch = find_chapter(chapter_id, chapters)
+    if ch is None:
+        known = ", ".join(f"{c.id}（{c.label}）" for c in chapters)
+        raise KeyError(f"没有叫 {chapter_id!r} 的章节；已知章节：{known}")
+    return ch
 
 
 def chapter_for_check_file(path: str | Path, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter | None:

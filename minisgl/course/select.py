@@ -1,8 +1,9 @@
 """每一章用哪份实现：学员代码、参考解答，还是未动过的骨架。
 
 规则（每个进程各自决定）：
-1. 被强制的一章用指定实现——环境变量 ``MINISGL_IMPL``（如 ``solution``、``core=solution,engine=learner``），
-   或 ``python -m minisgl.course use`` 写进工作区 ``.minisgl/selection.json`` 的选择；环境变量优先；
+1. 被强制的一章用指定实现——环境变量 ``MINISGL_IMPL``（如 ``solution``、``core=solution,2.2=learner``，
+   章节可写 id 或编号），或 ``python -m minisgl.course use`` 写进工作区 ``.minisgl/selection.json`` 的选择；
+   环境变量优先。评分时（``MINISGL_GRADING=1``，由 ``course grade`` 设置）这两样都不管；
 2. 否则，学员已经动手（文件与生成的骨架不同）就用学员代码；
 3. 否则用参考解答。所以新克隆下来就能跑完整引擎，学员写一章、接管一章。
 
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -19,18 +21,32 @@ import json
 import linecache
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from minisgl.course.registry import CHAPTERS, COURSE_ROOT, DERIVED_PUBLIC_MODULES, Chapter
+from minisgl.course import integrity
+from minisgl.course.registry import CHAPTERS, COURSE_ROOT, DERIVED_PUBLIC_MODULES, Chapter, find_chapter, get_chapter
 from minisgl.course.skeleton import make_skeleton
 
 IMPLS = ("learner", "solution", "skeleton")
+#: 给学员看的实现名（示例打印、status 里的结果备注）。
+SHORT_NAMES = {"learner": "你的代码", "solution": "参考解答", "skeleton": "骨架"}
 ENV_IMPL = "MINISGL_IMPL"
 ENV_WORKSPACE = "MINISGL_WORKSPACE"
 ENV_SOLUTIONS = "MINISGL_SOLUTIONS"
+ENV_GRADING = "MINISGL_GRADING"
 _MODULE_PREFIX = "_minisgl_impl"
+
+
+class ImplSpecError(ValueError):
+    """``MINISGL_IMPL`` 或保存的选择写错了；命令行把它打印成一行，不打印调用栈。"""
+
+
+def grading() -> bool:
+    """本进程是不是 ``course grade`` 的评分子进程：只认学员代码，拒绝引用参考解答的文件。"""
+    return os.environ.get(ENV_GRADING) == "1"
 
 
 def workspace_root() -> Path:
@@ -57,6 +73,12 @@ def skeleton_source(ch: Chapter) -> str:
     return make_skeleton(shipped_solution(ch).read_text(encoding="utf-8"), ch)
 
 
+def learner_hash(ch: Chapter, workspace: Path | None = None) -> str | None:
+    """学员文件内容的 sha256（结果里记下它，文件一改，旧结果就算过期）。"""
+    path = (workspace or workspace_root()) / ch.relpath
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
 def is_started(ch: Chapter, workspace: Path | None = None) -> bool:
     """学员文件和随课程发布的骨架不一样，就算开始了这一章。"""
     path = (workspace or workspace_root()) / ch.relpath
@@ -70,26 +92,37 @@ def selection_file(workspace: Path | None = None) -> Path:
 
 
 def parse_impl_spec(spec: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> dict[str, str]:
-    """``solution`` → 全部章节；``core=solution,engine=learner`` → 指定章节；``all=`` 同全部。"""
+    """``solution`` → 全部章节；``core=solution,2.2=learner`` → 指定章节（id 或编号）；``all=`` 同全部。"""
     out: dict[str, str] = {}
-    ids = [c.id for c in chapters]
     for part in filter(None, (p.strip() for p in spec.split(","))):
         key, _, value = part.rpartition("=")
-        key = key or "all"
+        key = key.strip() or "all"
+        value = value.strip()
         if value not in IMPLS + ("auto",):
-            raise ValueError(f"{ENV_IMPL} 里的实现 {value!r} 不认识；可选：{', '.join(IMPLS)}, auto")
+            raise ImplSpecError(f"环境变量 {ENV_IMPL} 里的实现 {value!r} 不认识；可选：{', '.join(IMPLS)}, auto")
         if key == "all":
-            out.update(dict.fromkeys(ids, value))
-        elif key in ids:
-            out[key] = value
-        else:
-            raise ValueError(f"{ENV_IMPL} 里的章节 {key!r} 不存在；已知章节：{', '.join(ids)}")
+            out.update(dict.fromkeys((c.id for c in chapters), value))
+            continue
+        ch = find_chapter(key, chapters)
+        if ch is None:
+            known = ", ".join(f"{c.id}（{c.label}）" for c in chapters)
+            raise ImplSpecError(f"环境变量 {ENV_IMPL} 里的章节 {key!r} 不存在；已知章节：{known}")
+        out[ch.id] = value
     return out
 
 
 def saved_selection(workspace: Path | None = None) -> dict[str, str]:
     path = selection_file(workspace)
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ImplSpecError(f"{path} 不是合法的 JSON（{err}）；删掉它或运行 python -m minisgl.course use auto all") from err
+    bad = {k: v for k, v in data.items() if v not in IMPLS} if isinstance(data, dict) else data
+    if bad or not isinstance(data, dict):
+        raise ImplSpecError(f"{path} 里有看不懂的选择 {bad!r}；删掉它或运行 python -m minisgl.course use auto all")
+    return data
 
 
 def save_selection(choices: dict[str, str], workspace: Path | None = None) -> None:
@@ -109,10 +142,12 @@ class Choice:
 _override: dict[str, str] = {}
 
 
-def choose(ch: Chapter) -> Choice:
-    """按模块文档里的规则为一章选实现。"""
-    if ch.id in _override:
+def choose(ch: Chapter, isolated: bool = True) -> Choice:
+    """按模块文档里的规则为一章选实现。``isolated=False``：不管 pytest 插件当前换上的那套（规划检查时用）。"""
+    if isolated and ch.id in _override:
         return Choice(_override[ch.id], "检查隔离")
+    if grading():
+        return Choice("learner", "评分") if is_started(ch) else Choice("solution", "未开始，用参考解答")
     env = parse_impl_spec(os.environ.get(ENV_IMPL, "")).get(ch.id, "auto")
     requested, source = (env, ENV_IMPL) if env != "auto" else (saved_selection().get(ch.id, "auto"), "course use")
     if requested != "auto":
@@ -164,6 +199,49 @@ def _load(ch: Chapter, impl: str) -> ModuleType:
 #: 本进程里各章实际用了哪份实现（pytest 表头、status 读它）。
 active: dict[str, Choice] = {}
 
+#: 本进程里导入失败的学员文件：章 id → (种类, 给学员看的说明)；种类是 ``refused``（拒绝评分）或 ``error``。
+load_errors: dict[str, tuple[str, str]] = {}
+
+
+def describe_load_error(ch: Chapter, exc: BaseException) -> tuple[str, str]:
+    """学员文件导入失败 → (种类, 说明)。语法错误给出行号和出错的那一行。"""
+    if isinstance(exc, integrity.RefusedError):
+        text = str(exc)
+        return "refused", text if text.startswith("第 ") else f"第 {ch.label} 章 {ch.id}：拒绝评分——{ch.relpath}：{text}"
+    if isinstance(exc, SyntaxError):
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
+    else:
+        learner = str(impl_path(ch, "learner"))
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == learner]
+        where = f"（{ch.relpath} 第 {frames[-1].lineno} 行）" if frames else ""
+        detail = f"{type(exc).__name__}: {exc}{where}"
+    head = f"第 {ch.label} 章 {ch.id}：你的文件 {ch.relpath} 导入失败，本章的检查都没有运行。"
+    return "error", f"{head}\n{detail}"
+
+
+def describe_selection(chapters: list[str] | None = None) -> str:
+    """一行说明各章用的是哪份实现，如 ``实现：你的代码（core、scheduler），其余章节用参考解答``。
+
+    示例开头打印它，学员一眼看出跑的是谁的代码。``chapters`` 可只列示例用到的章（id 或编号）。
+    已导入的章按实际加载的实现，没导入的按选择规则。
+    """
+    wanted = [get_chapter(c) for c in chapters] if chapters else list(CHAPTERS)
+    impls: dict[str, list[str]] = {}
+    for ch in wanted:
+        if not is_written(ch):
+            continue
+        impl = active[ch.id].impl if ch.id in active else choose(ch).impl
+        impls.setdefault(impl, []).append(ch.id)
+    if not impls:
+        return "实现：—"
+    if len(impls) == 1:
+        (impl,) = impls
+        who = "全部章节" if not chapters else "、".join(impls[impl]) + " "
+        return f"实现：{who}用{SHORT_NAMES[impl]}"
+    common = max(impls, key=lambda k: len(impls[k]))
+    parts = [f"{SHORT_NAMES[k]}（{'、'.join(v)}）" for k, v in impls.items() if k != common]
+    return f"实现：{'，'.join(parts)}，其余章节用{SHORT_NAMES[common]}"
+
 
 class ChapterFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """``import minisgl.<章>`` 的查找器：按 :func:`choose` 加载实现，并把它作为该公共模块交出。"""
@@ -176,8 +254,18 @@ class ChapterFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         ch = next(c for c in CHAPTERS if c.public_module == spec.name)
         choice = choose(ch)
-        module = _load(ch, choice.impl)
+        try:
+            if choice.impl == "learner" and grading():
+                problems = integrity.scan_file(impl_path(ch, "learner"))
+                if problems:
+                    raise integrity.RefusedError(integrity.refusal_message(ch.label, ch.id, ch.relpath, problems))
+            module = _load(ch, choice.impl)
+        except Exception as exc:
+            if choice.impl == "learner":
+                load_errors[ch.id] = describe_load_error(ch, exc)
+            raise
         active[ch.id] = choice
+        load_errors.pop(ch.id, None)
         return module
 
     def exec_module(self, module: ModuleType) -> None:
