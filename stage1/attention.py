@@ -85,8 +85,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
     GQA：每 Hq/Hkv 个 query 头共用一个 KV 头。在 fp32 里算 softmax，结果转回 q 的 dtype。
     """
-    # TODO 任务 attend：k/v 沿头维 repeat_interleave 成 Hq 个头；scores = einsum("qhd,khd->hqk") * scale；掩掉的填 -inf；softmax；再 einsum 乘 v
-    raise NotImplementedError('第 1.5 章 attention 的任务「attend」还没有实现。文档：docs/stage1/attention.md#attend 提示：k/v 沿头维 repeat_interleave 成 Hq 个头；scores = einsum("qhd,khd->hqk") * scale；掩掉的填 -inf；softmax；再 einsum 乘 v')
+    # TODO 任务 attend：k/v 沿头维 repeat_interleave 成 Hq 个头；q、k、v 先 .float()；scores = einsum("qhd,khd->hqk") * scale（scale 由调用者给）；掩掉的填 -inf；softmax；再 einsum 乘 v；结果 .to(q.dtype)
+    raise NotImplementedError('第 1.5 章 attention 的任务「attend」还没有实现。文档：docs/stage1/attention.md#attend 提示：k/v 沿头维 repeat_interleave 成 Hq 个头；q、k、v 先 .float()；scores = einsum("qhd,khd->hqk") * scale（scale 由调用者给）；掩掉的填 -inf；softmax；再 einsum 乘 v；结果 .to(q.dtype)')
 
 
 class TorchAttnBackend(BaseAttnBackend):
@@ -100,8 +100,8 @@ class TorchAttnBackend(BaseAttnBackend):
         batch.attn_metadata = make_varlen_metadata(batch, self.page_table.device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        # TODO 任务 torch_backend_forward：先 store_kv 到 batch.out_loc；再对每个请求：切出它的 q，gather_kv，造掩码，attend；最后 cat
-        raise NotImplementedError('第 1.5 章 attention 的任务「torch_backend_forward」还没有实现。文档：docs/stage1/attention.md#torch_backend_forward 提示：先 store_kv 到 batch.out_loc；再对每个请求：切出它的 q，gather_kv，造掩码，attend；最后 cat')
+        # TODO 任务 torch_backend_forward：先 store_kv 到 batch.out_loc；再对第 b 个请求：按 cu_seqlens_q_cpu 切出它的 q，gather_kv 查页表第 md.table_idx[b] 行（不是第 b 行），造掩码，attend（scale = head_dim ** -0.5，即 q.shape[-1] ** -0.5）；最后 cat
+        raise NotImplementedError('第 1.5 章 attention 的任务「torch_backend_forward」还没有实现。文档：docs/stage1/attention.md#torch_backend_forward 提示：先 store_kv 到 batch.out_loc；再对第 b 个请求：按 cu_seqlens_q_cpu 切出它的 q，gather_kv 查页表第 md.table_idx[b] 行（不是第 b 行），造掩码，attend（scale = head_dim ** -0.5，即 q.shape[-1] ** -0.5）；最后 cat')
 
 
 @dataclass
@@ -124,8 +124,8 @@ class SDPAAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         base = make_varlen_metadata(batch, self.page_table.device)
         device = self.page_table.device
-        # TODO 任务 padded_metadata：算出 q_index、out_index、kv_slots 和 mask（补的 query 行也要至少能看到一个 key，免得 softmax 出 NaN）
-        raise NotImplementedError('第 1.5 章 attention 的任务「padded_metadata」还没有实现。文档：docs/stage1/attention.md#padded_metadata 提示：算出 q_index、out_index、kv_slots 和 mask（补的 query 行也要至少能看到一个 key，免得 softmax 出 NaN）')
+        # TODO 任务 padded_metadata：算出 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k] 和 mask [B, max_q, max_k]（布尔，头维下面再加）；q_index、out_index、mask 可以在 CPU 上造（下面统一 .to(device)），kv_slots 直接取页表里 table_idx 那几行的前 max_k 列（已在设备上，转成 long）；补的 query 行的位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，不会整行被屏蔽
+        raise NotImplementedError('第 1.5 章 attention 的任务「padded_metadata」还没有实现。文档：docs/stage1/attention.md#padded_metadata 提示：算出 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k] 和 mask [B, max_q, max_k]（布尔，头维下面再加）；q_index、out_index、mask 可以在 CPU 上造（下面统一 .to(device)），kv_slots 直接取页表里 table_idx 那几行的前 max_k 列（已在设备上，转成 long）；补的 query 行的位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，不会整行被屏蔽')
         batch.attn_metadata = PaddedMetadata(
             **vars(base),
             q_index=q_index.to(device),

@@ -98,7 +98,7 @@ class Req:
     def __repr__(self) -> str:
         return (
             f"Req(uid={self.uid}, table_idx={self.table_idx}, cached_len={self.cached_len}, "
-            f"device_len={self.device_len}, max_device_len={self.max_device_len})"
+            f"device_len={getattr(self, 'device_len', '未算')}, max_device_len={getattr(self, 'max_device_len', '未算')})"
         )
 
 
@@ -132,6 +132,18 @@ class Batch:
     @property
     def size(self) -> int:
         return len(self.reqs)
+
+    def __repr__(self) -> str:
+        # 前向之前才填的字段可能还没有：repr 不能因此出错（报错信息、调试器里都会打印批次）
+        def show(name: str) -> str:
+            value = getattr(self, name, None)
+            if value is None:
+                return "未填"
+            return f"{tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+
+        fields = ", ".join(f"{name}={show(name)}" for name in ("input_ids", "positions", "out_loc", "attn_metadata"))
+        reqs = ", ".join(map(repr, self.reqs[:4])) + (f", …共 {len(self.reqs)} 个" if len(self.reqs) > 4 else "")
+        return f"Batch(phase={self.phase!r}, reqs=[{reqs}], {fields})"
 
 
 @dataclass

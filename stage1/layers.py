@@ -200,8 +200,8 @@ class LMHead(Linear):
         return {} if self._tied else super().own_slots(prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO 任务 lm_head_last_tokens：用 ctx.batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再做线性变换
-        raise NotImplementedError('第 1.2 章 layers 的任务「lm_head_last_tokens」还没有实现。文档：docs/stage1/layers.md#lm_head_last_tokens 提示：用 ctx.batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再做线性变换')
+        # TODO 任务 lm_head_last_tokens：batch = get_global_ctx().batch；用 batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再交给 super().forward（Linear 的前向：打包成快速布局后 self.weight 是 None，不能直接 F.linear）
+        raise NotImplementedError('第 1.2 章 layers 的任务「lm_head_last_tokens」还没有实现。文档：docs/stage1/layers.md#lm_head_last_tokens 提示：batch = get_global_ctx().batch；用 batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再交给 super().forward（Linear 的前向：打包成快速布局后 self.weight 是 None，不能直接 F.linear）')
 
 
 # ----------------------------------------------------------------------------- 归一化、激活、位置编码

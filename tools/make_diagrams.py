@@ -105,7 +105,45 @@ def attention():
     b += mask(220, 130, "B：cached_len=3，seq_len=5", 3, 5, C["orange"])
     b += text(220, 210, "B 的两个 query 位于位置 3、4：", anchor="start", color=C["muted"], size=12)
     b += text(220, 226, "前 3 个 key 早已在缓存里，照样看得见", anchor="start", color=C["muted"], size=12)
-    return svg(460, 250, b)
+    # SDPA 后端：同一批补齐成矩形（B=2，max_q=4，max_k=5）
+    y = 270
+    b += line(20, y - 14, 540, y - 14, dash=True, color=C["muted"])
+    b += text(20, y + 6, "SDPA 后端：补齐成 [B=2, max_q=4] 个 query、[B, max_k=5] 个 key", anchor="start", weight="bold")
+    y += 24
+    b += text(20, y + 12, "q_index [B, max_q]：每格取拼接张量里第几个 token（灰：补的，重复本请求最后一个）", anchor="start", size=12)
+    qi = [[0, 1, 2, 3], [4, 5, 5, 5]]
+    for r, row in enumerate(qi):
+        b += text(34, y + 40 + r * 26, "AB"[r], color=C["muted"])
+        for i, t in enumerate(row):
+            real = i < (4, 2)[r]
+            b += rect(48 + i * 34, y + 25 + r * 26, 30, 22, (C["extend"], C["orange"])[r] if real else C["gray"], dash=not real)
+            b += text(63 + i * 34, y + 40 + r * 26, str(t))
+            b += text(75 + i * 34, y + 32 + r * 26, str(r * 4 + i), size=8, color=C["muted"])
+    b += text(200, y + 40, "摊平后的位置（小字）0..7；", anchor="start", size=12, color=C["muted"])
+    b += text(200, y + 58, "out_index [T] = [0, 1, 2, 3, 4, 5]：挑回 6 个真实 query", anchor="start", size=12)
+    b += text(48, y + 96, "若 B 排在 A 前：q_index = [[0, 1, 1, 1], [2, 3, 4, 5]]，out_index = [0, 1, 4, 5, 6, 7]", anchor="start", size=12, color=C["muted"])
+    y += 114
+    b += text(20, y + 12, "kv_slots [B, max_k] = page_table[[A 的 table_idx, B 的 table_idx], :5]（已在设备上）", anchor="start", size=12)
+    for r, n in enumerate((4, 5)):
+        b += text(34, y + 40 + r * 26, "AB"[r], color=C["muted"])
+        for j in range(5):
+            b += rect(48 + j * 34, y + 25 + r * 26, 30, 22, (C["cached"] if (r == 1 and j < 3) else (C["extend"], C["orange"])[r]) if j < n else C["gray"], dash=j >= n)
+            b += text(63 + j * 34, y + 40 + r * 26, f"s{j}" if j < n else "·", size=11)
+    b += text(230, y + 40, "每行是该请求页表行的前 max_k 个槽位；", anchor="start", size=12, color=C["muted"])
+    b += text(230, y + 58, "超出 seq_len 的（灰）指向随便一个合法槽位，由 mask 屏蔽", anchor="start", size=12, color=C["muted"])
+    y += 96
+    b += text(20, y + 12, "mask [B, max_q, max_k]（传给 SDPA 前再加头维 → [B, 1, max_q, max_k]）", anchor="start", size=12)
+    for r, (cached, seq, ext) in enumerate(((0, 4, 4), (3, 5, 2))):
+        x0 = 48 + r * 250
+        b += text(x0, y + 34, f"{'AB'[r]}：cached_len={cached}，seq_len={seq}", anchor="start", size=12, color=C["muted"])
+        for i in range(4):
+            for j in range(5):
+                vis = j <= cached + i and j < seq
+                fill = (C["extend"], C["orange"])[r] if i < ext else C["gray"]
+                b += rect(x0 + j * 22, y + 42 + i * 22, 20, 20, fill if vis else C["future"], rx=2)
+    b += text(20, y + 148, "B 的第 2、3 行（灰）是补的：位置照样记作 cached_len + i = 5、6，超出 seq_len，", anchor="start", size=12, color=C["muted"])
+    b += text(20, y + 166, "所以整行可见、不会全被屏蔽（整行屏蔽时手写的 softmax 得 NaN）", anchor="start", size=12, color=C["muted"])
+    return svg(560, y + 180, b)
 
 # 5. radix tree of the milestone
 def radix():

@@ -60,6 +60,16 @@ def smollm2_reference(smollm2_path: str, smollm2_prompts: list[list[int]]) -> li
 # ----------------------------------------------------------------------------- 共用工具
 
 
+def assert_close_zh(actual: object, expected: object, sentence: str, **tol: object) -> None:
+    """``torch.testing.assert_close``，失败时在 torch 自己的统计（不一致的元素个数、最大绝对/相对误差）前面
+    加上一句中文说明。直接传 ``msg="…"`` 会把那些数字整个换掉，学员只看到“不一致”却不知道差多少。
+
+    检查文件用 ``from .conftest import assert_close_zh`` 导入（它不依赖任何章节模块）。
+    """
+    torch.testing.assert_close(actual, expected, msg=lambda detail: f"{sentence}\n{detail}", **tol)
+
+
+
 class Hand:
     """检查里共用的小工具（HF 参考、手工驱动引擎），经 ``hand`` fixture 拿到（检查文件不能 import conftest）。"""
 

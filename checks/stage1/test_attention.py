@@ -19,6 +19,8 @@ from minisgl.attention import (
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kvcache import MHAKVCache, create_page_table
 
+from .conftest import assert_close_zh
+
 HQ, HKV, D = 4, 2, 16
 
 
@@ -53,28 +55,36 @@ def test_attend_gqa_matches_reference() -> None:
     torch.manual_seed(0)
     q, k, v = torch.randn(7, HQ, D), torch.randn(7, HKV, D), torch.randn(7, HKV, D)
     got = attend(q, k, v, causal_mask_with_prefix(0, 7), D**-0.5)
-    torch.testing.assert_close(got, dense_reference(q, k, v), atol=1e-5, rtol=1e-5, msg="GQA 因果注意力与参考不一致")
+    assert_close_zh(got, dense_reference(q, k, v), "GQA 因果注意力与参考不一致", atol=1e-5, rtol=1e-5)
     got = attend(q[4:], k, v, causal_mask_with_prefix(4, 7), D**-0.5)  # 只算后 3 个 query，前 4 个 key 来自缓存
-    torch.testing.assert_close(got, dense_reference(q, k, v)[4:], atol=1e-5, rtol=1e-5, msg="带缓存前缀的注意力不一致")
+    assert_close_zh(got, dense_reference(q, k, v)[4:], "带缓存前缀的注意力不一致", atol=1e-5, rtol=1e-5)
 
 
 def make_case(page_size: int, lens: list[tuple[int, int]], seed: int = 0):  # noqa: ANN201
-    """造一个批次：每个请求 (cached_len, device_len)，前缀 K/V 已按打乱的页写进池子。返回被测需要的一切和参考输出。"""
+    """造一个批次：每个请求 (cached_len, device_len)，前缀 K/V 已按打乱的页写进池子。返回被测需要的一切和参考输出。
+
+    第 i 个请求不在页表第 i 行：行号打乱（``rows[i] != i``），其余行填上别的页，
+    这样用批次里的序号代替 ``req.table_idx`` 去查页表的实现会读到别人的 K/V。"""
     torch.manual_seed(seed)
-    num_pages = 64 // page_size
+    num_pages = 96 // page_size
     cache = MHAKVCache(HKV, 2, D, num_pages=num_pages, page_size=page_size, dtype=torch.float32, device="cpu")
-    table = create_page_table(len(lens), 16, "cpu")
+    n_rows = len(lens) + 1
+    table = create_page_table(n_rows, 16, "cpu")
     perm = torch.randperm(num_pages)
     per_row = 16 // page_size
+    rows = [(i + 2) % n_rows for i in range(len(lens))]  # 第 i 个请求在第 (i+2) % n 行，没有一个在第 i 行
+    for r in range(n_rows + 1):  # 先把每一行（含留给假请求的最后一行）都填上互不重叠的页
+        pages = perm[r * per_row : (r + 1) * per_row]
+        table[r] = (pages[:, None] * page_size + torch.arange(page_size)).flatten().to(torch.int32)
+    cache.k_cache(1).normal_()  # 没被任何请求用到的槽位也放上数，读错行会得到别的值
+    cache.v_cache(1).normal_()
     reqs, qs, ks, vs, refs, out_loc = [], [], [], [], [], []
-    for row, (cached, total) in enumerate(lens):
-        pages = perm[row * per_row : (row + 1) * per_row]
-        table[row] = (pages[:, None] * page_size + torch.arange(page_size)).flatten().to(torch.int32)
+    for row, (cached, total) in zip(rows, lens):
         q_all, k_all, v_all = torch.randn(total, HQ, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)
         slots = table[row, :total].long()
         cache.k_cache(1)[slots[:cached]] = k_all[:cached]  # 缓存里的前缀
         cache.v_cache(1)[slots[:cached]] = v_all[:cached]
-        req = Req(torch.arange(total, dtype=torch.int32), row, cached, 4, row, SamplingParams())
+        req = Req(torch.arange(total, dtype=torch.int32), row, cached, 4, len(reqs), SamplingParams())
         reqs.append(req)
         qs.append(q_all[cached:])
         ks.append(k_all[cached:])
@@ -103,8 +113,10 @@ def test_backend_matches_dense_reference(backend_cls: type, page_size: int, case
     backend.prepare_metadata(batch)
     out = backend.forward(q, k, v, 1, batch)
     assert out.shape == q.shape, "输出形状应与 q 相同：[T, Hq, D]"
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5, msg=f"{case} 批次的注意力输出与参考不一致")
-    torch.testing.assert_close(cache.k_cache(1)[batch.out_loc.long()], k, msg="后端应先把本轮的 K 写进 out_loc")
+    rows = [r.table_idx for r in batch.reqs]
+    hint = f"请求依次在页表第 {rows} 行（不是 0、1、2…）：查页表用的是 req.table_idx 吗？scale 是 head_dim ** -0.5 吗？"
+    assert_close_zh(out, ref, f"{case} 批次的注意力输出与参考不一致。{hint}", atol=1e-5, rtol=1e-5)
+    assert_close_zh(cache.k_cache(1)[batch.out_loc.long()], k, "后端应先把本轮的 K 写进 out_loc")
     last = batch.attn_metadata.get_last_indices(batch.size)
     ends = torch.tensor([r.extend_len for r in batch.reqs]).cumsum(0) - 1
     assert last.tolist() == ends.tolist(), "get_last_indices 应给出每个请求最后一个 token 在拼接张量里的下标"
@@ -114,7 +126,8 @@ def test_varlen_metadata() -> None:
     _, _, batch, *_ = make_case(1, CASES["prefix"])
     md = make_varlen_metadata(batch, torch.device("cpu"))
     assert md.cu_seqlens_q.tolist() == md.cu_seqlens_q_cpu == [0, 4, 8, 9, 16]
-    assert md.cached_lens == [3, 0, 8, 5] and md.seq_lens == [7, 4, 9, 12] and md.table_idx == [0, 1, 2, 3]
+    assert md.cached_lens == [3, 0, 8, 5] and md.seq_lens == [7, 4, 9, 12]
+    assert md.table_idx == [r.table_idx for r in batch.reqs], f"table_idx 应逐个抄 req.table_idx，得到 {md.table_idx}"
 
 
 def test_create_backend() -> None:
@@ -122,8 +135,59 @@ def test_create_backend() -> None:
     auto = create_attention_backend("auto", cache, table, HQ)
     assert isinstance(auto, SDPAAttnBackend), "CPU 上 auto 应选 SDPA"
     auto.prepare_metadata(batch)
-    torch.testing.assert_close(auto.forward(q, k, v, 1, batch), ref, atol=1e-5, rtol=1e-5)
+    assert_close_zh(auto.forward(q, k, v, 1, batch), ref, "auto 选出的后端算错了", atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
         create_attention_backend("nope", cache, table, HQ)
     with pytest.raises(ValueError):
         create_attention_backend("fi", cache, table, HQ)  # FlashInfer 只能在 CUDA 上用
+
+
+def test_attend_bf16_softmax_in_fp32_and_cast_back() -> None:
+    """bf16 输入：docstring 要求 softmax 在 fp32 里算、结果转回 q 的 dtype。参考是 fp64 算出再舍入到 bf16；
+    照要求做的实现几乎每个元素都与它相同，在 bf16 里算分数或 softmax 的实现有一大半元素差出一两个 ulp。"""
+    torch.manual_seed(0)
+    L = 40
+    q = (torch.randn(L, HQ, D) * 3).bfloat16()  # 分数大一些，bf16 的舍入误差在 exp 之后才看得出来
+    k, v = torch.randn(L, HKV, D).bfloat16(), torch.randn(L, HKV, D).bfloat16()
+    mask = causal_mask_with_prefix(0, L)
+    got = attend(q, k, v, mask, D**-0.5)
+    assert got.dtype == torch.bfloat16, f"attend 的结果应转回 q 的 dtype（bfloat16），得到 {got.dtype}"
+    kk, vv = k.double().repeat_interleave(HQ // HKV, 1), v.double().repeat_interleave(HQ // HKV, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), kk) * D**-0.5
+    want = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), vv).bfloat16()
+    differ = (got != want).sum().item()
+    assert differ <= got.numel() // 100, (
+        f"bf16 输入时有 {differ}/{got.numel()} 个元素与 fp64 参考（舍入到 bf16）不同，"
+        f"最大差 {(got.float() - want.float()).abs().max().item():.4g}：分数和 softmax 要先 .float() 再算，最后 .to(q.dtype)"
+    )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_padded_mask_every_row_sees_a_key(case: str) -> None:
+    """SDPA 后端的 mask 是 [B, 1, max_q, max_k]，并且每一行（包括补出来的 query 行）至少有一个可见的 key。
+    全被屏蔽的行在手写 softmax 里是 NaN；新版 PyTorch 的 CPU SDPA 会悄悄给 0，所以输出对了也要单独查掩码。"""
+    cache, table, batch, *_ = make_case(4, CASES[case])
+    SDPAAttnBackend(cache, table).prepare_metadata(batch)
+    md = batch.attn_metadata
+    bs = batch.size
+    max_q = max(r.extend_len for r in batch.reqs)
+    max_k = max(r.device_len for r in batch.reqs)
+    assert tuple(md.mask.shape) == (bs, 1, max_q, max_k), f"mask 应是 [B, 1, max_q, max_k] = {(bs, 1, max_q, max_k)}，得到 {tuple(md.mask.shape)}"
+    assert tuple(md.kv_slots.shape) == (bs, max_k), f"kv_slots 应是 [B, max_k] = {(bs, max_k)}，得到 {tuple(md.kv_slots.shape)}"
+    blind = (~md.mask.any(-1)).nonzero().tolist()
+    assert not blind, f"这些 (请求, 头, query 行) 一个 key 都看不到：{blind[:6]}；补出来的行也要至少看得见一个 key"
+    for b, r in enumerate(batch.reqs):  # 真实的行：因果（错开 cached_len）且不超出 seq_len
+        want = causal_mask_with_prefix(r.cached_len, r.device_len)
+        got = md.mask[b, 0, : r.extend_len, : r.device_len]
+        assert got.tolist() == want.tolist(), f"请求 {b}（cached_len={r.cached_len}, seq_len={r.device_len}）真实 query 行的掩码不对"
+        assert not md.mask[b, 0, : r.extend_len, r.device_len :].any(), f"请求 {b} 的真实 query 看到了超出 seq_len={r.device_len} 的 key"
+
+
+def test_varlen_metadata_dtypes() -> None:
+    """docstring 说 cu_seqlens_q 是设备上的 int32（FlashInfer / FlashAttention 只收 int32）；Python 列表给 Python 循环用。"""
+    _, _, batch, *_ = make_case(1, CASES["prefill"])
+    md = make_varlen_metadata(batch, torch.device("cpu"))
+    assert md.cu_seqlens_q.dtype == torch.int32, f"cu_seqlens_q 应是 int32，得到 {md.cu_seqlens_q.dtype}（torch.tensor(列表) 缺省是 int64）"
+    assert isinstance(md.cu_seqlens_q_cpu, list) and all(isinstance(x, int) for x in md.cu_seqlens_q_cpu), (
+        f"cu_seqlens_q_cpu 应是 Python 的 int 列表，得到 {md.cu_seqlens_q_cpu!r}"
+    )

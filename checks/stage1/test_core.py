@@ -106,3 +106,46 @@ def test_context_forward_batch() -> None:
     set_global_ctx(ctx)
     assert get_global_ctx() is ctx
     set_global_ctx(None)
+
+
+def test_batch_repr_before_fields_are_filled() -> None:
+    """报错信息和调试器都会打印批次：input_ids 等字段填好之前，repr 也不能抛 AttributeError。"""
+    batch = Batch([make_req(table_idx=3)], "prefill")
+    try:
+        text = repr(batch)
+    except AttributeError as e:
+        pytest.fail(f"repr(Batch) 在字段填好之前抛了 {e!r}：Batch.__repr__ 是骨架里给好的代码，请从新版 stage1/core.py 抄过来")
+    assert "prefill" in text and "table_idx=3" in text, f"repr 应显示 phase 和请求，得到 {text}"
+
+
+@pytest.mark.parametrize("token", [torch.tensor(42), torch.tensor([42]), torch.tensor([42], dtype=torch.int32)], ids=["int64-0维", "int64-[1]", "int32-[1]"])
+def test_append_host_normalizes_token(token: torch.Tensor) -> None:
+    """采样器给的 token 可能是 int64、可能是 0 维：接上之后 input_ids 仍是 1 维 int32。"""
+    req = make_req(prompt_len=3)
+    req.complete_one()
+    req.append_host(token)
+    ids = req.input_ids
+    assert ids.dtype == torch.int32 and ids.dim() == 1, (
+        f"append_host({token.dtype}, 形状 {tuple(token.shape)}) 之后 input_ids 应是 1 维 int32，得到 {ids.dtype}、形状 {tuple(ids.shape)}"
+    )
+    assert ids.tolist() == [100, 101, 102, 42]
+
+
+def test_forward_batch_cleared_after_error() -> None:
+    ctx = Context(page_size=4)
+    with pytest.raises(KeyError):
+        with ctx.forward_batch(Batch([make_req()], "prefill")):
+            raise KeyError("前向出错")
+    assert ctx._batch is None, "with 块里抛了异常之后 _batch 应清回 None（用 try/finally），否则下一个批次进不来"
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(top_k=1), dict(top_k=-1), dict(top_p=1.0), dict(temperature=0.0), dict(max_tokens=1)], ids=lambda kw: str(kw)
+)
+def test_sampling_params_boundaries_are_valid(kw: dict) -> None:
+    """边界上的值都合法：top_k=1（贪心）、top_k=-1（不限制）、top_p=1、temperature=0、max_tokens=1。"""
+    params = SamplingParams(**kw)
+    try:
+        params.validate()
+    except ValueError as e:
+        pytest.fail(f"{kw} 是合法的边界值，validate() 却拒绝了：{e}")

@@ -225,3 +225,16 @@ def test_smollm2_batched_equals_hf(smollm2_engines, smollm2_prompts, smollm2_ref
     reqs = make_reqs(engine, hand, smollm2_prompts, len(smollm2_reference[0]), rows)
     ours = hand.run_to_completion(engine, Batch, reqs)
     assert ours == smollm2_reference, describe_mismatch(ours, smollm2_reference)
+
+
+def test_top_p_renormalizes_after_top_k() -> None:
+    """先 top_k 再 top_p：核要在 top_k 留下的概率重新归一化之后再算（文档：“在剩下的里（重新归一化后）”）。"""
+    probs = torch.tensor([[0.5, 0.3, 0.2]])
+    got = top_k_top_p_filter(probs, torch.tensor([2]), torch.tensor([0.6]))
+    kept = (got[0] > 0).tolist()
+    assert kept == [True, False, False], (
+        f"top_k=2 后重新归一化为 [0.625, 0.375]，第一名已达到 top_p=0.6，只该留第一名；实际留下 {kept}"
+    )
+    got = top_k_top_p_filter(probs, torch.tensor([3]), torch.tensor([0.6]))
+    assert (got[0] > 0).tolist() == [True, True, False], "不截 top_k 时，前两名（0.5 + 0.3）才达到 0.6"
+

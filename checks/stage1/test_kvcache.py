@@ -9,6 +9,8 @@ from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.kvcache import MHAKVCache, create_page_table, pages_to_slots
 
+from .conftest import assert_close_zh
+
 
 def make_cache(page_size: int = 4, num_pages: int = 6) -> MHAKVCache:
     return MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=num_pages, page_size=page_size,
@@ -38,8 +40,8 @@ def test_store_kv_writes_exactly_out_loc(page_size: int) -> None:
     out_loc = torch.tensor([17, 3, 9, 22, 0], dtype=torch.int32)
     k, v = torch.randn(5, 2, 8), torch.randn(5, 2, 8)
     cache.store_kv(k, v, out_loc, layer_id=1)
-    torch.testing.assert_close(cache.k_cache(1)[out_loc.long()], k, msg="K 没写到 out_loc 指定的槽位")
-    torch.testing.assert_close(cache.v_cache(1)[out_loc.long()], v, msg="V 没写到 out_loc 指定的槽位")
+    assert_close_zh(cache.k_cache(1)[out_loc.long()], k, "K 没写到 out_loc 指定的槽位")
+    assert_close_zh(cache.v_cache(1)[out_loc.long()], v, "V 没写到 out_loc 指定的槽位")
     untouched = torch.ones(24, dtype=torch.bool)
     untouched[out_loc.long()] = False
     for layer in range(3):
@@ -52,14 +54,16 @@ def test_pages_to_slots() -> None:
     assert pages_to_slots(torch.tensor([3, 1], dtype=torch.int32), 2).tolist() == [6, 7, 2, 3]
     assert pages_to_slots(torch.tensor([5, 0, 2]), 1).tolist() == [5, 0, 2]
     slots = pages_to_slots(torch.tensor([2, 0], dtype=torch.int32), 4)
-    assert slots.tolist() == [8, 9, 10, 11, 0, 1, 2, 3] and slots.dtype == torch.int32, "应保持页号的 dtype"
+    assert slots.tolist() == [8, 9, 10, 11, 0, 1, 2, 3], f"pages=[2, 0]、page_size=4 应得 [8..11, 0..3]，得到 {slots.tolist()}"
+    assert slots.dtype == torch.int32, f"应保持页号的 dtype（int32），得到 {slots.dtype}"
 
 
 def test_bytes_per_page() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         cache = MHAKVCache(2, 3, 8, num_pages=5, page_size=4, dtype=dtype, device="cpu")
         total = cache._kv_buffer.numel() * cache._kv_buffer.element_size()
-        assert MHAKVCache.bytes_per_page(2, 3, 8, 4, dtype) * 5 == total, "每页字节数 × 页数应等于整个 KV 池的大小"
+        got = MHAKVCache.bytes_per_page(2, 3, 8, 4, dtype)
+        assert got * 5 == total, f"{dtype}：每页字节数 × 页数应等于整个 KV 池的大小 {total}，得到 {got} × 5 = {got * 5}"
     assert MHAKVCache.bytes_per_page(8, 28, 128, 1, torch.float32) == 2 * 28 * 8 * 128 * 4
 
 
@@ -71,9 +75,9 @@ def test_engine_writes_kv_only_at_out_loc(tiny_path: str, hand, page_size: int) 
     page_table = create_page_table(2, 64, "cpu")
     assert page_table.shape == engine.page_table.shape and page_table.dtype == torch.int32
     reqs = []
-    for row, prompt in enumerate([[1, 2, 3, 4, 5], [9, 8, 7]]):
+    for uid, (row, prompt) in enumerate(zip([1, 0], [[1, 2, 3, 4, 5], [9, 8, 7]])):  # 第 i 个请求不在第 i 行
         hand.assign_pages(engine, row)
-        reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), row, 0, 4, row, SamplingParams()))
+        reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), row, 0, 4, uid, SamplingParams()))
     for phase in ("prefill", "decode", "decode"):
         batch = Batch(reqs, phase)
         hand.fill_batch(engine, batch)

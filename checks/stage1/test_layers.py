@@ -25,6 +25,8 @@ from minisgl.layers import (
     silu_and_mul,
 )
 
+from .conftest import assert_close_zh
+
 CPU = torch.device("cpu")
 
 
@@ -39,7 +41,7 @@ def test_rms_norm_matches_hf(dtype: torch.dtype, atol: float) -> None:
     got = ours.forward(x)
     want = hf(x)
     assert got.dtype == want.dtype, "输出 dtype 应与 HF 相同"
-    torch.testing.assert_close(got, want, atol=atol, rtol=0, msg="RMSNorm 与 HF 的 Qwen3RMSNorm 不一致")
+    assert_close_zh(got, want, "RMSNorm 与 HF 的 Qwen3RMSNorm 不一致", atol=atol, rtol=0)
     torch.testing.assert_close(rms_norm(x, hf.weight.data, 1e-6), want, atol=atol, rtol=0)
 
 
@@ -50,7 +52,7 @@ def test_silu_and_mul_matches_hf_mlp() -> None:
     x = torch.randn(5, 16)
     gate_up = torch.cat([x @ mlp.gate_proj.weight.T, x @ mlp.up_proj.weight.T], dim=-1)
     got = silu_and_mul(gate_up) @ mlp.down_proj.weight.T
-    torch.testing.assert_close(got, mlp(x), atol=1e-6, rtol=1e-5, msg="silu_and_mul：前一半是 gate、后一半是 up")
+    assert_close_zh(got, mlp(x), "silu_and_mul：前一半是 gate、后一半是 up", atol=1e-6, rtol=1e-5)
 
 
 def test_rotary_matches_hf() -> None:
@@ -64,8 +66,8 @@ def test_rotary_matches_hf() -> None:
     hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     ours = RotaryEmbedding(head_dim, theta, 512, device=CPU)
     gq, gk = ours.forward(positions, q, k)
-    torch.testing.assert_close(gq, hq[0].transpose(0, 1), atol=1e-5, rtol=1e-5, msg="RoPE（q）与 HF 不一致")
-    torch.testing.assert_close(gk, hk[0].transpose(0, 1), atol=1e-5, rtol=1e-5, msg="RoPE（k）与 HF 不一致")
+    assert_close_zh(gq, hq[0].transpose(0, 1), "RoPE（q）与 HF 不一致", atol=1e-5, rtol=1e-5)
+    assert_close_zh(gk, hk[0].transpose(0, 1), "RoPE（k）与 HF 不一致", atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(apply_rotary(q, cos[0], sin[0]), hq[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
 
 
@@ -88,8 +90,8 @@ def test_merged_linear_equals_separate(bias: bool) -> None:
     op, ws, bs = make_qkv(bias)
     x = torch.randn(3, 6)
     want = torch.cat([F.linear(x, w, b if bias else None) for w, b in zip(ws, bs)], dim=-1)
-    torch.testing.assert_close(op.forward(x), want, msg="合并的 qkv 线性层应等于分别算 q、k、v 再拼接")
-    torch.testing.assert_close(op.weight, torch.cat(ws), msg="第 i 段应装在 sum(output_sizes[:i]) 开始的那几行")
+    assert_close_zh(op.forward(x), want, "合并的 qkv 线性层应等于分别算 q、k、v 再拼接")
+    assert_close_zh(op.weight, torch.cat(ws), "第 i 段应装在 sum(output_sizes[:i]) 开始的那几行")
 
 
 def test_merged_linear_rejects_wrong_shape() -> None:
@@ -109,7 +111,7 @@ def test_fast_linear_matches_reference() -> None:
     assert fast_linear_supported(CPU, torch.float32), "CPU 上 fp32 的 oneDNN 快速路径应当可用"
     assert pack_linear_weights(op) == 1 and op.weight is None, "打包后的权重应取代原权重"
     for rows in (1, 5):
-        torch.testing.assert_close(op.forward(x[:rows]), want[:rows], atol=1e-5, rtol=1e-5, msg="oneDNN 路径与 F.linear 不一致")
+        assert_close_zh(op.forward(x[:rows]), want[:rows], "oneDNN 路径与 F.linear 不一致", atol=1e-5, rtol=1e-5)
 
 
 @dataclass
@@ -186,8 +188,34 @@ def test_attention_layer_forward(qk_norm: bool) -> None:
     q, k = rotary.forward(positions, q, k)
     got_q, got_k, got_v, layer_id = backend.seen
     assert layer_id == 3
-    torch.testing.assert_close(got_q, q, msg="交给后端的 q 应是拆分、（q_norm、）RoPE 之后的 [T, Hq, D]")
-    torch.testing.assert_close(got_k, k, msg="交给后端的 k 应是拆分、（k_norm、）RoPE 之后的 [T, Hkv, D]")
-    torch.testing.assert_close(got_v, v, msg="v 不做归一化和 RoPE")
+    assert_close_zh(got_q, q, "交给后端的 q 应是拆分、（q_norm、）RoPE 之后的 [T, Hq, D]")
+    assert_close_zh(got_k, k, "交给后端的 k 应是拆分、（k_norm、）RoPE 之后的 [T, Hkv, D]")
+    assert_close_zh(got_v, v, "v 不做归一化和 RoPE")
     assert out.shape == (3, hq * d), "输出应摊平成 [T, Hq * D]"
     set_global_ctx(None)
+
+
+def test_rotary_bf16_matches_hf() -> None:
+    """bf16 的 q/k：cos/sin 表是 fp32，要先转成 x 的 dtype 再乘（HF 的 Qwen3RotaryEmbedding 也这样返回），结果仍是 bf16。"""
+    torch.manual_seed(0)
+    head_dim, theta = 32, 1_000_000.0
+    cfg = Qwen3Config(head_dim=head_dim, hidden_size=64, num_attention_heads=4, rope_theta=theta, max_position_embeddings=512)
+    positions = torch.tensor([0, 3, 50, 200, 511], dtype=torch.int32)
+    q = torch.randn(len(positions), 4, head_dim).bfloat16()
+    k = torch.randn(len(positions), 2, head_dim).bfloat16()
+    cos, sin = Qwen3RotaryEmbedding(cfg)(q, positions[None].long())  # 已是 bf16
+    hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    gq, gk = RotaryEmbedding(head_dim, theta, 512, device=CPU).forward(positions, q, k)
+    assert gq.dtype == torch.bfloat16 and gk.dtype == torch.bfloat16, (
+        f"bf16 的 q/k 做完 RoPE 应仍是 bf16，得到 {gq.dtype}/{gk.dtype}：cos/sin 要先 .to(x.dtype)"
+    )
+    assert_close_zh(gq, hq[0].transpose(0, 1), "bf16 下 RoPE（q）与 HF 不一致：cos/sin 要先转成 x 的 dtype 再乘", atol=0, rtol=0)
+    assert_close_zh(gk, hk[0].transpose(0, 1), "bf16 下 RoPE（k）与 HF 不一致", atol=0, rtol=0)
+
+
+def test_merged_linear_shape_error_names_expected_and_given() -> None:
+    """形状错误的消息要说清哪个是模型需要的、哪个是检查点给的（check_shape(模型里的目标, 检查点张量)）。"""
+    op, _, _ = make_qkv()
+    with pytest.raises(ValueError, match=r"需要 \(4, 6\).*检查点里是 \(5, 6\)"):
+        op.load_weight("weight", torch.randn(5, 6), shard=1)
+        pytest.fail("k_proj 应是 4 行，装 5 行的张量时应当报形状错误")

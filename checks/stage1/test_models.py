@@ -197,3 +197,20 @@ def test_smollm2_llama_logits_match_hf(smollm2_path: str, hand) -> None:  # noqa
 def test_qwen3_06b_logits_match_hf(qwen06b_path: str, hand) -> None:  # noqa: ANN001
     """0.6B 形状：一个短提示词的预填充和解码。"""
     compare_with_hf(qwen06b_path, hand, [[151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30]], split=None)
+
+
+def test_model_config_rope_theta_and_activation(tiny_path: str) -> None:
+    """rope_theta 两处都可能出现：新版 transformers 只写在 rope_parameters 里，老的 config.json 只写在顶层。
+    仓库里的模型两处都有，所以这里各造一份只有一处的配置。"""
+    hf = json.loads((Path(tiny_path) / "config.json").read_text())
+    base = {k: v for k, v in hf.items() if k not in ("rope_theta", "rope_parameters", "rope_scaling")}
+    cfg = ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})
+    assert cfg.rope_theta == 500000.0, f"只在 rope_parameters 里给出 rope_theta=500000 时应读到它，得到 {cfg.rope_theta}"
+    cfg = ModelConfig.from_dict({**base, "rope_theta": 250000.0})
+    assert cfg.rope_theta == 250000.0, f"只在顶层给出 rope_theta=250000 时应读到它，得到 {cfg.rope_theta}"
+    with pytest.raises(NotImplementedError):
+        ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}})
+        pytest.fail("rope_parameters 里的 rope_type 不是 default（如 yarn）时也应抛 NotImplementedError")
+    with pytest.raises(NotImplementedError):
+        ModelConfig.from_dict({**hf, "hidden_act": "gelu"})
+        pytest.fail("MLP 只实现了 silu：hidden_act 是别的激活函数时应抛 NotImplementedError")

@@ -56,6 +56,8 @@ sys.argv = ["step0_tiny_engine.py", "--model", str(SMOL), "--max-tokens", "8"]
 step0.main()
 
 # %% [markdown]
+# ## 2. 生成：预填充一次，解码 N 次
+#
 # `generate` 是整个“引擎”：先把整段提示词算一遍（预填充），之后每步只把上一步的新 token 喂进去（解码）。
 
 # %%

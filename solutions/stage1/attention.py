@@ -97,7 +97,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
     GQA：每 Hq/Hkv 个 query 头共用一个 KV 头。在 fp32 里算 softmax，结果转回 q 的 dtype。
     """
-    # >>> TASK attend: k/v 沿头维 repeat_interleave 成 Hq 个头；scores = einsum("qhd,khd->hqk") * scale；掩掉的填 -inf；softmax；再 einsum 乘 v
+    # >>> TASK attend: k/v 沿头维 repeat_interleave 成 Hq 个头；q、k、v 先 .float()；scores = einsum("qhd,khd->hqk") * scale（scale 由调用者给）；掩掉的填 -inf；softmax；再 einsum 乘 v；结果 .to(q.dtype)
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1).float()
     v = v.repeat_interleave(group, dim=1).float()
@@ -119,7 +119,7 @@ class TorchAttnBackend(BaseAttnBackend):
         batch.attn_metadata = make_varlen_metadata(batch, self.page_table.device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        # >>> TASK torch_backend_forward: 先 store_kv 到 batch.out_loc；再对每个请求：切出它的 q，gather_kv，造掩码，attend；最后 cat
+        # >>> TASK torch_backend_forward: 先 store_kv 到 batch.out_loc；再对第 b 个请求：按 cu_seqlens_q_cpu 切出它的 q，gather_kv 查页表第 md.table_idx[b] 行（不是第 b 行），造掩码，attend（scale = head_dim ** -0.5，即 q.shape[-1] ** -0.5）；最后 cat
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         md: VarlenMetadata = batch.attn_metadata
         scale = q.shape[-1] ** -0.5
@@ -153,7 +153,7 @@ class SDPAAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         base = make_varlen_metadata(batch, self.page_table.device)
         device = self.page_table.device
-        # >>> TASK padded_metadata: 算出 q_index、out_index、kv_slots 和 mask（补的 query 行也要至少能看到一个 key，免得 softmax 出 NaN）
+        # >>> TASK padded_metadata: 算出 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k] 和 mask [B, max_q, max_k]（布尔，头维下面再加）；q_index、out_index、mask 可以在 CPU 上造（下面统一 .to(device)），kv_slots 直接取页表里 table_idx 那几行的前 max_k 列（已在设备上，转成 long）；补的 query 行的位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，不会整行被屏蔽
         cached = torch.tensor(base.cached_lens)
         seq = torch.tensor(base.seq_lens)
         extend, start = seq - cached, torch.tensor(base.cu_seqlens_q_cpu[:-1])

@@ -203,7 +203,7 @@ class LMHead(Linear):
         return {} if self._tied else super().own_slots(prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # >>> TASK lm_head_last_tokens: 用 ctx.batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再做线性变换
+        # >>> TASK lm_head_last_tokens: batch = get_global_ctx().batch；用 batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再交给 super().forward（Linear 的前向：打包成快速布局后 self.weight 是 None，不能直接 F.linear）
         batch = get_global_ctx().batch
         last = batch.attn_metadata.get_last_indices(batch.size)
         return super().forward(x[last])

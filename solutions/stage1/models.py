@@ -62,7 +62,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, hf: dict) -> ModelConfig:
-        # >>> TASK model_config_from_hf: 检查架构与 RoPE；head_dim 缺省为 hidden_size // num_attention_heads；num_key_value_heads 缺省等于头数；rope_theta 可能在 rope_parameters 里
+        # >>> TASK model_config_from_hf: architectures[0] 不在 ARCHITECTURES 里就抛 ValueError（消息带上架构名）；rope_parameters（或老的 rope_scaling）里 rope_type 不是 "default"、或 hidden_act 不是 "silu"，抛 NotImplementedError；head_dim 缺省为 hidden_size // num_attention_heads；num_key_value_heads 缺省等于头数；rope_theta 先看 rope_parameters、再看顶层（缺省 10000）；tie_word_embeddings、attention_bias、mlp_bias 缺省 False；qk_norm 查 ARCHITECTURES
         arch = (hf.get("architectures") or ["?"])[0]
         if arch not in ARCHITECTURES:
             raise ValueError(f"不支持的模型架构 {arch!r}；支持：{', '.join(ARCHITECTURES)}")
@@ -210,7 +210,7 @@ def iter_safetensors(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor
 def load_weights(model: BaseOP, model_path: str | Path) -> None:
     """把检查点里的张量逐个装进模型；缺了、多了或形状不对都报出张量的名字。"""
     slots = model.checkpoint_slots()
-    # >>> TASK load_weights: 遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)；查不到且不可忽略就报错；最后报告缺少的名字
+    # >>> TASK load_weights: 遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)（它的 ValueError 加上张量名再抛）；查不到的，名字以 IGNORED_SUFFIXES 结尾或是 lm_head.weight（共享权重时多存的）就跳过，否则抛 ValueError；最后把 slots 里没装到的名字用 ValueError 报出来
     loaded: set[str] = set()
     for name, tensor in iter_safetensors(model_path):
         if name not in slots:

@@ -219,7 +219,8 @@ explorer.run(cached_len=9, seq_len=10, page_size=2)
 #
 # <details><summary>答案</summary>
 #
-# 一行全被屏蔽时 softmax 的分母是 0，得到 NaN。补齐的行的结果反正会被丢掉，但 NaN 可能在后续计算里传开，
+# 一行全被屏蔽时手写 softmax 的分母是 0，得到 NaN（本仓库装的 PyTorch 在 CPU 上的 SDPA 对这种行返回 0，别的内核或版本未必）。
+# 补齐的行的结果反正会被丢掉，但 NaN 可能在后续计算里传开，
 # 让它们看见真实的 key 最省事。
 # </details>
 #
