@@ -11,6 +11,7 @@ import time
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.course import describe_selection
 from minisgl.llm import LLM
 from minisgl.model_zoo import smollm2
 
@@ -22,6 +23,7 @@ QUESTIONS = [
 
 
 def main() -> None:
+    print(describe_selection())
     llm = LLM(smollm2(), dtype=torch.float32, max_running_req=4, num_page_override=1024, max_seq_len_override=512)
     chats = [
         llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)

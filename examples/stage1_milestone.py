@@ -24,6 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import Batch, Req, SamplingParams
+from minisgl.course import describe_selection
 from minisgl.engine import Engine, EngineConfig
 from minisgl.kvcache import pages_to_slots
 from minisgl.model_zoo import default_model
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
     HandDriver(engine).generate([single], 2)  # 预热（第一次调用要准备 oneDNN 的计算原语）
     [single_out], times = HandDriver(engine).generate([single], n)
     single_tps = n / sum(times)
+    HandDriver(engine).generate(batch, 2)  # 批量的形状也预热一次
     driver = HandDriver(engine)
     batch_out, batch_times = driver.generate(batch, n)
     decode_ms = 1000 * sum(batch_times[1:]) / max(len(batch_times) - 1, 1)
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
         if ref != ours:
             mismatches.append((tok.decode(prompt), ours, ref))
 
+    print(describe_selection(["core", "layers", "models", "kvcache", "attention", "engine"]))
     print(f"模型：{model.name}，page_size={args.page_size}，注意力后端：{type(engine.attn_backend).__name__}")
     random_weights = "random" in model.name
     if random_weights:

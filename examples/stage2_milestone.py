@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.course import describe_selection
 from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.model_zoo import default_model
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
     ENV.DISABLE_OVERLAP_SCHEDULING.value = not args.overlap
     try:
+        print(describe_selection())
         print(f"模型：{model.name}")
         if random_weights:
             shape = " Qwen3-0.6B 形状的" if "0.6b" in model.name.lower() else ""

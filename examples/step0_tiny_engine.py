@@ -110,6 +110,7 @@ def main() -> None:
         raise SystemExit(f"找不到模型 {model_dir}：请先运行 make setup")
     cfg, w, tok = load(model_dir)
     prompt_ids = tok(args.prompt)["input_ids"]
+    generate(cfg, w, prompt_ids, 2)  # 预热：第一次调用要分配内存、准备计算，不算进速度
     start = time.perf_counter()
     out = generate(cfg, w, prompt_ids, args.max_tokens)
     elapsed = time.perf_counter() - start

@@ -52,10 +52,12 @@ def validate_requests(
     *,
     tokenizer: Any,
     max_seq_len: int,
-    num_pages: int,
-    page_size: int,
 ) -> list[tuple[torch.Tensor, SamplingParams]]:
-    """把提示词变成 token id 并逐个检查；``max_tokens`` 超出长度上限时截短并给出警告。"""
+    """把提示词变成 token id 并逐个检查；``max_tokens`` 超出长度上限时截短并给出警告。
+
+    ``max_seq_len`` 已经考虑了 KV 池的总容量（引擎把它限制在总页数 × page_size 之内），
+    所以通过检查的请求总有放得下的一天：不会永远等下去。
+    """
     if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
         raise TypeError("prompts 应该是列表：每个元素是一个字符串，或一个 token id 列表")
     if sampling_params is None:
@@ -93,7 +95,8 @@ def validate_requests(
         if len(ids) >= max_seq_len:
             raise ValueError(
                 f"第 {i} 个提示词有 {len(ids)} 个 token，达到了单个请求的长度上限 {max_seq_len}"
-                "（提示词之后至少还要放 1 个输出 token）"
+                "（提示词之后至少还要放 1 个输出 token；上限取 max_seq_len_override 与 KV 池容量中较小的那个）："
+                "请缩短提示词，或加大 max_seq_len_override / num_page_override"
             )
         if sp.max_tokens > max_seq_len - len(ids):
             warnings.warn(
@@ -102,12 +105,6 @@ def validate_requests(
                 stacklevel=3,
             )
             sp = replace(sp, max_tokens=max_seq_len - len(ids))
-        pages = -(-(len(ids) + sp.max_tokens) // page_size)
-        if pages > num_pages:  # 再怎么等也放不下：立刻报错，而不是永远等下去
-            raise ValueError(
-                f"第 {i} 个提示词放不下：提示词 {len(ids)} 个 token + max_tokens {sp.max_tokens} 需要 {pages} 页"
-                f"（page_size={page_size}），KV 池总共只有 {num_pages} 页；请减小 max_tokens 或加大 num_page_override"
-            )
         out.append((torch.tensor(ids, dtype=torch.int32), sp))
     return out
 

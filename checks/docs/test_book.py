@@ -96,16 +96,20 @@ def test_tasks_match_skeleton(chapter_id: str) -> None:
         )
 
 
-def test_task_anchors_in_site(built_site: Path) -> None:
-    """骨架消息里的链接 docs/stageN/<章>.md#<任务> 在网站上真有这个锚点。"""
+def _built_task_pages(built_site: Path):  # noqa: ANN202
+    """每章构建好的页面和它的任务：``(章, html, 任务列表)``。"""
     for ch in CHAPTERS:
         solution = REPO / "solutions" / ch.relpath
         if not solution.is_file():
             continue  # test_tasks_match_skeleton 会报告
-        html = (built_site / Path(ch.docs_page).relative_to("docs").with_suffix("") / "index.html").read_text(
-            encoding="utf-8"
-        )
-        for t in parse_tasks(solution.read_text(encoding="utf-8")):
+        page = built_site / Path(ch.docs_page).relative_to("docs").with_suffix("") / "index.html"
+        yield ch, page.read_text(encoding="utf-8"), parse_tasks(solution.read_text(encoding="utf-8"))
+
+
+def test_task_anchors_in_site(built_site: Path) -> None:
+    """骨架消息里的链接 docs/stageN/<章>.md#<任务> 在网站上真有这个锚点。"""
+    for ch, html, tasks in _built_task_pages(built_site):
+        for t in tasks:
             assert re.search(rf'<h3 class="task" id="{re.escape(t.name)}"', html), (
                 f"{ch.docs_page} 构建后没有锚点 #{t.name}"
             )
@@ -115,14 +119,8 @@ def test_task_hints_render_literally(built_site: Path) -> None:
     """网页上每个任务的“提示”逐字等于解答里的提示：没有多出来的反斜杠（如 ``\\<``），也没被读成强调或标签。"""
     import html as html_lib
 
-    for ch in CHAPTERS:
-        solution = REPO / "solutions" / ch.relpath
-        if not solution.is_file():
-            continue  # test_tasks_match_skeleton 会报告
-        html = (built_site / Path(ch.docs_page).relative_to("docs").with_suffix("") / "index.html").read_text(
-            encoding="utf-8"
-        )
-        for t in parse_tasks(solution.read_text(encoding="utf-8")):
+    for ch, html, tasks in _built_task_pages(built_site):
+        for t in tasks:
             m = re.search(rf'<h3 class="task" id="{re.escape(t.name)}".*?<strong>提示</strong>：(.*?)</p>', html, re.S)
             assert m, f"{ch.docs_page} 构建后找不到任务 {t.name} 的提示"
             assert "\\&lt;" not in m.group(1), f"{ch.docs_page} 任务 {t.name} 的提示里出现了字面的 \\<"
@@ -140,6 +138,7 @@ def test_outputs_are_from_the_tool() -> None:
     assert not orphans, f"docs/outputs/ 里有不是工具录制的文件：{orphans}"
 
 
+@pytest.mark.timeout(2400)  # 重跑全部示例（含两次 0.6B 形状模型的里程碑）：比默认的 900 s 长
 def test_recorded_outputs_still_hold() -> None:
     """重跑所有示例（参考解答），确定性的行（token 数、分块、页数、生成的 token）必须与已提交的一致。"""
     proc = subprocess.run(
