@@ -102,8 +102,8 @@ class Scheduler(_Scheduler):
 
     def overlap_loop(self) -> bool:
         """发出第 N+1 步，再处理第 N 步的结果：设备算的时候，主机在干活。"""
-        # TODO 任务 overlap_loop：调度并 _forward 下一步（记下在途的请求）；再 _finish 上一步；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
-        raise NotImplementedError('第 2.5 章 overlap 的任务「overlap_loop」还没有实现。文档：docs/stage2/overlap.md#overlap_loop 提示：调度并 _forward 下一步（记下在途的请求）；再 _finish 上一步；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True')
+        # TODO 任务 overlap_loop：调度并 _forward 下一步，_in_flight 换成这一步批次里的请求（不是累加；没有下一步就清空）；再 _finish 上一步（先把 _last_data 取出来）；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
+        raise NotImplementedError('第 2.5 章 overlap 的任务「overlap_loop」还没有实现。文档：docs/stage2/overlap.md#overlap_loop 提示：调度并 _forward 下一步，_in_flight 换成这一步批次里的请求（不是累加；没有下一步就清空）；再 _finish 上一步（先把 _last_data 取出来）；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True')
 
     def _release_req(self, req: Req) -> None:
         """还在途的请求先记下来，等用到它的批次算完再归还资源。"""

@@ -58,8 +58,8 @@ class StaticCacheManager:
                 f"KV 池太小：{num_pages} 页分给 {max_running_req} 个请求槽，每个槽不到 2 个 token；"
                 "请加大 num_page_override 或减小 max_running_req"
             )
-        # TODO 任务 static_pages：第 row 行的第 j 列写 row * slot_tokens + j（j < max_req_tokens）：每个槽位一段连续的槽位
-        raise NotImplementedError('第 2.1 章 scheduler 的任务「static_pages」还没有实现。文档：docs/stage2/scheduler.md#static_pages 提示：第 row 行的第 j 列写 row * slot_tokens + j（j < max_req_tokens）：每个槽位一段连续的槽位')
+        # TODO 任务 static_pages：先定义 width = max_req_tokens（下面一行要用）；第 row 行的第 j 列写 row * slot_tokens + j（j < width）：每个槽位一段连续的槽位
+        raise NotImplementedError('第 2.1 章 scheduler 的任务「static_pages」还没有实现。文档：docs/stage2/scheduler.md#static_pages 提示：先定义 width = max_req_tokens（下面一行要用）；第 row 行的第 j 列写 row * slot_tokens + j（j < width）：每个槽位一段连续的槽位')
         self._static = page_table[:max_running_req, :width].clone()
 
     def allocate_paged(self, reqs: Sequence[Req]) -> None:
@@ -256,8 +256,8 @@ class Scheduler:
         """算出这一步的 positions、输入映射、``out_loc`` 和新 token 的写回位置，并准备注意力与采样。"""
         started = time.perf_counter()
         self.cache_manager.allocate_paged(batch.reqs)
-        # TODO 任务 prepare_batch：positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row
-        raise NotImplementedError('第 2.1 章 scheduler 的任务「prepare_batch」还没有实现。文档：docs/stage2/scheduler.md#prepare_batch 提示：positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row')
+        # TODO 任务 prepare_batch：positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc
+        raise NotImplementedError('第 2.1 章 scheduler 的任务「prepare_batch」还没有实现。文档：docs/stage2/scheduler.md#prepare_batch 提示：positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc')
         self.engine.attn_backend.prepare_metadata(batch)
         sample_args = self.engine.sampler.prepare(batch)
         outputs = [self._samples_output(r) for r in batch.reqs]
@@ -309,8 +309,8 @@ class Scheduler:
                 continue
             if status.finished:  # 第 2.5 章：请求已经结束，这是它结束后多算的一步，丢掉
                 continue
-            # TODO 任务 process_results：记下 token（EOS 不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束并归还资源；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)
-            raise NotImplementedError('第 2.1 章 scheduler 的任务「process_results」还没有实现。文档：docs/stage2/scheduler.md#process_results 提示：记下 token（EOS 不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束并归还资源；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)')
+            # TODO 任务 process_results：req.append_host(token)（input_ids 要跟着 device_len 长，第 2.3 章按它插前缀）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：status.finished、从 decode_manager 移除（EOS 提前结束的它不会自己离开）、_release_req；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)
+            raise NotImplementedError('第 2.1 章 scheduler 的任务「process_results」还没有实现。文档：docs/stage2/scheduler.md#process_results 提示：req.append_host(token)（input_ids 要跟着 device_len 长，第 2.3 章按它插前缀）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：status.finished、从 decode_manager 移除（EOS 提前结束的它不会自己离开）、_release_req；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)')
         self.tracer.finish(fi.trace, started)
 
     def _release_req(self, req: Req) -> None:
@@ -372,8 +372,6 @@ class Scheduler:
             sampling_params,
             tokenizer=self.tokenizer,
             max_seq_len=self.max_seq_len,
-            num_pages=self.engine.num_pages,
-            page_size=self.page_size,
         )
         uids = [self.add_request(ids, sp) for ids, sp in requests]
         self.run_until_idle()

@@ -11,6 +11,8 @@ import minisgl.engine as engine_module
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, Sampler, resolve_device, resolve_dtype, top_k_top_p_filter
 
+from .conftest import assert_close_zh
+
 VOCAB = 50
 
 
@@ -62,7 +64,7 @@ def test_top_p_never_outside_nucleus() -> None:
     filtered = top_k_top_p_filter(probs, torch.tensor([2, 4]), torch.tensor([0.7, 0.85]))
     kept = filtered > 0
     assert kept.tolist() == [[True, True, False, False], [False, False, True, True]], "先取前 k 名，再在其中（重新归一化后）取最小的核"
-    torch.testing.assert_close(filtered[0, 0] / filtered[0, 1], torch.tensor(0.5 / 0.3), msg="留下的 token 之间的比例不能变")
+    assert_close_zh(filtered[0, 0] / filtered[0, 1], torch.tensor(0.5 / 0.3), "留下的 token 之间的比例不能变")
 
 
 def test_sampling_follows_distribution() -> None:
@@ -70,7 +72,7 @@ def test_sampling_follows_distribution() -> None:
     logits = probs.log().expand(2000, -1).contiguous()
     got = sample([SamplingParams(temperature=1.0)] * 2000, logits, seed=3)
     freq = torch.bincount(got, minlength=10).float() / 2000
-    torch.testing.assert_close(freq, probs, atol=0.04, rtol=0, msg="temperature=1 时采样频率应接近 softmax 概率")
+    assert_close_zh(freq, probs, "temperature=1 时采样频率应接近 softmax 概率", atol=0.04, rtol=0)
 
 
 def test_seed_reproducible() -> None:
@@ -178,7 +180,7 @@ def test_fast_linear_agrees_with_reference(tiny_path: str, hand) -> None:  # noq
             logits.append(engine.model.forward())
         engine.forward_batch(batch, engine.sampler.prepare(batch))
         engine.shutdown()
-    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-4, msg="oneDNN 路径与 F.linear 路径不一致")
+    assert_close_zh(logits[0], logits[1], "oneDNN 路径与 F.linear 路径不一致", atol=1e-5, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +240,21 @@ def test_top_p_renormalizes_after_top_k() -> None:
     got = top_k_top_p_filter(probs, torch.tensor([3]), torch.tensor([0.6]))
     assert (got[0] > 0).tolist() == [True, True, False], "不截 top_k 时，前两名（0.5 + 0.3）才达到 0.6"
 
+
+
+# ----------------------------------------------------------------------------- 学员走查补的检查（issue 16）
+
+
+@pytest.mark.parametrize("page_size,dtype", [(4, torch.float32), (1, torch.bfloat16)])
+def test_num_pages_counts_page_size_and_dtype(tiny_path: str, monkeypatch: pytest.MonkeyPatch, page_size: int, dtype: torch.dtype) -> None:
+    """每页字节数随 page_size 和 dtype 变：page_size=4 一页是 4 个 token，bf16 每个元素 2 字节。"""
+    per_page = engine_module.MHAKVCache.bytes_per_page(2, 2, 32, page_size, dtype)
+    free = iter([10**9, 10**9 - 10**8])  # 加载前 1 GB 空闲，模型占了 100 MB
+    monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
+    engine = Engine(EngineConfig(tiny_path, dtype=dtype, memory_ratio=0.5, max_seq_len_override=64, page_size=page_size, device="cpu"))
+    expect = (5 * 10**8 - 10**8) // per_page
+    assert engine.num_pages == expect, (
+        f"page_size={page_size}、dtype={dtype}：每页 {per_page} 字节（2 × 层数 × page_size × KV 头数 × head_dim × 元素字节数），"
+        f"页数应为 (1e9 × 0.5 − 1e8) ÷ {per_page} = {expect}，实际 {engine.num_pages}"
+    )
+    engine.shutdown()

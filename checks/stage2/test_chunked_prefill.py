@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from .conftest import LONG_PROMPT, SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, record
-from minisgl.chunked_prefill import LLM
+from minisgl.cache_manager import CacheManager, NaivePrefixCache
+from minisgl.chunked_prefill import LLM, ChunkedPrefillAdder, ChunkedReq
 from minisgl.core import SamplingParams
+from minisgl.scheduling import PendingReq, TableManager
 
 
 def test_302_token_prompt_in_4_chunks(tiny_path: str, qwen_tokenizer, make_llm) -> None:  # noqa: ANN001
@@ -106,3 +108,39 @@ def test_chunked_matches_hf(smollm2_path, smollm2_prompts, smollm2_reference, ma
     singles = [llm.generate([p], alone)[0]["token_ids"] for p in smollm2_prompts[4:6]]
     assert singles == [r[:12] for r in smollm2_reference[4:6]], "单独跑（分块）也与 HF 一致"
     assert_idle(llm)
+
+
+# ----------------------------------------------------------------------------- 学员走查补的检查（issue 16）
+
+
+@pytest.mark.parametrize("prompt_len", [16, 17])
+def test_last_chunk_that_exactly_fits_the_budget_is_a_plain_req(prompt_len: int) -> None:
+    """预算每步 8：16 个 token 的提示词第二块剩 8 个，正好等于预算——它是最后一块（普通 Req），不是又一个分块；
+    17 个 token 的则要第三块（剩 1 个）。直接驱动准入员，一块一块地看。"""
+    page_table = torch.zeros(5, 64, dtype=torch.int32)
+    cm = CacheManager(16, 4, page_table, NaivePrefixCache())
+    tables, token_pool = TableManager(4), torch.zeros(5, 64, dtype=torch.int32)
+    prompt = torch.arange(1, prompt_len + 1, dtype=torch.int32)
+    pending = PendingReq(0, prompt, SamplingParams(max_tokens=4))
+    kinds, rows = [], []
+    for step in range(4):
+        adder = ChunkedPrefillAdder(token_budget=8, reserved_size=0, table_manager=tables, cache_manager=cm, token_pool=token_pool)
+        try:
+            req = adder.try_add_one(pending)
+        except ValueError as err:
+            pytest.fail(f"{prompt_len} 个 token、每步预算 8：已切出 {kinds}，接下来那一块出错：{err}（剩余 <= 预算时就该是最后一块）")
+        assert req is not None, f"第 {step} 块没有被接纳（已接纳的块：{kinds}）"
+        kinds.append(f"{type(req).__name__}[{req.cached_len}:{req.device_len}]")
+        rows.append(req.table_idx)
+        req.complete_one()  # 这一块发出去了
+        if not isinstance(req, ChunkedReq):
+            break
+        assert pending.chunked_req is req, f"中途的块要记到 pending.chunked_req 上，下一步接着算：{kinds}"
+    expect = {16: ["ChunkedReq[0:8]", "Req[8:16]"], 17: ["ChunkedReq[0:8]", "ChunkedReq[8:16]", "Req[16:17]"]}[prompt_len]
+    assert kinds == expect, (
+        f"{prompt_len} 个 token、每步预算 8：应切成 {expect}，实际 {kinds}"
+        "（剩余 <= 预算时就是最后一块，交给父类建普通 Req）"
+    )
+    assert len(set(rows)) == 1 and tables.available_size == 3, f"各块沿用同一个请求槽：行号 {rows}，空闲槽 {tables.available_size}/4"
+    assert pending.chunked_req is None, "最后一块接纳之后要清掉 pending.chunked_req（这个请求不再有算到一半的块）"
+    assert token_pool[rows[0], :prompt_len].tolist() == prompt.tolist(), "各块都把自己那段提示词写进了 token 池的同一行"

@@ -8,7 +8,9 @@ import torch
 
 from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record
 from minisgl.core import SamplingParams
-from minisgl.scheduler import LLM
+from minisgl.core import Req
+from minisgl.scheduler import LLM, PrefillManager
+from minisgl.scheduling import PendingReq
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 
@@ -213,3 +215,89 @@ def test_sampling_seeded_and_per_request(smollm2_path, smollm2_prompts, smollm2_
     out2 = llm.generate([smollm2_prompts[2], p], [greedy, seeded])
     assert out2[1]["token_ids"] == out1[0], "带种子的请求换一批、换个位置，结果可以复现"
     assert_idle(llm)
+
+
+# ----------------------------------------------------------------------------- 学员走查补的检查（issue 16）
+
+
+def test_eos_finished_request_leaves_the_running_batch(tiny_path: str, make_llm) -> None:  # noqa: ANN001
+    """只有 1 个请求槽：请求 A 在第 k 个输出处遇到 EOS。它要立刻离开运行队列，请求 B 下一步接过这一行。
+
+    A 若还留在 ``decode_manager`` 里，就会拿着已经还掉的那一行继续解码，往 B 的 token 池里写东西。
+    """
+    llm = make_llm(LLM, tiny_path, **{**TINY_KW, "max_running_req": 1})
+    prompt_a, prompt_b = "The quick brown fox jumps over the lazy dog", "Count with me: one two"
+    full_a = llm.generate([prompt_a], SamplingParams(max_tokens=12, ignore_eos=True))[0]["token_ids"]
+    k = first_fresh_index(full_a)
+    saved = llm.eos_token_id
+    llm.eos_token_id = full_a[k]
+    try:
+        alone_b = llm.generate([prompt_b], SamplingParams(max_tokens=6))[0]["token_ids"]
+        rec = record(llm)
+        out = llm.generate([prompt_a, prompt_b], [SamplingParams(max_tokens=12), SamplingParams(max_tokens=6)])
+    finally:
+        llm.eos_token_id = saved
+    uid_a = rec.steps[0].uids[0]
+    steps_a = [i for i, s in enumerate(rec.steps) if uid_a in s.uids]
+    assert steps_a == list(range(k + 1)), (
+        f"A 在第 {k} 步采样出 EOS（预填充是第 0 步），之后不该再出现在任何一步里；实际 A 出现在第 {steps_a} 步"
+        "（遇到 EOS 结束时要把它从 decode_manager 里移除）"
+    )
+    assert out[0]["token_ids"] == full_a[:k], f"A 应输出 EOS 之前的 {k} 个 token：{full_a[:k]}，实际 {out[0]['token_ids']}"
+    assert out[1]["token_ids"] == alone_b, f"B 接过 A 还回来的那一行后，结果要和单独跑一样：{alone_b}，实际 {out[1]['token_ids']}"
+    assert_idle(llm)
+
+
+def test_input_ids_grow_with_each_sampled_token(tiny) -> None:  # noqa: ANN001
+    """结果处理之后，每个请求的 ``input_ids`` = 提示词 + 已采样的 token，长度等于 ``device_len``。
+
+    本章的静态分配用不到它，但第 2.3 章把 ``input_ids[:cached_len]`` 当作前缀插进 radix 缓存。
+    """
+    prompts = ["alpha beta", "one two three four five six"]
+    bad: list[str] = []
+
+    def check(trace) -> None:  # noqa: ANN001
+        for req in trace.reqs:
+            n, out = len(req.input_ids), tiny.status[req.uid].output_ids
+            if n != req.device_len or req.input_ids[n - len(out) :].tolist() != out:
+                bad.append(f"第 {trace.index} 步 请求 {req.uid}：len(input_ids)={n}，device_len={req.device_len}，已输出 {len(out)} 个")
+
+    rec = record(tiny, after=check)
+    try:
+        tiny.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
+    finally:
+        rec.close()
+    assert not bad, (
+        "结果处理之后，input_ids 要等于提示词 + 已采样的 token（每个 token 都要 req.append_host）：\n" + "\n".join(bad[:6])
+    )
+
+
+class _StubAdder:
+    """按名单接纳：``refuse`` 里的 uid 接纳不了，其余都接纳（整段提示词，不分块）。"""
+
+    def __init__(self, refuse: set[int]) -> None:
+        self.refuse, self.tried = refuse, []
+
+    def try_add_one(self, pending: PendingReq) -> Req | None:
+        self.tried.append(pending.uid)
+        if pending.uid in self.refuse:
+            return None
+        return Req(pending.input_ids, pending.uid, 0, pending.output_len, pending.uid, pending.sampling_params)
+
+
+def test_prefill_stops_at_first_request_not_admitted() -> None:
+    """先来先服务：队列 [0, 1, 2]，请求 1 接纳不了（第 2.2 章：页面不够）——请求 2 再小也不能插队。
+
+    本章的准入只看请求槽和预算，接纳不了时后面的也都接纳不了，所以只有用一个按名单接纳的准入员才看得出来。
+    """
+    pm = PrefillManager()
+    pendings = [PendingReq(i, torch.arange(1, 4 + i, dtype=torch.int32), SamplingParams(max_tokens=3)) for i in range(3)]
+    for p in pendings:
+        pm.add_one_req(p)
+    adder = _StubAdder(refuse={1})
+    batch = pm.schedule_next_batch(adder)
+    got = [r.uid for r in batch.reqs] if batch is not None else None
+    assert got == [0], f"请求 1 接纳不了就该停下：这一步只应有 [0]，实际 {got}（准入员依次试了 {adder.tried}）"
+    left = [p.uid for p in pm.pending_list]
+    assert left == [1, 2], f"接纳了的离开队列、其余按原顺序留下：应为 [1, 2]，实际 {left}"
+    assert pm.schedule_next_batch(_StubAdder(refuse={1})) is None, "队首接纳不了时一个也不接纳，返回 None"

@@ -57,7 +57,7 @@ class StaticCacheManager:
                 f"KV 池太小：{num_pages} 页分给 {max_running_req} 个请求槽，每个槽不到 2 个 token；"
                 "请加大 num_page_override 或减小 max_running_req"
             )
-        # >>> TASK static_pages: 第 row 行的第 j 列写 row * slot_tokens + j（j < max_req_tokens）：每个槽位一段连续的槽位
+        # >>> TASK static_pages: 先定义 width = max_req_tokens（下面一行要用）；第 row 行的第 j 列写 row * slot_tokens + j（j < width）：每个槽位一段连续的槽位
         width = self.max_req_tokens
         rows = torch.arange(max_running_req, dtype=torch.int32, device=page_table.device)
         cols = torch.arange(width, dtype=torch.int32, device=page_table.device)
@@ -286,7 +286,7 @@ class Scheduler:
         """算出这一步的 positions、输入映射、``out_loc`` 和新 token 的写回位置，并准备注意力与采样。"""
         started = time.perf_counter()
         self.cache_manager.allocate_paged(batch.reqs)
-        # >>> TASK prepare_batch: positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row
+        # >>> TASK prepare_batch: positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc
         reqs = batch.reqs
         positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int64) for r in reqs])
         rows = torch.repeat_interleave(
@@ -351,7 +351,7 @@ class Scheduler:
                 continue
             if status.finished:  # 第 2.5 章：请求已经结束，这是它结束后多算的一步，丢掉
                 continue
-            # >>> TASK process_results: 记下 token（EOS 不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束并归还资源；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)
+            # >>> TASK process_results: req.append_host(token)（input_ids 要跟着 device_len 长，第 2.3 章按它插前缀）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：status.finished、从 decode_manager 移除（EOS 提前结束的它不会自己离开）、_release_req；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)
             req.append_host(torch.tensor([token], dtype=torch.int32))
             is_eos = token == self.eos_token_id and not req.sampling_params.ignore_eos
             if not is_eos:
@@ -430,8 +430,6 @@ class Scheduler:
             sampling_params,
             tokenizer=self.tokenizer,
             max_seq_len=self.max_seq_len,
-            num_pages=self.engine.num_pages,
-            page_size=self.page_size,
         )
         uids = [self.add_request(ids, sp) for ids, sp in requests]
         self.run_until_idle()
