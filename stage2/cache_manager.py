@@ -160,8 +160,8 @@ class CacheManager:
 
     def _allocate(self, num_pages: int) -> torch.Tensor:
         """取出 ``num_pages`` 个空闲页（返回各页第一个槽位）；空闲页不够就先从前缀缓存驱逐。"""
-        # TODO 任务 allocate_pages：空闲页不够时 evict 差额（按 token 数）并把腾出的页并进 free_slots；再从 free_slots 头部切出 num_pages 个
-        raise NotImplementedError('第 2.2 章 cache_manager 的任务「allocate_pages」还没有实现。文档：docs/stage2/cache_manager.md#allocate_pages 提示：空闲页不够时 evict 差额（按 token 数）并把腾出的页并进 free_slots；再从 free_slots 头部切出 num_pages 个')
+        # TODO 任务 allocate_pages：空闲页不够时 evict 差额（按 token 数：缺的页数 × page_size），它返回 token 级槽位，每页取第一个并进 free_slots（同 _free）；再从 free_slots 头部切出 num_pages 个
+        raise NotImplementedError('第 2.2 章 cache_manager 的任务「allocate_pages」还没有实现。文档：docs/stage2/cache_manager.md#allocate_pages 提示：空闲页不够时 evict 差额（按 token 数：缺的页数 × page_size），它返回 token 级槽位，每页取第一个并进 free_slots（同 _free）；再从 free_slots 头部切出 num_pages 个')
 
     def _free(self, indices: torch.Tensor) -> None:
         """归还一段页对齐的 token 级槽位（取每页的第一个槽位放回空闲池）。"""
@@ -190,8 +190,8 @@ class CacheManager:
         那段请求自己的页面是重复的——先把页表这一行改指向缓存里的页面，再释放重复的页，
         否则请求接着解码时会读到被别人重新分走的页面。
         """
-        # TODO 任务 cache_req：insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并释放新句柄之后的尾巴，否则锁新句柄、解锁旧句柄、换上新句柄
-        raise NotImplementedError('第 2.2 章 cache_manager 的任务「cache_req」还没有实现。文档：docs/stage2/cache_manager.md#cache_req 提示：insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并释放新句柄之后的尾巴，否则锁新句柄、解锁旧句柄、换上新句柄')
+        # TODO 任务 cache_req：insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并 _free 尾巴——页表这行的 [新句柄.cached_len, req.cached_len)（分到的页只到 cached_len 所在的页为止，再往后从没分配过，不能还）；否则锁新句柄、解锁旧句柄、换上新句柄
+        raise NotImplementedError('第 2.2 章 cache_manager 的任务「cache_req」还没有实现。文档：docs/stage2/cache_manager.md#cache_req 提示：insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并 _free 尾巴——页表这行的 [新句柄.cached_len, req.cached_len)（分到的页只到 cached_len 所在的页为止，再往后从没分配过，不能还）；否则锁新句柄、解锁旧句柄、换上新句柄')
 
     # ---------------------------------------------------------------- 检查
 
@@ -209,8 +209,8 @@ class ReservingPrefillAdder(PrefillAdder):
     """准入时除了请求槽，还要预留 KV 页面：运行中的请求将来要的（``reserved_size``）先留着，剩下的放得下才接纳。"""
 
     def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
-        # TODO 任务 reserve：有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次；通过后预留、分槽位、把命中的槽位写进页表
-        raise NotImplementedError('第 2.2 章 cache_manager 的任务「reserve」还没有实现。文档：docs/stage2/cache_manager.md#reserve 提示：有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次；通过后预留、分槽位、把命中的槽位写进页表')
+        # TODO 任务 reserve：有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]
+        raise NotImplementedError('第 2.2 章 cache_manager 的任务「reserve」还没有实现。文档：docs/stage2/cache_manager.md#reserve 提示：有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]')
 
 
 class Scheduler(_Scheduler):

@@ -144,3 +144,21 @@ def test_last_chunk_that_exactly_fits_the_budget_is_a_plain_req(prompt_len: int)
     assert len(set(rows)) == 1 and tables.available_size == 3, f"各块沿用同一个请求槽：行号 {rows}，空闲槽 {tables.available_size}/4"
     assert pending.chunked_req is None, "最后一块接纳之后要清掉 pending.chunked_req（这个请求不再有算到一半的块）"
     assert token_pool[rows[0], :prompt_len].tolist() == prompt.tolist(), "各块都把自己那段提示词写进了 token 池的同一行"
+
+
+def test_exactly_one_decode_step_between_chunks(tiny_path: str, make_llm) -> None:  # noqa: ANN001
+    """A 在解码、B 的 30 个 token 分块算：每算完一块只让解码走一步，再接着算下一块（不是一直解码）。"""
+    llm = make_llm(LLM, tiny_path, **TINY_KW, max_extend_tokens=8)
+    rec = record(llm)
+    a = llm.add_request([1, 2, 3], SamplingParams(max_tokens=40, ignore_eos=True))
+    llm.step()  # A 预填充，之后一直在解码
+    b = llm.add_request([4] * 30, SamplingParams(max_tokens=2, ignore_eos=True))
+    rec.reset()
+    while not any(s.phase == "prefill" and s.uids == [b] and s.tokens == 30 - 24 for s in rec.steps):
+        assert llm.step()
+        assert len(rec.steps) < 20, f"B 的分块迟迟算不完：{[(s.phase, s.uids) for s in rec.steps]}"
+    phases = [s.phase for s in rec.steps]
+    assert phases == ["prefill", "decode"] * 3 + ["prefill"], f"应为 块、解码 交替（共 4 块）；实际各步：{phases}"
+    llm.run_until_idle()
+    assert [len(llm.status.pop(u).output_ids) for u in (a, b)] == [40, 2]
+    assert_idle(llm)

@@ -245,3 +245,134 @@ def test_batch_invariance_smollm2(smollm2_path, smollm2_prompts, smollm2_referen
         total = sum(len(p) for p in smollm2_prompts)
         assert rec.prefill_tokens() < 2 * total, "radix：第二轮应当复用前缀"
     assert_idle(llm)
+
+
+# ----------------------------------------------------------------------------- 完整性检查：每个条件单独抓得到
+
+
+def _two_level_tree(page_size: int = 1) -> tuple[RadixPrefixCache, object, object]:
+    """根 → A[1,2,3] → B[4,5]（page_size=1），返回 (cache, A, B)；一切都对得上账。"""
+    cache = RadixPrefixCache(page_size)
+    cache.insert_prefix(ids(1, 2, 3), slots(0, 3))
+    cache.insert_prefix(ids(1, 2, 3, 4, 5), slots(0, 5))
+    (a,) = cache.root.children.values()
+    (b,) = a.children.values()
+    return cache, a, b
+
+
+def _corrupt(case: str) -> RadixPrefixCache:
+    """每种情形只破坏提示里的一条条件，其余条件（含两本账的合计）都保持成立。"""
+    if case == "empty_node":  # page_size=4：空节点的 key_fn 是 ()，挂的位置仍然“正确”
+        cache = RadixPrefixCache(4)
+        cache.insert_prefix(ids(1, 2, 3, 4), slots(0, 4))
+        (a,) = cache.root.children.values()
+        empty = type(a)(cache.key_fn)
+        empty.set_parent(a)
+        return cache
+    if case == "partial_page":  # 6 个 token 的节点，page_size=4
+        cache = RadixPrefixCache(4)
+        cache.insert_prefix(ids(1, 2, 3, 4, 5, 6, 7, 8), slots(0, 8))
+        (a,) = cache.root.children.values()
+        a.set_key_value(a.key[:6], a.value[:6])
+        cache.evictable_size = 6
+        return cache
+    cache, a, b = _two_level_tree()
+    if case == "key_value_lengths_differ":
+        b.value = b.value[:1]
+    elif case == "wrong_parent_pointer":
+        b.parent = cache.root  # 仍在 A 的 children 里
+    elif case == "wrong_child_key":
+        cache.root.children = {7: a}  # A 的第一个 token 是 1
+    elif case == "negative_ref_count":
+        b.ref_count = -1  # 受保护的账也照此调整，两本账的合计仍然对得上（叶子为负也就小于子节点之和 0）
+        cache.evictable_size, cache.protected_size = 3, 2
+    elif case == "child_locked_parent_not":
+        b.ref_count = 1
+        cache.evictable_size, cache.protected_size = 3, 2
+    elif case == "evictable_miscounted":
+        cache.evictable_size += 1
+    elif case == "protected_miscounted":
+        cache.lock_handle(cache.match_prefix(ids(1, 2, 3, 4, 5, 0)))
+        cache.protected_size += 1  # 只有受保护的账不对
+    elif case == "duplicate_slots":
+        cache.insert_prefix(ids(9, 9), slots(3, 2))  # 槽位 3、4 已经在 B 里
+    elif case != "ok":
+        raise AssertionError(case)
+    return cache
+
+
+_TREE_CASES = [
+    "ok", "empty_node", "partial_page", "key_value_lengths_differ", "wrong_parent_pointer", "wrong_child_key",
+    "negative_ref_count", "child_locked_parent_not", "evictable_miscounted", "protected_miscounted", "duplicate_slots",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", _TREE_CASES)
+def test_check_integrity_catches_each_condition_alone(case: str) -> None:
+    cache = _corrupt(case)
+    if case == "ok":
+        cache.check_integrity()
+        return
+    with pytest.raises(RuntimeError):
+        cache.check_integrity()
+        pytest.fail(
+            f"基数树的完整性检查没有发现「{case}」（记账：可驱逐 {cache.evictable_size}、受保护 {cache.protected_size}）："
+            "提示里列出的每一条都要检查，并抛 RuntimeError"
+        )
+
+
+def test_lru_split_head_counts_as_just_used() -> None:
+    """部分匹配时分出来的前半段是“刚用过”的：它的尾巴被驱逐、它自己变成叶子以后，也比别的旧叶子晚驱逐。"""
+    cache = RadixPrefixCache(1)
+    cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), slots(0, 6))  # 最早
+    cache.insert_prefix(ids(9, 9, 9), slots(10, 3))  # 之后
+    assert cache.match_prefix(ids(1, 2, 3, 7)).cached_len == 3  # 刚用过 [1,2,3]
+    first = sorted(cache.evict(3).tolist())
+    assert first == [3, 4, 5], f"先驱逐没用到的后半段 [4,5,6]（槽位 3、4、5），实际驱逐了 {first}"
+    second = sorted(cache.evict(3).tolist())
+    assert second == [10, 11, 12], (
+        f"[1,2,3] 刚被匹配过，[9,9,9] 更久没用：应驱逐槽位 10、11、12，实际驱逐了 {second}（分裂出的前半段要刷新时间戳）"
+    )
+    cache.check_integrity()
+
+
+def test_split_a_locked_node_keeps_the_lock_on_both_halves() -> None:
+    """锁着的节点被别的请求部分匹配而分裂：前半段也在被锁的路径上，要继承引用计数；解锁后全部回到可驱逐。"""
+    cache = RadixPrefixCache(1)
+    cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), slots(0, 6))
+    h = cache.match_prefix(ids(1, 2, 3, 4, 5, 6, 0))
+    cache.lock_handle(h)
+    assert cache.match_prefix(ids(1, 9)).cached_len == 1, "在第 1 个 token 处分裂（最靠边的位置）"
+    head = cache.root.children[1]
+    assert head.key.tolist() == [1] and head.ref_count == 1, f"分出来的前半段要继承引用计数 1：{head}"
+    assert cache.size_info == (0, 6), f"分裂不改变受保护的 token 数：{cache.size_info}"
+    cache.check_integrity()
+    cache.lock_handle(h, unlock=True)
+    assert cache.size_info == (6, 0), f"解锁后 6 个 token 全部可驱逐：{cache.size_info}"
+    cache.check_integrity()
+
+
+# ----------------------------------------------------------------------------- 学员走查补的检查（issue 16）
+
+
+@pytest.mark.parametrize("page_size", [2, 4])
+def test_mismatch_inside_a_page_rounds_the_match_down(page_size: int) -> None:
+    """树里有 2 页；探针在第 2 页的中间才不一样，而且探针本身足够长（截成整页后仍然跨进第 2 页）。
+
+    逐 token 能匹配 ``page_size + 1`` 个，按整页向下取整只命中 1 页；分裂也只能发生在页边界上。
+    """
+    cache = RadixPrefixCache(page_size)
+    n = 2 * page_size
+    cache.insert_prefix(torch.arange(1, n + 1, dtype=torch.int32), slots(100, n))
+    probe = torch.cat([torch.arange(1, page_size + 2, dtype=torch.int32), torch.full((page_size,), -5, dtype=torch.int32)])
+    handle = cache.match_prefix(probe)
+    assert handle.cached_len == page_size, (
+        f"page_size={page_size}：探针 {probe.tolist()} 与树里的 {list(range(1, n + 1))} 逐 token 相同 {page_size + 1} 个，"
+        f"按整页向下取整应命中 {page_size} 个，实际 {handle.cached_len}"
+    )
+    lengths = sorted(node.length for node in cache._all_nodes() if not node.is_root())
+    assert lengths == [page_size, page_size], f"分裂只能在页边界上：节点长度应为 {[page_size, page_size]}，实际 {lengths}"
+    assert handle.get_matched_indices().tolist() == list(range(100, 100 + page_size)), (
+        f"命中的槽位应为前 1 页 {list(range(100, 100 + page_size))}，实际 {handle.get_matched_indices().tolist()}"
+    )
+    cache.check_integrity()

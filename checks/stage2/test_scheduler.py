@@ -301,3 +301,54 @@ def test_prefill_stops_at_first_request_not_admitted() -> None:
     left = [p.uid for p in pm.pending_list]
     assert left == [1, 2], f"接纳了的离开队列、其余按原顺序留下：应为 [1, 2]，实际 {left}"
     assert pm.schedule_next_batch(_StubAdder(refuse={1})) is None, "队首接纳不了时一个也不接纳，返回 None"
+
+
+def test_prefilled_requests_handed_to_cache_manager(tiny_path: str, make_llm) -> None:  # noqa: ANN001
+    """预填充完、还没结束的请求要交给 cache_manager.cache_req(finished=False)（第 2.3 章靠它把提示词插进前缀树）；
+    结束的请求只在归还时 cache_req(finished=True) 一次。静态分配的 cache_req 什么也不做，所以这里直接数调用。"""
+
+    class Recording(LLM):
+        def _make_cache_manager(self):  # noqa: ANN202
+            cm = super()._make_cache_manager()
+            self.cache_calls = calls = []
+            inner = cm.cache_req
+
+            def cache_req(req, *, finished: bool) -> None:  # noqa: ANN001
+                calls.append((req.uid, finished))
+                inner(req, finished=finished)
+
+            cm.cache_req = cache_req
+            return cm
+
+    llm = make_llm(Recording, tiny_path, **TINY_KW)
+    uids = [llm.add_request([5, 6, 7, i + 1], SamplingParams(max_tokens=n, ignore_eos=True)) for i, n in enumerate([3, 1, 4])]
+    llm.run_until_idle()
+    for uid, n in zip(uids, [3, 1, 4]):
+        got = [f for u, f in llm.cache_calls if u == uid]
+        want = [True] if n == 1 else [False, True]
+        assert got == want, (
+            f"max_tokens={n} 的请求：cache_req 的 finished 参数依次应为 {want}，实际 {got}"
+            "（预填充后没结束的交给 cache_req(finished=False)，结束时 finished=True）"
+        )
+
+
+def test_status_finished_and_abort_after_finish_is_a_no_op(tiny) -> None:  # noqa: ANN001
+    uid = tiny.add_request([5, 6, 7, 8], SamplingParams(max_tokens=2, ignore_eos=True))
+    tiny.run_until_idle()
+    status = tiny.status[uid]
+    assert status.finished and not status.aborted, f"生成够 max_tokens 后应标记 finished：{status}"
+    tiny.abort(uid)
+    assert status.finished and not status.aborted, f"已经结束的请求再 abort 什么也不做：{status}"
+    assert len(tiny.status.pop(uid).output_ids) == 2
+    assert_idle(tiny)
+
+
+def test_step_when_idle_returns_false(tiny) -> None:  # noqa: ANN001
+    """没有请求时 step() 什么也不做、返回 False（调度不出批次就不前向）。"""
+    assert not tiny.busy
+    assert tiny.step() is False, "空闲时 step() 应返回 False"
+    uid = tiny.add_request([5, 6, 7], SamplingParams(max_tokens=1, ignore_eos=True))
+    assert tiny.step() is True, "有请求时 step() 做一步、返回 True"
+    tiny.run_until_idle()
+    assert len(tiny.status.pop(uid).output_ids) == 1
+    assert_idle(tiny)

@@ -159,7 +159,7 @@ class CacheManager:
 
     def _allocate(self, num_pages: int) -> torch.Tensor:
         """取出 ``num_pages`` 个空闲页（返回各页第一个槽位）；空闲页不够就先从前缀缓存驱逐。"""
-        # >>> TASK allocate_pages: 空闲页不够时 evict 差额（按 token 数）并把腾出的页并进 free_slots；再从 free_slots 头部切出 num_pages 个
+        # >>> TASK allocate_pages: 空闲页不够时 evict 差额（按 token 数：缺的页数 × page_size），它返回 token 级槽位，每页取第一个并进 free_slots（同 _free）；再从 free_slots 头部切出 num_pages 个
         free = len(self.free_slots)
         if num_pages > free:
             evicted = self.prefix_cache.evict((num_pages - free) * self.page_size)
@@ -213,7 +213,7 @@ class CacheManager:
         那段请求自己的页面是重复的——先把页表这一行改指向缓存里的页面，再释放重复的页，
         否则请求接着解码时会读到被别人重新分走的页面。
         """
-        # >>> TASK cache_req: insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并释放新句柄之后的尾巴，否则锁新句柄、解锁旧句柄、换上新句柄
+        # >>> TASK cache_req: insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并 _free 尾巴——页表这行的 [新句柄.cached_len, req.cached_len)（分到的页只到 cached_len 所在的页为止，再往后从没分配过，不能还）；否则锁新句柄、解锁旧句柄、换上新句柄
         row, old_handle = req.table_idx, req.cache_handle
         indices = self.page_table[row, : req.cached_len]
         dup_end, new_handle = self.prefix_cache.insert_prefix(req.input_ids[: req.cached_len], indices)
@@ -260,7 +260,7 @@ class ReservingPrefillAdder(PrefillAdder):
     """准入时除了请求槽，还要预留 KV 页面：运行中的请求将来要的（``reserved_size``）先留着，剩下的放得下才接纳。"""
 
     def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
-        # >>> TASK reserve: 有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次；通过后预留、分槽位、把命中的槽位写进页表
+        # >>> TASK reserve: 有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]
         if self.table_manager.available_size == 0:
             return None
         handle = self.cache_manager.match_req(pending)

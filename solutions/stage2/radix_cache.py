@@ -134,7 +134,7 @@ class RadixPrefixCache(BasePrefixCache):
 
         返回最后一个完全匹配的节点和匹配的长度；用到的节点都刷新时间戳（严格的 LRU：只用到前半段的节点先分裂，只刷新前半段）。
         """
-        # >>> TASK tree_walk: 按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续
+        # >>> TASK tree_walk: 一次匹配用同一个 now = self._tick() 作时间戳；剩余不足一页就停；按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续
         node, prefix_len, now = self.root, 0, self._tick()
         ps = self.page_size
         while len(input_ids) - prefix_len >= ps:
