@@ -64,7 +64,7 @@ def recorded(name: str) -> float:
 
 
 def cited_ratios() -> list[tuple[str, float, str, str]]:
-    """讲义里标了注释的全部比值：(页面, 比值, 分子, 分母)。"""
+    """讲义里标了注释的全部比值：(页面, 比值, 分子, 分母)。同一页里重复引用的同一个比值只查一次。"""
     found = []
     for page in sorted(DOCS.rglob("*.md")):
         text = page.read_text(encoding="utf-8")
@@ -75,7 +75,7 @@ def cited_ratios() -> list[tuple[str, float, str, str]]:
         assert markers == parsed, (
             f"docs/{rel} 有 {markers} 个 <!-- ratio --> 注释，只认出 {parsed} 个：注释要紧跟在“数字 倍”或“数字×”后面"
         )
-    return found
+    return list(dict.fromkeys(found))
 
 
 def test_milestone_page_cites_ratios() -> None:
