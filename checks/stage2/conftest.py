@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -122,6 +123,15 @@ def record(llm: Any, after: Callable[[StepTrace], None] | None = None) -> Record
 
     rec.close = llm.add_step_listener(listen)
     return rec
+
+
+@contextmanager
+def integrity_error(what: str) -> Iterator[None]:
+    """块里的完整性检查应当抛 RuntimeError；骨架的 NotImplementedError（也是 RuntimeError 的子类）不算数。"""
+    with pytest.raises(RuntimeError) as raised:
+        yield
+        pytest.fail(what)
+    assert not isinstance(raised.value, NotImplementedError), f"完整性检查还没有实现：{raised.value}"
 
 
 def assert_idle(llm: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, record
+from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, integrity_error, record
 from minisgl.cache_manager import LLM, CacheManager, NaivePrefixCache, ReservingPrefillAdder
 from minisgl.core import Req, SamplingParams
 from minisgl.radix_cache import RadixPrefixCache
@@ -226,12 +226,11 @@ def test_check_integrity_catches_each_condition_alone(case: str) -> None:
     if case == "ok":
         cm.check_integrity()
         return
-    with pytest.raises(RuntimeError):
+    with integrity_error(
+        f"完整性检查没有发现「{case}」：空闲页首 {free}，缓存 可驱逐 {evictable} / 受保护 {protected} 个 token，"
+        f"共 4 页 × 4（提示里列出的每一条都要检查，并抛 RuntimeError）"
+    ):
         cm.check_integrity()
-        pytest.fail(
-            f"完整性检查没有发现「{case}」：空闲页首 {free}，缓存 可驱逐 {evictable} / 受保护 {protected} 个 token，"
-            f"共 4 页 × 4（提示里列出的每一条都要检查，并抛 RuntimeError）"
-        )
 
 
 def test_last_page_may_stick_out_of_the_page_table() -> None:
@@ -397,9 +396,8 @@ def test_check_integrity_catches_slot_minus_one_with_page_size_1() -> None:
     """page_size=1 时 -1 也“是页首”：范围检查要从 0 开始（free >= 0），不能只挡更小的负数。"""
     cm = make_manager(num_pages=4, page_size=1, prefix_cache=_StubCache(1, 0))
     cm.free_slots = torch.tensor([-1, 0, 1], dtype=torch.int32)  # 3 + 1 == 4、不重复、都对齐，只有 -1 在池外
-    with pytest.raises(RuntimeError):
+    with integrity_error("空闲池里有槽位 -1（KV 池外），完整性检查没有报错"):
         cm.check_integrity()
-        pytest.fail("空闲池里有槽位 -1（KV 池外），完整性检查没有报错")
 
 
 def test_admission_waits_for_a_free_slot_when_memory_is_plenty(tiny_path: str, make_llm) -> None:  # noqa: ANN001

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import QUESTIONS, SMOL_KW, SMOLLM2_TOKENS, SYSTEM_PROMPT, TINY_KW, assert_idle, record
+from .conftest import QUESTIONS, SMOL_KW, SMOLLM2_TOKENS, SYSTEM_PROMPT, TINY_KW, assert_idle, integrity_error, record
 from minisgl.core import SamplingParams
 from minisgl.radix_cache import LLM, RadixPrefixCache
 
@@ -313,12 +313,11 @@ def test_check_integrity_catches_each_condition_alone(case: str) -> None:
     if case == "ok":
         cache.check_integrity()
         return
-    with pytest.raises(RuntimeError):
+    with integrity_error(
+        f"基数树的完整性检查没有发现「{case}」（记账：可驱逐 {cache.evictable_size}、受保护 {cache.protected_size}）："
+        "提示里列出的每一条都要检查，并抛 RuntimeError"
+    ):
         cache.check_integrity()
-        pytest.fail(
-            f"基数树的完整性检查没有发现「{case}」（记账：可驱逐 {cache.evictable_size}、受保护 {cache.protected_size}）："
-            "提示里列出的每一条都要检查，并抛 RuntimeError"
-        )
 
 
 def test_lru_split_head_counts_as_just_used() -> None:
