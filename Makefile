@@ -2,7 +2,7 @@
 PYTHON ?= $(shell command -v python || command -v python3)
 PYTEST = $(PYTHON) -m pytest --timeout=900
 
-.PHONY: setup test milestone notebooks docs real-qwen3
+.PHONY: setup test milestone notebooks docs real-qwen3 gpu-check
 
 setup:            ## 安装依赖并构建离线模型
 	PYTHON=$(PYTHON) bash tools/setup.sh
@@ -24,3 +24,6 @@ milestone: setup  ## 主任务：第二阶段里程碑
 
 real-qwen3: setup ## 可选：联网下载真正的 Qwen3-0.6B 到 models/Qwen3-0.6B
 	$(PYTHON) tools/build_models.py --real-qwen3
+
+gpu-check:        ## 在离线的 CUDA 机器上：CUDA 上的检查、CUDA 图开 / 关一致、里程碑，打印汇总表（不做 setup，不联网）
+	$(PYTHON) tools/gpu_check.py --out gpu-check-out

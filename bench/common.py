@@ -57,6 +57,12 @@ def interleaved(cases: list[Case], repeats: int, warmup: int = 1, log: Callable[
     return {name: Stats.of(s) for name, s in samples.items()}
 
 
+def ratio_stats(a: Stats, b: Stats) -> str:
+    """两项同一轮的样本逐轮相除：中位数（最小 – 最大）。"""
+    r = [x / y for x, y in zip(a.samples, b.samples)]
+    return str(Stats.of(r)).replace("  ", " ").strip() + "×"
+
+
 def print_table(stats: dict[str, Stats], baseline: str, title: str = "token/s：中位数（最小 – 最大）") -> None:
     """每项一行：token/s 的中位数与范围，以及相对 ``baseline`` 的倍数（中位数之比）。"""
     width = max(len(name) for name in stats)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import Case, Stats, interleaved, print_table, timed
+from common import Case, Stats, interleaved, print_table, ratio_stats, timed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import SamplingParams
@@ -44,12 +44,6 @@ def hf_left_padded(tok, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.T
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     return ids, mask
-
-
-def ratio_stats(a: Stats, b: Stats) -> str:
-    """两项同一轮的样本逐轮相除：中位数（最小 – 最大）。"""
-    r = [x / y for x, y in zip(a.samples, b.samples)]
-    return str(Stats.of(r)).replace("  ", " ").strip() + "×"
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ class _Env:
 
     def __init__(self) -> None:
         object.__setattr__(self, "DISABLE_OVERLAP_SCHEDULING", EnvBool("DISABLE_OVERLAP_SCHEDULING"))
+        object.__setattr__(self, "DISABLE_CUDA_GRAPH", EnvBool("DISABLE_CUDA_GRAPH"))  # cuda_graph="auto" 时不录图
 
     def __setattr__(self, name: str, value: object) -> None:
         switch = getattr(self, name, None)

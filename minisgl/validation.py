@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.graph import GRAPH_MODES
 
 
 def _token_ids(i: int, prompt: Any) -> list[int]:
@@ -144,6 +145,10 @@ def validate_config(config: Any) -> None:
             raise ValueError(f"不支持的 device={device!r}：可选 'auto'、'cpu'、'cuda' 或 'cuda:N'")
         if parsed.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={device!r}，但这台机器上没有可用的 CUDA GPU：请用 'cpu' 或 'auto'")
+    if getattr(config, "cuda_graph", "auto") not in GRAPH_MODES:
+        raise ValueError(f"cuda_graph={config.cuda_graph!r} 不认识：可选 {', '.join(GRAPH_MODES)}")
+    if hasattr(config, "cuda_graph_max_bs"):
+        positive_int("cuda_graph_max_bs")
     ratio = config.memory_ratio
     if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio <= 1):
         raise ValueError(f"memory_ratio 必须在 (0, 1] 之间，或为 None（自动），收到 {ratio!r}")

@@ -10,8 +10,9 @@ from typing import Callable
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
+from checks.hf_reference import greedy_reference, load_hf
 from minisgl import model_zoo
 
 #: SmolLM2 上做逐 token 比对的提示词：长短不一（1 到 60 多个 token）、代码、数字、对话模板、中文。
@@ -52,9 +53,8 @@ def smollm2_prompts(smollm2_path: str) -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def smollm2_reference(smollm2_path: str, smollm2_prompts: list[list[int]]) -> list[list[int]]:
-    """每个提示词在 HF 上贪心生成 32 个 token（整个会话只算一次）。"""
-    model = Hand.load_hf(smollm2_path)
-    return [Hand.hf_greedy(model, p, SMOLLM2_TOKENS) for p in smollm2_prompts]
+    """每个提示词单独在 HF 上贪心生成 32 个 token（由 transformers 算，缓存在磁盘上）。"""
+    return greedy_reference(smollm2_path, smollm2_prompts, SMOLLM2_TOKENS)
 
 
 # ----------------------------------------------------------------------------- 共用工具
@@ -73,20 +73,7 @@ def assert_close_zh(actual: object, expected: object, sentence: str, **tol: obje
 class Hand:
     """检查里共用的小工具（HF 参考、手工驱动引擎），经 ``hand`` fixture 拿到（检查文件不能 import conftest）。"""
 
-    @staticmethod
-    def load_hf(path: str) -> torch.nn.Module:
-        """fp32 的 HF 模型。第 1 阶段的引擎不看 EOS，所以让 HF 的 generate 也不在 EOS 处停下。"""
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        model.generation_config.eos_token_id = None
-        return model
-
-    @staticmethod
-    @torch.inference_mode()
-    def hf_greedy(model: torch.nn.Module, prompt: list[int], max_tokens: int) -> list[int]:
-        """Hugging Face ``generate`` 的贪心输出（只返回新 token）。"""
-        ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False)
-        return out[0, len(prompt) :].tolist()
+    load_hf = staticmethod(load_hf)
 
     @staticmethod
     def assign_pages(engine, row: int) -> None:  # noqa: ANN001 - engine from whichever implementation

@@ -133,12 +133,12 @@ def engine_logits(engine: Engine, hand, reqs: list[Req], phase: str) -> torch.Te
         logits = engine.model.forward()
     for req in reqs:
         req.complete_one()
-    return logits.float()
+    return logits.float().cpu()
 
 
 @torch.inference_mode()
 def hf_last_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    return hf(torch.tensor([ids])).logits[0, -1].float()
+    return hf(torch.tensor([ids], device=hf.device)).logits[0, -1].float().cpu()
 
 
 def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:

@@ -1,4 +1,4 @@
-"""第 2 阶段检查共用的工具：模型、Hugging Face 参考输出、记录每一步的批次、空闲时的完整性检查。
+"""第 2 阶段检查共用的工具：模型、Hugging Face 参考输出（见 ``checks/hf_reference.py``）、记录每一步的批次、空闲时的完整性检查。
 
 这里不导入任何章节模块（``minisgl.scheduler`` 等）：每个检查文件用哪套实现由 pytest 插件在导入那个文件时
 决定，共用代码若在这里先导入，就会绑定到错误的那一套。需要 ``LLM`` 时由检查文件把类传进来。
@@ -12,8 +12,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
+from checks.hf_reference import greedy_reference
 from minisgl import model_zoo
 from minisgl.trace import StepTrace
 
@@ -72,24 +73,10 @@ def smollm2_prompts(smollm2_path: str) -> list[list[int]]:
     return [tok.encode(p, add_special_tokens=False) for p in SMOLLM2_PROMPTS]
 
 
-@torch.inference_mode()
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_tokens: int) -> list[int]:
-    """Hugging Face 模型逐步贪心解码 ``max_tokens`` 个 token（带 KV 缓存，不因 EOS 停下）。"""
-    ids = torch.tensor([prompt])
-    out = model(input_ids=ids, use_cache=True)
-    tokens: list[int] = []
-    for _ in range(max_tokens):
-        nxt = int(out.logits[0, -1].argmax())
-        tokens.append(nxt)
-        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True)
-    return tokens
-
-
 @pytest.fixture(scope="session")
 def smollm2_reference(smollm2_path: str, smollm2_prompts: list[list[int]]) -> list[list[int]]:
-    """每个提示词单独在 HF 上贪心生成 SMOLLM2_TOKENS 个 token（整个会话只算一次）。"""
-    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
-    return [hf_greedy(model, p, SMOLLM2_TOKENS) for p in smollm2_prompts]
+    """每个提示词单独在 HF 上贪心生成 SMOLLM2_TOKENS 个 token（由 transformers 算，缓存在磁盘上）。"""
+    return greedy_reference(smollm2_path, smollm2_prompts, SMOLLM2_TOKENS)
 
 
 # ----------------------------------------------------------------------------- 观察调度器

@@ -230,13 +230,15 @@ def _close_cached():  # noqa: ANN202
 
 
 ALONE_TOKENS = 12
+#: 单独跑哪几个提示词（一短一长、后者与另一个共享前缀）：每种组合都单独跑全部 8 个太慢，学员的检查要在一分钟左右跑完。
+ALONE = (1, 5)
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
 @pytest.mark.parametrize("chunk", [None, 5], ids=["nochunk", "chunk5"])
 @pytest.mark.parametrize("cache_type,page_size", [("radix", 1), ("naive", 1), ("radix", 4), ("naive", 4)])
 def test_matches_hf_every_combination(smollm2_path, smollm2_prompts, smollm2_reference, cache_type, page_size, chunk, overlap) -> None:  # noqa: ANN001
-    """成批（8 个请求）和单独跑，每个请求的贪心输出都与 Hugging Face 一致。"""
+    """成批（8 个请求）和单独跑（其中两个），每个请求的贪心输出都与 Hugging Face 一致。"""
     llm = _llm_for(smollm2_path, cache_type, page_size)
     llm.prefill_budget = chunk or llm.config.max_extend_tokens
     saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
@@ -245,7 +247,7 @@ def test_matches_hf_every_combination(smollm2_path, smollm2_prompts, smollm2_ref
         rec = record(llm)
         batched = [o["token_ids"] for o in llm.generate(smollm2_prompts, SamplingParams(max_tokens=SMOLLM2_TOKENS, ignore_eos=True))]
         assert_idle(llm)
-        alone = [llm.generate([p], SamplingParams(max_tokens=ALONE_TOKENS, ignore_eos=True))[0]["token_ids"] for p in smollm2_prompts]
+        alone = {i: llm.generate([smollm2_prompts[i]], SamplingParams(max_tokens=ALONE_TOKENS, ignore_eos=True))[0]["token_ids"] for i in ALONE}
         assert_idle(llm)
     finally:
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
@@ -256,4 +258,5 @@ def test_matches_hf_every_combination(smollm2_path, smollm2_prompts, smollm2_ref
     what = f"{cache_type}, page_size={page_size}, 块大小 {chunk}, {'重叠' if overlap else '普通循环'}"
     for i, ref in enumerate(smollm2_reference):
         assert batched[i] == ref, f"{what}：成批时第 {i} 个请求与 HF 不一致\n我们：{batched[i]}\nHF：  {ref}"
-        assert alone[i] == ref[:ALONE_TOKENS], f"{what}：单独跑第 {i} 个请求与 HF 不一致\n我们：{alone[i]}\nHF：  {ref[:ALONE_TOKENS]}"
+        if i in alone:
+            assert alone[i] == ref[:ALONE_TOKENS], f"{what}：单独跑第 {i} 个请求与 HF 不一致\n我们：{alone[i]}\nHF：  {ref[:ALONE_TOKENS]}"

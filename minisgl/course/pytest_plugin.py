@@ -112,9 +112,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--expect-red", action="store_true", help="骨架上的每个检查都必须失败")
     group.addoption("--leave-one-out", metavar="CHAPTER", default=None, help="只把这一章换回骨架")
     group.addoption("--results-json", metavar="PATH", default=None, help="每章结果写到这个 JSON 文件")
+    group.addoption("--device", choices=("cpu", "cuda"), default="cpu", help="引擎和 HF 参考在哪个设备上跑（默认 cpu）")
+    group.addoption(
+        "--without-smollm2", action="store_true", help="取消选中所有用到 SmolLM2 的检查（给带不过去这个模型的离线 GPU 机器用）"
+    )
+
+
+def use_device(device: str) -> None:
+    """检查里 ``device="auto"`` 的引擎和 HF 参考都用这个设备。CUDA 上关掉 TF32：fp32 要逐 token 对上 HF。"""
+    os.environ["MINISGL_DEVICE"] = device
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError("--device cuda：这台机器上没有可用的 CUDA GPU")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    use_device(config.getoption("--device"))
     loo = config.getoption("--leave-one-out")
     if loo is not None:
         try:
@@ -194,6 +211,10 @@ def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--without-smollm2"):  # 明着取消选中（pytest 报告里计作 deselected），不是悄悄跳过
+        dropped = [i for i in items if "smollm2_path" in getattr(i, "fixturenames", ())]
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if i not in dropped]
     plan = config.stash[_PLAN]
     for item in items:
         reason = plan.for_file(item.path).skip_reason

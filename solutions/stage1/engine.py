@@ -1,8 +1,8 @@
 """第 1.6 章 engine：把前五章拼成一个引擎，再加上批量采样器。
 
 ``Engine`` 按顺序初始化：设备与 dtype → 全局上下文 → 模型与权重 → 由剩余内存定出 KV 页数 →
-KV 池 → 页表与 token 池 → 注意力后端 → 采样器。``forward_batch`` 跑一次前向、为每个请求采样
-一个 token 并拷回主机；推进请求的长度记账（``complete_one``）由发出这一步的调用者来做。
+KV 池 → 页表与 token 池 → 注意力后端 → 采样器 →（CUDA 上）录制解码的 CUDA 图（``minisgl/graph.py``，
+不在本章的任务里）。``forward_batch`` 跑一次前向、为每个请求采样一个 token 并拷回主机；推进请求的长度记账（``complete_one``）由发出这一步的调用者来做。
 
 与 CUDA 有关的东西（设备、空闲显存、异步拷回主机）都收在几个小函数里，CPU 上有对应的做法。
 """
@@ -17,6 +17,7 @@ import torch
 
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, SamplingParams, set_global_ctx
+from minisgl.graph import GraphRunner, resolve_graph_mode
 from minisgl.kvcache import MHAKVCache, create_page_table
 from minisgl.layers import fast_linear_supported, pack_linear_weights
 from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_weights
@@ -25,9 +26,10 @@ from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_w
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
-    """``auto``：有 CUDA 就用第一块 GPU，否则 CPU。"""
+    """``auto``：环境变量 ``MINISGL_DEVICE`` 设了就用它（检查的 ``--device`` 选项设的就是它），
+    否则有 CUDA 就用第一块 GPU，没有就用 CPU。"""
     if str(name) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(os.environ.get("MINISGL_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
     return torch.device(name)
 
 
@@ -178,6 +180,8 @@ class EngineConfig:
     seed: int = 0
     use_dummy_weight: bool = False  # 不读权重文件，填随机数（只测速度）
     cpu_fast_linear: bool = True  # CPU 上把线性层权重重排成 oneDNN 布局；False 则一律走参考路径 F.linear
+    cuda_graph: str = "auto"  # 解码的 CUDA 图（见 minisgl/graph.py）：auto（CUDA 上开）| off | eager（CPU 上检查图路径）| cuda
+    cuda_graph_max_bs: int = 64  # 录制到多大的批；更大的解码批次照常前向
 
 
 class ForwardOutput(NamedTuple):
@@ -208,11 +212,13 @@ class Engine:
         if self.fast_linear:
             pack_linear_weights(self.model)
 
-        # KV 池、页表、token 池
+        # KV 池、页表、token 池（开 CUDA 图时 KV 池多一页，给补齐批次的假请求写 K/V，不分给任何请求）
         self.num_pages = self._determine_num_pages(free_before)
+        self.graph_mode = resolve_graph_mode(config.cuda_graph, self.device)
         c = self.model_config
+        pool_pages = self.num_pages + (self.graph_mode != "off")
         self.ctx.kv_cache = self.kv_cache = MHAKVCache(
-            c.num_kv_heads, c.num_layers, c.head_dim, self.num_pages, config.page_size, self.dtype, self.device
+            c.num_kv_heads, c.num_layers, c.head_dim, pool_pages, config.page_size, self.dtype, self.device
         )
         max_seq_len = config.max_seq_len_override or c.max_position_embeddings
         self.max_seq_len = min(max_seq_len, self.num_pages * config.page_size)
@@ -223,6 +229,7 @@ class Engine:
             config.attention_backend, self.kv_cache, self.page_table, c.num_qo_heads
         )
         self.sampler = Sampler(self.device, c.vocab_size, config.seed)
+        self.graph_runner = None if self.graph_mode == "off" else GraphRunner(self, self.graph_mode, config.cuda_graph_max_bs)
 
     def _determine_num_pages(self, free_before: int) -> int:
         """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。"""

@@ -1,0 +1,212 @@
+"""解码的 CUDA 图：把一整步解码前向录制一次，之后每步只回放。
+
+小批次解码时，GPU 上真正的计算只有几百微秒，而 Python 逐层发出几百个内核要花毫秒级的主机时间——主机成了瓶颈
+（第 2.5 章的重叠调度把调度藏到了计算后面，却藏不掉“发内核”本身）。CUDA 图把一步里的全部内核连同它们的参数
+录下来，回放时一次提交，主机开销几乎为零。代价是形状必须固定：
+
+- 批大小补齐到录制过的档位（1, 2, 4, 8, 16, 32, …），补的行算一个假请求，K/V 写进单独留出的一页；
+- 注意力读的 key 数也补齐到档位（256, 512, …），多出来的位置用掩码屏蔽——所以图里的注意力是 SDPA 的
+  “补齐成矩形”那一种（第 1.5 章），它的每个张量形状只取决于档位；
+- 输入（token、位置、写入槽位、各行的 K/V 槽位和长度）先拷进固定的缓冲区，再回放。
+
+不是某一章的内容，而是引擎的一个选项（``EngineConfig.cuda_graph``）：``auto`` 在 CUDA 上开、CPU 上关
+（``ENV.DISABLE_CUDA_GRAPH.value = True`` 或环境变量 ``MINISGL_DISABLE_CUDA_GRAPH=1`` 让 ``auto`` 也关）；
+``off`` 关；``eager`` 走同样的缓冲区和补齐、只是不录制而直接调用——在 CPU 上也能检查这条路径算得对不对。
+只有解码批次走图；预填充、超过最大档位的批次照常前向。
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import torch
+
+from minisgl.attention import PaddedMetadata, SDPAAttnBackend
+from minisgl.core import Batch
+from minisgl.env import ENV
+
+if TYPE_CHECKING:
+    from minisgl.engine import Engine
+
+__all__ = ["GRAPH_MODES", "MAX_GRAPH_KV_LEN", "resolve_graph_mode", "batch_size_buckets", "kv_len_buckets", "GraphRunner"]
+
+GRAPH_MODES = ("auto", "off", "eager", "cuda")
+#: 图里注意力最多读多少个 key：再长的解码批次照常前向（补齐到很长会读大量无用的 K/V，也要很大的图内存）。
+MAX_GRAPH_KV_LEN = 4096
+MIN_GRAPH_KV_LEN = 256
+
+
+def resolve_graph_mode(mode: str, device: torch.device) -> str:
+    """``auto`` → CUDA 上 ``cuda``、CPU 上 ``off``（``ENV.DISABLE_CUDA_GRAPH`` 打开时也是 ``off``）；
+    ``cuda`` 只能在 CUDA 上用。"""
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"cuda_graph={mode!r} 不认识；可选：{', '.join(GRAPH_MODES)}")
+    if mode == "auto":
+        return "cuda" if device.type == "cuda" and not ENV.DISABLE_CUDA_GRAPH else "off"
+    if mode == "cuda" and device.type != "cuda":
+        raise ValueError("cuda_graph='cuda' 只能在 CUDA 上用；CPU 上想检查图路径请用 'eager'")
+    return mode
+
+
+def batch_size_buckets(max_bs: int) -> list[int]:
+    """录制哪些批大小：1, 2, 4, 8，然后每 16 一档，最后一档是 ``max_bs`` 本身。"""
+    sizes = {b for b in (1, 2, 4, 8) if b <= max_bs} | set(range(16, max_bs + 1, 16)) | {max_bs}
+    return sorted(sizes)
+
+
+def kv_len_buckets(max_len: int) -> list[int]:
+    """注意力读多少个 key 的档位：256 起每档翻倍，最后一档是 ``max_len``（页表宽度和上限中较小的）。"""
+    sizes, k = [], MIN_GRAPH_KV_LEN
+    while k < max_len:
+        sizes.append(k)
+        k *= 2
+    return [*sizes, max_len]
+
+
+def smallest_fit(buckets: list[int], n: int) -> int | None:
+    return next((b for b in buckets if b >= n), None)
+
+
+@dataclass
+class DecodeGraph:
+    """一个档位（批大小 ``bs``、key 数 ``kv_len``）的图：固定的批次对象、回放函数和输出。"""
+
+    bs: int
+    kv_len: int
+    batch: Batch
+    replay: Callable[[], torch.Tensor]  # 回放，返回 [bs, vocab] 的 logits（CUDA 图里是同一块固定输出）
+
+
+class GraphRunner:
+    """为解码批次录制 / 回放前向。装上以后 ``engine.model.forward`` 会先问它：能走图就回放，否则照常前向。"""
+
+    def __init__(self, engine: Engine, mode: str, max_bs: int) -> None:
+        if mode not in ("eager", "cuda"):
+            raise ValueError(f"GraphRunner 的 mode 只能是 'eager' 或 'cuda'，得到 {mode!r}")
+        self.mode, self.ctx, self.device = mode, engine.ctx, engine.device
+        self.page_table = engine.page_table
+        self.max_bs = min(max_bs, engine.config.max_running_req)
+        self.bs_buckets = batch_size_buckets(self.max_bs)
+        self.kv_buckets = kv_len_buckets(min(self.page_table.shape[1], MAX_GRAPH_KV_LEN))
+        # 补齐的行：页表最后一行（专门留给假请求）全部指向 KV 池最后一页——引擎在开图时多分配了这一页
+        self.scratch_slot = engine.num_pages * engine.config.page_size
+        if engine.kv_cache.num_slots <= self.scratch_slot:
+            raise RuntimeError("开 CUDA 图时 KV 池要比可分配的页多一页（给补齐的假请求写 K/V）")
+        self.dummy_row = self.page_table.shape[0] - 1
+        self.page_table[self.dummy_row].fill_(self.scratch_slot)
+        self.backend = SDPAAttnBackend(engine.kv_cache, self.page_table)
+
+        max_b, max_k, dev = self.bs_buckets[-1], self.kv_buckets[-1], self.device
+        self.input_ids = torch.zeros(max_b, dtype=torch.int32, device=dev)
+        self.positions = torch.zeros(max_b, dtype=torch.int32, device=dev)
+        self.out_loc = torch.full((max_b,), self.scratch_slot, dtype=torch.int32, device=dev)
+        self.kv_slots = torch.full((max_b, max_k), self.scratch_slot, dtype=torch.int64, device=dev)
+        self.mask = torch.zeros((max_b, 1, 1, max_k), dtype=torch.bool, device=dev)
+        self.mask[..., 0] = True  # 录制前空跑时每行至少看得到一个 key，不让全屏蔽的行算出 NaN 写进 K/V
+        self.key_index = torch.arange(max_k, device=dev)
+
+        self._model_forward = engine.model.forward
+        self.graphs: dict[tuple[int, int], DecodeGraph] = {}
+        self.replays: Counter[tuple[int, int, int]] = Counter()  # (真实批大小, 档位批大小, 档位 key 数) → 回放次数
+        self._capture_all()
+        engine.model.forward = self.forward  # 从此模型的前向先经过这里
+
+    # ------------------------------------------------------------------ 录制
+
+    def _static_batch(self, bs: int, kv_len: int) -> Batch:
+        """档位 (bs, kv_len) 的固定批次：各字段都是固定缓冲区的视图，回放前只改它们的内容。"""
+        batch = Batch([None] * bs, "decode")  # type: ignore[list-item] - 只用到 size
+        batch.input_ids, batch.positions, batch.out_loc = self.input_ids[:bs], self.positions[:bs], self.out_loc[:bs]
+        rows = list(range(bs))
+        batch.attn_metadata = PaddedMetadata(
+            cu_seqlens_q=torch.arange(bs + 1, dtype=torch.int32, device=self.device),
+            cu_seqlens_q_cpu=list(range(bs + 1)),
+            cached_lens=[0] * bs,
+            seq_lens=[kv_len] * bs,
+            table_idx=rows,
+            q_index=torch.arange(bs, device=self.device)[:, None],
+            out_index=torch.arange(bs, device=self.device),
+            kv_slots=self.kv_slots[:bs, :kv_len],
+            mask=self.mask[:bs, :, :, :kv_len],
+        )
+        return batch
+
+    @contextmanager
+    def _as_current(self, batch: Batch) -> Iterator[None]:
+        """让模型把 ``batch`` 当作当前批次、用图里的 SDPA 后端；结束时原样换回（回放时外面还有真正的批次）。"""
+        saved = self.ctx._batch, self.ctx.attn_backend
+        self.ctx._batch, self.ctx.attn_backend = batch, self.backend
+        try:
+            yield
+        finally:
+            self.ctx._batch, self.ctx.attn_backend = saved
+
+    def _run_static(self, batch: Batch) -> torch.Tensor:
+        with self._as_current(batch):
+            return self._model_forward()
+
+    def _capture_all(self) -> None:
+        pool = None
+        for bs in reversed(self.bs_buckets):  # 先录最大的：后面的图共用它的内存池
+            for kv_len in reversed(self.kv_buckets):
+                batch = self._static_batch(bs, kv_len)
+                if self.mode == "eager":
+                    replay = (lambda b=batch: self._run_static(b))  # noqa: E731 - 不录制，直接调用
+                else:
+                    replay, pool = self._capture(batch, pool)
+                self.graphs[bs, kv_len] = DecodeGraph(bs, kv_len, batch, replay)
+
+    @torch.no_grad()
+    def _capture(self, batch: Batch, pool: object) -> tuple[Callable[[], torch.Tensor], object]:
+        """在 CUDA 上录一张图；先空跑两次，让 cuBLAS 等库把工作区分配好（录制期间不能分配新内存）。"""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._run_static(batch)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            logits = self._run_static(batch)
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return logits
+
+        return replay, graph.pool()
+
+    # ------------------------------------------------------------------ 回放
+
+    def pick(self, batch: Batch) -> DecodeGraph | None:
+        """这个批次走哪张图；不是解码、太大或太长就返回 None（照常前向）。"""
+        if not batch.is_decode:
+            return None
+        bs = smallest_fit(self.bs_buckets, batch.size)
+        kv_len = smallest_fit(self.kv_buckets, max(batch.attn_metadata.seq_lens))
+        if bs is None or kv_len is None:
+            return None
+        return self.graphs[bs, kv_len]
+
+    def forward(self) -> torch.Tensor:
+        """代替 ``model.forward``：当前批次能走图就把输入拷进固定缓冲区、回放，取前 ``batch.size`` 行。"""
+        batch = self.ctx.batch
+        graph = self.pick(batch)
+        if graph is None:
+            return self._model_forward()
+        n, bs, kv_len = batch.size, graph.bs, graph.kv_len
+        md = batch.attn_metadata
+        self.input_ids[:n].copy_(batch.input_ids)
+        self.input_ids[n:bs].zero_()
+        self.positions[:n].copy_(batch.positions)
+        self.positions[n:bs].zero_()
+        self.out_loc[:n].copy_(batch.out_loc)
+        self.out_loc[n:bs].fill_(self.scratch_slot)
+        rows = torch.tensor([*md.table_idx, *[self.dummy_row] * (bs - n)], device=self.device)
+        lens = torch.tensor([*md.seq_lens, *[1] * (bs - n)], device=self.device)
+        self.kv_slots[:bs, :kv_len].copy_(self.page_table[rows, :kv_len])
+        self.mask[:bs, 0, 0, :kv_len].copy_(self.key_index[None, :kv_len] < lens[:, None])
+        self.replays[n, bs, kv_len] += 1
+        return graph.replay()[:n]
