@@ -127,3 +127,27 @@ def test_cuda_mode_refused_without_cuda() -> None:
         pytest.fail("这一条只在没有 CUDA 的机器上有意义；gpu_check 不跑它", pytrace=False)
     with pytest.raises(ValueError, match="eager"):
         LLM(built(model_zoo.tiny_qwen3), cuda_graph="cuda", **KW)
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
+@pytest.mark.parametrize("chunk", [None, 5], ids=["nochunk", "chunk5"])
+@pytest.mark.parametrize("cache_type,page_size", [("radix", 1), ("naive", 1), ("radix", 4), ("naive", 4)])
+def test_every_combination_matches_hf_with_graphs(cache_type: str, page_size: int, chunk: int | None, overlap: bool) -> None:
+    """每种缓存 × 页大小 × 分块 × 重叠的组合，开着图，与同一设备上的 Hugging Face 逐 token 一致（tiny 模型，
+    GPU 机器上也有它；SmolLM2 上的同一组合在第 2.5 章的检查里）。"""
+    path = built(model_zoo.tiny_qwen3)
+    prompts = PROMPTS[:5]
+    ref = greedy_reference(path, prompts, 12)
+    kw = {**KW, "max_extend_tokens": chunk} if chunk else KW
+    llm = LLM(path, cache_type=cache_type, page_size=page_size, cuda_graph=MODE, **kw)
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+    try:
+        out = [o["token_ids"] for o in llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))]
+        again = [o["token_ids"] for o in llm.generate(prompts[::-1], SamplingParams(max_tokens=12, ignore_eos=True))]
+        llm.check_integrity()
+    finally:
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
+        llm.shutdown()
+    assert out == ref, f"{cache_type}, page_size={page_size}, 块 {chunk}, 重叠 {overlap}：与 HF 不一致"
+    assert again == ref[::-1], "第二遍（前缀已在缓存里、顺序反过来）也要一致"
