@@ -428,3 +428,23 @@ def test_admission_writes_prefix_hits_into_the_page_table(tiny_path: str, make_l
     assert rec.prefill_tokens() < 35, f"第二次应命中前缀缓存，实际预填充了 {rec.prefill_tokens()} 个 token"
     assert second == first, f"命中前缀后输出变了：第一次 {first}，第二次 {second}（命中的槽位没写进页表？）"
     assert_idle(llm)
+
+
+def test_admission_writes_a_one_token_prefix_hit_too(tiny_path: str, make_llm) -> None:  # noqa: ANN001
+    """只命中 1 个 token 的前缀（两个提示词只有开头那个 token 相同）：这 1 个槽位也要写进页表 [:1]。"""
+
+    class RadixLLM(LLM):
+        def _make_prefix_cache(self):  # noqa: ANN202
+            return RadixPrefixCache(self.page_size, self.device)
+
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    target = [7, *range(50, 70)]
+    fresh = make_llm(LLM, tiny_path, **TINY_KW).generate([target], sp)[0]["token_ids"]
+    llm = make_llm(RadixLLM, tiny_path, **TINY_KW)
+    llm.generate([[99] * 5, [7, *range(200, 220)]], sp)  # 树里留下以 7 开头的前缀，7 的槽位不在第 0 页
+    rec = record(llm)
+    out = llm.generate([target], sp)[0]["token_ids"]  # 这次它在第 0 行：那一行的 [:1] 原来是 99 的槽位
+    hits = [c for s in rec.steps if s.phase == "prefill" for c in s.cached_lens]
+    assert 1 in hits, f"应当恰好命中 1 个 token，预填充时的 cached_len 是 {hits}"
+    assert out == fresh, f"命中 1 个 token 后输出变了：没有缓存时 {fresh}，命中后 {out}（这个槽位没写进页表？）"
+    assert_idle(llm)

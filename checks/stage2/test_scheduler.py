@@ -9,8 +9,8 @@ import torch
 from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record
 from minisgl.core import SamplingParams
 from minisgl.core import Req
-from minisgl.scheduler import LLM, PrefillManager
-from minisgl.scheduling import PendingReq
+from minisgl.scheduler import LLM, PrefillAdder, PrefillManager
+from minisgl.scheduling import PendingReq, TableManager
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 
@@ -301,6 +301,22 @@ def test_prefill_stops_at_first_request_not_admitted() -> None:
     left = [p.uid for p in pm.pending_list]
     assert left == [1, 2], f"接纳了的离开队列、其余按原顺序留下：应为 [1, 2]，实际 {left}"
     assert pm.schedule_next_batch(_StubAdder(refuse={1})) is None, "队首接纳不了时一个也不接纳，返回 None"
+
+
+def test_add_one_req_takes_exactly_the_segment() -> None:
+    """``_add_one_req`` 接纳提示词的 ``[cached_len, end)``：token 池里只写这一段、预算只扣这一段、请求的
+    ``input_ids`` 只到 ``end``。本章总是整段接纳，第 2.4 章分块时就靠 ``end`` 切出一块。"""
+    pool = torch.full((2, 12), -1, dtype=torch.int32)
+    adder = PrefillAdder(token_budget=100, reserved_size=0, table_manager=TableManager(2), cache_manager=None, token_pool=pool)
+    pending = PendingReq(7, torch.arange(10, 20, dtype=torch.int32), SamplingParams(max_tokens=3))
+    req = adder._add_one_req(pending, None, 1, 2, end=6)
+    assert pool[1].tolist() == [-1, -1, 12, 13, 14, 15] + [-1] * 6, f"只写 [2, 6) 这一段：{pool[1].tolist()}"
+    assert pool[0].tolist() == [-1] * 12, "别的行不能动"
+    assert adder.token_budget == 96, f"预算只扣这一段的 4 个 token，剩 {adder.token_budget}"
+    assert req.input_ids.tolist() == list(range(10, 16)) and req.cached_len == 2 and req.table_idx == 1 and req.uid == 7
+    whole = adder._add_one_req(pending, None, 0, 0)
+    assert pool[0, :10].tolist() == list(range(10, 20)) and pool[0, 10:].tolist() == [-1, -1], "end 缺省就是整段"
+    assert adder.token_budget == 86 and len(whole.input_ids) == 10
 
 
 def test_prefilled_requests_handed_to_cache_manager(tiny_path: str, make_llm) -> None:  # noqa: ANN001
