@@ -411,13 +411,15 @@ def test_admission_waits_for_a_free_slot_when_memory_is_plenty(tiny_path: str, m
     assert_idle(llm)
 
 
+class RadixLLM(LLM):
+    """本章的调度器换上 radix 前缀缓存（第 2.3 章的接口），才能测到“命中的前缀写进页表”。"""
+
+    def _make_prefix_cache(self):  # noqa: ANN202
+        return RadixPrefixCache(self.page_size, self.device)
+
+
 def test_admission_writes_prefix_hits_into_the_page_table(tiny_path: str, make_llm) -> None:  # noqa: ANN001
     """换上 radix 前缀缓存（第 2.3 章的接口）：命中的前缀槽位要在准入时写进页表 [:cached_len]，否则读到的是别的 K/V。"""
-
-    class RadixLLM(LLM):
-        def _make_prefix_cache(self):  # noqa: ANN202
-            return RadixPrefixCache(self.page_size, self.device)
-
     llm = make_llm(RadixLLM, tiny_path, **TINY_KW)
     rec = record(llm)
     prompt = [[10 + i for i in range(30)]]
@@ -432,11 +434,6 @@ def test_admission_writes_prefix_hits_into_the_page_table(tiny_path: str, make_l
 
 def test_admission_writes_a_one_token_prefix_hit_too(tiny_path: str, make_llm) -> None:  # noqa: ANN001
     """只命中 1 个 token 的前缀（两个提示词只有开头那个 token 相同）：这 1 个槽位也要写进页表 [:1]。"""
-
-    class RadixLLM(LLM):
-        def _make_prefix_cache(self):  # noqa: ANN202
-            return RadixPrefixCache(self.page_size, self.device)
-
     sp = SamplingParams(max_tokens=6, ignore_eos=True)
     target = [7, *range(50, 70)]
     fresh = make_llm(LLM, tiny_path, **TINY_KW).generate([target], sp)[0]["token_ids"]
