@@ -45,6 +45,17 @@ def test_model_config_errors(tiny_path: str, tmp_path: Path) -> None:
         ModelConfig.from_hf(tmp_path)
 
 
+def test_model_config_defaults_and_first_architecture(tiny_path: str) -> None:
+    """缺省值按任务里写的来（不是“碰巧和我们的模型一样”）；``architectures`` 有多个时看第一个，和 transformers 一样。"""
+    hf = json.loads((Path(tiny_path) / "config.json").read_text())
+    untied = ModelConfig.from_dict({**hf, "tie_word_embeddings": False})
+    assert untied.tie_word_embeddings is False, "tie_word_embeddings=False 时 LM head 有自己的权重"
+    bare = ModelConfig.from_dict({k: v for k, v in hf.items() if k not in ("tie_word_embeddings", "attention_bias", "mlp_bias")})
+    assert (bare.tie_word_embeddings, bare.attention_bias, bare.mlp_bias) == (False, False, False), "这三项缺省都是 False"
+    two = ModelConfig.from_dict({**hf, "architectures": ["Qwen3ForCausalLM", "SomethingElse"]})
+    assert two.architecture == "Qwen3ForCausalLM" and two.qk_norm, "architectures 有多个时用第一个"
+
+
 def load_tiny(path: str | Path) -> torch.nn.Module:
     model = create_model(ModelConfig.from_hf(path), torch.float32, "cpu")
     load_weights(model, path)
