@@ -118,6 +118,18 @@ def test_unexpected_tensor_and_missing_file(tiny_path: str, tmp_path: Path) -> N
         load_tiny(empty)
 
 
+def test_tolerated_extras_load_cleanly(tiny_path: str, tmp_path: Path) -> None:
+    """共享权重的检查点多存一份 ``lm_head.weight``、旧版 Llama 检查点存着 RoPE 的 ``inv_freq``：这两种都该跳过，不报错。"""
+
+    def edit(t: dict) -> None:
+        t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
+        t["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(16)
+
+    extra = load_tiny(rewrite_checkpoint(tiny_path, tmp_path / "m", edit)).state_dict()
+    plain = load_tiny(tiny_path).state_dict()
+    assert extra.keys() == plain.keys() and all(torch.equal(extra[k], plain[k]) for k in plain), "跳过多余张量后权重应完全一样"
+
+
 def test_dummy_weights(tiny_path: str, tmp_path: Path, hand) -> None:  # noqa: ANN001
     only_config = tmp_path / "cfg"
     only_config.mkdir()
