@@ -160,6 +160,9 @@ def test_num_pages(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
     engine = Engine(EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64))
     assert engine.num_pages == (5 * 10**8 - 10**8) // per_page, "页数 = (空闲 × 比例 − 模型占用) ÷ 每页字节数"
+    free = iter([10**9, 10**9 - 10**8])  # 不给 memory_ratio：CPU 上缺省 0.3（内存还要留给别的进程）
+    engine = Engine(EngineConfig(tiny_path, max_seq_len_override=64, device="cpu"))
+    assert engine.num_pages == (3 * 10**8 - 10**8) // per_page, "CPU 上 memory_ratio 缺省是 0.3（CUDA 上才是 0.9）"
     free = iter([10**6, 10**6 - 6 * 10**5])  # 模型占掉的比 1 MB × 0.5 还多
     with pytest.raises(RuntimeError):
         Engine(EngineConfig(tiny_path, memory_ratio=0.5))
