@@ -169,6 +169,18 @@ def test_num_pages(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.fail("内存放不下 KV 缓存时应当抛 RuntimeError")
 
 
+@pytest.mark.parametrize("free_before,expect", [(204_800_000, 100_000), (204_799_998, 99_999)])
+def test_num_pages_when_free_memory_grows_during_loading(tiny_path: str, monkeypatch: pytest.MonkeyPatch, free_before: int, expect: int) -> None:
+    """加载模型期间空闲内存反而变多了（别的进程放了内存）：模型占用按 0 算，不是负数，也不是 1。
+    每页 1024 字节；两个 free_before 让“多减 1”“少减 1”都恰好差一页。"""
+    free = iter([free_before, 250_000_000])
+    monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
+    engine = Engine(EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64, device="cpu"))
+    assert engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32) == 1024
+    assert engine.num_pages == expect, f"页数应为 int({free_before} × 0.5) ÷ 1024 = {expect}（模型占用取 max(差值, 0)），实际 {engine.num_pages}"
+    engine.shutdown()
+
+
 def test_fast_linear_agrees_with_reference(tiny_path: str, hand) -> None:  # noqa: ANN001
     """CPU 快速路径（oneDNN 重排的权重）与参考路径 F.linear 的 logits 一致。"""
     logits = []
