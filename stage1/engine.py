@@ -201,8 +201,8 @@ class Engine:
     def _determine_num_pages(self, free_before: int) -> int:
         """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。"""
         c, config = self.model_config, self.config
-        # TODO 任务 determine_num_pages：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError
-        raise NotImplementedError('第 1.6 章 engine 的任务「determine_num_pages」还没有实现。文档：docs/stage1/engine.md#determine_num_pages 提示：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError')
+        # TODO 任务 determine_num_pages：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError，消息里告诉用户调大 memory_ratio 或指定 num_page_override
+        raise NotImplementedError('第 1.6 章 engine 的任务「determine_num_pages」还没有实现。文档：docs/stage1/engine.md#determine_num_pages 提示：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError，消息里告诉用户调大 memory_ratio 或指定 num_page_override')
 
     @torch.no_grad()  # 不用 inference_mode：它产出的张量之后在模式外不能原地修改，调度器会踩坑
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:

@@ -164,7 +164,7 @@ def test_num_pages(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine(EngineConfig(tiny_path, max_seq_len_override=64, device="cpu"))
     assert engine.num_pages == (3 * 10**8 - 10**8) // per_page, "CPU 上 memory_ratio 缺省是 0.3（CUDA 上才是 0.9）"
     free = iter([10**6, 10**6 - 6 * 10**5])  # 模型占掉的比 1 MB × 0.5 还多
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="memory_ratio|num_page_override"):
         Engine(EngineConfig(tiny_path, memory_ratio=0.5))
         pytest.fail("内存放不下 KV 缓存时应当抛 RuntimeError")
 

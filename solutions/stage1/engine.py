@@ -234,7 +234,7 @@ class Engine:
     def _determine_num_pages(self, free_before: int) -> int:
         """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。"""
         c, config = self.model_config, self.config
-        # >>> TASK determine_num_pages: 有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError
+        # >>> TASK determine_num_pages: 有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError，消息里告诉用户调大 memory_ratio 或指定 num_page_override
         if config.num_page_override is not None:
             return config.num_page_override
         ratio = config.memory_ratio or (0.9 if self.device.type == "cuda" else 0.3)
