@@ -137,6 +137,7 @@ def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
     out.copy_done_event.synchronize()
     host = out.next_tokens_cpu.clone()
     assert out.next_tokens_cpu.device.type == "cpu"
+    assert out.next_tokens_gpu.device == engine.device, "next_tokens_gpu 是设备上的结果（GPU 上跑时才看得出放反了）"
     assert out.next_tokens_cpu.data_ptr() != out.next_tokens_gpu.data_ptr(), "主机副本不能与设备上的结果共享内存"
     out.next_tokens_gpu.fill_(-1)
     assert torch.equal(out.next_tokens_cpu, host), "改动设备上的结果不应影响主机副本"
@@ -178,6 +179,22 @@ def test_num_pages_when_free_memory_grows_during_loading(tiny_path: str, monkeyp
     engine = Engine(EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64, device="cpu"))
     assert engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32) == 1024
     assert engine.num_pages == expect, f"页数应为 int({free_before} × 0.5) ÷ 1024 = {expect}（模型占用取 max(差值, 0)），实际 {engine.num_pages}"
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("model_bytes,pages", [(102_398_976, 1), (102_398_977, 0)])
+def test_exactly_one_page_is_enough_and_zero_is_refused(tiny_path: str, monkeypatch: pytest.MonkeyPatch, model_bytes: int, pages: int) -> None:
+    """可用 102,400,000 字节（2.048 亿 × 0.5），每页 1024 字节：模型占掉后刚好剩 1 页就建得起来，剩 0 页必须报错。"""
+    free = iter([204_800_000, 204_800_000 - model_bytes])
+    monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
+    config = EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64, device="cpu")
+    if pages == 0:
+        with pytest.raises(RuntimeError, match="memory_ratio|num_page_override"):
+            Engine(config)
+            pytest.fail("一页 KV 缓存都放不下时应当抛 RuntimeError")
+        return
+    engine = Engine(config)
+    assert engine.num_pages == 1, f"刚好剩一页：num_pages 应为 1，实际 {engine.num_pages}"
     engine.shutdown()
 
 
