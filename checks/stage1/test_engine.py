@@ -189,9 +189,10 @@ def test_exactly_one_page_is_enough_and_zero_is_refused(tiny_path: str, monkeypa
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
     config = EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64, device="cpu")
     if pages == 0:
-        with pytest.raises(RuntimeError, match="memory_ratio|num_page_override"):
+        with pytest.raises(RuntimeError, match="memory_ratio|num_page_override") as raised:
             Engine(config)
             pytest.fail("一页 KV 缓存都放不下时应当抛 RuntimeError")
+        assert not isinstance(raised.value, NotImplementedError), f"_determine_num_pages 还没有实现：{raised.value}"
         return
     engine = Engine(config)
     assert engine.num_pages == 1, f"刚好剩一页：num_pages 应为 1，实际 {engine.num_pages}"
