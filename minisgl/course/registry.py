@@ -89,7 +89,7 @@ CHAPTERS: tuple[Chapter, ...] = _course_chapters()
 STAGES: tuple[int, ...] = tuple(sorted({c.stage for c in CHAPTERS}))
 
 #: 不属于某一章、但依赖各章实现的公共模块；切换实现时与各章模块一起换掉。
-DERIVED_PUBLIC_MODULES: tuple[str, ...] = ("minisgl.llm", "minisgl.validation", "minisgl.scheduling")
+DERIVED_PUBLIC_MODULES: tuple[str, ...] = ("minisgl.llm", "minisgl.validation", "minisgl.scheduling", "minisgl.graph")
 
 
 def find_chapter(name: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter | None:
