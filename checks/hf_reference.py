@@ -58,11 +58,11 @@ def _stat(path: Path) -> os.stat_result | None:
 def model_fingerprint(model_path: str | Path) -> str:
     """模型文件内容的 sha256。整份哈希 500 MB 要零点几秒，所以按（文件名、大小、修改时间）记住上次的结果。"""
     model_path = Path(model_path).resolve()
-    stats = {name: (st.st_size, st.st_mtime_ns) for name in MODEL_FILES if (st := _stat(model_path / name))}
+    stats = {name: [st.st_size, st.st_mtime_ns] for name in MODEL_FILES if (st := _stat(model_path / name))}
     memo_path = cache_dir() / "fingerprints.json"
     memo = _read_json(memo_path) or {}
     entry = memo.get(str(model_path))
-    if entry and entry.get("stats") == {k: list(v) for k, v in stats.items()}:
+    if entry and entry.get("stats") == stats:
         return entry["sha256"]
     digest = hashlib.sha256()
     for name in sorted(stats):
@@ -71,7 +71,7 @@ def model_fingerprint(model_path: str | Path) -> str:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 digest.update(chunk)
     sha = digest.hexdigest()
-    memo[str(model_path)] = {"stats": {k: list(v) for k, v in stats.items()}, "sha256": sha}
+    memo[str(model_path)] = {"stats": stats, "sha256": sha}
     _write_json(memo_path, memo)
     return sha
 

@@ -72,11 +72,10 @@ def smallest_fit(buckets: list[int], n: int) -> int | None:
 
 @dataclass
 class DecodeGraph:
-    """一个档位（批大小 ``bs``、key 数 ``kv_len``）的图：固定的批次对象、回放函数和输出。"""
+    """一个档位（批大小 ``bs``、key 数 ``kv_len``）的图和它的回放函数。"""
 
     bs: int
     kv_len: int
-    batch: Batch
     replay: Callable[[], torch.Tensor]  # 回放，返回 [bs, vocab] 的 logits（CUDA 图里是同一块固定输出）
 
 
@@ -157,7 +156,7 @@ class GraphRunner:
                     replay = (lambda b=batch: self._run_static(b))  # noqa: E731 - 不录制，直接调用
                 else:
                     replay, pool = self._capture(batch, pool)
-                self.graphs[bs, kv_len] = DecodeGraph(bs, kv_len, batch, replay)
+                self.graphs[bs, kv_len] = DecodeGraph(bs, kv_len, replay)
 
     @torch.no_grad()
     def _capture(self, batch: Batch, pool: object) -> tuple[Callable[[], torch.Tensor], object]:

