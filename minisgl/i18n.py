@@ -1,0 +1,59 @@
+"""课程的两种语言：中文（默认）和英文，用 ``MINISGL_LANG=zh|en`` 选择。
+
+学员看到的每一句话（检查的失败消息、任务提示、course 命令、pytest 汇总、示例的输出）都写成
+``tr("English text {n}", n=...)``：源码里是英文原文，中文译文在 ``minisgl/locale/*.toml``
+（英文原文 → 中文，多个文件按领域分开，加载时合并）。这样只有一份消息来源，
+``checks/course/test_i18n.py`` 保证每条消息都有译文、没有多余的译文、占位符两边一致。
+
+The course speaks Chinese by default and English with ``MINISGL_LANG=en``. Messages are written in English
+in the source (``tr``) and translated to Chinese in the TOML catalogue, gettext style.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+LANGS = ("zh", "en")
+LOCALE_DIR = Path(__file__).with_name("locale")
+
+
+def lang() -> str:
+    """当前语言：环境变量 ``MINISGL_LANG``（默认 ``zh``）。"""
+    value = os.environ.get("MINISGL_LANG", "zh").strip().lower() or "zh"
+    if value not in LANGS:
+        raise ValueError(
+            f"MINISGL_LANG={value!r}：只支持 zh（中文）或 en（English） / only zh (Chinese) or en (English)"
+        )
+    return value
+
+
+@lru_cache(maxsize=1)
+def catalogue() -> dict[str, str]:
+    """英文原文 → 中文译文，合并 ``minisgl/locale/*.toml``；同一条原文出现在两个文件里就报错。"""
+    merged: dict[str, str] = {}
+    for path in sorted(LOCALE_DIR.glob("*.toml")):
+        with path.open("rb") as f:
+            entries = tomllib.load(f)
+        for msgid, text in entries.items():
+            if msgid in merged and merged[msgid] != text:
+                raise ValueError(f"{path.name}: message {msgid!r} is translated twice, differently")
+            merged[msgid] = text
+    return merged
+
+
+def placeholders(template: str) -> set[str]:
+    """``str.format`` 模板里的字段名（检查译文与原文的占位符是否一致）。"""
+    return {field.split(".")[0].split("[")[0] for _, field, _, _ in string.Formatter().parse(template) if field}
+
+
+def tr(msgid: str, /, *, language: str | None = None, **values: object) -> str:
+    """按当前语言（或 ``language``）给出一条消息；有 ``values`` 时用 ``str.format`` 填进去。
+
+    没有译文时退回英文原文（``test_i18n`` 会让这种漏译在 CI 里失败），绝不因翻译让真正的错误被掩盖。
+    """
+    text = msgid if (language or lang()) == "en" else catalogue().get(msgid, msgid)
+    return text.format(**values) if values else text
