@@ -11,9 +11,10 @@ test: setup       ## 全部测试：骨架无漂移、参考解答全绿、每�
 	$(PYTHON) tools/make_skeletons.py --check
 	$(PYTEST) checks --impl solution --strict
 	$(PYTEST) checks/stage1 checks/stage2 --impl skeleton --expect-red -q
-	MINISGL_IMPL=solution $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks -q
+	MINISGL_IMPL=solution MINISGL_LANG=zh $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks --ignore=notebooks/en -q
+	MINISGL_IMPL=solution MINISGL_LANG=en $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/en -q
 
-notebooks: setup  ## 重新生成并执行全部笔记本（改了解答或里程碑脚本之后）
+notebooks: setup  ## 重新生成并执行全部笔记本，中文版和 notebooks/en 下的英文版（改了解答或里程碑脚本之后）
 	$(PYTHON) tools/build_notebooks.py
 
 docs: setup       ## 本地预览课程讲义

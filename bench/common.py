@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from minisgl.i18n import tr
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -53,7 +55,8 @@ def interleaved(cases: list[Case], repeats: int, warmup: int = 1, log: Callable[
             seconds = case.run()
             if round_ >= warmup:
                 samples[case.name].append(case.tokens / seconds)
-        log(f"  第 {round_ + 1}/{warmup + repeats} 轮完成" + ("（预热，不计）" if round_ < warmup else ""))
+        warm = tr(" (warm-up, not counted)") if round_ < warmup else ""
+        log(tr("  round {done}/{total} done", done=round_ + 1, total=warmup + repeats) + warm)
     return {name: Stats.of(s) for name, s in samples.items()}
 
 
@@ -63,9 +66,10 @@ def ratio_stats(a: Stats, b: Stats) -> str:
     return str(Stats.of(r)).replace("  ", " ").strip() + "×"
 
 
-def print_table(stats: dict[str, Stats], baseline: str, title: str = "token/s：中位数（最小 – 最大）") -> None:
+def print_table(stats: dict[str, Stats], baseline: str, title: str | None = None) -> None:
     """每项一行：token/s 的中位数与范围，以及相对 ``baseline`` 的倍数（中位数之比）。"""
+    title = title or tr("token/s: median (min – max)")
     width = max(len(name) for name in stats)
-    print(f"{'':{width}}  {title}    相对 {baseline}")
+    print(f"{'':{width}}" + tr("  {title}    vs {baseline}", title=title, baseline=baseline))
     for name, s in stats.items():
         print(f"{name:{width}}  {s}    {s.median / stats[baseline].median:5.2f}×")

@@ -22,6 +22,7 @@ from common import Case, interleaved, print_table, ratio_stats, timed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import SamplingParams
+from minisgl.i18n import tr
 from minisgl.llm import LLM
 from minisgl.model_zoo import default_model
 from minisgl.paths import REPO_ROOT
@@ -66,15 +67,16 @@ def ours(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="模型目录（默认：Qwen3-0.6B，没有就用同形状的随机权重模型）")
+    parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("没有 CUDA GPU：GPU 基准只能在 GPU 上跑；CPU 上请用 python bench/stage2.py", file=sys.stderr)
+        print(tr("No CUDA GPU: the GPU benchmark runs only on a GPU; on a CPU use python bench/stage2.py"), file=sys.stderr)
         return 2
     model = Path(args.model) if args.model else default_model()
-    print(f"GPU：{torch.cuda.get_device_name(0)}；torch {torch.__version__}；模型：{model.name}（bf16）")
+    print(tr("GPU: {gpu}; torch {version}; model: {name} (bf16)",
+             gpu=torch.cuda.get_device_name(0), version=torch.__version__, name=model.name))
     tok = AutoTokenizer.from_pretrained(model)
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to("cuda").eval()
     hf.generation_config.eos_token_id = None
@@ -82,38 +84,41 @@ def main() -> int:
     eager = LLM(model, **LLM_KW, max_running_req=args.requests, cuda_graph="off")
 
     enc = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
+    graph, no_graph = tr("ours: CUDA graph"), tr("ours: no graph")  # 表格的行名
     n = 16
-    print(f"\n[1] 里程碑工作负载：8 个请求 × {n} 个 token")
+    print(tr("\n[1] milestone workload: 8 requests × {n} tokens", n=n))
     cases = [
         Case("HF generate ×8", lambda: hf_batch(hf, enc, n), 8 * n),
-        Case("我们：CUDA 图", lambda: ours(graphs, enc, [n] * 8), 8 * n),
-        Case("我们：不录图", lambda: ours(eager, enc, [n] * 8), 8 * n),
+        Case(graph, lambda: ours(graphs, enc, [n] * 8), 8 * n),
+        Case(no_graph, lambda: ours(eager, enc, [n] * 8), 8 * n),
     ]
     s1 = interleaved(cases, args.repeats)
     print_table(s1, baseline="HF generate ×8")
-    print(f"CUDA 图 / HF：{ratio_stats(s1['我们：CUDA 图'], s1['HF generate ×8'])}；"
-          f"CUDA 图 / 不录图：{ratio_stats(s1['我们：CUDA 图'], s1['我们：不录图'])}")
+    print(tr("CUDA graph / HF: {vs_hf}; CUDA graph / no graph: {vs_eager}",
+             vs_hf=ratio_stats(s1[graph], s1["HF generate ×8"]), vs_eager=ratio_stats(s1[graph], s1[no_graph])))
 
     prompts, outputs = random_workload(args.requests, hf.config.vocab_size)
     sub, sub_out = prompts[:32], outputs[:32]
     total, sub_total = sum(outputs), sum(sub_out)
-    print(f"\n[2] 离线吞吐：{args.requests} 个请求，输入 {sum(map(len, prompts))} 个 token，输出 {total} 个 token")
+    print(tr("\n[2] offline throughput: {requests} requests, {inputs} input tokens, {total} output tokens",
+             requests=args.requests, inputs=sum(map(len, prompts)), total=total))
     cases = [
-        Case("我们：CUDA 图", lambda: ours(graphs, prompts, outputs), total),
-        Case("我们：不录图", lambda: ours(eager, prompts, outputs), total),
+        Case(graph, lambda: ours(graphs, prompts, outputs), total),
+        Case(no_graph, lambda: ours(eager, prompts, outputs), total),
     ]
     s2 = interleaved(cases, args.repeats)
-    print_table(s2, baseline="我们：不录图")
-    print(f"CUDA 图 / 不录图：{ratio_stats(s2['我们：CUDA 图'], s2['我们：不录图'])}")
+    print_table(s2, baseline=no_graph)
+    print(tr("CUDA graph / no graph: {ratio}", ratio=ratio_stats(s2[graph], s2[no_graph])))
 
-    print(f"\n[3] 前 32 个请求（HF 整批补齐，生成 {max(sub_out)} 个 token；只计各请求要的 {sub_total} 个）")
+    print(tr("\n[3] the first 32 requests (HF pads the whole batch and generates {longest} tokens; only the {sub_total} tokens the requests asked for count)",
+             longest=max(sub_out), sub_total=sub_total))
     cases = [
         Case("HF generate ×32", lambda: hf_batch(hf, sub, max(sub_out)), sub_total),
-        Case("我们：CUDA 图", lambda: ours(graphs, sub, sub_out), sub_total),
+        Case(graph, lambda: ours(graphs, sub, sub_out), sub_total),
     ]
     s3 = interleaved(cases, 1)
     print_table(s3, baseline="HF generate ×32")
-    print(f"CUDA 图 / HF：{ratio_stats(s3['我们：CUDA 图'], s3['HF generate ×32'])}")
+    print(tr("CUDA graph / HF: {ratio}", ratio=ratio_stats(s3[graph], s3["HF generate ×32"])))
     graphs.shutdown()
     eager.shutdown()
     del hf

@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
+from minisgl.i18n import tr
 from minisgl.llm import LLM
 from minisgl.model_zoo import default_model
 
@@ -84,11 +85,12 @@ def hf_step_ms(hf: torch.nn.Module, bs: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="模型目录（默认：Qwen3-0.6B，没有就用同形状的随机权重模型）")
+    parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     model = Path(args.model) if args.model else default_model()
-    print(f"模型：{model.name}（fp32，{torch.get_num_threads()} 个线程），轮流跑 {args.repeats} 轮（另加 1 轮预热）")
+    print(tr("Model: {name} (fp32, {threads} threads), {repeats} interleaved rounds (plus 1 warm-up round)",
+             name=model.name, threads=torch.get_num_threads(), repeats=args.repeats))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     llm = LLM(model, dtype=torch.float32, max_running_req=8, num_page_override=1024, max_seq_len_override=256)
     nbytes = weight_bytes(hf)
@@ -96,10 +98,13 @@ def main() -> int:
     saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # 逐步计时：不让主线程的活儿和前向抢 CPU
 
+    def ours(bs: int) -> str:  # 表格的行名
+        return tr("ours batch {bs}", bs=bs)
+
     measures: dict[str, Callable[[], float]] = {
-        "带宽 GB/s": lambda: read_bandwidth(buf),
-        "我们 batch 1": lambda: our_step_ms(llm, 1),
-        "我们 batch 8": lambda: our_step_ms(llm, 8),
+        "bandwidth": lambda: read_bandwidth(buf),
+        ours(1): lambda: our_step_ms(llm, 1),
+        ours(8): lambda: our_step_ms(llm, 8),
         "HF batch 1": lambda: hf_step_ms(hf, 1),
         "HF batch 8": lambda: hf_step_ms(hf, 8),
     }
@@ -107,7 +112,8 @@ def main() -> int:
     try:
         for r in range(1 + args.repeats):
             rounds.append({name: fn() for name, fn in measures.items()})
-            print(f"  第 {r + 1}/{1 + args.repeats} 轮完成" + ("（预热，不计）" if r == 0 else ""))
+            warm = tr(" (warm-up, not counted)") if r == 0 else ""
+            print(tr("  round {done}/{total} done", done=r + 1, total=1 + args.repeats) + warm)
     finally:
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
         llm.shutdown()
@@ -117,15 +123,17 @@ def main() -> int:
         return Stats.of([fn(r) for r in rounds])
 
     def bound_ms(r: dict[str, float]) -> float:
-        return nbytes / (r["带宽 GB/s"] * 1e9) * 1000
+        return nbytes / (r["bandwidth"] * 1e9) * 1000
 
-    print(f"\n一步要读的权重：{nbytes / 1e9:.2f} GB；内存读带宽 {stat(lambda r: r['带宽 GB/s'])} GB/s")
-    print(f"下限（权重 ÷ 带宽）：{stat(bound_ms)} ms\n")
-    print(f"{'':14}  一步（ms）：中位数（最小 – 最大）    是下限的几倍")
-    for name in ("我们 batch 1", "我们 batch 8", "HF batch 1", "HF batch 8"):
+    print(tr("\nWeights read per step: {gb:.2f} GB; memory read bandwidth {bandwidth} GB/s",
+             gb=nbytes / 1e9, bandwidth=stat(lambda r: r["bandwidth"])))
+    print(tr("Lower bound (weights ÷ bandwidth): {bound} ms\n", bound=stat(bound_ms)))
+    print(f"{'':14}" + tr("  step (ms): median (min – max)    × the lower bound"))
+    for name in (ours(1), ours(8), "HF batch 1", "HF batch 8"):
         print(f"{name:14}  {stat(lambda r: r[name])}    {stat(lambda r: r[name] / bound_ms(r))}×")
     for bs in (1, 8):
-        print(f"batch {bs}：我们 / HF 的 token/s（逐轮比值）：{stat(lambda r: r[f'HF batch {bs}'] / r[f'我们 batch {bs}'])}×")
+        print(tr("batch {bs}: ours / HF token/s (per-round ratio): {ratio}×",
+                 bs=bs, ratio=stat(lambda r: r[f'HF batch {bs}'] / r[ours(bs)])))
     return 0
 
 

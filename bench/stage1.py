@@ -17,6 +17,7 @@ from common import Case, interleaved, print_table, timed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.engine import Engine, EngineConfig
+from minisgl.i18n import tr
 from minisgl.model_zoo import default_model
 from minisgl.paths import REPO_ROOT
 
@@ -27,7 +28,7 @@ from stage1_milestone import BATCH, SINGLE, HandDriver  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="模型目录（默认：Qwen3-0.6B，没有就用同形状的随机权重模型）")
+    parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -36,7 +37,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(model)
     single, batch = tok(SINGLE)["input_ids"], [tok(p)["input_ids"] for p in BATCH]
 
-    print("加载：第 0 步的权重字典、第 1 阶段引擎、Hugging Face 模型 ……")
+    print(tr("Loading: the step 0 weight dict, the stage 1 engine and the Hugging Face model ..."))
     cfg, weights, _ = step0.load(model)
     engine = Engine(
         EngineConfig(
@@ -59,24 +60,28 @@ def main() -> None:
         return sum(HandDriver(engine).generate(prompts, n)[1])  # 只计前向步，不计手工填页表
 
     one = torch.tensor([single])
+    step0_1, ours_1, ours_b = tr("step 0 ×1"), tr("stage 1 ×1"), tr("stage 1 ×{n_batch}", n_batch=len(batch))  # 表格的行名
     cases = [
-        Case("第 0 步 ×1", lambda: timed(lambda: step0.generate(cfg, weights, single, n)), n),
-        Case("第 1 阶段 ×1", lambda: engine_generate([single]), n),
-        Case(f"第 1 阶段 ×{len(batch)}", lambda: engine_generate(batch), n * len(batch)),
+        Case(step0_1, lambda: timed(lambda: step0.generate(cfg, weights, single, n)), n),
+        Case(ours_1, lambda: engine_generate([single]), n),
+        Case(ours_b, lambda: engine_generate(batch), n * len(batch)),
         Case("HF generate ×1", lambda: hf_generate(one, torch.ones_like(one)), n),
         Case(f"HF generate ×{len(batch)}", lambda: hf_generate(hf_batch, hf_mask), n * len(batch)),
     ]
-    print(f"模型：{model.name}（fp32，{torch.get_num_threads()} 个线程），每个请求生成 {n} 个 token，轮流跑 {args.repeats} 轮")
+    print(tr("Model: {name} (fp32, {threads} threads), {n} tokens per request, {repeats} interleaved rounds",
+             name=model.name, threads=torch.get_num_threads(), n=n, repeats=args.repeats))
     if "random" in model.name:
-        print("（随机权重：只比速度，生成的文字没有意义）")
+        print(tr("(random weights: only the speed is compared; the generated text is meaningless)"))
     stats = interleaved(cases, args.repeats)
     print()
     print_table(stats, baseline="HF generate ×1")
     s = {name: st.median for name, st in stats.items()}
     print()
-    print(f"第 1 阶段 ×1 / 第 0 步：{s['第 1 阶段 ×1'] / s['第 0 步 ×1']:.2f}×")
-    print(f"第 1 阶段 ×{len(batch)} / HF generate ×{len(batch)}：{s[f'第 1 阶段 ×{len(batch)}'] / s[f'HF generate ×{len(batch)}']:.2f}×")
-    print(f"第 1 阶段 ×{len(batch)} / 第 1 阶段 ×1：{s[f'第 1 阶段 ×{len(batch)}'] / s['第 1 阶段 ×1']:.2f}×（批处理的收益）")
+    print(tr("stage 1 ×1 / step 0: {ratio:.2f}×", ratio=s[ours_1] / s[step0_1]))
+    print(tr("stage 1 ×{n_batch} / HF generate ×{n_batch}: {ratio:.2f}×",
+             n_batch=len(batch), ratio=s[ours_b] / s[f'HF generate ×{len(batch)}']))
+    print(tr("stage 1 ×{n_batch} / stage 1 ×1: {ratio:.2f}× (the gain from batching)",
+             n_batch=len(batch), ratio=s[ours_b] / s[ours_1]))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minisgl.core import SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.env import ENV
+from minisgl.i18n import tr
 from minisgl.llm import LLM
 from minisgl.model_zoo import default_model
 from minisgl.paths import REPO_ROOT
@@ -48,19 +49,20 @@ def hf_left_padded(tok, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.T
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="模型目录（默认：Qwen3-0.6B，没有就用同形状的随机权重模型）")
+    parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     model = Path(args.model) if args.model else default_model()
     n = 16
     tok = AutoTokenizer.from_pretrained(model)
     enc = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
-    print(f"模型：{model.name}（fp32，{torch.get_num_threads()} 个线程），轮流跑 {args.repeats} 轮（另加 1 轮预热）")
+    print(tr("Model: {name} (fp32, {threads} threads), {repeats} interleaved rounds (plus 1 warm-up round)",
+             name=model.name, threads=torch.get_num_threads(), repeats=args.repeats))
     if "random" in model.name:
-        print("（随机权重：只比速度，生成的文字没有意义）")
+        print(tr("(random weights: only the speed is compared; the generated text is meaningless)"))
 
     # ------------------------------------------------------------------ 1 与 2：对 HF、radix 对 naive
-    print("\n加载：Hugging Face 模型、radix 与 naive 两个 LLM ……")
+    print(tr("\nLoading: the Hugging Face model and two LLMs (radix and naive) ..."))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # 与 ignore_eos 一样，保证生成满 n 个 token
     radix = LLM(model, **SEED_KW)
@@ -76,10 +78,11 @@ def main() -> None:
         Case("HF generate ×8", lambda: hf_generate(hf_ids, hf_mask, n), 8 * n),
         Case("LLM.generate ×8", lambda: timed(lambda: radix.generate(enc, sp8)), 8 * n),
     ]
-    print(f"\n[1] 里程碑工作负载：8 个请求 × {n} 个 token")
+    print(tr("\n[1] milestone workload: 8 requests × {n} tokens", n=n))
     s1 = interleaved(cases, args.repeats)
     print_table(s1, baseline="HF generate ×8")
-    print(f"LLM.generate / HF（逐轮比值）：{ratio_stats(s1['LLM.generate ×8'], s1['HF generate ×8'])}（目标 ≥ 2.0×）")
+    print(tr("LLM.generate / HF (per-round ratio): {ratio} (target ≥ 2.0×)",
+             ratio=ratio_stats(s1["LLM.generate ×8"], s1["HF generate ×8"])))
 
     # 共享系统提示词：每一轮换一个前缀（前面加轮次编号），radix 缓存每轮都从空开始共享
     rounds = iter(range(1000))
@@ -93,18 +96,19 @@ def main() -> None:
 
     last3 = [tok.encode(SYSTEM_PROMPT + q, add_special_tokens=False) for q in QUESTIONS[1:]]
     hf3_ids, hf3_mask = hf_left_padded(tok, last3)
+    naive3, radix3, hf3 = tr("naive (last three)"), tr("radix (last three)"), tr("HF (last three)")  # 表格的行名
     cases = [
-        Case("naive 后三个", lambda: shared(naive), 3 * 4),
-        Case("radix 后三个", lambda: shared(radix), 3 * 4),
-        Case("HF 后三个", lambda: hf_generate(hf3_ids, hf3_mask, 4), 3 * 4),
+        Case(naive3, lambda: shared(naive), 3 * 4),
+        Case(radix3, lambda: shared(radix), 3 * 4),
+        Case(hf3, lambda: hf_generate(hf3_ids, hf3_mask, 4), 3 * 4),
     ]
-    print("\n[2] 共享系统提示词：第一个单独跑，计后三个一起跑（max_tokens=4）的时间")
+    print(tr("\n[2] shared system prompt: the first request runs alone, then the last three run together (max_tokens=4) and are timed"))
     s2 = interleaved(cases, args.repeats)
-    print_table(s2, baseline="naive 后三个", title="token/s（越大越快）：中位数（最小 – 最大）")
-    print(f"radix / naive（逐轮比值）：{ratio_stats(s2['radix 后三个'], s2['naive 后三个'])}（目标 ≥ 1.7×）")
-    print(f"radix / HF（逐轮比值）：{ratio_stats(s2['radix 后三个'], s2['HF 后三个'])}")
+    print_table(s2, baseline=naive3, title=tr("token/s (higher is faster): median (min – max)"))
+    print(tr("radix / naive (per-round ratio): {ratio} (target ≥ 1.7×)", ratio=ratio_stats(s2[radix3], s2[naive3])))
+    print(tr("radix / HF (per-round ratio): {ratio}", ratio=ratio_stats(s2[radix3], s2[hf3])))
     ms = {name: 1000 * 12 / st.median for name, st in s2.items()}
-    print("后三个请求用时（中位数）：" + "，".join(f"{k} {v:.0f} ms" for k, v in ms.items()))
+    print(tr("Time for the last three requests (median): ") + tr(", ").join(f"{k} {v:.0f} ms" for k, v in ms.items()))
 
     # 一步解码的时间：batch 8，接近带宽下限（约 50 ms）就说明调度器几乎没有额外开销
     # 每一步的轨迹里有设备上的前向时间（GPU 上是 CUDA 事件，CPU 上就是计算本身）
@@ -123,23 +127,24 @@ def main() -> None:
         remove()
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
     st = Stats.of(steps)
-    print(f"\nbatch-8 一步解码：{st} ms（下限约 50 ms，HF 约 245 ms）")
+    print(tr("\nbatch-8 decode step: {st} ms (lower bound about 50 ms, HF about 245 ms)", st=st))
 
     del hf, naive
     gc.collect()
 
     # ------------------------------------------------------------------ 3：进步的过程
-    print("\n加载：第 0 步的权重字典、第 1 阶段引擎 ……")
+    print(tr("\nLoading: the step 0 weight dict and the stage 1 engine ..."))
     cfg, weights, _ = step0.load(model)
     engine = Engine(EngineConfig(str(model), dtype=torch.float32, max_running_req=4, max_seq_len_override=512, num_page_override=2048))
+    step0_1 = tr("step 0 ×1")  # 表格的行名
     cases = [
-        Case("第 0 步 ×1", lambda: timed(lambda: step0.generate(cfg, weights, enc[0], n)), n),
-        Case("第 1 阶段手工 ×4", lambda: sum(HandDriver(engine).generate(enc[:4], n)[1]), 4 * n),
-        Case("第 2 阶段 LLM ×8", lambda: timed(lambda: radix.generate(enc, sp8)), 8 * n),
+        Case(step0_1, lambda: timed(lambda: step0.generate(cfg, weights, enc[0], n)), n),
+        Case(tr("stage 1 by hand ×4"), lambda: sum(HandDriver(engine).generate(enc[:4], n)[1]), 4 * n),
+        Case(tr("stage 2 LLM ×8"), lambda: timed(lambda: radix.generate(enc, sp8)), 8 * n),
     ]
-    print(f"\n[3] 进步的过程：每个请求 {n} 个 token")
+    print(tr("\n[3] the progression: {n} tokens per request", n=n))
     s3 = interleaved(cases, args.repeats)
-    print_table(s3, baseline="第 0 步 ×1")
+    print_table(s3, baseline=step0_1)
     engine.shutdown()
     radix.shutdown()
 

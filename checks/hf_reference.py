@@ -116,7 +116,7 @@ def greedy_reference(model_path: str | Path, prompts: list[list[int]], max_token
         return cached["tokens"]
     model = load_hf(model_path)
     tokens = [hf_greedy(model, p, max_tokens) for p in key["prompts"]]
-    record = {"key": key, "tokens": tokens, "sha256": _digest(key, tokens), "computed_by": "transformers generate（自动生成，请勿手改）"}
+    record = {"key": key, "tokens": tokens, "sha256": _digest(key, tokens), "computed_by": "transformers generate (generated automatically, do not edit)"}
     _write_json(path, record)
     return tokens
 

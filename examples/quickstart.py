@@ -12,6 +12,7 @@ import torch
 
 from minisgl.core import SamplingParams
 from minisgl.course import describe_selection
+from minisgl.i18n import tr
 from minisgl.llm import LLM
 from minisgl.model_zoo import smollm2
 
@@ -30,8 +31,8 @@ def main() -> None:
         for q in QUESTIONS
     ]
     settings = [
-        ("贪心解码（temperature=0）", SamplingParams(temperature=0.0, max_tokens=40)),
-        ("采样（temperature=0.7, top_p=0.9, seed=0）", SamplingParams(temperature=0.7, top_p=0.9, max_tokens=40, seed=0)),
+        (tr("Greedy decoding (temperature=0)"), SamplingParams(temperature=0.0, max_tokens=40)),
+        (tr("Sampling (temperature=0.7, top_p=0.9, seed=0)"), SamplingParams(temperature=0.7, top_p=0.9, max_tokens=40, seed=0)),
     ]
     for title, params in settings:
         print(f"== {title} ==")
@@ -39,10 +40,11 @@ def main() -> None:
         outputs = llm.generate(chats, params)
         elapsed = time.perf_counter() - start
         for question, out in zip(QUESTIONS, outputs):
-            print(f"问：{question}")
-            print(f"答：{out['text'].strip()}")
+            print(tr("Q: {question}", question=question))
+            print(tr("A: {answer}", answer=out["text"].strip()))
         tokens = sum(len(o["token_ids"]) for o in outputs)
-        print(f"（{len(outputs)} 个请求一起生成了 {tokens} 个 token，用时 {elapsed:.2f} 秒）\n")
+        print(tr("({n_outputs} requests generated {tokens} tokens together in {elapsed:.2f} s)\n",
+                 n_outputs=len(outputs), tokens=tokens, elapsed=elapsed))
     llm.shutdown()
 
 

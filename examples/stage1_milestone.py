@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.course import describe_selection
 from minisgl.engine import Engine, EngineConfig
+from minisgl.i18n import tr
 from minisgl.kvcache import pages_to_slots
 from minisgl.model_zoo import default_model
 
@@ -78,12 +79,12 @@ class HandDriver:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description="第 1 阶段里程碑：亲手驱动引擎")
-    parser.add_argument("--model", default=None, help="模型目录（默认：Qwen3-0.6B，没有就用同形状的随机权重模型）")
+    parser = argparse.ArgumentParser(description=tr("Stage 1 milestone: drive the engine by hand"))
+    parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--page-size", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--attention-backend", default="auto")
-    parser.add_argument("--skip-step0", action="store_true", help="不跑第 0 步的对比（省时间）")
+    parser.add_argument("--skip-step0", action="store_true", help=tr("skip the step 0 comparison (saves time)"))
     args = parser.parse_args(argv)
     model = Path(args.model) if args.model else default_model()
     tok = AutoTokenizer.from_pretrained(model)
@@ -127,26 +128,31 @@ def main(argv: list[str] | None = None) -> dict:
             mismatches.append((tok.decode(prompt), ours, ref))
 
     print(describe_selection(["core", "layers", "models", "kvcache", "attention", "engine"]))
-    print(f"模型：{model.name}，page_size={args.page_size}，注意力后端：{type(engine.attn_backend).__name__}")
+    print(tr("Model: {name}, page_size={page_size}, attention backend: {backend}",
+             name=model.name, page_size=args.page_size, backend=type(engine.attn_backend).__name__))
     random_weights = "random" in model.name
     if random_weights:
-        print("注意：这是随机权重模型，生成的文字没有意义（token 数和计算量与真模型相同），下面只列出前 8 个 token id。")
+        print(tr("Note: this is a random-weight model, so the generated text is meaningless (token counts and compute are the same as the real model); only the first 8 token ids are listed below."))
 
     def show(out: list[int]) -> str:
         return f"token id {out[:8]} …" if random_weights else repr(tok.decode(out))
 
-    step0_note = f"第 0 步：{step0_tps:.1f} token/s" if step0_tps else "第 0 步：未运行"
-    print(f"1 个请求 × {n} 个 token：{single_tps:.1f} token/s（{step0_note}）")
+    step0_note = tr("step 0: {step0_tps:.1f} token/s", step0_tps=step0_tps) if step0_tps else tr("step 0: not run")
+    print(tr("1 request × {n} tokens: {single_tps:.1f} token/s ({step0_note})",
+             n=n, single_tps=single_tps, step0_note=step0_note))
     print(f"  {SINGLE!r} → {show(single_out)}")
-    print(f"{len(BATCH)} 个请求一批 × {n} 个 token：解码每步 {decode_ms:.0f} ms，共 {batch_tps:.1f} token/s")
+    print(tr("{n_batch} requests in one batch × {n} tokens: {decode_ms:.0f} ms per decode step, {batch_tps:.1f} token/s in all",
+             n_batch=len(BATCH), n=n, decode_ms=decode_ms, batch_tps=batch_tps))
     for prompt, out in zip(BATCH, batch_out):
         print(f"  {prompt!r} → {show(out)}")
-    print(f"这一批写入了 {len(pages)} 个 KV 页（{len(driver.written_slots)} 个 token 槽位，每页 {args.page_size} 个）")
+    print(tr("This batch wrote {n_pages} KV pages ({n_written_slots} token slots, {page_size} per page)",
+             n_pages=len(pages), n_written_slots=len(driver.written_slots), page_size=args.page_size))
     if mismatches:
         for prompt, ours, ref in mismatches:
-            print(f"与 Hugging Face 不一致：{prompt!r}\n  我们：{ours}\n  HF：  {ref}")
+            print(tr("Mismatch with Hugging Face: {prompt!r}\n  ours: {ours}\n  HF:   {ref}",
+                     prompt=prompt, ours=ours, ref=ref))
     else:
-        print(f"全部 {1 + len(BATCH)} 个请求的 token 与 Hugging Face generate 完全一致")
+        print(tr("The tokens of all {n_reqs} requests match Hugging Face generate exactly", n_reqs=1 + len(BATCH)))
     engine.shutdown()
     return {
         "step0_tps": step0_tps,

@@ -36,6 +36,7 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.course import describe_selection
 from minisgl.env import ENV
+from minisgl.i18n import tr
 from minisgl.llm import LLM
 from minisgl.model_zoo import default_model
 from minisgl.trace import StepTrace
@@ -58,16 +59,17 @@ WARMUP = [f"Warm up {i}." for i in range(8)]  # 实验 1 的预热：同样 8 �
 
 def describe(step: StepTrace) -> str:
     """``--trace`` 的一行：第几步、预填充还是解码、每个请求算几个 token、KV 池占用多少页。"""
-    parts = []
+    sep, parts = tr(", "), []
     for uid, extend, cached, output in zip(step.uids, step.extend_lens, step.cached_lens, step.outputs):
         note = []
         if step.is_prefill and cached:
-            note.append(f"已缓存 {cached}")
+            note.append(tr("{cached} cached", cached=cached))
         if not output:
-            note.append("中间块")
-        parts.append(f"请求{uid}×{extend}" + (f"（{'，'.join(note)}）" if note else ""))
-    phase = "预填充" if step.is_prefill else "解码  "
-    return f"    第 {step.index:>2} 步 {phase} {'，'.join(parts)}；占用 {step.pages_in_use} 页"
+            note.append(tr("intermediate chunk"))
+        parts.append(tr("req{uid}×{n}", uid=uid, n=extend) + (tr(" ({notes})", notes=sep.join(note)) if note else ""))
+    phase = tr("prefill") if step.is_prefill else tr("decode ")
+    return tr("    step {step:>2} {kind} {work}; {pages} pages in use",
+              step=step.index, kind=phase, work=sep.join(parts), pages=step.pages_in_use)
 
 
 class StepLog:
@@ -135,19 +137,21 @@ def experiment1(model: Path, args: argparse.Namespace, kw: dict[str, Any], resul
     if not args.skip_baselines:
         step0_tps, stage1_tps = baselines(model, n)
     llm, _ = make_llm(model, args, WARMUP, **kw)
-    print(f"\n实验 1：{len(PROMPTS)} 个请求 × {n} 个 token（ignore_eos=True）")
+    print(tr("\nExperiment 1: {n_prompts} requests × {n} tokens (ignore_eos=True)", n_prompts=len(PROMPTS), n=n))
     start = time.perf_counter()
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=n, ignore_eos=True))
     elapsed = time.perf_counter() - start
     total = sum(len(o["token_ids"]) for o in outs)
     tps = total / elapsed
     results.update(exp1_seconds=elapsed, exp1_tps=tps, step0_tps=step0_tps, stage1_tps=stage1_tps)
-    print(f"  第 2 阶段 LLM.generate（最多 {args.max_running_req} 个一批）：用时 {elapsed:.2f} s，共 {total} 个 token，{tps:.1f} token/s")
+    print(tr("  stage 2 LLM.generate (batches of up to {max_running_req}): {elapsed:.2f} s, {total} tokens, {tps:.1f} token/s",
+             max_running_req=args.max_running_req, elapsed=elapsed, total=total, tps=tps))
     if step0_tps is not None and stage1_tps is not None:
-        print(f"  第 1 阶段（手工成批，4 个一批）：{stage1_tps:.1f} token/s")
-        print(f"  第 0 步（朴素引擎，一次 1 个）：{step0_tps:.1f} token/s")
-        print(f"  第 2 阶段是第 1 阶段的 {tps / stage1_tps:.1f}×，是第 0 步的 {tps / step0_tps:.1f}×")
-    note = "（随机权重，无意义）" if results["random_weights"] else ""
+        print(tr("  stage 1 (batched by hand, 4 per batch): {stage1_tps:.1f} token/s", stage1_tps=stage1_tps))
+        print(tr("  step 0 (naive engine, 1 at a time): {step0_tps:.1f} token/s", step0_tps=step0_tps))
+        print(tr("  stage 2 is {vs_stage1:.1f}× stage 1 and {vs_step0:.1f}× step 0",
+                 vs_stage1=tps / stage1_tps, vs_step0=tps / step0_tps))
+    note = tr(" (random weights, meaningless)") if results["random_weights"] else ""
     print(f"  {PROMPTS[0]!r} → {outs[0]['text']!r}{note}")
     close(llm)
 
@@ -155,22 +159,23 @@ def experiment1(model: Path, args: argparse.Namespace, kw: dict[str, Any], resul
 def experiment2(model: Path, args: argparse.Namespace, results: dict[str, Any]) -> None:
     prompts = [SYSTEM_PROMPT + q for q in QUESTIONS]
     sp = SamplingParams(max_tokens=4)
-    print("\n实验 2：4 个请求共享系统提示词（max_tokens=4；第一个单独跑，后三个一起跑）")
+    print(tr("\nExperiment 2: 4 requests share a system prompt (max_tokens=4; the first runs alone, the last three together)"))
     for i, cache_type in enumerate([args.cache_type] if args.cache_type else ["naive", "radix"]):
         llm, log = make_llm(model, args, ["Hi"], cache_type=cache_type)
         if i == 0:
             lens = [len(llm.tokenizer.encode(p, add_special_tokens=False)) for p in prompts]
-            print(f"  提示词共 {sum(lens)} 个 token（各 {', '.join(map(str, lens))}）")
+            print(tr("  {total} prompt tokens in all ({each})", total=sum(lens), each=", ".join(map(str, lens))))
             results["prompt_tokens"] = lens
         if args.trace:
-            print(f"  {cache_type}：")
+            print(tr("  {cache_type}:", cache_type=cache_type))
         llm.generate(prompts[:1], sp)
         start = time.perf_counter()
         llm.generate(prompts[1:], sp)
         ms = 1000 * (time.perf_counter() - start)
         computed = sum(log.prefill_steps)
         results[f"{cache_type}_computed"], results[f"{cache_type}_last3_ms"] = computed, ms
-        print(f"  {cache_type}：预填充实际计算 {computed} 个 token，后三个请求用时 {ms:.0f} ms")
+        print(tr("  {cache_type}: prefill actually computed {computed} tokens; the last three requests took {ms:.0f} ms",
+                 cache_type=cache_type, computed=computed, ms=ms))
         close(llm)
 
 
@@ -178,26 +183,27 @@ def experiment3(model: Path, args: argparse.Namespace, kw: dict[str, Any], resul
     budget = args.max_extend_tokens
     llm, log = make_llm(model, args, ["Hi"], max_extend_tokens=budget, **kw)
     n_long = len(llm.tokenizer.encode(LONG_PROMPT, add_special_tokens=False))
-    print(f"\n实验 3：{n_long} 个 token 的长提示词，max_extend_tokens={budget}")
+    print(tr("\nExperiment 3: a long prompt of {n_long} tokens, max_extend_tokens={budget}",
+             n_long=n_long, budget=budget))
     llm.generate([LONG_PROMPT], SamplingParams(max_tokens=4))
     steps = log.prefill_steps
     results.update(long_prompt_tokens=n_long, chunk_steps=list(steps))
-    print(f"  分 {len(steps)} 步预填充，每步 {steps} 个 token")
+    print(tr("  prefilled in {n_steps} steps of {steps} tokens", n_steps=len(steps), steps=steps))
     close(llm)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="第 2 阶段里程碑：LLM.generate、前缀缓存与分块预填充")
-    parser.add_argument("--model", default=None, help="模型目录（默认：Qwen3-0.6B，没有就用同形状的随机权重模型）")
+    parser = argparse.ArgumentParser(description=tr("Stage 2 milestone: LLM.generate, prefix caching and chunked prefill"))
+    parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--cache-type", choices=["naive", "radix"], default=None,
-                        help="前缀缓存的种类：实验 2 只跑这一种，实验 1、3 也用它（默认：实验 2 两种都跑，实验 1、3 用 radix）")
-    parser.add_argument("--max-extend-tokens", type=int, default=96, help="实验 3 一步最多预填充多少个 token（默认 96）")
-    parser.add_argument("--max-running-req", type=int, default=8, help="请求槽的个数：最多同时运行多少个请求（默认 8）")
-    parser.add_argument("--overlap", action="store_true", help="打开重叠调度（默认关掉，速度只反映调度器本身）")
-    parser.add_argument("--trace", action="store_true", help="每一步打印一行：预填充 / 解码、每个请求算几个 token、占用的页数")
+                        help=tr("kind of prefix cache: experiment 2 runs only this one, and experiments 1 and 3 use it too (default: experiment 2 runs both, experiments 1 and 3 use radix)"))
+    parser.add_argument("--max-extend-tokens", type=int, default=96, help=tr("the most tokens experiment 3 prefills in one step (default 96)"))
+    parser.add_argument("--max-running-req", type=int, default=8, help=tr("number of request slots: the most requests running at once (default 8)"))
+    parser.add_argument("--overlap", action="store_true", help=tr("turn overlap scheduling on (off by default, so the speed reflects the scheduler alone)"))
+    parser.add_argument("--trace", action="store_true", help=tr("print one line per step: prefill / decode, the tokens computed for each request, the pages in use"))
     parser.add_argument("--experiment", type=int, choices=[1, 2, 3], action="append",
-                        help="只跑这个实验（可以写多次；默认三个都跑）")
-    parser.add_argument("--skip-baselines", action="store_true", help="不测第 0 步和第 1 阶段的速度")
+                        help=tr("run only this experiment (may be repeated; default: all three)"))
+    parser.add_argument("--skip-baselines", action="store_true", help=tr("do not measure the speed of step 0 and stage 1"))
     return parser.parse_args(argv)
 
 
@@ -213,14 +219,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ENV.DISABLE_OVERLAP_SCHEDULING.value = not args.overlap
     try:
         print(describe_selection())
-        print(f"模型：{model.name}")
+        print(tr("Model: {name}", name=model.name))
         if random_weights:
-            shape = " Qwen3-0.6B 形状的" if "0.6b" in model.name.lower() else ""
-            print(f"注意：这是{shape}随机权重模型，生成的文字没有意义（token 数和计算量与真模型相同）。")
-        state = "开（--overlap）" if args.overlap else "关（ENV.DISABLE_OVERLAP_SCHEDULING.value = True）"
-        print(f"重叠调度：{state}；请求槽 max_running_req={args.max_running_req}")
+            if "0.6b" in model.name.lower():
+                print(tr("Note: this is a random-weight model of the Qwen3-0.6B shape, so the generated text is meaningless (token counts and compute are the same as the real model)."))
+            else:
+                print(tr("Note: this is a random-weight model, so the generated text is meaningless (token counts and compute are the same as the real model)."))
+        state = tr("on (--overlap)") if args.overlap else tr("off (ENV.DISABLE_OVERLAP_SCHEDULING.value = True)")
+        print(tr("Overlap scheduling: {state}; request slots max_running_req={max_running_req}",
+                 state=state, max_running_req=args.max_running_req))
         if args.trace:
-            print("逐步打印（--trace）：“请求3×5”表示这一步为 uid 3 的请求算 5 个 token；预热的那几步不打印")
+            print(tr("Step by step (--trace): \"req3×5\" means this step computes 5 tokens for the request with uid 3; warm-up steps are not printed"))
         if 1 in experiments:
             experiment1(model, args, kw, results)
         if 2 in experiments:

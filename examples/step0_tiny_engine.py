@@ -18,6 +18,14 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
+try:  # 输出的文字随 MINISGL_LANG 切换中英文；把这个文件单独拷走时没有课程的包，就只说英文
+    from minisgl.i18n import tr
+except ImportError:
+
+    def tr(msgid: str, /, **values: object) -> str:
+        return msgid.format(**values) if values else msgid
+
+
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
@@ -100,26 +108,27 @@ def default_model() -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="第 0 步：最小推理引擎")
-    parser.add_argument("--model", default=None, help="模型目录（默认：Qwen3-0.6B，没有就用同形状的随机权重模型）")
+    parser = argparse.ArgumentParser(description=tr("Step 0: a minimal inference engine"))
+    parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--prompt", default="The capital of France is")
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
     model_dir = Path(args.model) if args.model else default_model()
     if not (model_dir / "config.json").is_file():
-        raise SystemExit(f"找不到模型 {model_dir}：请先运行 make setup")
+        raise SystemExit(tr("Model {model_dir} not found: run make setup first", model_dir=model_dir))
     cfg, w, tok = load(model_dir)
     prompt_ids = tok(args.prompt)["input_ids"]
     generate(cfg, w, prompt_ids, 2)  # 预热：第一次调用要分配内存、准备计算，不算进速度
     start = time.perf_counter()
     out = generate(cfg, w, prompt_ids, args.max_tokens)
     elapsed = time.perf_counter() - start
-    print(f"模型：{model_dir.name}")
+    print(tr("Model: {name}", name=model_dir.name))
     if "random" in model_dir.name:
-        print("注意：这是随机权重模型，生成的文字没有意义（token 数和计算量与真模型相同）。")
-    print(f"提示词：{args.prompt!r}（{len(prompt_ids)} 个 token）")
-    print(f"生成：{tok.decode(out)!r}")
-    print(f"1 个请求 × {len(out)} 个 token：{elapsed:.2f} 秒，{len(out) / elapsed:.1f} token/s")
+        print(tr("Note: this is a random-weight model, so the generated text is meaningless (token counts and compute are the same as the real model)."))
+    print(tr("Prompt: {prompt!r} ({n_prompt_ids} tokens)", prompt=args.prompt, n_prompt_ids=len(prompt_ids)))
+    print(tr("Generated: {text!r}", text=tok.decode(out)))
+    print(tr("1 request × {n_out} tokens: {elapsed:.2f} s, {tps:.1f} token/s",
+             n_out=len(out), elapsed=elapsed, tps=len(out) / elapsed))
 
 
 if __name__ == "__main__":

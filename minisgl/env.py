@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from minisgl.i18n import tr
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
@@ -26,7 +28,8 @@ class EnvBool:
         elif raw.strip().lower() in _TRUE | _FALSE:
             self.value = raw.strip().lower() in _TRUE
         else:
-            raise ValueError(f"环境变量 MINISGL_{name}={raw!r} 不是布尔值：请设成 1/0、true/false、yes/no 或 on/off")
+            raise ValueError(tr("Environment variable MINISGL_{name}={raw!r} is not a boolean: set it to 1/0, true/false, yes/no or on/off",
+                                name=name, raw=raw))
 
     def __bool__(self) -> bool:
         return bool(self.value)
@@ -45,7 +48,8 @@ class _Env:
     def __setattr__(self, name: str, value: object) -> None:
         switch = getattr(self, name, None)
         if not isinstance(switch, EnvBool):
-            raise AttributeError(f"ENV 没有开关 {name}；已有的开关：{', '.join(vars(self))}")
+            raise AttributeError(tr("ENV has no switch {name}; the switches are: {switches}",
+                                    name=name, switches=", ".join(vars(self))))
         switch.value = bool(value.value if isinstance(value, EnvBool) else value)
 
 

@@ -27,6 +27,7 @@ import torch
 from minisgl.attention import PaddedMetadata, SDPAAttnBackend
 from minisgl.core import Batch
 from minisgl.env import ENV
+from minisgl.i18n import tr
 
 if TYPE_CHECKING:
     from minisgl.engine import Engine
@@ -43,11 +44,12 @@ def resolve_graph_mode(mode: str, device: torch.device) -> str:
     """``auto`` → CUDA 上 ``cuda``、CPU 上 ``off``（``ENV.DISABLE_CUDA_GRAPH`` 打开时也是 ``off``）；
     ``cuda`` 只能在 CUDA 上用。"""
     if mode not in GRAPH_MODES:
-        raise ValueError(f"cuda_graph={mode!r} 不认识；可选：{', '.join(GRAPH_MODES)}")
+        raise ValueError(tr("Unknown cuda_graph={mode!r}; choose from: {modes}",
+                            mode=mode, modes=", ".join(GRAPH_MODES)))
     if mode == "auto":
         return "cuda" if device.type == "cuda" and not ENV.DISABLE_CUDA_GRAPH else "off"
     if mode == "cuda" and device.type != "cuda":
-        raise ValueError("cuda_graph='cuda' 只能在 CUDA 上用；CPU 上想检查图路径请用 'eager'")
+        raise ValueError(tr("cuda_graph='cuda' works only on CUDA; to check the graph path on a CPU use 'eager'"))
     return mode
 
 
@@ -84,7 +86,7 @@ class GraphRunner:
 
     def __init__(self, engine: Engine, mode: str, max_bs: int) -> None:
         if mode not in ("eager", "cuda"):
-            raise ValueError(f"GraphRunner 的 mode 只能是 'eager' 或 'cuda'，得到 {mode!r}")
+            raise ValueError(tr("GraphRunner mode must be 'eager' or 'cuda', got {mode!r}", mode=mode))
         self.mode, self.ctx, self.device = mode, engine.ctx, engine.device
         self.page_table = engine.page_table
         self.max_bs = min(max_bs, engine.config.max_running_req)
@@ -93,7 +95,7 @@ class GraphRunner:
         # 补齐的行：页表最后一行（专门留给假请求）全部指向 KV 池最后一页——引擎在开图时多分配了这一页
         self.scratch_slot = engine.num_pages * engine.config.page_size
         if engine.kv_cache.num_slots <= self.scratch_slot:
-            raise RuntimeError("开 CUDA 图时 KV 池要比可分配的页多一页（给补齐的假请求写 K/V）")
+            raise RuntimeError(tr("With CUDA graphs the KV pool needs one page more than the allocatable pages (where the padding dummy requests write their K/V)"))
         self.dummy_row = self.page_table.shape[0] - 1
         self.page_table[self.dummy_row].fill_(self.scratch_slot)
         self.backend = SDPAAttnBackend(engine.kv_cache, self.page_table)

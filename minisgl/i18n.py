@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import os
 import string
-import tomllib
+import sys
 from functools import lru_cache
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 LANGS = ("zh", "en")
 LOCALE_DIR = Path(__file__).with_name("locale")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from minisgl.i18n import tr
 from minisgl.paths import REPO_ROOT
 
 __all__ = [
@@ -60,7 +61,8 @@ def _built(name: str) -> Path:
     """返回 ``models/<name>``；没有 ``.complete`` 标记就说明没建好，直接报错并说明怎么办。"""
     path = models_dir() / name
     if not (path / STAMP).is_file():
-        raise FileNotFoundError(f"模型未构建：请先运行 make setup（缺少 {path / STAMP}）。")
+        raise FileNotFoundError(tr("Model not built: run make setup first ({missing} is missing).",
+                                   missing=path / STAMP))
     return path
 
 
@@ -98,8 +100,8 @@ def real_qwen3() -> Path:
     path = models_dir() / REAL_QWEN3
     if not has_real_qwen3():
         raise FileNotFoundError(
-            "模型未构建：请先运行 make setup，并在能访问 Hugging Face 时运行 "
-            f"`python tools/build_models.py --real-qwen3` 下载真正的 Qwen3-0.6B（{path} 里没有 config.json 和 safetensors）。"
+            tr("Model not built: run make setup first, then, with access to Hugging Face, run `python tools/build_models.py --real-qwen3` to download the real Qwen3-0.6B ({path} has no config.json and safetensors).",
+               path=path)
         )
     return path
 
@@ -109,13 +111,12 @@ def default_model(verbose: bool = True) -> Path:
     if has_real_qwen3():
         path = models_dir() / REAL_QWEN3
         if verbose:
-            print(f"使用真正的 Qwen3-0.6B：{path}")
+            print(tr("Using the real Qwen3-0.6B: {path}", path=path))
         return path
     path = qwen3_06b_random()
     if verbose:
         print(
-            f"使用 Qwen3-0.6B 形状的随机权重模型：{path}\n"
-            "  注意：权重是随机的，生成的文字没有意义；token 数和计算量与真模型相同。\n"
-            "  想要真实输出：联网后运行 `python tools/build_models.py --real-qwen3`。"
+            tr("Using the random-weight model of the Qwen3-0.6B shape: {path}\n  Note: the weights are random, so the generated text is meaningless; token counts and compute are the same as the real model.\n  For real output: run `python tools/build_models.py --real-qwen3` with network access.",
+               path=path)
         )
     return path

@@ -13,6 +13,7 @@ import torch
 
 from minisgl.core import Batch
 from minisgl.engine import EngineConfig
+from minisgl.i18n import tr
 
 if TYPE_CHECKING:
     from minisgl.core import Req, SamplingParams
@@ -83,13 +84,13 @@ class TableManager:
 
     def free(self, table_idx: int) -> None:
         if table_idx in self._free:
-            raise RuntimeError(f"请求槽 {table_idx} 被重复释放")
+            raise RuntimeError(tr("Request slot {table_idx} freed twice", table_idx=table_idx))
         heapq.heappush(self._free, table_idx)
 
     def check_integrity(self) -> None:
         if sorted(self._free) != list(range(self.max_running_req)):
             busy = sorted(set(range(self.max_running_req)) - set(self._free))
-            raise RuntimeError(f"请求槽没有全部归还：第 {busy} 行仍被占用")
+            raise RuntimeError(tr("Not all request slots were returned: rows {busy} are still in use", busy=busy))
 
 
 @dataclass

@@ -15,18 +15,21 @@ import torch
 
 from minisgl.core import SamplingParams
 from minisgl.graph import GRAPH_MODES
+from minisgl.i18n import tr
 
 
 def _token_ids(i: int, prompt: Any) -> list[int]:
     """token id 必须是真正的整数：1.5、True 这样的值不能悄悄变成别的 token。"""
     if isinstance(prompt, torch.Tensor):
         if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
-            raise TypeError(f"第 {i} 个提示词的 token id 张量是 {prompt.dtype}：请用整数类型（如 torch.int64）")
+            raise TypeError(tr("Prompt {i}: the token id tensor is {dtype}; use an integer type (such as torch.int64)",
+                               i=i, dtype=prompt.dtype))
         return [int(t) for t in prompt.reshape(-1).tolist()]
     ids = list(prompt)
     bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
     if bad:
-        raise TypeError(f"第 {i} 个提示词含有不是整数的 token id：{bad[:5]}（token id 只能是 int，布尔值和小数都不行）")
+        raise TypeError(tr("Prompt {i} has token ids that are not integers: {bad} (token ids must be int; neither booleans nor floats will do)",
+                           i=i, bad=bad[:5]))
     return [int(t) for t in ids]
 
 
@@ -39,12 +42,12 @@ def _check_sampling_types(sp: SamplingParams) -> None:
     for name in ("temperature", "top_p"):
         value = getattr(sp, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise ValueError(f"{name} 必须是有限的实数，收到 {value!r}")
+            raise ValueError(tr("{name} must be a finite real number, got {value!r}", name=name, value=value))
     for name in ("top_k", "max_tokens"):
         if not _is_int(getattr(sp, name)):
-            raise ValueError(f"{name} 必须是整数，收到 {getattr(sp, name)!r}")
+            raise ValueError(tr("{name} must be an integer, got {value!r}", name=name, value=getattr(sp, name)))
     if sp.seed is not None and not _is_int(sp.seed):
-        raise ValueError(f"seed 要么是 None，要么是整数，收到 {sp.seed!r}")
+        raise ValueError(tr("seed must be None or an integer, got {seed!r}", seed=sp.seed))
 
 
 def validate_requests(
@@ -60,7 +63,7 @@ def validate_requests(
     所以通过检查的请求总有放得下的一天：不会永远等下去。
     """
     if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
-        raise TypeError("prompts 应该是列表：每个元素是一个字符串，或一个 token id 列表")
+        raise TypeError(tr("prompts should be a list whose items are each a string or a list of token ids"))
     if sampling_params is None:
         sampling_params = SamplingParams()
     if isinstance(sampling_params, SamplingParams):
@@ -69,40 +72,43 @@ def validate_requests(
         params = list(sampling_params)
         if len(params) != len(prompts):
             raise ValueError(
-                f"sampling_params 的个数（{len(params)}）与 prompts 的个数（{len(prompts)}）不一致；"
-                "要么给一个 SamplingParams 让所有提示词共用，要么每个提示词给一个"
+                tr("The number of sampling_params ({n_params}) does not match the number of prompts ({n_prompts}): give either one SamplingParams shared by all prompts, or one per prompt",
+                   n_params=len(params), n_prompts=len(prompts))
             )
     vocab = len(tokenizer)
     out: list[tuple[torch.Tensor, SamplingParams]] = []
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
         if not isinstance(sp, SamplingParams):
-            raise TypeError(f"第 {i} 个提示词的采样参数不是 SamplingParams，而是 {type(sp).__name__}")
+            raise TypeError(tr("The sampling parameters of prompt {i} are not a SamplingParams but a {type_name}",
+                               i=i, type_name=type(sp).__name__))
         try:
             _check_sampling_types(sp)
             sp.validate()
         except ValueError as e:
-            raise ValueError(f"第 {i} 个提示词的采样参数不合法：{e}") from None
+            raise ValueError(tr("Invalid sampling parameters for prompt {i}: {e}", i=i, e=e)) from None
         if isinstance(prompt, str):
             ids = tokenizer.encode(prompt, add_special_tokens=False)
         elif isinstance(prompt, (Sequence, torch.Tensor)):
             ids = _token_ids(i, prompt)
         else:
-            raise TypeError(f"第 {i} 个提示词既不是字符串也不是 token id 列表：{type(prompt).__name__}")
+            raise TypeError(tr("Prompt {i} is neither a string nor a list of token ids: {type_name}",
+                               i=i, type_name=type(prompt).__name__))
         if len(ids) == 0:
-            raise ValueError(f"第 {i} 个提示词是空的：至少要有 1 个 token")
+            raise ValueError(tr("Prompt {i} is empty: it needs at least 1 token", i=i))
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"第 {i} 个提示词含有词表（大小 {vocab}）之外的 token id：{bad[:5]}")
+            raise ValueError(tr("Prompt {i} has token ids outside the vocabulary (size {vocab}): {bad}",
+                                i=i, vocab=vocab, bad=bad[:5]))
         if len(ids) >= max_seq_len:
             raise ValueError(
-                f"第 {i} 个提示词有 {len(ids)} 个 token，达到了单个请求的长度上限 {max_seq_len}"
-                "（提示词之后至少还要放 1 个输出 token；上限取 max_seq_len_override 与 KV 池容量中较小的那个）："
-                "请缩短提示词，或加大 max_seq_len_override / num_page_override"
+                tr("Prompt {i} has {n_ids} tokens, reaching the length limit of a single request, {max_seq_len} (at least 1 output token must fit after the prompt; the limit is the smaller of max_seq_len_override and the KV pool capacity): shorten the prompt, or raise max_seq_len_override / num_page_override",
+                   i=i, n_ids=len(ids), max_seq_len=max_seq_len)
             )
         if sp.max_tokens > max_seq_len - len(ids):
             warnings.warn(
-                f"第 {i} 个提示词：max_tokens={sp.max_tokens} 超出长度上限 {max_seq_len}，"
-                f"截成 {max_seq_len - len(ids)}（提示词 {len(ids)} 个 token）",
+                tr("Prompt {i}: max_tokens={max_tokens} goes past the length limit {max_seq_len}; clipped to {clipped} (the prompt has {n_ids} tokens)",
+                   i=i, max_tokens=sp.max_tokens, max_seq_len=max_seq_len, clipped=max_seq_len - len(ids),
+                   n_ids=len(ids)),
                 stacklevel=3,
             )
             sp = replace(sp, max_tokens=max_seq_len - len(ids))
@@ -121,8 +127,9 @@ def validate_config(config: Any) -> None:
         if optional and value is None:
             return
         if not _is_int(value) or value < minimum:
-            what = f"不小于 {minimum} 的整数" + ("，或 None（自动决定）" if optional else "")
-            raise ValueError(f"{name} 必须是{what}，收到 {value!r}")
+            what = tr("an integer >= {minimum}", minimum=minimum)
+            what += tr(", or None (decided automatically)") if optional else ""
+            raise ValueError(tr("{name} must be {what}, got {value!r}", name=name, what=what, value=value))
 
     positive_int("max_running_req")
     positive_int("page_size")
@@ -132,23 +139,28 @@ def validate_config(config: Any) -> None:
         positive_int("max_extend_tokens")
     dtype = config.dtype
     if dtype is not None and not isinstance(dtype, torch.dtype) and dtype not in _DTYPES:
-        raise ValueError(f"不支持的 dtype={dtype!r}：可选 None（自动）、{', '.join(_DTYPES)}，或对应的 torch.dtype")
+        raise ValueError(tr("Unsupported dtype={dtype!r}: choose None (automatic), {names}, or the matching torch.dtype",
+                            dtype=dtype, names=", ".join(_DTYPES)))
     if isinstance(dtype, torch.dtype) and dtype not in _DTYPES.values():
-        raise ValueError(f"不支持的 dtype={dtype}：可选 {', '.join(_DTYPES)}")
+        raise ValueError(tr("Unsupported dtype={dtype}: choose from {names}", dtype=dtype, names=", ".join(_DTYPES)))
     device = str(config.device)
     if device != "auto":
         try:
             parsed = torch.device(device)
         except RuntimeError:
-            raise ValueError(f"不认识的 device={device!r}：可选 'auto'、'cpu'、'cuda' 或 'cuda:N'") from None
+            raise ValueError(tr("Unrecognised device={device!r}: choose 'auto', 'cpu', 'cuda' or 'cuda:N'",
+                                device=device)) from None
         if parsed.type not in ("cpu", "cuda"):
-            raise ValueError(f"不支持的 device={device!r}：可选 'auto'、'cpu'、'cuda' 或 'cuda:N'")
+            raise ValueError(tr("Unsupported device={device!r}: choose 'auto', 'cpu', 'cuda' or 'cuda:N'",
+                                device=device))
         if parsed.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r}，但这台机器上没有可用的 CUDA GPU：请用 'cpu' 或 'auto'")
+            raise ValueError(tr("device={device!r}, but this machine has no usable CUDA GPU: use 'cpu' or 'auto'",
+                                device=device))
     if getattr(config, "cuda_graph", "auto") not in GRAPH_MODES:
-        raise ValueError(f"cuda_graph={config.cuda_graph!r} 不认识：可选 {', '.join(GRAPH_MODES)}")
+        raise ValueError(tr("cuda_graph={cuda_graph!r} is not recognised: choose from {modes}",
+                            cuda_graph=config.cuda_graph, modes=", ".join(GRAPH_MODES)))
     if hasattr(config, "cuda_graph_max_bs"):
         positive_int("cuda_graph_max_bs")
     ratio = config.memory_ratio
     if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio <= 1):
-        raise ValueError(f"memory_ratio 必须在 (0, 1] 之间，或为 None（自动），收到 {ratio!r}")
+        raise ValueError(tr("memory_ratio must be in (0, 1] or None (automatic), got {ratio!r}", ratio=ratio))

@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 1.5 章 attention：注意力后端——在分页 KV 上为一批长短不一的请求算注意力。
 
 一个批次里，每个请求本轮有 ``extend_len`` 个 query（预填充时是整段提示词，解码时是 1），
@@ -14,6 +15,8 @@
 
 from __future__ import annotations
 
+from minisgl.course.skeleton import TaskNotDone
+
 import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
+from minisgl.i18n import tr
 from minisgl.core import Batch
 from minisgl.kvcache import MHAKVCache
 
@@ -63,13 +67,15 @@ class VarlenMetadata(BaseAttnMetadata):
 def make_varlen_metadata(batch: Batch, device: torch.device) -> VarlenMetadata:
     """从请求的长度记账算出变长元数据（所有后端共用）。"""
     # TODO 任务 varlen_metadata：前缀和 cu_seqlens_q = [0, e0, e0+e1, ...]（e 为 extend_len），另记下 cached_len、device_len、table_idx
-    raise NotImplementedError('第 1.5 章 attention 的任务「varlen_metadata」还没有实现。文档：docs/stage1/attention.md#varlen_metadata 提示：前缀和 cu_seqlens_q = [0, e0, e0+e1, ...]（e 为 extend_len），另记下 cached_len、device_len、table_idx')
+    # TODO task varlen_metadata: prefix sums cu_seqlens_q = [0, e0, e0+e1, ...] (e is extend_len); also record cached_len, device_len, table_idx
+    raise TaskNotDone("attention", "varlen_metadata")
 
 
 def causal_mask_with_prefix(cached_len: int, seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """``[seq_len - cached_len, seq_len]`` 的布尔掩码：query i（绝对位置 cached_len + i）能否看到 key j。"""
     # TODO 任务 causal_mask_with_prefix：key 位置 j 可见当且仅当 j <= cached_len + i
-    raise NotImplementedError('第 1.5 章 attention 的任务「causal_mask_with_prefix」还没有实现。文档：docs/stage1/attention.md#causal_mask_with_prefix 提示：key 位置 j 可见当且仅当 j <= cached_len + i')
+    # TODO task causal_mask_with_prefix: key position j is visible iff j <= cached_len + i
+    raise TaskNotDone("attention", "causal_mask_with_prefix")
 
 
 def gather_kv(
@@ -77,7 +83,8 @@ def gather_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """按页表取出一个请求的全部 K/V：页表第 ``table_idx`` 行的前 ``seq_len`` 个槽位。返回两个 [seq_len, Hkv, D]。"""
     # TODO 任务 gather_kv：slots = page_table[table_idx, :seq_len]；用它去索引 k_cache(layer_id) 和 v_cache(layer_id)
-    raise NotImplementedError('第 1.5 章 attention 的任务「gather_kv」还没有实现。文档：docs/stage1/attention.md#gather_kv 提示：slots = page_table[table_idx, :seq_len]；用它去索引 k_cache(layer_id) 和 v_cache(layer_id)')
+    # TODO task gather_kv: slots = page_table[table_idx, :seq_len]; use it to index k_cache(layer_id) and v_cache(layer_id)
+    raise TaskNotDone("attention", "gather_kv")
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
@@ -86,7 +93,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     GQA：每 Hq/Hkv 个 query 头共用一个 KV 头。在 fp32 里算 softmax，结果转回 q 的 dtype。
     """
     # TODO 任务 attend：k/v 沿头维 repeat_interleave 成 Hq 个头；q、k、v 先 .float()；scores = einsum("qhd,khd->hqk") * scale（scale 由调用者给）；掩掉的填 -inf；softmax；再 einsum 乘 v；结果 .to(q.dtype)
-    raise NotImplementedError('第 1.5 章 attention 的任务「attend」还没有实现。文档：docs/stage1/attention.md#attend 提示：k/v 沿头维 repeat_interleave 成 Hq 个头；q、k、v 先 .float()；scores = einsum("qhd,khd->hqk") * scale（scale 由调用者给）；掩掉的填 -inf；softmax；再 einsum 乘 v；结果 .to(q.dtype)')
+    # TODO task attend: repeat_interleave k/v along the head dim to Hq heads; .float() q, k, v first; scores = einsum("qhd,khd->hqk") * scale (scale is given by the caller); fill masked-out entries with -inf; softmax; then einsum with v; return the result .to(q.dtype)
+    raise TaskNotDone("attention", "attend")
 
 
 class TorchAttnBackend(BaseAttnBackend):
@@ -101,7 +109,8 @@ class TorchAttnBackend(BaseAttnBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         # TODO 任务 torch_backend_forward：先 store_kv 到 batch.out_loc；再对第 b 个请求：按 cu_seqlens_q_cpu 切出它的 q，gather_kv 查页表第 md.table_idx[b] 行（不是第 b 行），造掩码，attend（scale = head_dim ** -0.5，即 q.shape[-1] ** -0.5）；最后 cat
-        raise NotImplementedError('第 1.5 章 attention 的任务「torch_backend_forward」还没有实现。文档：docs/stage1/attention.md#torch_backend_forward 提示：先 store_kv 到 batch.out_loc；再对第 b 个请求：按 cu_seqlens_q_cpu 切出它的 q，gather_kv 查页表第 md.table_idx[b] 行（不是第 b 行），造掩码，attend（scale = head_dim ** -0.5，即 q.shape[-1] ** -0.5）；最后 cat')
+        # TODO task torch_backend_forward: first store_kv at batch.out_loc; then for request b: slice its q by cu_seqlens_q_cpu, gather_kv from page-table row md.table_idx[b] (not row b), build the mask, attend (scale = head_dim ** -0.5, i.e. q.shape[-1] ** -0.5); finally cat
+        raise TaskNotDone("attention", "torch_backend_forward")
 
 
 @dataclass
@@ -125,7 +134,8 @@ class SDPAAttnBackend(BaseAttnBackend):
         base = make_varlen_metadata(batch, self.page_table.device)
         device = self.page_table.device
         # TODO 任务 padded_metadata：算出 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k] 和 mask [B, max_q, max_k]（布尔，头维下面再加）；q_index、out_index、mask 可以在 CPU 上造（下面统一 .to(device)），kv_slots 直接取页表里 table_idx 那几行的前 max_k 列（已在设备上，转成 long）；补的 query 行的位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，不会整行被屏蔽
-        raise NotImplementedError('第 1.5 章 attention 的任务「padded_metadata」还没有实现。文档：docs/stage1/attention.md#padded_metadata 提示：算出 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k] 和 mask [B, max_q, max_k]（布尔，头维下面再加）；q_index、out_index、mask 可以在 CPU 上造（下面统一 .to(device)），kv_slots 直接取页表里 table_idx 那几行的前 max_k 列（已在设备上，转成 long）；补的 query 行的位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，不会整行被屏蔽')
+        # TODO task padded_metadata: compute q_index [B, max_q], out_index [T], kv_slots [B, max_k] and mask [B, max_q, max_k] (bool; the head dim is added below); q_index, out_index and mask may be built on the CPU (moved with .to(device) below), kv_slots is taken straight from the first max_k columns of the page-table rows table_idx (already on the device, convert to long); a padding query row still gets position cached_len + i, which lies beyond seq_len, so it sees all keys of its request and is never fully masked
+        raise TaskNotDone("attention", "padded_metadata")
         batch.attn_metadata = PaddedMetadata(
             **vars(base),
             q_index=q_index.to(device),
@@ -260,7 +270,10 @@ def _installed(module: str) -> bool:
 def resolve_backend_name(name: str, device: torch.device) -> str:
     """``auto``：CUDA 上优先 FlashInfer，其次 FlashAttention，都没装就 SDPA；CPU 上用 SDPA。"""
     if name not in BACKENDS:
-        raise ValueError(f"不认识的注意力后端 {name!r}；可选：{', '.join(BACKENDS)}")
+        raise ValueError(tr(
+            "Unknown attention backend {name!r}; choose from: {known}",
+            name=name, known=', '.join(BACKENDS),
+        ))
     if name != "auto":
         return name
     if device.type == "cuda" and _installed("flashinfer"):
@@ -275,7 +288,10 @@ def create_attention_backend(
 ) -> BaseAttnBackend:
     name = resolve_backend_name(name, kv_cache.device)
     if name in ("fi", "fa") and kv_cache.device.type != "cuda":
-        raise ValueError(f"注意力后端 {name!r} 只能在 CUDA 上用；CPU 上请用 'sdpa' 或 'torch'")
+        raise ValueError(tr(
+            "The attention backend {name!r} works only on CUDA; on the CPU use 'sdpa' or 'torch'",
+            name=name,
+        ))
     if name == "torch":
         return TorchAttnBackend(kv_cache, page_table)
     if name == "sdpa":

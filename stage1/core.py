@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 1.1 章 core：引擎里到处传递的几样数据——采样参数、请求、批次，以及全局上下文。
 
 这些类本身不做计算，但它们的长度记账决定了后面每一章读写 KV 缓存的位置：
@@ -8,11 +9,15 @@
 
 from __future__ import annotations
 
+from minisgl.course.skeleton import TaskNotDone
+
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import torch
+
+from minisgl.i18n import tr
 
 if TYPE_CHECKING:  # 只为类型标注；运行时 core 不依赖后面的章节
     from minisgl.attention import BaseAttnBackend, BaseAttnMetadata
@@ -37,7 +42,8 @@ class SamplingParams:
     def validate(self) -> None:
         """把不可能的参数挡在门外，免得到采样时才出现 NaN 或越界。"""
         # TODO 任务 validate_sampling_params：检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 ValueError
-        raise NotImplementedError('第 1.1 章 core 的任务「validate_sampling_params」还没有实现。文档：docs/stage1/core.md#validate_sampling_params 提示：检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 ValueError')
+        # TODO task validate_sampling_params: check temperature >= 0, top_k == -1 or >= 1, 0 < top_p <= 1, max_tokens >= 1; raise ValueError otherwise
+        raise TaskNotDone("core", "validate_sampling_params")
 
 
 @dataclass(eq=False)  # 请求按身份比较：两个内容相同的请求也是两个请求
@@ -64,19 +70,22 @@ class Req:
 
     def __post_init__(self) -> None:
         # TODO 任务 req_init：检查 input_ids 在 CPU 上；算出 device_len 与 max_device_len；不变式不成立就抛 ValueError
-        raise NotImplementedError('第 1.1 章 core 的任务「req_init」还没有实现。文档：docs/stage1/core.md#req_init 提示：检查 input_ids 在 CPU 上；算出 device_len 与 max_device_len；不变式不成立就抛 ValueError')
+        # TODO task req_init: check that input_ids is on the CPU; compute device_len and max_device_len; raise ValueError if the invariant does not hold
+        raise TaskNotDone("core", "req_init")
 
     @property
     def extend_len(self) -> int:
         """本轮要送进模型计算的 token 数（预填充时是整段未缓存的提示词，解码时是 1）。"""
         # TODO 任务 extend_len：本轮要算的 token 数 = device_len - cached_len
-        raise NotImplementedError('第 1.1 章 core 的任务「extend_len」还没有实现。文档：docs/stage1/core.md#extend_len 提示：本轮要算的 token 数 = device_len - cached_len')
+        # TODO task extend_len: tokens to compute this step = device_len - cached_len
+        raise TaskNotDone("core", "extend_len")
 
     @property
     def remain_len(self) -> int:
         """还能再生成几个 token。"""
         # TODO 任务 remain_len：还能生成的 token 数 = max_device_len - device_len
-        raise NotImplementedError('第 1.1 章 core 的任务「remain_len」还没有实现。文档：docs/stage1/core.md#remain_len 提示：还能生成的 token 数 = max_device_len - device_len')
+        # TODO task remain_len: tokens that can still be generated = max_device_len - device_len
+        raise TaskNotDone("core", "remain_len")
 
     @property
     def can_decode(self) -> bool:
@@ -88,17 +97,20 @@ class Req:
         它在前向发出时就推进，而不是等采样结果拷回 CPU，这样调度器可以马上准备下一步。
         """
         # TODO 任务 complete_one：cached_len 追上 device_len，device_len 加一
-        raise NotImplementedError('第 1.1 章 core 的任务「complete_one」还没有实现。文档：docs/stage1/core.md#complete_one 提示：cached_len 追上 device_len，device_len 加一')
+        # TODO task complete_one: cached_len catches up with device_len, device_len grows by one
+        raise TaskNotDone("core", "complete_one")
 
     def append_host(self, next_token: torch.Tensor) -> None:
         """把拷回 CPU 的新 token（含 1 个元素的张量）接到 ``input_ids`` 末尾。"""
         # TODO 任务 append_host：用 torch.cat 把 next_token 接到 input_ids 后面（保持 int32、1 维）
-        raise NotImplementedError('第 1.1 章 core 的任务「append_host」还没有实现。文档：docs/stage1/core.md#append_host 提示：用 torch.cat 把 next_token 接到 input_ids 后面（保持 int32、1 维）')
+        # TODO task append_host: append next_token to input_ids with torch.cat (keep int32, 1-D)
+        raise TaskNotDone("core", "append_host")
 
     def __repr__(self) -> str:
         return (
             f"Req(uid={self.uid}, table_idx={self.table_idx}, cached_len={self.cached_len}, "
-            f"device_len={getattr(self, 'device_len', '未算')}, max_device_len={getattr(self, 'max_device_len', '未算')})"
+            f"device_len={getattr(self, 'device_len', tr('not computed'))}, "
+            f"max_device_len={getattr(self, 'max_device_len', tr('not computed'))})"
         )
 
 
@@ -138,11 +150,14 @@ class Batch:
         def show(name: str) -> str:
             value = getattr(self, name, None)
             if value is None:
-                return "未填"
+                return tr("not set")
             return f"{tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
 
         fields = ", ".join(f"{name}={show(name)}" for name in ("input_ids", "positions", "out_loc", "attn_metadata"))
-        reqs = ", ".join(map(repr, self.reqs[:4])) + (f", …共 {len(self.reqs)} 个" if len(self.reqs) > 4 else "")
+        reqs = ", ".join(map(repr, self.reqs[:4])) + (tr(
+            ", … {n} in all",
+            n=len(self.reqs),
+        ) if len(self.reqs) > 4 else "")
         return f"Batch(phase={self.phase!r}, reqs=[{reqs}], {fields})"
 
 
@@ -163,14 +178,17 @@ class Context:
     @property
     def batch(self) -> Batch:
         if self._batch is None:
-            raise RuntimeError("当前没有正在前向的批次：请在 `with ctx.forward_batch(batch):` 里调用模型")
+            raise RuntimeError(tr(
+                "No batch is being forwarded right now: call the model inside `with ctx.forward_batch(batch):`",
+            ))
         return self._batch
 
     @contextmanager
     def forward_batch(self, batch: Batch) -> Iterator[None]:
         """在 with 块里把 ``batch`` 设为当前批次；离开（包括出错）时一定清掉。"""
         # TODO 任务 ctx_forward_batch：不允许嵌套（已有批次就抛 RuntimeError）；设置 _batch，yield，finally 里清回 None
-        raise NotImplementedError('第 1.1 章 core 的任务「ctx_forward_batch」还没有实现。文档：docs/stage1/core.md#ctx_forward_batch 提示：不允许嵌套（已有批次就抛 RuntimeError）；设置 _batch，yield，finally 里清回 None')
+        # TODO task ctx_forward_batch: no nesting (raise RuntimeError if a batch is already set); set _batch, yield, reset it to None in finally
+        raise TaskNotDone("core", "ctx_forward_batch")
 
 
 _GLOBAL_CTX: Context | None = None
@@ -184,5 +202,5 @@ def set_global_ctx(ctx: Context | None) -> None:
 
 def get_global_ctx() -> Context:
     if _GLOBAL_CTX is None:
-        raise RuntimeError("全局上下文还没有设置：请先创建 Engine（或调用 set_global_ctx）")
+        raise RuntimeError(tr("The global context is not set yet: create an Engine first (or call set_global_ctx)"))
     return _GLOBAL_CTX

@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 1.6 章 engine：把前五章拼成一个引擎，再加上批量采样器。
 
 ``Engine`` 按顺序初始化：设备与 dtype → 全局上下文 → 模型与权重 → 由剩余内存定出 KV 页数 →
@@ -10,12 +11,15 @@ KV 池 → 页表与 token 池 → 注意力后端 → 采样器 →（CUDA 上�
 
 from __future__ import annotations
 
+from minisgl.course.skeleton import TaskNotDone
+
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, SamplingParams, set_global_ctx
 from minisgl.graph import GraphRunner, resolve_graph_mode
@@ -98,7 +102,8 @@ def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     从大到小累加、刚好达到 p 的那几个（第一个总是留下）。被过滤的概率置 0；结果不必加起来等于 1，
     采样用的指数竞赛只看各行内的比例。"""
     # TODO 任务 top_k_top_p：按概率降序排序；排名 >= k 的置 0；归一化后，排在它前面的累计概率已 >= p 的置 0；再 scatter 回原顺序
-    raise NotImplementedError('第 1.6 章 engine 的任务「top_k_top_p」还没有实现。文档：docs/stage1/engine.md#top_k_top_p 提示：按概率降序排序；排名 >= k 的置 0；归一化后，排在它前面的累计概率已 >= p 的置 0；再 scatter 回原顺序')
+    # TODO task top_k_top_p: sort by probability, descending; zero the entries ranked >= k; after renormalising, zero the entries whose preceding cumulative probability is already >= p; scatter back to the original order
+    raise TaskNotDone("engine", "top_k_top_p")
 
 
 class Sampler:
@@ -120,14 +125,16 @@ class Sampler:
         if all(p.is_greedy for p in params):
             return BatchSamplingArgs(temperatures=None)
         # TODO 任务 sampler_prepare：每行的温度（贪心行为 1）、是否贪心、top_k（不限为 None）、top_p（不限为 None）、带种子行的发生器；都放到 self.device 上
-        raise NotImplementedError('第 1.6 章 engine 的任务「sampler_prepare」还没有实现。文档：docs/stage1/engine.md#sampler_prepare 提示：每行的温度（贪心行为 1）、是否贪心、top_k（不限为 None）、top_p（不限为 None）、带种子行的发生器；都放到 self.device 上')
+        # TODO task sampler_prepare: per row: temperature (1 for greedy rows), whether greedy, top_k (None when unrestricted), top_p (None when unrestricted), generators for seeded rows; all on self.device
+        raise TaskNotDone("engine", "sampler_prepare")
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """``logits``: [B, vocab] → 每行一个 token id（int64）。"""
         if args.temperatures is None:
             return logits.argmax(dim=-1)
         # TODO 任务 sample：logits 转 float32 除以温度 → softmax → top_k_top_p_filter → 指数噪声（带种子的行用自己的发生器）→ argmax(p / E)；贪心行换成 argmax(logits)
-        raise NotImplementedError('第 1.6 章 engine 的任务「sample」还没有实现。文档：docs/stage1/engine.md#sample 提示：logits 转 float32 除以温度 → softmax → top_k_top_p_filter → 指数噪声（带种子的行用自己的发生器）→ argmax(p / E)；贪心行换成 argmax(logits)')
+        # TODO task sample: logits to float32, divided by temperature → softmax → top_k_top_p_filter → exponential noise (seeded rows use their own generator) → argmax(p / E); greedy rows use argmax(logits) instead
+        raise TaskNotDone("engine", "sample")
 
 
 # ----------------------------------------------------------------------------- 引擎
@@ -202,7 +209,8 @@ class Engine:
         """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。"""
         c, config = self.model_config, self.config
         # TODO 任务 determine_num_pages：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError，消息里告诉用户调大 memory_ratio 或指定 num_page_override
-        raise NotImplementedError('第 1.6 章 engine 的任务「determine_num_pages」还没有实现。文档：docs/stage1/engine.md#determine_num_pages 提示：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError，消息里告诉用户调大 memory_ratio 或指定 num_page_override')
+        # TODO task determine_num_pages: use the override if given; otherwise apply the formula above (ratio defaults to 0.9 on CUDA, 0.3 on CPU; model memory = free_before − current get_free_memory; bytes per page from MHAKVCache.bytes_per_page, mind page_size and dtype); raise RuntimeError if less than 1 page fits, telling the user to raise memory_ratio or set num_page_override
+        raise TaskNotDone("engine", "determine_num_pages")
 
     @torch.no_grad()  # 不用 inference_mode：它产出的张量之后在模式外不能原地修改，调度器会踩坑
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
@@ -214,10 +222,13 @@ class Engine:
         （第 2 阶段写进 token 池；分块预填充的中间块不能覆盖下一个提示词 token）。
         """
         if not hasattr(batch, "attn_metadata"):
-            raise RuntimeError("batch.attn_metadata 还没准备：请先调用 engine.attn_backend.prepare_metadata(batch)")
+            raise RuntimeError(tr(
+                "batch.attn_metadata is not prepared yet: call engine.attn_backend.prepare_metadata(batch) first",
+            ))
         set_global_ctx(self.ctx)  # 同一进程里可能有多个引擎，各层读的是全局上下文
         # TODO 任务 forward_batch：在 ctx.forward_batch(batch) 里跑 model.forward()；采样并转 int32；copy_to_host 得到主机副本和完成事件；返回 ForwardOutput（不调用 complete_one，不写 token 池）
-        raise NotImplementedError('第 1.6 章 engine 的任务「forward_batch」还没有实现。文档：docs/stage1/engine.md#forward_batch 提示：在 ctx.forward_batch(batch) 里跑 model.forward()；采样并转 int32；copy_to_host 得到主机副本和完成事件；返回 ForwardOutput（不调用 complete_one，不写 token 池）')
+        # TODO task forward_batch: run model.forward() inside ctx.forward_batch(batch); sample and convert to int32; copy_to_host gives the host copy and the done event; return a ForwardOutput (do not call complete_one, do not write the token pool)
+        raise TaskNotDone("engine", "forward_batch")
 
     def shutdown(self) -> None:
         """放掉全局上下文对本引擎的引用（同一进程里接着建新引擎时不留旧的）。"""

@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 1.4 章 kvcache：预先分配好的分页 KV 池、页表和 token 池。
 
 第 0 步用 ``torch.cat`` 让每个请求的 K/V 越拼越长：每步都要重新分配、拷贝，也没法把
@@ -14,6 +15,8 @@
 """
 
 from __future__ import annotations
+
+from minisgl.course.skeleton import TaskNotDone
 
 import torch
 
@@ -41,7 +44,8 @@ class MHAKVCache:
         self.num_pages = num_pages
         self.page_size = page_size
         # TODO 任务 kv_buffer：分配 [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] 的全 0 张量，存为 self._kv_buffer
-        raise NotImplementedError('第 1.4 章 kvcache 的任务「kv_buffer」还没有实现。文档：docs/stage1/kvcache.md#kv_buffer 提示：分配 [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] 的全 0 张量，存为 self._kv_buffer')
+        # TODO task kv_buffer: allocate a zero tensor of shape [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] and store it as self._kv_buffer
+        raise TaskNotDone("kvcache", "kv_buffer")
 
     @property
     def num_slots(self) -> int:
@@ -58,7 +62,8 @@ class MHAKVCache:
     def k_cache(self, layer_id: int) -> torch.Tensor:
         """第 ``layer_id`` 层的 K，按槽位摊平成 ``[num_pages * page_size, KV 头数, head_dim]`` 的视图。"""
         # TODO 任务 kv_views：取 _kv_buffer[0, layer_id]，view 成 (num_slots, num_kv_heads, head_dim)；不要拷贝
-        raise NotImplementedError('第 1.4 章 kvcache 的任务「kv_views」还没有实现。文档：docs/stage1/kvcache.md#kv_views 提示：取 _kv_buffer[0, layer_id]，view 成 (num_slots, num_kv_heads, head_dim)；不要拷贝')
+        # TODO task kv_views: take _kv_buffer[0, layer_id] and view it as (num_slots, num_kv_heads, head_dim); no copy
+        raise TaskNotDone("kvcache", "kv_views")
 
     def v_cache(self, layer_id: int) -> torch.Tensor:
         return self._kv_buffer[1, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)
@@ -66,7 +71,8 @@ class MHAKVCache:
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
         """把本轮算出的 K/V（``[T, KV 头数, head_dim]``）写进第 ``layer_id`` 层的 ``out_loc`` 槽位，别处一个也不碰。"""
         # TODO 任务 store_kv：按 out_loc 把 k、v 写进 k_cache(layer_id)、v_cache(layer_id)（原地写，用 index_copy_ 或下标赋值）
-        raise NotImplementedError('第 1.4 章 kvcache 的任务「store_kv」还没有实现。文档：docs/stage1/kvcache.md#store_kv 提示：按 out_loc 把 k、v 写进 k_cache(layer_id)、v_cache(layer_id)（原地写，用 index_copy_ 或下标赋值）')
+        # TODO task store_kv: write k and v into k_cache(layer_id) and v_cache(layer_id) at out_loc (in place, with index_copy_ or index assignment)
+        raise TaskNotDone("kvcache", "store_kv")
 
     @staticmethod
     def bytes_per_page(
@@ -74,7 +80,8 @@ class MHAKVCache:
     ) -> int:
         """一页在所有层里占多少字节（K 与 V 都算）；引擎用它从空闲内存推出能放几页。"""
         # TODO 任务 bytes_per_page：2（K 和 V）× 层数 × page_size × KV 头数 × head_dim × 每个元素的字节数
-        raise NotImplementedError('第 1.4 章 kvcache 的任务「bytes_per_page」还没有实现。文档：docs/stage1/kvcache.md#bytes_per_page 提示：2（K 和 V）× 层数 × page_size × KV 头数 × head_dim × 每个元素的字节数')
+        # TODO task bytes_per_page: 2 (K and V) × layers × page_size × KV heads × head_dim × bytes per element
+        raise TaskNotDone("kvcache", "bytes_per_page")
 
 
 def pages_to_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -84,7 +91,8 @@ def pages_to_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
     就给一个 n 个 token 的请求安排好了位置。
     """
     # TODO 任务 pages_to_slots：pages[:, None] * page_size + arange(page_size)，再摊平；保持 pages 的 dtype 和设备
-    raise NotImplementedError('第 1.4 章 kvcache 的任务「pages_to_slots」还没有实现。文档：docs/stage1/kvcache.md#pages_to_slots 提示：pages[:, None] * page_size + arange(page_size)，再摊平；保持 pages 的 dtype 和设备')
+    # TODO task pages_to_slots: pages[:, None] * page_size + arange(page_size), then flatten; keep the dtype and device of pages
+    raise TaskNotDone("kvcache", "pages_to_slots")
 
 
 def create_page_table(max_running_req: int, max_seq_len: int, device: torch.device | str) -> torch.Tensor:

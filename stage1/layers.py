@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 1.2 章 layers：不依赖 ``nn.Module`` 的算子层。
 
 每个算子是一个普通对象：权重是它的张量属性（名字不以 ``_`` 开头），前向是普通方法。
@@ -11,12 +12,15 @@
 
 from __future__ import annotations
 
+from minisgl.course.skeleton import TaskNotDone
+
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 
+from minisgl.i18n import tr
 from minisgl.core import get_global_ctx
 
 
@@ -82,7 +86,10 @@ class BaseOP:
 
 def check_shape(target: torch.Tensor, tensor: torch.Tensor) -> None:
     if tuple(target.shape) != tuple(tensor.shape):
-        raise ValueError(f"形状不对：模型需要 {tuple(target.shape)}，检查点里是 {tuple(tensor.shape)}")
+        raise ValueError(tr(
+            "Shape mismatch: the model expects {expected}, the checkpoint has {got}",
+            expected=tuple(target.shape), got=tuple(tensor.shape),
+        ))
 
 
 # ----------------------------------------------------------------------------- 线性层
@@ -116,7 +123,7 @@ class Linear(BaseOP):
     ) -> None:
         self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
         if shard_names is not None and len(shard_names) != len(self.output_sizes):
-            raise ValueError("shard_names 的个数要与 output_sizes 的段数相同")
+            raise ValueError(tr("shard_names must have as many entries as output_sizes has shards"))
         out = sum(self.output_sizes)
         self.weight: torch.Tensor | None = torch.empty(out, input_size, dtype=dtype, device=device)
         self.bias = torch.empty(out, dtype=dtype, device=device) if bias else None
@@ -136,7 +143,8 @@ class Linear(BaseOP):
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
         """把第 ``shard`` 段的检查点张量拷进合并权重里属于它的那几行。"""
         # TODO 任务 merged_linear_load：第 shard 段从 sum(output_sizes[:shard]) 行开始、共 output_sizes[shard] 行；先 check_shape 再 copy_
-        raise NotImplementedError('第 1.2 章 layers 的任务「merged_linear_load」还没有实现。文档：docs/stage1/layers.md#merged_linear_load 提示：第 shard 段从 sum(output_sizes[:shard]) 行开始、共 output_sizes[shard] 行；先 check_shape 再 copy_')
+        # TODO task merged_linear_load: shard number shard starts at row sum(output_sizes[:shard]) and spans output_sizes[shard] rows; check_shape first, then copy_
+        raise TaskNotDone("layers", "merged_linear_load")
 
     def pack(self) -> None:
         """把权重重排成 oneDNN 的布局（只做一次），重排后的副本取代原权重以省内存。
@@ -201,7 +209,8 @@ class LMHead(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # TODO 任务 lm_head_last_tokens：batch = get_global_ctx().batch；用 batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再交给 super().forward（Linear 的前向：打包成快速布局后 self.weight 是 None，不能直接 F.linear）
-        raise NotImplementedError('第 1.2 章 layers 的任务「lm_head_last_tokens」还没有实现。文档：docs/stage1/layers.md#lm_head_last_tokens 提示：batch = get_global_ctx().batch；用 batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再交给 super().forward（Linear 的前向：打包成快速布局后 self.weight 是 None，不能直接 F.linear）')
+        # TODO task lm_head_last_tokens: batch = get_global_ctx().batch; use batch.attn_metadata.get_last_indices(batch.size) to pick each request's last-token hidden state, then pass it to super().forward (Linear's forward: after packing into the fast layout self.weight is None, so do not call F.linear directly)
+        raise TaskNotDone("layers", "lm_head_last_tokens")
 
 
 # ----------------------------------------------------------------------------- 归一化、激活、位置编码
@@ -210,7 +219,8 @@ class LMHead(Linear):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm：``x / sqrt(mean(x²) + eps) * weight``，在 fp32 里算，再转回原 dtype 乘权重（与 HF 一致）。"""
     # TODO 任务 rms_norm：先转 float32，乘 rsqrt(x² 在最后一维的均值 + eps)，转回 x.dtype 后乘 weight
-    raise NotImplementedError('第 1.2 章 layers 的任务「rms_norm」还没有实现。文档：docs/stage1/layers.md#rms_norm 提示：先转 float32，乘 rsqrt(x² 在最后一维的均值 + eps)，转回 x.dtype 后乘 weight')
+    # TODO task rms_norm: convert to float32 first, multiply by rsqrt(mean of x² over the last dim + eps), convert back to x.dtype, then multiply by weight
+    raise TaskNotDone("layers", "rms_norm")
 
 
 class RMSNorm(BaseOP):
@@ -225,7 +235,8 @@ class RMSNorm(BaseOP):
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU 的激活：``x`` 的前一半是 gate、后一半是 up（合并的 gate_up_proj 的输出），返回 ``silu(gate) * up``。"""
     # TODO 任务 silu_and_mul：沿最后一维对半分成 gate 和 up，返回 F.silu(gate) * up
-    raise NotImplementedError('第 1.2 章 layers 的任务「silu_and_mul」还没有实现。文档：docs/stage1/layers.md#silu_and_mul 提示：沿最后一维对半分成 gate 和 up，返回 F.silu(gate) * up')
+    # TODO task silu_and_mul: split the last dim in half into gate and up; return F.silu(gate) * up
+    raise TaskNotDone("layers", "silu_and_mul")
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -235,7 +246,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     ``x * cos + rotate_half(x) * sin``，其中 ``rotate_half(x) = cat(-x后半, x前半)``。
     """
     # TODO 任务 apply_rotary：cos/sin 加一个头维度并转成 x.dtype；x1, x2 = 前后两半；返回 x * cos + cat(-x2, x1) * sin
-    raise NotImplementedError('第 1.2 章 layers 的任务「apply_rotary」还没有实现。文档：docs/stage1/layers.md#apply_rotary 提示：cos/sin 加一个头维度并转成 x.dtype；x1, x2 = 前后两半；返回 x * cos + cat(-x2, x1) * sin')
+    # TODO task apply_rotary: give cos/sin a head dim and convert them to x.dtype; x1, x2 = first and second half; return x * cos + cat(-x2, x1) * sin
+    raise TaskNotDone("layers", "apply_rotary")
 
 
 class RotaryEmbedding(BaseOP):
@@ -274,7 +286,11 @@ class AttentionLayer(BaseOP):
         k_norm: RMSNorm | None = None,
     ) -> None:
         if num_qo_heads % num_kv_heads != 0:
-            raise ValueError(f"query 头数 {num_qo_heads} 必须是 KV 头数 {num_kv_heads} 的整数倍（GQA）")
+            raise ValueError(tr(
+                "The number of query heads {num_qo_heads} must be a multiple of the number of KV heads {num_kv_heads} "
+                "(GQA)",
+                num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+            ))
         self.layer_id = layer_id
         self.num_qo_heads = num_qo_heads
         self.num_kv_heads = num_kv_heads
@@ -286,4 +302,5 @@ class AttentionLayer(BaseOP):
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         """``qkv``: [T, (Hq + 2·Hkv)·D] → 注意力输出 [T, Hq·D]。"""
         # TODO 任务 attention_layer_forward：split 出 q/k/v 并 view 成 [T, 头数, D]；有 q/k norm 就先归一化；用 batch.positions 做 RoPE；调用 ctx.attn_backend.forward(q, k, v, layer_id, batch)
-        raise NotImplementedError('第 1.2 章 layers 的任务「attention_layer_forward」还没有实现。文档：docs/stage1/layers.md#attention_layer_forward 提示：split 出 q/k/v 并 view 成 [T, 头数, D]；有 q/k norm 就先归一化；用 batch.positions 做 RoPE；调用 ctx.attn_backend.forward(q, k, v, layer_id, batch)')
+        # TODO task attention_layer_forward: split q/k/v and view them as [T, heads, D]; apply the q/k norms if present; RoPE with batch.positions; call ctx.attn_backend.forward(q, k, v, layer_id, batch)
+        raise TaskNotDone("layers", "attention_layer_forward")

@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 1.3 章 models：Qwen3 与 Llama 解码器，以及从 safetensors 流式加载权重。
 
 两种架构共用一份解码器定义，区别只在配置：Qwen3 在注意力里对 q、k 各做一次 RMSNorm（``qk_norm``），
@@ -10,6 +11,8 @@ Llama 没有。结构和权重名字都与 HF 的 ``config.json`` / ``model.safe
 
 from __future__ import annotations
 
+from minisgl.course.skeleton import TaskNotDone
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from minisgl.i18n import tr
 from minisgl.core import get_global_ctx
 from minisgl.layers import (
     AttentionLayer,
@@ -58,13 +62,17 @@ class ModelConfig:
         """读 HF 的 ``config.json``。不认识的架构、没有实现的 RoPE 缩放都直接报错，免得算出错的结果。"""
         path = Path(model_path) / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"找不到模型配置 {path}（模型目录不对？请先运行 make setup）")
+            raise FileNotFoundError(tr(
+                "Model config {path} not found (wrong model directory? run make setup first)",
+                path=path,
+            ))
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
     @classmethod
     def from_dict(cls, hf: dict) -> ModelConfig:
         # TODO 任务 model_config_from_hf：architectures[0] 不在 ARCHITECTURES 里就抛 ValueError（消息带上架构名）；rope_parameters（或老的 rope_scaling）里 rope_type 不是 "default"、或 hidden_act 不是 "silu"，抛 NotImplementedError；head_dim 缺省为 hidden_size // num_attention_heads；num_key_value_heads 缺省等于头数；rope_theta 先看 rope_parameters、再看顶层（缺省 10000）；tie_word_embeddings、attention_bias、mlp_bias 缺省 False；qk_norm 查 ARCHITECTURES
-        raise NotImplementedError('第 1.3 章 models 的任务「model_config_from_hf」还没有实现。文档：docs/stage1/models.md#model_config_from_hf 提示：architectures[0] 不在 ARCHITECTURES 里就抛 ValueError（消息带上架构名）；rope_parameters（或老的 rope_scaling）里 rope_type 不是 "default"、或 hidden_act 不是 "silu"，抛 NotImplementedError；head_dim 缺省为 hidden_size // num_attention_heads；num_key_value_heads 缺省等于头数；rope_theta 先看 rope_parameters、再看顶层（缺省 10000）；tie_word_embeddings、attention_bias、mlp_bias 缺省 False；qk_norm 查 ARCHITECTURES')
+        # TODO task model_config_from_hf: raise ValueError (naming the architecture) if architectures[0] is not in ARCHITECTURES; raise NotImplementedError if rope_type in rope_parameters (or the older rope_scaling) is not "default", or hidden_act is not "silu"; head_dim defaults to hidden_size // num_attention_heads; num_key_value_heads defaults to the number of heads; rope_theta: look in rope_parameters, then at the top level (default 10000); tie_word_embeddings, attention_bias, mlp_bias default to False; qk_norm comes from ARCHITECTURES
+        raise TaskNotDone("models", "model_config_from_hf")
 
 
 class SelfAttention(BaseOP):
@@ -99,8 +107,9 @@ class MLP(BaseOP):
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO 任务 mlp_forward：gate_up_proj → silu_and_mul → down_proj
-        raise NotImplementedError('第 1.3 章 models 的任务「mlp_forward」还没有实现。文档：docs/stage1/models.md#mlp_forward 提示：gate_up_proj → silu_and_mul → down_proj')
+        # TODO 任务 mlp_forward：依次调用 gate_up_proj → silu_and_mul → down_proj
+        # TODO task mlp_forward: call gate_up_proj → silu_and_mul → down_proj in turn
+        raise TaskNotDone("models", "mlp_forward")
 
 
 class DecoderLayer(BaseOP):
@@ -114,7 +123,8 @@ class DecoderLayer(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Pre-norm 残差：``h = x + attn(norm(x))``，``out = h + mlp(norm(h))``。"""
         # TODO 任务 decoder_layer_forward：两个子层都是“先归一化、再计算、再加回残差”
-        raise NotImplementedError('第 1.3 章 models 的任务「decoder_layer_forward」还没有实现。文档：docs/stage1/models.md#decoder_layer_forward 提示：两个子层都是“先归一化、再计算、再加回残差”')
+        # TODO task decoder_layer_forward: both sub-layers are "normalise, compute, add the residual back"
+        raise TaskNotDone("models", "decoder_layer_forward")
 
 
 class DecoderModel(BaseOP):
@@ -160,7 +170,10 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def safetensors_files(model_path: str | Path) -> list[Path]:
     files = sorted(Path(model_path).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{model_path} 里没有 *.safetensors 权重文件（模型目录不对？请先运行 make setup）")
+        raise FileNotFoundError(tr(
+            "{model_path} has no *.safetensors weight files (wrong model directory? run make setup first)",
+            model_path=model_path,
+        ))
     return files
 
 
@@ -171,7 +184,7 @@ def iter_safetensors(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor
     for file in files:
         with safe_open(file, framework="pt") as f:
             total += len(f.keys())
-    with tqdm(total=total, desc="加载权重", unit="张量") as bar:
+    with tqdm(total=total, desc=tr("Loading weights"), unit=tr("tensor")) as bar:
         for file in files:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():
@@ -183,7 +196,8 @@ def load_weights(model: BaseOP, model_path: str | Path) -> None:
     """把检查点里的张量逐个装进模型；缺了、多了或形状不对都报出张量的名字。"""
     slots = model.checkpoint_slots()
     # TODO 任务 load_weights：遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)（它的 ValueError 加上张量名再抛）；查不到的，名字以 IGNORED_SUFFIXES 结尾或是 lm_head.weight（共享权重时多存的）就跳过，否则抛 ValueError；最后把 slots 里没装到的名字用 ValueError 报出来
-    raise NotImplementedError('第 1.3 章 models 的任务「load_weights」还没有实现。文档：docs/stage1/models.md#load_weights 提示：遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)（它的 ValueError 加上张量名再抛）；查不到的，名字以 IGNORED_SUFFIXES 结尾或是 lm_head.weight（共享权重时多存的）就跳过，否则抛 ValueError；最后把 slots 里没装到的名字用 ValueError 报出来')
+    # TODO task load_weights: iterate over iter_safetensors; if the name is in slots, call slot.op.load_weight(slot.attr, tensor, slot.shard) (re-raise its ValueError with the tensor name added); otherwise skip names ending in IGNORED_SUFFIXES or equal to lm_head.weight (stored extra with tied weights), and raise ValueError for the rest; finally report the slot names that were never loaded with a ValueError
+    raise TaskNotDone("models", "load_weights")
 
 
 def load_dummy_weights(model: BaseOP, seed: int = 0) -> None:

@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 2.2 章 cache_manager：按需分配 KV 页面的 ``CacheManager``。
 
 第 2.1 章给每个请求槽静态分了一段页面：短请求用不完，长请求又借不到别人的。这一章改成：
@@ -14,12 +15,15 @@
 
 from __future__ import annotations
 
+from minisgl.course.skeleton import TaskNotDone
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.core import Req
 from minisgl.scheduler import PrefillAdder
 from minisgl.scheduler import Scheduler as _Scheduler
@@ -106,7 +110,10 @@ class NaivePrefixCache(BasePrefixCache):
 
     def evict(self, size: int) -> torch.Tensor:
         if size > 0:
-            raise RuntimeError(f"naive 缓存里没有可驱逐的页面，却要驱逐 {size} 个 token")
+            raise RuntimeError(tr(
+                "The naive cache has no evictable pages, yet {size} tokens must be evicted",
+                size=size,
+            ))
         return torch.empty(0, dtype=torch.int32)
 
     @property
@@ -161,7 +168,8 @@ class CacheManager:
     def _allocate(self, num_pages: int) -> torch.Tensor:
         """取出 ``num_pages`` 个空闲页（返回各页第一个槽位）；空闲页不够就先从前缀缓存驱逐。"""
         # TODO 任务 allocate_pages：空闲页不够时 evict 差额（按 token 数：缺的页数 × page_size），它返回 token 级槽位，每页取第一个并进 free_slots（同 _free）；再从 free_slots 头部切出 num_pages 个
-        raise NotImplementedError('第 2.2 章 cache_manager 的任务「allocate_pages」还没有实现。文档：docs/stage2/cache_manager.md#allocate_pages 提示：空闲页不够时 evict 差额（按 token 数：缺的页数 × page_size），它返回 token 级槽位，每页取第一个并进 free_slots（同 _free）；再从 free_slots 头部切出 num_pages 个')
+        # TODO task allocate_pages: if there are not enough free pages, evict the shortfall (in tokens: missing pages × page_size); it returns token-level slots, take the first of each page and add them to free_slots (as _free does); then cut num_pages from the front of free_slots
+        raise TaskNotDone("cache_manager", "allocate_pages")
 
     def _free(self, indices: torch.Tensor) -> None:
         """归还一段页对齐的 token 级槽位（取每页的第一个槽位放回空闲池）。"""
@@ -181,7 +189,8 @@ class CacheManager:
         已经分到的页是前 ``div_ceil(cached_len, page_size)`` 页；要一直分到第 ``div_ceil(device_len, page_size)`` 页。
         """
         # TODO 任务 allocate_paged：算出每个请求缺的页（first=div_ceil(cached_len)，last=div_ceil(device_len)），一次 _allocate 全部，再把槽位写进页表对应的行与列
-        raise NotImplementedError('第 2.2 章 cache_manager 的任务「allocate_paged」还没有实现。文档：docs/stage2/cache_manager.md#allocate_paged 提示：算出每个请求缺的页（first=div_ceil(cached_len)，last=div_ceil(device_len)），一次 _allocate 全部，再把槽位写进页表对应的行与列')
+        # TODO task allocate_paged: work out the pages each request is missing (first=div_ceil(cached_len), last=div_ceil(device_len)), _allocate them all at once, then write the slots into the matching rows and columns of the page table
+        raise TaskNotDone("cache_manager", "allocate_paged")
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
         """把请求算过的前缀 ``[0, cached_len)`` 交给前缀缓存；``finished`` 时归还其余页面。
@@ -191,7 +200,8 @@ class CacheManager:
         否则请求接着解码时会读到被别人重新分走的页面。
         """
         # TODO 任务 cache_req：insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并 _free 尾巴——页表这行的 [新句柄.cached_len, req.cached_len)（分到的页只到 cached_len 所在的页为止，再往后从没分配过，不能还）；否则锁新句柄、解锁旧句柄、换上新句柄
-        raise NotImplementedError('第 2.2 章 cache_manager 的任务「cache_req」还没有实现。文档：docs/stage2/cache_manager.md#cache_req 提示：insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并 _free 尾巴——页表这行的 [新句柄.cached_len, req.cached_len)（分到的页只到 cached_len 所在的页为止，再往后从没分配过，不能还）；否则锁新句柄、解锁旧句柄、换上新句柄')
+        # TODO task cache_req: insert_prefix(input_ids[:cached_len], this page-table row[:cached_len]); for the duplicated part, point the row at the cached slots first, then _free the duplicates; if finished, unlock the old handle and _free the tail — this row's [new_handle.cached_len, req.cached_len) (pages were allocated only up to the page holding cached_len, beyond it nothing was ever allocated, so do not free it); otherwise lock the new handle, unlock the old one and switch to the new handle
+        raise TaskNotDone("cache_manager", "cache_req")
 
     # ---------------------------------------------------------------- 检查
 
@@ -199,7 +209,8 @@ class CacheManager:
         """空闲时调用：前缀缓存自查；没有残留的锁；空闲页不重复、页对齐；空闲页 + 缓存页 == 总页数。"""
         self.prefix_cache.check_integrity()
         # TODO 任务 check_integrity：protected_size 必须为 0；free_slots 不重复、都是 page_size 的倍数且在范围内；空闲页数 + total_size/page_size == num_pages；不满足就抛 RuntimeError
-        raise NotImplementedError('第 2.2 章 cache_manager 的任务「check_integrity」还没有实现。文档：docs/stage2/cache_manager.md#check_integrity 提示：protected_size 必须为 0；free_slots 不重复、都是 page_size 的倍数且在范围内；空闲页数 + total_size/page_size == num_pages；不满足就抛 RuntimeError')
+        # TODO task check_integrity: protected_size must be 0; free_slots has no duplicates, all multiples of page_size and in range; free pages + total_size/page_size == num_pages; raise RuntimeError otherwise
+        raise TaskNotDone("cache_manager", "check_integrity")
 
 
 # ---------------------------------------------------------------------------- 接入调度器
@@ -210,7 +221,8 @@ class ReservingPrefillAdder(PrefillAdder):
 
     def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
         # TODO 任务 reserve：有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]
-        raise NotImplementedError('第 2.2 章 cache_manager 的任务「reserve」还没有实现。文档：docs/stage2/cache_manager.md#reserve 提示：有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]')
+        # TODO task reserve: a free slot exists; match_req gives the handle; tokens needed = tokens_needed(prompt + output, cached); return None if that plus reserved_size exceeds available_size; check again after locking the handle, and if it fails this time, unlock the handle before returning None (otherwise that prefix stays locked forever); once it passes, add the tokens needed to reserved_size, allocate a slot and write the matched slots into [:cached] of this page-table row
+        raise TaskNotDone("cache_manager", "reserve")
 
 
 class Scheduler(_Scheduler):

@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 2.4 章 chunked_prefill：分块预填充。
 
 一段很长的提示词一次预填充完，这一步会很久，其他请求的解码全被卡住（延迟尖峰），
@@ -17,10 +18,13 @@
 
 from __future__ import annotations
 
+from minisgl.course.skeleton import TaskNotDone
+
 from typing import Any
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.cache_manager import ReservingPrefillAdder
 from minisgl.radix_cache import Scheduler as _Scheduler
 from minisgl.core import Req
@@ -35,7 +39,9 @@ class ChunkedReq(Req):
         return False
 
     def append_host(self, next_token: torch.Tensor) -> None:
-        raise RuntimeError("分块请求采样出的 token 不是输出，不能接到请求后面")
+        raise RuntimeError(tr(
+            "The token sampled for a chunked request is not an output and cannot be appended to the request",
+        ))
 
 
 class ChunkedPrefillAdder(ReservingPrefillAdder):
@@ -45,7 +51,8 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
         if self.token_budget <= 0:
             return None
         # TODO 任务 continue_chunk：已有 pending.chunked_req 时不再匹配和预留，沿用它的句柄、槽位和 cached_len 接着切下一块
-        raise NotImplementedError('第 2.4 章 chunked_prefill 的任务「continue_chunk」还没有实现。文档：docs/stage2/chunked_prefill.md#continue_chunk 提示：已有 pending.chunked_req 时不再匹配和预留，沿用它的句柄、槽位和 cached_len 接着切下一块')
+        # TODO task continue_chunk: if pending.chunked_req exists, do not match or reserve again: reuse its handle, slot and cached_len and cut the next chunk
+        raise TaskNotDone("chunked_prefill", "continue_chunk")
         return super().try_add_one(pending)
 
     def _add_one_req(
@@ -53,7 +60,8 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
     ) -> Req:
         """预算够算完剩下的提示词就照常接纳；不够就只接纳 ``token_budget`` 个 token，做成 ``ChunkedReq``。"""
         # TODO 任务 take_chunk：剩余 r = input_len - cached_len；r <= 预算就清掉 pending.chunked_req、照常交给父类；否则让父类只接纳到 cached_len + 预算（req_cls=ChunkedReq），记到 pending.chunked_req 再返回
-        raise NotImplementedError('第 2.4 章 chunked_prefill 的任务「take_chunk」还没有实现。文档：docs/stage2/chunked_prefill.md#take_chunk 提示：剩余 r = input_len - cached_len；r <= 预算就清掉 pending.chunked_req、照常交给父类；否则让父类只接纳到 cached_len + 预算（req_cls=ChunkedReq），记到 pending.chunked_req 再返回')
+        # TODO task take_chunk: remaining r = input_len - cached_len; if r <= budget, clear pending.chunked_req and hand over to the parent as usual; otherwise let the parent admit only up to cached_len + budget (req_cls=ChunkedReq), store it in pending.chunked_req and return it
+        raise TaskNotDone("chunked_prefill", "take_chunk")
 
 
 class Scheduler(_Scheduler):
@@ -65,7 +73,8 @@ class Scheduler(_Scheduler):
     def _schedule_next_batch(self) -> ForwardInput | None:
         """分块请求算完一块后，如果有请求在解码，先让它们走一步，再算下一块：长提示词不会把解码卡住。"""
         # TODO 任务 interleave：上一步有中途的分块且有请求在解码，就先调度一步解码；否则照常（预填充优先）；记下这一步是否含中途的分块
-        raise NotImplementedError('第 2.4 章 chunked_prefill 的任务「interleave」还没有实现。文档：docs/stage2/chunked_prefill.md#interleave 提示：上一步有中途的分块且有请求在解码，就先调度一步解码；否则照常（预填充优先）；记下这一步是否含中途的分块')
+        # TODO task interleave: if the previous step had an unfinished chunk and some request is decoding, schedule a decode step first; otherwise as usual (prefill first); record whether this step contains an unfinished chunk
+        raise TaskNotDone("chunked_prefill", "interleave")
 
     def _samples_output(self, req: Req) -> bool:
         return not isinstance(req, ChunkedReq)

@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 2.5 章 overlap：重叠调度——设备算第 N 步的时候，主机处理第 N-1 步的结果并准备第 N+1 步。
 
 普通的主循环里，设备每算完一步都要等主机：拷回结果、记账、调度、准备下一步的输入。
@@ -28,6 +29,8 @@
 """
 
 from __future__ import annotations
+
+from minisgl.course.skeleton import TaskNotDone
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -84,7 +87,8 @@ class Scheduler(_Scheduler):
         if not self.overlap:
             return super()._forward(fi)
         # TODO 任务 launch_on_worker：在主线程对每个请求 complete_one()；_launch(fi) 让设备开始算（CPU 上交给后台线程），得到 Future；更新 decode_manager；返回 Future
-        raise NotImplementedError('第 2.5 章 overlap 的任务「launch_on_worker」还没有实现。文档：docs/stage2/overlap.md#launch_on_worker 提示：在主线程对每个请求 complete_one()；_launch(fi) 让设备开始算（CPU 上交给后台线程），得到 Future；更新 decode_manager；返回 Future')
+        # TODO task launch_on_worker: on the main thread call complete_one() on every request; _launch(fi) starts the device (on the CPU it hands the work to the background thread) and gives a Future; update decode_manager; return the Future
+        raise TaskNotDone("overlap", "launch_on_worker")
 
     def _finish(self, last: InFlight | None) -> None:
         """等发出的那一步算完，处理它的结果。"""
@@ -103,12 +107,14 @@ class Scheduler(_Scheduler):
     def overlap_loop(self) -> bool:
         """发出第 N+1 步，再处理第 N 步的结果：设备算的时候，主机在干活。"""
         # TODO 任务 overlap_loop：调度并 _forward 下一步，_in_flight 换成这一步批次里的请求（不是累加；没有下一步就清空）；再 _finish 上一步（先把 _last_data 取出来）；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
-        raise NotImplementedError('第 2.5 章 overlap 的任务「overlap_loop」还没有实现。文档：docs/stage2/overlap.md#overlap_loop 提示：调度并 _forward 下一步，_in_flight 换成这一步批次里的请求（不是累加；没有下一步就清空）；再 _finish 上一步（先把 _last_data 取出来）；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True')
+        # TODO task overlap_loop: schedule and _forward the next step, and set _in_flight to the requests of this step's batch (replace, do not accumulate; clear it when there is no next step); then _finish the previous step (take _last_data out first); release the resources of requests no longer in flight; this step becomes the "previous step"; return True if anything was launched or processed
+        raise TaskNotDone("overlap", "overlap_loop")
 
     def _release_req(self, req: Req) -> None:
         """还在途的请求先记下来，等用到它的批次算完再归还资源。"""
         # TODO 任务 deferred_free：req 在 _in_flight 里就放进 _deferred，否则立刻 _free_req_resources
-        raise NotImplementedError('第 2.5 章 overlap 的任务「deferred_free」还没有实现。文档：docs/stage2/overlap.md#deferred_free 提示：req 在 _in_flight 里就放进 _deferred，否则立刻 _free_req_resources')
+        # TODO task deferred_free: if req is in _in_flight, put it in _deferred; otherwise _free_req_resources right away
+        raise TaskNotDone("overlap", "deferred_free")
 
     def _free_deferred(self) -> None:
         still = []

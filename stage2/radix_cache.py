@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 2.3 章 radix_cache：用基数树（radix tree）复用相同前缀的 K/V。
 
 很多请求共用同一段开头（系统提示词、多轮对话的历史）。这段前缀的 K/V 算一次就够了：
@@ -15,12 +16,15 @@
 
 from __future__ import annotations
 
+from minisgl.course.skeleton import TaskNotDone
+
 import heapq
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.cache_manager import BaseCacheHandle, BasePrefixCache, InsertResult, NaivePrefixCache, SizeInfo
 from minisgl.cache_manager import Scheduler as _Scheduler
 
@@ -75,7 +79,8 @@ class RadixTreeNode:
         新节点继承本节点的引用计数和时间戳：锁过本节点的句柄也锁过它所在的整条路径。
         """
         # TODO 任务 split_node：新节点拿 key/value 的前 pos 个、挂到原父节点下、继承 ref_count 与 timestamp；本节点留下后半段并改挂到新节点下
-        raise NotImplementedError('第 2.3 章 radix_cache 的任务「split_node」还没有实现。文档：docs/stage2/radix_cache.md#split_node 提示：新节点拿 key/value 的前 pos 个、挂到原父节点下、继承 ref_count 与 timestamp；本节点留下后半段并改挂到新节点下')
+        # TODO task split_node: the new node takes the first pos entries of key/value, hangs under the original parent and inherits ref_count and timestamp; this node keeps the second half and is re-attached under the new node
+        raise TaskNotDone("radix_cache", "split_node")
 
     def __lt__(self, other: RadixTreeNode) -> bool:  # 给 heapq 用：越久没用的越先驱逐
         return (self.timestamp, self.uid) < (other.timestamp, other.uid)
@@ -128,7 +133,8 @@ class RadixPrefixCache(BasePrefixCache):
         返回最后一个完全匹配的节点和匹配的长度；用到的节点都刷新时间戳（严格的 LRU：只用到前半段的节点先分裂，只刷新前半段）。
         """
         # TODO 任务 tree_walk：一次匹配用同一个 now = self._tick() 作时间戳；剩余不足一页就停；按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续
-        raise NotImplementedError('第 2.3 章 radix_cache 的任务「tree_walk」还没有实现。文档：docs/stage2/radix_cache.md#tree_walk 提示：一次匹配用同一个 now = self._tick() 作时间戳；剩余不足一页就停；按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续')
+        # TODO task tree_walk: use one now = self._tick() as the timestamp for the whole match; stop when less than a page remains; find the child by key_fn(remaining part); round the match length down to page_size; on a partial match, split_at and refresh only the timestamp of the split-off first half and return it (the unused second half keeps its time); on a full match, refresh timestamp and continue
+        raise TaskNotDone("radix_cache", "tree_walk")
 
     def match_prefix(self, input_ids: torch.Tensor) -> RadixCacheHandle:
         node, prefix_len = self._tree_walk(input_ids)
@@ -139,7 +145,8 @@ class RadixPrefixCache(BasePrefixCache):
     def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> InsertResult:
         """插入 ``input_ids`` 的整页部分。返回插入前已有的长度，以及覆盖整段（整页部分）的句柄。"""
         # TODO 任务 insert：长度按页向下取整；_tree_walk 找已有的部分；剩下的挂一个新叶子（value 要 clone！），计入 evictable_size
-        raise NotImplementedError('第 2.3 章 radix_cache 的任务「insert」还没有实现。文档：docs/stage2/radix_cache.md#insert 提示：长度按页向下取整；_tree_walk 找已有的部分；剩下的挂一个新叶子（value 要 clone！），计入 evictable_size')
+        # TODO task insert: round the length down to whole pages; _tree_walk finds the existing part; hang the rest as a new leaf (clone the value!) and add it to evictable_size
+        raise TaskNotDone("radix_cache", "insert")
 
     # ---------------------------------------------------------------- 加锁与驱逐
 
@@ -147,16 +154,21 @@ class RadixPrefixCache(BasePrefixCache):
         """从句柄的节点一直到根，每个节点的 ``ref_count`` 加一（解锁减一）；0 与非 0 之间变化时在两本账之间挪长度。"""
         assert isinstance(handle, RadixCacheHandle)
         # TODO 任务 lock：沿 parent 走到根（根不算）；加锁时 0→1 把长度从 evictable 挪到 protected，解锁时 1→0 挪回去；计数不能为负
-        raise NotImplementedError('第 2.3 章 radix_cache 的任务「lock」还没有实现。文档：docs/stage2/radix_cache.md#lock 提示：沿 parent 走到根（根不算）；加锁时 0→1 把长度从 evictable 挪到 protected，解锁时 1→0 挪回去；计数不能为负')
+        # TODO task lock: walk along parent to the root (the root excluded); locking 0→1 moves the length from evictable to protected, unlocking 1→0 moves it back; the count must never go negative
+        raise TaskNotDone("radix_cache", "lock")
 
     def evict(self, size: int) -> torch.Tensor:
         """驱逐至少 ``size`` 个 token：每次驱逐最久没用、没上锁的叶子；父节点因此变成无锁叶子就也加入候选。"""
         if size <= 0:
             return torch.empty(0, dtype=torch.int32, device=self.device)
         if size > self.evictable_size:
-            raise RuntimeError(f"要驱逐 {size} 个 token，但只有 {self.evictable_size} 个可以驱逐")
+            raise RuntimeError(tr(
+                "Asked to evict {size} tokens, but only {evictable_size} are evictable",
+                size=size, evictable_size=self.evictable_size,
+            ))
         # TODO 任务 evict：收集 ref_count==0 的叶子建堆（按 timestamp）；逐个弹出、从父节点删掉、记下 value、扣 evictable_size；父节点变成无锁叶子就入堆；够 size 就停
-        raise NotImplementedError('第 2.3 章 radix_cache 的任务「evict」还没有实现。文档：docs/stage2/radix_cache.md#evict 提示：收集 ref_count==0 的叶子建堆（按 timestamp）；逐个弹出、从父节点删掉、记下 value、扣 evictable_size；父节点变成无锁叶子就入堆；够 size 就停')
+        # TODO task evict: collect the leaves with ref_count==0 into a heap (by timestamp); pop them one by one, remove each from its parent, keep its value, subtract from evictable_size; push the parent when it becomes an unlocked leaf; stop once size is reached
+        raise TaskNotDone("radix_cache", "evict")
 
     # ---------------------------------------------------------------- 统计与自查
 
@@ -180,7 +192,8 @@ class RadixPrefixCache(BasePrefixCache):
     def check_integrity(self) -> None:
         """重新数一遍：每个节点的结构、整页、引用计数，以及两本账的合计。不对就抛 RuntimeError。"""
         # TODO 任务 check_tree：遍历全部节点：非根节点非空、长度是 page_size 的倍数、key/value 等长、挂在父节点的正确位置、ref_count >= 0 且不小于子节点之和；按 ref_count 重新累计 evictable/protected 并与记账比较；槽位不重复
-        raise NotImplementedError('第 2.3 章 radix_cache 的任务「check_tree」还没有实现。文档：docs/stage2/radix_cache.md#check_tree 提示：遍历全部节点：非根节点非空、长度是 page_size 的倍数、key/value 等长、挂在父节点的正确位置、ref_count >= 0 且不小于子节点之和；按 ref_count 重新累计 evictable/protected 并与记账比较；槽位不重复')
+        # TODO task check_tree: visit all nodes: non-root nodes are non-empty, their length is a multiple of page_size, key/value have equal length, each hangs at the right place in its parent, ref_count >= 0 and not less than the sum of its children's; recount evictable/protected from ref_count and compare with the bookkeeping; no slot appears twice
+        raise TaskNotDone("radix_cache", "check_tree")
 
 
 def create_prefix_cache(cache_type: str, page_size: int, device: torch.device | str) -> BasePrefixCache:
@@ -189,7 +202,7 @@ def create_prefix_cache(cache_type: str, page_size: int, device: torch.device | 
         return RadixPrefixCache(page_size, device)
     if cache_type == "naive":
         return NaivePrefixCache()
-    raise ValueError(f"未知的 cache_type={cache_type!r}：可选 'radix'、'naive'")
+    raise ValueError(tr("Unknown cache_type={cache_type!r}: choose 'radix' or 'naive'", cache_type=cache_type))
 
 
 class Scheduler(_Scheduler):

@@ -1,4 +1,5 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 """第 2.1 章 scheduler：调度器骨架与离线接口 ``LLM.generate``。
 
 第一阶段结束时，一个批次里有哪些请求、每个 token 的位置、K/V 写到哪个槽位，都是你手工填的。
@@ -26,6 +27,8 @@
 
 from __future__ import annotations
 
+from minisgl.course.skeleton import TaskNotDone
+
 import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
@@ -33,6 +36,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import AutoTokenizer
 
+from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, ForwardOutput
 from minisgl.scheduling import DecodeManager, ForwardInput, PendingReq, RequestStatus, SchedulerConfig, TableManager, div_ceil
@@ -55,11 +59,15 @@ class StaticCacheManager:
         self.max_req_tokens = min(self.slot_tokens, page_table.shape[1])
         if self.max_req_tokens < 2:
             raise ValueError(
-                f"KV 池太小：{num_pages} 页分给 {max_running_req} 个请求槽，每个槽不到 2 个 token；"
-                "请加大 num_page_override 或减小 max_running_req"
+                tr(
+                    "The KV pool is too small: {num_pages} pages for {max_running_req} request slots leaves less than "
+                    "2 tokens per slot; raise num_page_override or lower max_running_req",
+                    num_pages=num_pages, max_running_req=max_running_req,
+                )
             )
         # TODO 任务 static_pages：先定义 width = max_req_tokens（下面一行要用）；第 row 行的第 j 列写 row * slot_tokens + j（j < width）：每个槽位一段连续的槽位
-        raise NotImplementedError('第 2.1 章 scheduler 的任务「static_pages」还没有实现。文档：docs/stage2/scheduler.md#static_pages 提示：先定义 width = max_req_tokens（下面一行要用）；第 row 行的第 j 列写 row * slot_tokens + j（j < width）：每个槽位一段连续的槽位')
+        # TODO task static_pages: first define width = max_req_tokens (the next line uses it); column j of row row holds row * slot_tokens + j (j < width): each request slot gets one contiguous run of KV slots
+        raise TaskNotDone("scheduler", "static_pages")
         self._static = page_table[:max_running_req, :width].clone()
 
     def allocate_paged(self, reqs: Sequence[Req]) -> None:
@@ -71,7 +79,7 @@ class StaticCacheManager:
     def check_integrity(self) -> None:
         width = self._static.shape[1]
         if not torch.equal(self.page_table[: len(self._static), :width], self._static):
-            raise RuntimeError("静态页表被改动过")
+            raise RuntimeError(tr("The static page table was modified"))
 
 
 @dataclass
@@ -113,7 +121,8 @@ class PrefillAdder:
         """
         end = pending.input_len if end is None else end
         # TODO 任务 add_one_req：把 input_ids[cached_len:end] 写进 token_pool 第 table_idx 行的同样位置；预算减去这段的长度；返回 req_cls(input_ids=input_ids[:end], ...)
-        raise NotImplementedError('第 2.1 章 scheduler 的任务「add_one_req」还没有实现。文档：docs/stage2/scheduler.md#add_one_req 提示：把 input_ids[cached_len:end] 写进 token_pool 第 table_idx 行的同样位置；预算减去这段的长度；返回 req_cls(input_ids=input_ids[:end], ...)')
+        # TODO task add_one_req: write input_ids[cached_len:end] into the same positions of row table_idx of token_pool; subtract this span's length from the budget; return req_cls(input_ids=input_ids[:end], ...)
+        raise TaskNotDone("scheduler", "add_one_req")
 
 
 class PrefillManager:
@@ -135,7 +144,8 @@ class PrefillManager:
         接纳了但提示词没算完的请求（第 2.4 章的分块）留在队首，下一步接着算。
         """
         # TODO 任务 schedule_prefill：依次 adder.try_add_one(队列里的请求)，遇到 None 就停；更新队列（没算完提示词的留在队首）；返回预填充批次
-        raise NotImplementedError('第 2.1 章 scheduler 的任务「schedule_prefill」还没有实现。文档：docs/stage2/scheduler.md#schedule_prefill 提示：依次 adder.try_add_one(队列里的请求)，遇到 None 就停；更新队列（没算完提示词的留在队首）；返回预填充批次')
+        # TODO task schedule_prefill: call adder.try_add_one(request in the queue) in order, stop at the first None; update the queue (requests whose prompt is not finished stay at the front); return the prefill batch
+        raise TaskNotDone("scheduler", "schedule_prefill")
 
     def abort_req(self, uid: int) -> PendingReq | None:
         for i, pending in enumerate(self.pending_list):
@@ -190,8 +200,11 @@ class Scheduler:
         if cache_type not in self.supported_cache_types:
             known = ", ".join(repr(t) for t in self.supported_cache_types)
             raise ValueError(
-                f"未知或本章不支持的 cache_type={cache_type!r}：本章的引擎支持 {known}"
-                "（radix 前缀缓存在第 2.3 章实现）"
+                tr(
+                    "Unknown cache_type={cache_type!r}, or not supported in this chapter: this chapter's engine "
+                    "supports {known} (the radix prefix cache comes in chapter 2.3)",
+                    cache_type=cache_type, known=known,
+                )
             )
         return cache_type
 
@@ -250,14 +263,16 @@ class Scheduler:
     def _schedule_next_batch(self) -> ForwardInput | None:
         """预填充优先：有能接纳的等待请求就做预填充，否则所有运行中的请求解码一步。"""
         # TODO 任务 prefill_first：先试 prefill_manager.schedule_next_batch(新的 adder)，没有再试 decode_manager；有批次就 _prepare_batch
-        raise NotImplementedError('第 2.1 章 scheduler 的任务「prefill_first」还没有实现。文档：docs/stage2/scheduler.md#prefill_first 提示：先试 prefill_manager.schedule_next_batch(新的 adder)，没有再试 decode_manager；有批次就 _prepare_batch')
+        # TODO task prefill_first: try prefill_manager.schedule_next_batch(a new adder) first, then decode_manager; _prepare_batch if there is a batch
+        raise TaskNotDone("scheduler", "prefill_first")
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         """算出这一步的 positions、输入映射、``out_loc`` 和新 token 的写回位置，并准备注意力与采样。"""
         started = time.perf_counter()
         self.cache_manager.allocate_paged(batch.reqs)
         # TODO 任务 prepare_batch：positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc
-        raise NotImplementedError('第 2.1 章 scheduler 的任务「prepare_batch」还没有实现。文档：docs/stage2/scheduler.md#prepare_batch 提示：positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc')
+        # TODO task prepare_batch: positions = the requests' arange(cached_len, device_len) concatenated; row numbers repeated by extend_len; out_loc = page_table[rows, positions]; write-back positions (table_idx, device_len), with non-output requests written to scratch_row; move both (row, position) pairs to the device with _to_device and store them as input_mapping / write_mapping (used below), and fill batch.positions (int32) and batch.out_loc
+        raise TaskNotDone("scheduler", "prepare_batch")
         self.engine.attn_backend.prepare_metadata(batch)
         sample_args = self.engine.sampler.prepare(batch)
         outputs = [self._samples_output(r) for r in batch.reqs]
@@ -310,7 +325,8 @@ class Scheduler:
             if status.finished:  # 第 2.5 章：请求已经结束，这是它结束后多算的一步，丢掉
                 continue
             # TODO 任务 process_results：req.append_host(token)（input_ids 要跟着 device_len 长，第 2.3 章按它插前缀）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：status.finished、从 decode_manager 移除（EOS 提前结束的它不会自己离开）、_release_req；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)
-            raise NotImplementedError('第 2.1 章 scheduler 的任务「process_results」还没有实现。文档：docs/stage2/scheduler.md#process_results 提示：req.append_host(token)（input_ids 要跟着 device_len 长，第 2.3 章按它插前缀）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：status.finished、从 decode_manager 移除（EOS 提前结束的它不会自己离开）、_release_req；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)')
+            # TODO task process_results: req.append_host(token) (input_ids must grow with device_len: chapter 2.3 inserts prefixes by it); record it in status.output_ids (not on EOS unless ignore_eos is set); finish once max_tokens are generated, or on EOS without ignore_eos: status.finished, remove from decode_manager (a request ended early by EOS does not leave by itself), _release_req; a request that finished prefill but not generation goes to cache_manager.cache_req(finished=False)
+            raise TaskNotDone("scheduler", "process_results")
         self.tracer.finish(fi.trace, started)
 
     def _release_req(self, req: Req) -> None:
@@ -334,7 +350,8 @@ class Scheduler:
     def normal_loop(self) -> bool:
         """调度 → 准备 → 前向 → 处理结果，一步一步地来。"""
         # TODO 任务 normal_loop：调度出下一步（没有就返回 False），_forward 它，再 _process_last_data((fi, 输出))，返回 True
-        raise NotImplementedError('第 2.1 章 scheduler 的任务「normal_loop」还没有实现。文档：docs/stage2/scheduler.md#normal_loop 提示：调度出下一步（没有就返回 False），_forward 它，再 _process_last_data((fi, 输出))，返回 True')
+        # TODO task normal_loop: schedule the next step (return False if there is none), _forward it, then _process_last_data((fi, output)) and return True
+        raise TaskNotDone("scheduler", "normal_loop")
 
     @torch.inference_mode()
     def run_until_idle(self) -> None:
@@ -342,7 +359,10 @@ class Scheduler:
         while self.busy:
             if not self.step() and self.busy:
                 raise RuntimeError(
-                    "调度器卡住了：还有请求在等，却一个也接纳不了（槽位或 KV 页面不够，而且没有运行中的请求会释放它们）"
+                    tr(
+                        "The scheduler is stuck: requests are waiting, yet none can be admitted (not enough slots or "
+                        "KV pages, and no running request will free them)",
+                    )
                 )
         self._drain()
 
@@ -352,7 +372,7 @@ class Scheduler:
     def check_integrity(self) -> None:
         """空闲时调用：请求槽全部归还，缓存管理器的账目对得上。"""
         if self.busy:
-            raise RuntimeError("还有请求没结束，不能做完整性检查")
+            raise RuntimeError(tr("Some requests have not finished yet; the integrity check cannot run"))
         self.table_manager.check_integrity()
         self.cache_manager.check_integrity()
 

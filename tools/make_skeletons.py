@@ -7,11 +7,15 @@ import sys
 
 from minisgl.course.registry import CHAPTERS, COURSE_ROOT
 from minisgl.course.select import is_written, skeleton_source
+from minisgl.i18n import tr
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="只检查，不写文件；有差异时退出码为 1")
+    parser = argparse.ArgumentParser(
+        description=tr("Generate the learner skeletons stage1/, stage2/ from solutions/; with --check, only check that "
+                       "the committed skeletons match the solutions.")
+    )  # fmt: skip
+    parser.add_argument("--check", action="store_true", help=tr("only check, write nothing; exit code 1 on a difference"))
     args = parser.parse_args()
     stale: list[str] = []
     for ch in CHAPTERS:
@@ -25,9 +29,10 @@ def main() -> int:
             stale.append(ch.relpath)
         else:
             target.write_text(wanted, encoding="utf-8")
-            print(f"已生成 {ch.relpath}")
+            print(tr("Generated {relpath}", relpath=ch.relpath))
     if stale:
-        print("这些骨架与参考解答不一致，请运行 python tools/make_skeletons.py：" + ", ".join(stale))
+        print(tr("These skeletons do not match the reference solutions, run python tools/make_skeletons.py: {files}",
+                 files=", ".join(stale)))  # fmt: skip
         return 1
     return 0
 

@@ -166,10 +166,13 @@ def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
     return {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
 
 
-def _in_fstring(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+def _in_message(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """f 字符串和 ``tr(...)`` 里的东西只影响消息文字，不变异。"""
     while node in parents:
         node = parents[node]
-        if isinstance(node, ast.JoinedStr):
+        if isinstance(node, ast.JoinedStr) or (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "tr"
+        ):
             return True
     return False
 
@@ -196,7 +199,7 @@ def generate_mutants(source: str, chapter: str = "?", relpath: str = "?") -> lis
         out.append(Mutant(chapter, block.task, op, node.lineno, desc, new, key))
 
     for block in task_blocks(source):
-        nodes = [n for n in ast.walk(tree) if _inside(n, block) and not _in_fstring(n, parents)]
+        nodes = [n for n in ast.walk(tree) if _inside(n, block) and not _in_message(n, parents)]
         nodes.sort(key=lambda n: (n.lineno, n.col_offset, -n.end_lineno, -n.end_col_offset))
         stmts = [n for n in nodes if isinstance(n, ast.stmt)]
         # return early: a bare `return` right before the first statement of the block

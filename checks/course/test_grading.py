@@ -4,7 +4,8 @@
 - ``grade`` 对不是工作区的路径报错；
 - 结果记下实际用的实现和学员文件的哈希，``status`` 标出过期结果、不把参考解答的通过算成学员的；
 - ``reset`` 清掉结果；章节可以写编号；``MINISGL_IMPL`` 写错时 ``status`` 只给一行；
-- 一个学员文件有语法错误，其余章节照常检查，各章结果照常汇总。
+- 一个学员文件有语法错误，其余章节照常检查，各章结果照常汇总；
+- 英文（``MINISGL_LANG=en``）下结果、过期标记和实现说明都是英文，记下的结果与语言无关。
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.course.test_machinery import ALPHA, ALPHA_SOLUTION, BETA, BETA_SOLUTION, course, pytest_run, run  # noqa: F401
+from checks.course.test_machinery import CJK, ALPHA, ALPHA_SOLUTION, BETA, BETA_SOLUTION, course, pytest_run, run  # noqa: F401
 from minisgl.course.integrity import scan_source
 from minisgl.course.registry import BUILTIN_CHAPTERS
 from minisgl.paths import REPO_ROOT
@@ -52,6 +53,7 @@ def results(course: Path) -> dict:
         "exec('from solutions.stage1.alpha import double')\n",
         "from minisgl.course import select\n",
         "import sys\nm = sys.modules['_minisgl_impl.solution.stage1.alpha']\n",
+        "from minisgl.course.skeleton import TaskNotDone, task_info\n",
     ],
 )
 def test_scan_flags_references_to_solutions(source: str):
@@ -65,6 +67,7 @@ def test_scan_flags_references_to_solutions(source: str):
         "# 参考 solutions/stage1/alpha.py\ndef double(x):\n    return 2 * x\n",
         "from minisgl.core import Req\nmsg = 'solutions are hard'\n",
         "def double(x:\n",  # syntax errors are reported by the import, not by the scan
+        "from minisgl.course.skeleton import TaskNotDone\n\ndef double(x):\n    return 2 * x\n",  # left from the skeleton
     ],
 )
 def test_scan_accepts_honest_code(source: str):
@@ -228,3 +231,31 @@ def test_every_started_chapter_runs_its_own_code(course: Path):
     out = pytest_run(course, "-rA")
     assert "PASSED checks/stage1/test_alpha.py" in out.stdout, out.stdout
     assert "FAILED checks/stage1/test_beta.py" in out.stdout, "beta 写错了，它的检查必须用学员的 beta：\n" + out.stdout
+
+
+def test_results_and_status_in_english(course: Path):
+    en = {"MINISGL_LANG": "en"}
+    learner = course / ALPHA.relpath
+    learner.write_text(ALPHA_SOLUTION.replace("x * FACTOR", "x + x"), encoding="utf-8")
+    assert course_cli(course, "check", "alpha", env=en).returncode == 0
+    learner.write_text(learner.read_text(encoding="utf-8") + "\n# changed\n", encoding="utf-8")
+    status = course_cli(course, "status", env=en).stdout
+    assert "passed 1/1 (stale)" in status and '"stale": ' in status and not CJK.search(status), status
+    assert "通过 1/1（过期）" in course_cli(course, "status").stdout, "记下的结果与语言无关：中文照样标过期"
+    graded = course_cli(course, "grade", "--quiet", env=en)
+    assert "passed 1/1" in grade_row(graded.stdout, "alpha") and "not started" in grade_row(graded.stdout, "beta"), graded.stdout
+    assert not CJK.search(graded.stdout + graded.stderr), graded.stdout + graded.stderr
+    (course / BETA.relpath).write_text("from solutions.stage1.beta import *  # noqa\n", encoding="utf-8")
+    graded = course_cli(course, "grade", "--quiet", env=en)
+    assert "passed 0/1 (refused for grading)" in grade_row(graded.stdout, "beta"), graded.stdout
+    assert "Chapters not scored on the learner's code:" in graded.stdout and not CJK.search(graded.stdout), graded.stdout
+
+
+def test_describe_selection_in_english(course: Path):
+    (course / BETA.relpath).write_text(BETA_SOLUTION + "\n# mine\n", encoding="utf-8")
+    code = "from minisgl.course import describe_selection as d; print(d()); print(d(['1.1']))"
+    out = run(course, "-c", code, env={"MINISGL_LANG": "en"}).stdout.splitlines()
+    assert out == [
+        "Implementation: your code (beta), reference solution for the other chapters",
+        "Implementation: reference solution for alpha",
+    ], out

@@ -1,9 +1,10 @@
 """课程机制的检查：在一个只有两章（alpha、beta）的演示课程上验证选择规则、骨架生成、
-漂移检测，以及 pytest 插件的各种模式（含 --expect-red 真能抓住空检查）。"""
+漂移检测，以及 pytest 插件的各种模式（含 --expect-red 真能抓住空检查），中文（默认）和英文（MINISGL_LANG=en）。"""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from minisgl.course.registry import Chapter, chapters_json
-from minisgl.course.skeleton import MarkerError, make_skeleton, parse_tasks
+from minisgl.course.skeleton import MarkerError, TaskNotDone, make_skeleton, parse_tasks
 from minisgl.paths import REPO_ROOT
 
-ALPHA = Chapter("alpha", 1, 1, "演示章节一")
-BETA = Chapter("beta", 1, 2, "演示章节二")
+ALPHA = Chapter("alpha", 1, 1, "演示章节一", "Demo chapter one")
+BETA = Chapter("beta", 1, 2, "演示章节二", "Demo chapter two")
+CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 
 ALPHA_SOLUTION = textwrap.dedent('''
     """演示：一个要学员写的函数。"""
@@ -27,6 +29,7 @@ ALPHA_SOLUTION = textwrap.dedent('''
     def double(x: int) -> int:
         """返回 2x。"""
         # >>> TASK double: 返回 x 乘以 FACTOR
+        # en: return x times FACTOR
         return x * FACTOR
         # <<< TASK
 ''').lstrip()
@@ -39,12 +42,13 @@ BETA_SOLUTION = textwrap.dedent('''
 
     def quadruple(x: int) -> int:
         # >>> TASK quadruple: 调用两次 double
+        # en: call double twice
         return double(double(x))
         # <<< TASK
 ''').lstrip()
 
 CHECKS = {
-    "test_alpha.py": "from minisgl.alpha import double\n\n\ndef test_double():\n    assert double(3) == 6, 'double(3) 应为 6'\n",
+    "test_alpha.py": "from minisgl.alpha import double\n\n\ndef test_double():\n    assert double(3) == 6, 'double(3) should be 6'\n",
     "test_beta.py": "from minisgl.beta import quadruple\n\n\ndef test_quadruple():\n    assert quadruple(3) == 12\n",
 }
 VACUOUS = "\n\ndef test_vacuous():\n    assert 1 + 1 == 2\n"
@@ -94,23 +98,57 @@ def test_skeleton_replaces_only_the_task_region():
     skel = make_skeleton(ALPHA_SOLUTION, ALPHA)
     assert "return x * FACTOR" not in skel, "任务区段里的解答代码不应留在骨架里"
     assert "FACTOR = 2" in skel and 'def double(x: int) -> int:\n    """返回 2x。"""' in skel, "任务外的代码应原样保留"
-    assert "    # TODO 任务 double：返回 x 乘以 FACTOR\n    raise NotImplementedError(" in skel, "应保持缩进并写出 TODO"
+    todo = (
+        "    # TODO 任务 double：返回 x 乘以 FACTOR\n"
+        "    # TODO task double: return x times FACTOR\n"
+        '    raise TaskNotDone("alpha", "double")\n'
+    )
+    assert todo in skel, "应保持缩进，写出中英两行 TODO 和 raise TaskNotDone(章, 任务)"
+    assert "from minisgl.course.skeleton import TaskNotDone\n" in skel, "骨架应导入 TaskNotDone"
+    assert make_skeleton(ALPHA_SOLUTION, ALPHA) == skel, "骨架与语言无关、可重复生成"
     namespace: dict = {}
     exec(compile(skel, "<skeleton>", "exec"), namespace)
     with pytest.raises(NotImplementedError) as err:
         namespace["double"](1)
-    for part in ("第 1.1 章", "alpha", "「double」", "docs/stage1/alpha.md#double", "返回 x 乘以 FACTOR"):
-        assert part in str(err.value), f"NotImplementedError 的消息应包含 {part!r}"
+    assert isinstance(err.value, TaskNotDone) and "double" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("lang", "parts"),
+    [
+        (None, ("第 1.1 章", "alpha", "「double」", "docs/stage1/alpha.md#double", "提示：返回 x 乘以 FACTOR")),
+        ("en", ("Chapter 1.1 alpha", "'double'", "docs/stage1/alpha.md#double", "Hint: return x times FACTOR")),
+    ],
+)
+def test_task_not_done_message_follows_the_language(course: Path, lang: str | None, parts: tuple[str, ...]):
+    """骨架的 TaskNotDone 在抛出时按当前语言写消息：章节、任务、文档锚点和提示（从解答的标记里查）。"""
+    env = {"MINISGL_IMPL": "skeleton", **({"MINISGL_LANG": lang} if lang else {})}
+    code = "import minisgl.alpha as m\ntry:\n    m.double(1)\nexcept NotImplementedError as e:\n    print(type(e).__name__, e)"
+    out = run(course, "-c", code, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("TaskNotDone "), out.stdout
+    for part in parts:
+        assert part in out.stdout, f"TaskNotDone 的消息应包含 {part!r}：{out.stdout}"
+    if lang == "en":
+        assert not CJK.search(out.stdout), out.stdout
+
+
+def _markers(name: str = "a", hint: str = "x", en: str | None = "# en: x") -> str:
+    return f"# >>> TASK {name}: {hint}\n" + (f"{en}\n" if en is not None else "")
 
 
 @pytest.mark.parametrize(
     "source",
     [
-        "# >>> TASK a: x\n# >>> TASK b: y\n# <<< TASK\n# <<< TASK\n",  # nested
-        "# >>> TASK a: x\npass\n",  # not closed
+        _markers("a") + _markers("b") + "# <<< TASK\n# <<< TASK\n",  # nested
+        _markers("a") + "pass\n",  # not closed
         "pass\n# <<< TASK\n",  # stray end
-        "# >>> TASK a: x\n# <<< TASK\n# >>> TASK a: y\n# <<< TASK\n",  # duplicate name
-        "# >>> TASK a\n# <<< TASK\n",  # no hint
+        _markers("a") + "# <<< TASK\n" + _markers("a") + "# <<< TASK\n",  # duplicate name
+        "# >>> TASK a\n# en: x\n# <<< TASK\n",  # no hint
+        _markers(en=None) + "pass\n# <<< TASK\n",  # no English hint
+        _markers(en="# en:") + "# <<< TASK\n",  # empty English hint
+        _markers(en="# en: 返回 x") + "# <<< TASK\n",  # the English hint is Chinese
+        "def f():\n    # >>> TASK a: x\n# en: x\n    pass\n    # <<< TASK\n",  # English hint not indented like the marker
     ],
 )
 def test_bad_markers_are_rejected(source: str):
@@ -119,7 +157,9 @@ def test_bad_markers_are_rejected(source: str):
 
 
 def test_tasks_are_listed_in_order():
-    assert [t.name for t in parse_tasks(ALPHA_SOLUTION + BETA_SOLUTION)] == ["double", "quadruple"]
+    tasks = parse_tasks(ALPHA_SOLUTION + BETA_SOLUTION)
+    assert [t.name for t in tasks] == ["double", "quadruple"]
+    assert [(t.hint, t.hint_en) for t in tasks] == [("返回 x 乘以 FACTOR", "return x times FACTOR"), ("调用两次 double", "call double twice")]
 
 
 # --- selection rule ---------------------------------------------------------------------------
@@ -212,6 +252,25 @@ def test_leave_one_out(course: Path):
     assert "PASSED checks/stage1/test_beta.py" in out.stdout
 
 
+def test_plugin_speaks_english(course: Path):
+    """MINISGL_LANG=en：表头、各章结果、未开始的章节、骨架的提示都是英文，整个输出没有中文。"""
+    en = {"MINISGL_LANG": "en"}
+    out = pytest_run(course, "--impl", "skeleton", "--expect-red", env=en)
+    assert out.returncode == 0, out.stdout
+    assert "mini-sglang by hand checks (--impl skeleton --expect-red)" in out.stdout, out.stdout
+    assert "Results per chapter" in out.stdout and "passed 1/1 (skeleton)" in out.stdout, out.stdout
+    assert not CJK.search(out.stdout + out.stderr), out.stdout
+    out = pytest_run(course, env=en)
+    assert "Chapters not started (checks skipped)" in out.stdout and "stage1/alpha.py is still the skeleton" in out.stdout
+    assert "reference solution (learner file: not started)" in out.stdout and not CJK.search(out.stdout), out.stdout
+    # a red skeleton without --tb: short tracebacks (a long one would print the Chinese TODO comment), English hint
+    out = pytest_run(course, "--impl", "skeleton", env=en)
+    assert out.returncode == 1 and "Hint: return x times FACTOR" in out.stdout, out.stdout
+    assert 'raise TaskNotDone("alpha", "double")' in out.stdout and not CJK.search(out.stdout), out.stdout
+    out = pytest_run(course, "--help", env=en)
+    assert "every check must fail on the skeleton" in out.stdout, out.stdout
+
+
 # --- command line -----------------------------------------------------------------------------
 
 
@@ -229,3 +288,18 @@ def test_cli_status_reset_and_grade(course: Path):
     assert "学员代码" in status.stdout
     forced = run(course, "-m", "minisgl.course", "reset", "alpha", "--force")
     assert forced.returncode == 0 and learner.read_text(encoding="utf-8") == make_skeleton(ALPHA_SOLUTION, ALPHA)
+
+
+def test_cli_speaks_english(course: Path):
+    en = {"MINISGL_LANG": "en"}
+    out = run(course, "-m", "minisgl.course", "status", env=en)
+    assert out.returncode == 0 and "Demo chapter one" in out.stdout, out.stdout + out.stderr
+    assert "reference solution (not started, using the reference solution)" in out.stdout, out.stdout
+    lines = out.stdout.splitlines()
+    header, rule = lines[1], lines[2]
+    assert header.startswith("chapter  id") and rule.startswith("-------  "), "英文表头也要按列对齐：\n" + out.stdout
+    for args in (["--help"], ["grade", "--help"], ["use", "solution", "alpha"], ["reset", "beta"], ["use", "auto", "all"]):
+        out = run(course, "-m", "minisgl.course", *args, env=en)
+        assert out.returncode == 0 and not CJK.search(out.stdout + out.stderr), out.stdout + out.stderr
+    bad = run(course, "-m", "minisgl.course", "use", "solution", "gamma", env=en)
+    assert bad.returncode == 2 and "known chapters: alpha (1.1), beta (1.2)" in bad.stderr, bad.stderr

@@ -1,7 +1,7 @@
 """讲义（docs/）的检查：构建无误、每章都有页面、页面里的任务与骨架一一对应、录制的输出仍然成立。
 
 页面里怎样写任务：每个任务一行 ``[[task 任务名]]``（由 docs/hooks/minisgl_docs.py 展开成标题，
-锚点就是任务名，正好是骨架 NotImplementedError 消息里的 ``docs/stageN/<章>.md#<任务名>``）。
+锚点就是任务名，正好是骨架 TaskNotDone 消息里的 ``docs/stageN/<章>.md#<任务名>``）。
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from minisgl.course.registry import CHAPTERS, Chapter
-from minisgl.course.skeleton import parse_tasks, todo_message
+from minisgl.course.skeleton import parse_tasks
 from minisgl.paths import REPO_ROOT as REPO
 
 DOCS = REPO / "docs"
@@ -42,7 +42,13 @@ def _sections(text: str) -> dict[str, str]:
 
 
 def _all_pages() -> dict[str, str]:
-    return {p.relative_to(DOCS).as_posix(): p.read_text(encoding="utf-8") for p in DOCS.rglob("*.md")}
+    """中文页（``X.md``）；英文页 ``X.en.md`` 由 :func:`_english_pages` 给出。"""
+    return {p.relative_to(DOCS).as_posix(): p.read_text(encoding="utf-8") for p in DOCS.rglob("*.md")
+            if not p.name.endswith(".en.md") and "hooks" not in p.parts}
+
+
+def _english_pages() -> dict[str, str]:
+    return {p.relative_to(DOCS).as_posix(): p.read_text(encoding="utf-8") for p in DOCS.rglob("*.en.md")}
 
 
 def test_book_builds_strict(built_site: Path) -> None:
@@ -53,28 +59,37 @@ def test_book_builds_strict(built_site: Path) -> None:
     assert (built_site / "search" / "search_index.json").is_file(), "没有生成搜索索引"
 
 
+#: 英文页的同名小节（与 SECTIONS 一一对应）。
+SECTIONS_EN = ("Self-check", "Code you will write", "Exercises", "Summary")
+
+
+@pytest.mark.parametrize("language", ["zh", "en"])
 @pytest.mark.parametrize("chapter_id", CHAPTER_IDS)
-def test_chapter_page_structure(chapter_id: str) -> None:
-    """每章页面：导语、自测（可折叠答案）、你要写的代码、运行结果、笔记本与检查、练习（可折叠答案）、小结（清单）。"""
+def test_chapter_page_structure(chapter_id: str, language: str) -> None:
+    """每章页面（中英文各一）：导语、自测（可折叠答案）、你要写的代码、运行结果、笔记本与检查、练习（可折叠答案）、小结（清单）。"""
     ch = next(c for c in CHAPTERS if c.id == chapter_id)
-    text = _page(ch)
+    page = ch.docs_page if language == "zh" else ch.docs_page.removesuffix(".md") + ".en.md"
+    path = REPO / page
+    assert path.is_file(), f"第 {ch.label} 章 {ch.id} 没有文档页 {page}"
+    text = path.read_text(encoding="utf-8")
+    names = SECTIONS if language == "zh" else SECTIONS_EN
     headings = re.findall(r"^## (.+?)\s*(?:\{.*\})?$", text, re.M)
-    for name in SECTIONS:
-        assert any(h.startswith(name) for h in headings), f"{ch.docs_page} 缺少小节「## {name}」"
+    for name in names:
+        assert any(h.startswith(name) for h in headings), f"{page} 缺少小节「## {name}」"
     lead = text.split("\n## ", 1)[0]
-    assert len(re.sub(r"^#.*$", "", lead, flags=re.M).strip()) > 40, f"{ch.docs_page} 的开头缺少导语段落"
-    sections = _sections(text)
-    for name in ("自测", "练习"):
-        assert re.search(r"^\s*\?\?\? ", sections.get(name, ""), re.M), f"{ch.docs_page} 的「{name}」里没有可折叠的答案（??? 块）"
-    assert "- [ ]" in sections.get("小结", ""), f"{ch.docs_page} 的「小结」应是清单（- [ ] ...）"
-    assert "[[practice]]" in text, f"{ch.docs_page} 缺少 [[practice]]（笔记本与检查命令）"
-    assert f"[[output {ch.id}]]" in text, f"{ch.docs_page} 缺少本章示例的运行结果 [[output {ch.id}]]"
-    assert "[[code " in text, f"{ch.docs_page} 没有从解答里按符号引用代码（[[code ...]]）"
+    assert len(re.sub(r"^#.*$", "", lead, flags=re.M).strip()) > 40, f"{page} 的开头缺少导语段落"
+    sections = {n: body for h, body in _sections(text).items() for n in names if h == n.split()[0]}
+    for name in (names[0], names[2]):
+        assert re.search(r"^\s*\?\?\? ", sections.get(name, ""), re.M), f"{page} 的「{name}」里没有可折叠的答案（??? 块）"
+    assert "- [ ]" in sections.get(names[3], ""), f"{page} 的「{names[3]}」应是清单（- [ ] ...）"
+    assert "[[practice]]" in text, f"{page} 缺少 [[practice]]（笔记本与检查命令）"
+    assert f"[[output {ch.id}]]" in text, f"{page} 缺少本章示例的运行结果 [[output {ch.id}]]"
+    assert "[[code " in text, f"{page} 没有从解答里按符号引用代码（[[code ...]]）"
 
 
 @pytest.mark.parametrize("chapter_id", CHAPTER_IDS)
 def test_tasks_match_skeleton(chapter_id: str) -> None:
-    """页面里的任务 == 解答里的任务标记；每个任务都出现在已提交的骨架的 NotImplementedError 消息里。"""
+    """页面里的任务 == 解答里的任务标记；每个任务在已提交的骨架里都是一句 ``raise TaskNotDone(章, 任务)``。"""
     ch = next(c for c in CHAPTERS if c.id == chapter_id)
     solution = REPO / "solutions" / ch.relpath
     assert solution.is_file(), f"第 {ch.label} 章还没有参考解答 solutions/{ch.relpath}"
@@ -91,8 +106,8 @@ def test_tasks_match_skeleton(chapter_id: str) -> None:
     assert skeleton.is_file(), f"没有骨架 {ch.relpath}：运行 python tools/make_skeletons.py"
     text = skeleton.read_text(encoding="utf-8")
     for t in tasks:
-        assert repr(todo_message(ch, t.name, t.hint)) in text, (
-            f"骨架 {ch.relpath} 里没有任务「{t.name}」的 NotImplementedError：运行 python tools/make_skeletons.py"
+        assert f'raise TaskNotDone("{ch.id}", "{t.name}")' in text, (
+            f"骨架 {ch.relpath} 里没有任务「{t.name}」的 raise TaskNotDone：运行 python tools/make_skeletons.py"
         )
 
 
@@ -115,17 +130,76 @@ def test_task_anchors_in_site(built_site: Path) -> None:
             )
 
 
-def test_task_hints_render_literally(built_site: Path) -> None:
-    """网页上每个任务的“提示”逐字等于解答里的提示：没有多出来的反斜杠（如 ``\\<``），也没被读成强调或标签。"""
+@pytest.mark.parametrize("language", ["zh", "en"])
+def test_task_hints_render_literally(built_site: Path, language: str) -> None:
+    """网页上每个任务的“提示”逐字等于解答里的提示（英文页是英文提示）：没有多出来的反斜杠（如 ``\\<``），
+    也没被读成强调或标签。"""
     import html as html_lib
 
-    for ch, html, tasks in _built_task_pages(built_site):
+    site = built_site / "en" if language == "en" else built_site
+    label = "<strong>Hint</strong>: " if language == "en" else "<strong>提示</strong>："
+    for ch, html, tasks in _built_task_pages(site):
         for t in tasks:
-            m = re.search(rf'<h3 class="task" id="{re.escape(t.name)}".*?<strong>提示</strong>：(.*?)</p>', html, re.S)
-            assert m, f"{ch.docs_page} 构建后找不到任务 {t.name} 的提示"
+            m = re.search(rf'<h3 class="task" id="{re.escape(t.name)}".*?{label}(.*?)</p>', html, re.S)
+            assert m, f"{ch.docs_page}（{language}）构建后找不到任务 {t.name} 的提示"
             assert "\\&lt;" not in m.group(1), f"{ch.docs_page} 任务 {t.name} 的提示里出现了字面的 \\<"
             shown = html_lib.unescape(re.sub(r"<[^>]+>", "", m.group(1)))
-            assert shown == t.hint, f"{ch.docs_page} 任务 {t.name} 的提示显示成了 {shown!r}，应是 {t.hint!r}"
+            want = t.hint_en if language == "en" else t.hint
+            assert shown == want, f"{ch.docs_page}（{language}）任务 {t.name} 的提示显示成了 {shown!r}，应是 {want!r}"
+
+
+CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+DIRECTIVE = re.compile(r"^[ \t]*\[\[[a-z]+(?: [^\]]+)?\]\][ \t]*$", re.M)
+FENCED = re.compile(r"^([ \t]*)(```+|~~~+).*?^\1\2[ \t]*$", re.M | re.S)
+
+
+def _prose(text: str) -> str:
+    """页面去掉代码块和指令行之后的文字（英文页里只有这部分必须是英文）。"""
+    return DIRECTIVE.sub("", FENCED.sub("", text))
+
+
+def test_every_page_has_an_english_twin() -> None:
+    """每个中文页都有英文页 X.en.md：引用的代码、输出、任务（指令行）和图一样，标题一样多，正文没有中文、
+    长度相当（英文字符数是中文的 1.2–4 倍：一个汉字大约抵两三个英文字母）。"""
+    english = _english_pages()
+    problems = []
+    for name, zh in sorted(_all_pages().items()):
+        twin = name.removesuffix(".md") + ".en.md"
+        if twin not in english:
+            problems.append(f"docs/{name} 没有英文版 docs/{twin}")
+            continue
+        en = english[twin]
+        if sorted(DIRECTIVE.findall(zh)) != sorted(DIRECTIVE.findall(en)):
+            problems.append(f"docs/{twin} 的 [[...]] 指令行与中文页不同")
+        for what, pattern in (("标题", r"^#{1,6} "), ("图", r"!\[[^\]]*\]\(")):
+            if len(re.findall(pattern, zh, re.M)) != len(re.findall(pattern, en, re.M)):
+                problems.append(f"docs/{twin} 的{what}数与中文页不同")
+        lines = [line for line in _prose(en).splitlines() if CJK.search(line)]
+        if lines:
+            problems.append(f"docs/{twin} 的正文里有中文：{lines[0][:80]!r}")
+        ratio = len(_prose(en)) / max(1, len(_prose(zh)))
+        if not 1.2 <= ratio <= 4.0:
+            problems.append(f"docs/{twin} 的长度是中文页的 {ratio:.2f} 倍（应在 1.2–4 之间：漏译或多写了）")
+    orphans = sorted(set(english) - {n.removesuffix(".md") + ".en.md" for n in _all_pages()})
+    problems += [f"docs/{o} 没有对应的中文页" for o in orphans]
+    assert not problems, "\n".join(problems)
+
+
+def test_english_site_has_no_chinese(built_site: Path) -> None:
+    """构建出的英文站（/en/）每页的正文（代码块和录制的输出除外）没有中文；每章页面都在。"""
+    problems = []
+    for page in sorted((built_site / "en").rglob("index.html")):
+        html = page.read_text(encoding="utf-8")
+        article = re.search(r'<article class="md-content__inner.*?</article>', html, re.S)
+        assert article, f"{page} 没有正文"
+        text = re.sub(r"<pre\b.*?</pre>|<code\b.*?</code>|<[^>]+>", "", article.group(0), flags=re.S)
+        hits = CJK.findall(text)
+        if hits:
+            problems.append(f"{page.relative_to(built_site)}: {''.join(hits)[:40]}")
+    assert not problems, "英文页的正文里有中文：\n" + "\n".join(problems)
+    for ch in CHAPTERS:
+        page = built_site / "en" / Path(ch.docs_page).relative_to("docs").with_suffix("") / "index.html"
+        assert page.is_file(), f"英文站没有第 {ch.label} 章的页面"
 
 
 def test_outputs_are_from_the_tool() -> None:

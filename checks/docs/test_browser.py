@@ -165,3 +165,23 @@ def test_search_finds_radix(driver, site_url: str) -> None:  # noqa: ANN001
     errors = _errors(driver)
     driver.save_screenshot(str(SHOTS / "search_radix.png"))
     assert not errors, "搜索时浏览器控制台有错误：\n" + "\n".join(errors)
+
+
+def test_english_chapter_page_and_switcher(driver, site_url: str) -> None:  # noqa: ANN001
+    """英文版：页眉的语言切换从中文页跳到同一章的英文页；英文页有引用的代码、任务和英文提示。"""
+    from selenium.webdriver.common.by import By
+
+    _open(driver, site_url + "/stage1/core/")
+    links = driver.find_elements(By.CSS_SELECTOR, "div.md-select a[hreflang='en']")
+    assert links, "页眉里没有切换到 English 的链接"
+    href = links[0].get_attribute("href")
+    assert href.rstrip("/").endswith("/en/stage1/core"), f"语言切换没有指向同一章的英文页：{href}"
+    _open(driver, href)
+    assert "Handwritten mini-sglang" in driver.title, f"英文页的标题不对：{driver.title!r}"
+    assert _count(driver, "div.included-code") >= 2, "英文的第 1.1 章页面上没有从解答引用的代码块"
+    assert _count(driver, "h3.task") >= 1, "英文的第 1.1 章页面上没有任务标题"
+    text = driver.execute_script("return document.querySelector('article').innerText")
+    assert "Hint" in text and "Hands on" in text, "英文页上的任务和“动手”块不是英文"
+    errors = _errors(driver)
+    _screenshot(driver, "en_stage1_core")
+    assert not errors, "英文的第 1.1 章页面的浏览器控制台有错误：\n" + "\n".join(errors)

@@ -1,6 +1,8 @@
 """笔记本的配对与卫生检查（不执行笔记本；执行并逐格比较输出的是 nbval，见 README 的测试命令）。
 
 - 登记表里的每一章都有笔记本和它的源文件，第 0 步和两个里程碑也有；没有不属于任何一章的笔记本；
+- 两种语言：中文版在登记表的路径，英文版在 ``notebooks/en/`` 下的同样路径，由同一个源文件生成；
+  源文件里每个文字（markdown）格都是相邻的一对 ``lang-zh`` / ``lang-en``，英文版里没有中文（文字和输出）；
 - 笔记本只经由 ``minisgl.*`` 导入，从不直接导入 ``solutions.*`` 或 ``stageN.*``（否则实现选择对它无效）；
 - 每个笔记本用同一个处理函数演示一次控件回调，最后一格跑本章（或里程碑）的检查，且 CI 跳过这一格；
 - 提交的 .ipynb 正是 ``tools/build_notebooks.py`` 从源文件生成并执行的结果，没有手改。
@@ -24,7 +26,10 @@ build = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("build_notebooks", build)  # dataclasses 需要在 sys.modules 里找到模块
 _spec.loader.exec_module(build)
 
-PAIRS = build.pairs()
+PAIRS = build.pairs()  # 中文版（默认）
+EN_PAIRS = build.pairs("en")
+ALL_PAIRS = build.all_pairs()
+SOURCES = sorted({p.source for p in PAIRS})
 EXTRAS = {"step0": "notebooks/step0.ipynb", "milestone1": "notebooks/stage1/milestone.ipynb", "milestone2": "notebooks/stage2/milestone.ipynb"}
 FORBIDDEN_MODULE = re.compile(r"^(solutions|stage\d+)(\.|$)")
 
@@ -52,9 +57,34 @@ def test_step0_and_milestone_notebooks_exist():
         assert (REPO_ROOT / keys[key].source).is_file(), f"缺少笔记本源文件 {keys[key].source}"
 
 
+def test_english_edition_mirrors_the_chinese_one():
+    """英文版：每个中文笔记本在 notebooks/en/ 下有同样相对路径的英文版，由同一个源文件生成。"""
+    assert [p.key for p in EN_PAIRS] == [p.key for p in PAIRS]
+    for zh, en in zip(PAIRS, EN_PAIRS):
+        assert en.source == zh.source and en.lang == "en" and zh.lang == "zh"
+        assert en.notebook == "notebooks/en/" + zh.notebook.removeprefix("notebooks/"), en.notebook
+        assert (REPO_ROOT / en.notebook).is_file(), f"缺少英文笔记本 {en.notebook}（运行 python tools/build_notebooks.py --lang en {en.key}）"
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_prose_cell_has_its_twin(source):
+    """每个 markdown 格都标了语言，而且中文格后面紧跟它的英文孪生格（英文格里没有中文）。"""
+    problems = build.source_problems(source)
+    assert not problems, "源文件的双语结构有问题：\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("pair", EN_PAIRS, ids=[p.key for p in EN_PAIRS])
+def test_english_notebook_has_no_chinese(pair):
+    """英文笔记本的文字和输出里没有中文（代码格里双语的注释不算）。"""
+    nb = nbformat.read(REPO_ROOT / pair.notebook, as_version=4)
+    assert nb.metadata.get("minisgl", {}).get("lang") == "en", f"{pair.notebook} 不是用英文（MINISGL_LANG=en）生成的"
+    found = build.chinese_in(nb)
+    assert not found, f"{pair.notebook} 里有中文（文字或输出）：\n" + "\n".join(found)
+
+
 def test_every_notebook_belongs_to_a_chapter():
-    known = {p.notebook for p in PAIRS}
-    sources = {p.source for p in PAIRS}
+    known = {p.notebook for p in ALL_PAIRS}
+    sources = {p.source for p in ALL_PAIRS}
     stray = [
         p.relative_to(REPO_ROOT).as_posix()
         for p in (REPO_ROOT / "notebooks").rglob("*.ipynb")
@@ -67,7 +97,7 @@ def test_every_notebook_belongs_to_a_chapter():
         if p.relative_to(REPO_ROOT).as_posix() not in sources
     ]
     assert not stray_src, f"这些源文件不对应任何笔记本：{stray_src}"
-    assert len(known) == len(BUILTIN_CHAPTERS) + len(EXTRAS)
+    assert len(known) == len(build.LANGS) * (len(BUILTIN_CHAPTERS) + len(EXTRAS))
 
 
 def _bad_imports(source: str) -> list[str]:
@@ -83,7 +113,7 @@ def _bad_imports(source: str) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("pair", PAIRS, ids=[p.key for p in PAIRS])
+@pytest.mark.parametrize("pair", ALL_PAIRS, ids=[f"{p.key}-{p.lang}" for p in ALL_PAIRS])
 def test_notebook_imports_only_public_namespace(pair):
     source = (REPO_ROOT / pair.source).read_text(encoding="utf-8")
     bad = _bad_imports(source)
@@ -94,7 +124,7 @@ def test_notebook_imports_only_public_namespace(pair):
         assert not bad, f"{pair.notebook} 直接导入了 {bad}：笔记本只能从 minisgl.* 导入"
 
 
-@pytest.mark.parametrize("pair", PAIRS, ids=[p.key for p in PAIRS])
+@pytest.mark.parametrize("pair", ALL_PAIRS, ids=[f"{p.key}-{p.lang}" for p in ALL_PAIRS])
 def test_notebook_shape(pair):
     """交互控件的回调至少被调用一次；最后一格跑本章检查，CI 跳过它；0.6B 模型只在里程碑里用。"""
     cells = _code_cells(pair)
@@ -116,5 +146,5 @@ def test_notebook_shape(pair):
 
 
 def test_committed_notebooks_are_built_by_the_tool():
-    problems = build.check(PAIRS)
+    problems = build.check(ALL_PAIRS)
     assert not problems, "笔记本与源文件不一致（请运行 python tools/build_notebooks.py 重新生成，不要手改 .ipynb）：\n" + "\n".join(problems)

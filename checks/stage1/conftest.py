@@ -13,6 +13,7 @@ import torch
 from transformers import AutoTokenizer
 
 from checks.hf_reference import greedy_reference, load_hf
+from minisgl.i18n import tr
 from minisgl import model_zoo
 
 #: SmolLM2 上做逐 token 比对的提示词：长短不一（1 到 60 多个 token）、代码、数字、对话模板、中文。
@@ -83,7 +84,7 @@ class Hand:
         per_row = -(-engine.max_seq_len // page_size)
         perm = torch.randperm(engine.num_pages, generator=torch.Generator().manual_seed(0))
         pages = perm[row * per_row : (row + 1) * per_row]
-        assert len(pages) == per_row, "测试配置的页数不够每行静态分配"
+        assert len(pages) == per_row, tr("The test setup does not have enough pages to give every row its own static pages")
         slots = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[: engine.max_seq_len]
         engine.page_table[row] = slots.to(torch.int32).to(engine.page_table.device)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from minisgl.i18n import tr
 from minisgl.attention import (
     SDPAAttnBackend,
     TorchAttnBackend,
@@ -28,7 +29,7 @@ def test_causal_mask_with_prefix() -> None:
     for cached, total in [(0, 5), (3, 4), (2, 6), (0, 1)]:
         mask = causal_mask_with_prefix(cached, total)
         want = [[j <= cached + i for j in range(total)] for i in range(total - cached)]
-        assert mask.dtype == torch.bool and mask.tolist() == want, f"cached_len={cached}, seq_len={total} 的掩码不对"
+        assert mask.dtype == torch.bool and mask.tolist() == want, tr("Wrong mask for cached_len={cached}, seq_len={total}", cached=cached, total=total)
 
 
 def test_gather_kv_follows_page_table() -> None:
@@ -39,7 +40,7 @@ def test_gather_kv_follows_page_table() -> None:
     table[2, :5] = torch.tensor([9, 4, 5, 14, 0], dtype=torch.int32)
     k, v = gather_kv(cache, 1, table, 2, 5)
     assert k.shape == (5, HKV, D)
-    assert k[:, 0, 0].tolist() == [9, 4, 5, 14, 0], "K 应按页表这一行的槽位顺序取出"
+    assert k[:, 0, 0].tolist() == [9, 4, 5, 14, 0], tr("K must be gathered in the order of the slots in this page-table row")
     assert v[:, 0, 0].tolist() == [-9, -4, -5, -14, 0]
 
 
@@ -55,9 +56,9 @@ def test_attend_gqa_matches_reference() -> None:
     torch.manual_seed(0)
     q, k, v = torch.randn(7, HQ, D), torch.randn(7, HKV, D), torch.randn(7, HKV, D)
     got = attend(q, k, v, causal_mask_with_prefix(0, 7), D**-0.5)
-    assert_close_zh(got, dense_reference(q, k, v), "GQA 因果注意力与参考不一致", atol=1e-5, rtol=1e-5)
+    assert_close_zh(got, dense_reference(q, k, v), tr("GQA causal attention differs from the reference"), atol=1e-5, rtol=1e-5)
     got = attend(q[4:], k, v, causal_mask_with_prefix(4, 7), D**-0.5)  # 只算后 3 个 query，前 4 个 key 来自缓存
-    assert_close_zh(got, dense_reference(q, k, v)[4:], "带缓存前缀的注意力不一致", atol=1e-5, rtol=1e-5)
+    assert_close_zh(got, dense_reference(q, k, v)[4:], tr("Attention with a cached prefix differs from the reference"), atol=1e-5, rtol=1e-5)
 
 
 def make_case(page_size: int, lens: list[tuple[int, int]], seed: int = 0):  # noqa: ANN201
@@ -113,14 +114,14 @@ def test_backend_matches_dense_reference(backend_cls: type, page_size: int, case
     backend = backend_cls(cache, table)
     backend.prepare_metadata(batch)
     out = backend.forward(q, k, v, 1, batch)
-    assert out.shape == q.shape, "输出形状应与 q 相同：[T, Hq, D]"
+    assert out.shape == q.shape, tr("The output shape must equal the shape of q: [T, Hq, D]")
     rows = [r.table_idx for r in batch.reqs]
-    hint = f"请求依次在页表第 {rows} 行（不是 0、1、2…）：查页表用的是 req.table_idx 吗？scale 是 head_dim ** -0.5 吗？"
-    assert_close_zh(out, ref, f"{case} 批次的注意力输出与参考不一致。{hint}", atol=1e-5, rtol=1e-5)
-    assert_close_zh(cache.k_cache(1)[batch.out_loc.long()], k, "后端应先把本轮的 K 写进 out_loc")
+    hint = tr("The requests sit in page-table rows {rows} (not 0, 1, 2, ...): do you look up the page table with req.table_idx? Is the scale head_dim ** -0.5?", rows=rows)
+    assert_close_zh(out, ref, tr("The attention output for the {case} batch differs from the reference. {hint}", case=case, hint=hint), atol=1e-5, rtol=1e-5)
+    assert_close_zh(cache.k_cache(1)[batch.out_loc.long()], k, tr("The backend must first write this step's K into out_loc"))
     last = batch.attn_metadata.get_last_indices(batch.size)
     ends = torch.tensor([r.extend_len for r in batch.reqs]).cumsum(0) - 1
-    assert last.tolist() == ends.tolist(), "get_last_indices 应给出每个请求最后一个 token 在拼接张量里的下标"
+    assert last.tolist() == ends.tolist(), tr("get_last_indices must give the index of each request's last token in the concatenated tensor")
 
 
 def test_varlen_metadata() -> None:
@@ -128,15 +129,15 @@ def test_varlen_metadata() -> None:
     md = make_varlen_metadata(batch, torch.device("cpu"))
     assert md.cu_seqlens_q.tolist() == md.cu_seqlens_q_cpu == [0, 4, 8, 9, 16]
     assert md.cached_lens == [3, 0, 8, 5] and md.seq_lens == [7, 4, 9, 12]
-    assert md.table_idx == [r.table_idx for r in batch.reqs], f"table_idx 应逐个抄 req.table_idx，得到 {md.table_idx}"
+    assert md.table_idx == [r.table_idx for r in batch.reqs], tr("table_idx must copy req.table_idx request by request, got {table_idx}", table_idx=md.table_idx)
 
 
 def test_create_backend() -> None:
     cache, table, batch, q, k, v, ref = make_case(1, CASES["decode"])
     auto = create_attention_backend("auto", cache, table, HQ)
-    assert isinstance(auto, SDPAAttnBackend), "CPU 上 auto 应选 SDPA"
+    assert isinstance(auto, SDPAAttnBackend), tr("On CPU, auto must choose SDPA")
     auto.prepare_metadata(batch)
-    assert_close_zh(auto.forward(q, k, v, 1, batch), ref, "auto 选出的后端算错了", atol=1e-5, rtol=1e-5)
+    assert_close_zh(auto.forward(q, k, v, 1, batch), ref, tr("The backend chosen by auto computes wrong results"), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
         create_attention_backend("nope", cache, table, HQ)
     with pytest.raises(ValueError):
@@ -152,14 +153,13 @@ def test_attend_bf16_softmax_in_fp32_and_cast_back() -> None:
     k, v = torch.randn(L, HKV, D).bfloat16(), torch.randn(L, HKV, D).bfloat16()
     mask = causal_mask_with_prefix(0, L)
     got = attend(q, k, v, mask, D**-0.5)
-    assert got.dtype == torch.bfloat16, f"attend 的结果应转回 q 的 dtype（bfloat16），得到 {got.dtype}"
+    assert got.dtype == torch.bfloat16, tr("attend must cast its result back to the dtype of q (bfloat16), got {dtype}", dtype=got.dtype)
     kk, vv = k.double().repeat_interleave(HQ // HKV, 1), v.double().repeat_interleave(HQ // HKV, 1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), kk) * D**-0.5
     want = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), vv).bfloat16()
     differ = (got != want).sum().item()
     assert differ <= got.numel() // 100, (
-        f"bf16 输入时有 {differ}/{got.numel()} 个元素与 fp64 参考（舍入到 bf16）不同，"
-        f"最大差 {(got.float() - want.float()).abs().max().item():.4g}：分数和 softmax 要先 .float() 再算，最后 .to(q.dtype)"
+        tr("With bf16 inputs, {differ}/{value} elements differ from the fp64 reference (rounded to bf16), max difference {value2:.4g}: compute the scores and the softmax after .float(), and .to(q.dtype) at the end", differ=differ, value=got.numel(), value2=(got.float() - want.float()).abs().max().item())
     )
 
 
@@ -173,22 +173,22 @@ def test_padded_mask_every_row_sees_a_key(case: str) -> None:
     bs = batch.size
     max_q = max(r.extend_len for r in batch.reqs)
     max_k = max(r.device_len for r in batch.reqs)
-    assert tuple(md.mask.shape) == (bs, 1, max_q, max_k), f"mask 应是 [B, 1, max_q, max_k] = {(bs, 1, max_q, max_k)}，得到 {tuple(md.mask.shape)}"
-    assert tuple(md.kv_slots.shape) == (bs, max_k), f"kv_slots 应是 [B, max_k] = {(bs, max_k)}，得到 {tuple(md.kv_slots.shape)}"
+    assert tuple(md.mask.shape) == (bs, 1, max_q, max_k), tr("mask must be [B, 1, max_q, max_k] = {value}, got {value2}", value=(bs, 1, max_q, max_k), value2=tuple(md.mask.shape))
+    assert tuple(md.kv_slots.shape) == (bs, max_k), tr("kv_slots must be [B, max_k] = {value}, got {value2}", value=(bs, max_k), value2=tuple(md.kv_slots.shape))
     blind = (~md.mask.any(-1)).nonzero().tolist()
-    assert not blind, f"这些 (请求, 头, query 行) 一个 key 都看不到：{blind[:6]}；补出来的行也要至少看得见一个 key"
+    assert not blind, tr("These (request, head, query row) see no key at all: {blind_item}; padded rows must also see at least one key", blind_item=blind[:6])
     for b, r in enumerate(batch.reqs):  # 真实的行：因果（错开 cached_len）且不超出 seq_len
         want = causal_mask_with_prefix(r.cached_len, r.device_len)
         got = md.mask[b, 0, : r.extend_len, : r.device_len]
-        assert got.tolist() == want.tolist(), f"请求 {b}（cached_len={r.cached_len}, seq_len={r.device_len}）真实 query 行的掩码不对"
-        assert not md.mask[b, 0, : r.extend_len, r.device_len :].any(), f"请求 {b} 的真实 query 看到了超出 seq_len={r.device_len} 的 key"
+        assert got.tolist() == want.tolist(), tr("Wrong mask on the real query rows of request {b} (cached_len={cached_len}, seq_len={device_len})", b=b, cached_len=r.cached_len, device_len=r.device_len)
+        assert not md.mask[b, 0, : r.extend_len, r.device_len :].any(), tr("The real queries of request {b} see keys beyond seq_len={device_len}", b=b, device_len=r.device_len)
 
 
 def test_varlen_metadata_dtypes() -> None:
     """docstring 说 cu_seqlens_q 是设备上的 int32（FlashInfer / FlashAttention 只收 int32）；Python 列表给 Python 循环用。"""
     _, _, batch, *_ = make_case(1, CASES["prefill"])
     md = make_varlen_metadata(batch, torch.device("cpu"))
-    assert md.cu_seqlens_q.dtype == torch.int32, f"cu_seqlens_q 应是 int32，得到 {md.cu_seqlens_q.dtype}（torch.tensor(列表) 缺省是 int64）"
+    assert md.cu_seqlens_q.dtype == torch.int32, tr("cu_seqlens_q must be int32, got {dtype} (torch.tensor(list) defaults to int64)", dtype=md.cu_seqlens_q.dtype)
     assert isinstance(md.cu_seqlens_q_cpu, list) and all(isinstance(x, int) for x in md.cu_seqlens_q_cpu), (
-        f"cu_seqlens_q_cpu 应是 Python 的 int 列表，得到 {md.cu_seqlens_q_cpu!r}"
+        tr("cu_seqlens_q_cpu must be a Python list of int, got {cu_seqlens_q_cpu!r}", cu_seqlens_q_cpu=md.cu_seqlens_q_cpu)
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minisgl.i18n import tr
 from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, set_global_ctx
 
 
@@ -29,16 +30,16 @@ def test_sampling_params_validate() -> None:
     for params in bad:
         with pytest.raises(ValueError):
             params.validate()
-            pytest.fail(f"{params} 应该被 validate() 拒绝（ValueError）")
+            pytest.fail(tr("validate() must reject {params} (ValueError)", params=params))
 
 
 def test_req_lengths() -> None:
     req = make_req(prompt_len=5, output_len=3)
-    assert (req.cached_len, req.device_len, req.max_device_len) == (0, 5, 8), "新请求：device_len=提示词长，max_device_len=提示词长+output_len"
-    assert req.extend_len == 5, "预填充要算整段提示词"
+    assert (req.cached_len, req.device_len, req.max_device_len) == (0, 5, 8), tr("New request: device_len = prompt length, max_device_len = prompt length + output_len")
+    assert req.extend_len == 5, tr("Prefill must compute the whole prompt")
     assert req.remain_len == 3 and req.can_decode
     prefixed = make_req(prompt_len=6, output_len=2, cached_len=4)
-    assert prefixed.extend_len == 2, "已缓存 4 个 token 时只需算剩下的 2 个"
+    assert prefixed.extend_len == 2, tr("With 4 tokens cached, only the remaining 2 need to be computed")
     batch = Batch([req, prefixed], "prefill")
     assert batch.is_prefill and not batch.is_decode and batch.size == 2
 
@@ -50,13 +51,13 @@ def test_req_lengths() -> None:
 def test_req_invariant_rejected(prompt_len: int, output_len: int, cached_len: int) -> None:
     with pytest.raises(ValueError):
         make_req(prompt_len=prompt_len, output_len=output_len, cached_len=cached_len)
-        pytest.fail("违反 0 <= cached_len < device_len <= max_device_len 的请求应当抛 ValueError")
+        pytest.fail(tr("A request that violates 0 <= cached_len < device_len <= max_device_len must raise ValueError"))
 
 
 def test_req_input_ids_must_be_on_cpu() -> None:
     with pytest.raises(ValueError):
         Req(torch.zeros(3, dtype=torch.int32, device="meta"), 0, 0, 2, 0, SamplingParams())
-        pytest.fail("input_ids 不在 CPU 上时应当抛 ValueError")
+        pytest.fail(tr("input_ids that are not on the CPU must raise ValueError"))
 
 
 def test_complete_one_produces_exactly_output_len_tokens() -> None:
@@ -69,13 +70,13 @@ def test_complete_one_produces_exactly_output_len_tokens() -> None:
         req.complete_one()  # 一次前向
         forwards += 1
         req.append_host(torch.tensor([900 + forwards], dtype=torch.int32))
-        assert req.cached_len == req.device_len - 1, "前向之后：除了刚采样的 token，其余都在缓存里"
+        assert req.cached_len == req.device_len - 1, tr("After a forward pass, everything except the token just sampled is in the cache")
         assert 0 <= req.cached_len < req.device_len <= req.max_device_len
-        assert len(req.input_ids) == req.device_len, "主机上的 input_ids 应与 device_len 一样长"
+        assert len(req.input_ids) == req.device_len, tr("input_ids on the host must be as long as device_len")
         if not req.can_decode:
             break
-    assert forwards == output_len, f"应当恰好生成 {output_len} 个 token，实际 {forwards}"
-    assert extend_lens == [prompt_len] + [1] * (output_len - 1), "第一步算整段提示词，之后每步 1 个"
+    assert forwards == output_len, tr("Must generate exactly {output_len} tokens, got {forwards}", output_len=output_len, forwards=forwards)
+    assert extend_lens == [prompt_len] + [1] * (output_len - 1), tr("The first step computes the whole prompt, then 1 token per step")
     assert req.remain_len == 0
 
 
@@ -95,12 +96,12 @@ def test_context_forward_batch() -> None:
         with pytest.raises(RuntimeError):
             with ctx.forward_batch(batch):
                 pass
-            pytest.fail("forward_batch 嵌套时应当抛 RuntimeError")
+            pytest.fail(tr("Nested forward_batch must raise RuntimeError"))
     with pytest.raises(RuntimeError):
         _ = ctx.batch  # 离开 with 之后没有当前批次
     with pytest.raises(KeyError):
         with ctx.forward_batch(batch):
-            raise KeyError("前向出错")
+            raise KeyError(tr("Error in the forward pass"))
     with ctx.forward_batch(batch):  # 出错之后批次也要清掉，能再次进入
         pass
     set_global_ctx(ctx)
@@ -114,11 +115,11 @@ def test_batch_repr_before_fields_are_filled() -> None:
     try:
         text = repr(batch)
     except AttributeError as e:
-        pytest.fail(f"repr(Batch) 在字段填好之前抛了 {e!r}：Batch.__repr__ 是骨架里给好的代码，请从新版 stage1/core.py 抄过来")
-    assert "prefill" in text and "table_idx=3" in text, f"repr 应显示 phase 和请求，得到 {text}"
+        pytest.fail(tr("repr(Batch) raised {e!r} before the fields were filled: Batch.__repr__ is code given in the skeleton, copy it from the new stage1/core.py", e=e))
+    assert "prefill" in text and "table_idx=3" in text, tr("repr must show the phase and the requests, got {text}", text=text)
 
 
-@pytest.mark.parametrize("token", [torch.tensor(42), torch.tensor([42]), torch.tensor([42], dtype=torch.int32)], ids=["int64-0维", "int64-[1]", "int32-[1]"])
+@pytest.mark.parametrize("token", [torch.tensor(42), torch.tensor([42]), torch.tensor([42], dtype=torch.int32)], ids=["int64-0d", "int64-[1]", "int32-[1]"])
 def test_append_host_normalizes_token(token: torch.Tensor) -> None:
     """采样器给的 token 可能是 int64、可能是 0 维：接上之后 input_ids 仍是 1 维 int32。"""
     req = make_req(prompt_len=3)
@@ -126,7 +127,7 @@ def test_append_host_normalizes_token(token: torch.Tensor) -> None:
     req.append_host(token)
     ids = req.input_ids
     assert ids.dtype == torch.int32 and ids.dim() == 1, (
-        f"append_host({token.dtype}, 形状 {tuple(token.shape)}) 之后 input_ids 应是 1 维 int32，得到 {ids.dtype}、形状 {tuple(ids.shape)}"
+        tr("After append_host({dtype}, shape {value}), input_ids must be 1-D int32, got {dtype2}, shape {value2}", dtype=token.dtype, value=tuple(token.shape), dtype2=ids.dtype, value2=tuple(ids.shape))
     )
     assert ids.tolist() == [100, 101, 102, 42]
 
@@ -135,8 +136,8 @@ def test_forward_batch_cleared_after_error() -> None:
     ctx = Context(page_size=4)
     with pytest.raises(KeyError):
         with ctx.forward_batch(Batch([make_req()], "prefill")):
-            raise KeyError("前向出错")
-    assert ctx._batch is None, "with 块里抛了异常之后 _batch 应清回 None（用 try/finally），否则下一个批次进不来"
+            raise KeyError(tr("Error in the forward pass"))
+    assert ctx._batch is None, tr("After an exception inside the with block, _batch must be reset to None (use try/finally), otherwise the next batch cannot enter")
 
 
 @pytest.mark.parametrize(
@@ -148,4 +149,4 @@ def test_sampling_params_boundaries_are_valid(kw: dict) -> None:
     try:
         params.validate()
     except ValueError as e:
-        pytest.fail(f"{kw} 是合法的边界值，validate() 却拒绝了：{e}")
+        pytest.fail(tr("{kw} is a valid boundary value, but validate() rejected it: {e}", kw=kw, e=e))

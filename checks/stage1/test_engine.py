@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import minisgl.engine as engine_module
+from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, Sampler, resolve_device, resolve_dtype, top_k_top_p_filter
 
@@ -33,11 +34,11 @@ def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
 def test_greedy_and_temperature_to_zero() -> None:
     logits = random_logits(6)
     argmax = logits.argmax(-1)
-    assert torch.equal(sample([SamplingParams()] * 6, logits), argmax), "temperature=0 应当就是 argmax"
+    assert torch.equal(sample([SamplingParams()] * 6, logits), argmax), tr("temperature=0 must be exactly argmax")
     tiny = [SamplingParams(temperature=1e-4) for _ in range(6)]
     for seed in range(5):
-        assert torch.equal(sample(tiny, logits, seed), argmax), "温度趋于 0 时采样应退化为贪心"
-    assert torch.equal(sample([SamplingParams(temperature=2.0, top_k=1)] * 6, logits), argmax), "top_k=1 就是贪心"
+        assert torch.equal(sample(tiny, logits, seed), argmax), tr("As the temperature goes to 0, sampling must become greedy")
+    assert torch.equal(sample([SamplingParams(temperature=2.0, top_k=1)] * 6, logits), argmax), tr("top_k=1 is greedy")
 
 
 def test_top_k_never_outside() -> None:
@@ -46,7 +47,7 @@ def test_top_k_never_outside() -> None:
         allowed = logits.topk(k, dim=-1).indices
         for seed in range(40):
             got = sample([SamplingParams(temperature=5.0, top_k=k)] * 4, logits, seed)
-            assert all(got[i] in allowed[i] for i in range(4)), f"top_k={k} 时采到了前 {k} 名之外的 token"
+            assert all(got[i] in allowed[i] for i in range(4)), tr("With top_k={k}, a token outside the top {k} was sampled", k=k)
 
 
 def test_top_p_never_outside_nucleus() -> None:
@@ -58,13 +59,13 @@ def test_top_p_never_outside_nucleus() -> None:
         for seed in range(60):
             got = sample([SamplingParams(temperature=1.0, top_p=top_p)] * 2, logits, seed)
             for i in range(2):
-                assert got[i].item() in allowed[i], f"top_p={top_p} 时采到了核之外的 token {got[i].item()}"
+                assert got[i].item() in allowed[i], tr("With top_p={top_p}, token {value} outside the nucleus was sampled", top_p=top_p, value=got[i].item())
                 seen[i].add(got[i].item())
-        assert seen == allowed, f"top_p={top_p} 时核里的 token 都应该有机会被采到"
+        assert seen == allowed, tr("With top_p={top_p}, every token in the nucleus must have a chance to be sampled", top_p=top_p)
     filtered = top_k_top_p_filter(probs, torch.tensor([2, 4]), torch.tensor([0.7, 0.85]))
     kept = filtered > 0
-    assert kept.tolist() == [[True, True, False, False], [False, False, True, True]], "先取前 k 名，再在其中（重新归一化后）取最小的核"
-    assert_close_zh(filtered[0, 0] / filtered[0, 1], torch.tensor(0.5 / 0.3), "留下的 token 之间的比例不能变")
+    assert kept.tolist() == [[True, True, False, False], [False, False, True, True]], tr("First keep the top k, then take the smallest nucleus among them (after renormalizing)")
+    assert_close_zh(filtered[0, 0] / filtered[0, 1], torch.tensor(0.5 / 0.3), tr("The ratios between the kept tokens must not change"))
 
 
 def test_sampling_follows_distribution() -> None:
@@ -72,22 +73,22 @@ def test_sampling_follows_distribution() -> None:
     logits = probs.log().expand(2000, -1).contiguous()
     got = sample([SamplingParams(temperature=1.0)] * 2000, logits, seed=3)
     freq = torch.bincount(got, minlength=10).float() / 2000
-    assert_close_zh(freq, probs, "temperature=1 时采样频率应接近 softmax 概率", atol=0.04, rtol=0)
+    assert_close_zh(freq, probs, tr("With temperature=1, the sampling frequencies must approach the softmax probabilities"), atol=0.04, rtol=0)
 
 
 def test_seed_reproducible() -> None:
     logits = random_logits(4, seed=2)
     params = [SamplingParams(temperature=1.5)] * 4
     runs = [tuple(sample(params, logits, seed=11).tolist()) for _ in range(2)]
-    assert runs[0] == runs[1], "同一个引擎种子应得到相同结果"
+    assert runs[0] == runs[1], tr("The same engine seed must give the same result")
     others = {tuple(sample(params, logits, seed=s).tolist()) for s in range(12, 20)}
-    assert len(others | {runs[0]}) > 1, "不同的种子应当（几乎总是）得到不同的结果"
+    assert len(others | {runs[0]}) > 1, tr("Different seeds should (almost always) give different results")
     seeded = SamplingParams(temperature=1.5, seed=123)
     alone = sample([seeded], logits[2:3], seed=0)
     together = sample([SamplingParams(temperature=1.5), SamplingParams(), seeded, seeded], logits, seed=99)
-    assert together[2] == alone[0], "带种子的请求，结果与同批的其他请求和引擎种子无关"
+    assert together[2] == alone[0], tr("A seeded request's result must not depend on the other requests in the batch or on the engine seed")
     by_position = {sample([seeded], logits[2:3], seed=0, device_len=n).item() for n in range(5, 15)}
-    assert len(by_position) > 1, "带种子的请求在不同位置上应得到不同的随机数"
+    assert len(by_position) > 1, tr("A seeded request must get different random numbers at different positions")
 
 
 def test_per_request_params_in_one_batch() -> None:
@@ -102,11 +103,11 @@ def test_per_request_params_in_one_batch() -> None:
     seen_row3 = set()
     for seed in range(30):
         got = sample(params, logits, seed)
-        assert got[0] == order[0, 0], "贪心的行应取 argmax"
-        assert got[1] in order[1, :2], "top_k=2 的行只能采前两名"
-        assert got[2] == order[2, 0], "top_p 很小时只剩第一名"
+        assert got[0] == order[0, 0], tr("The greedy row must take the argmax")
+        assert got[1] in order[1, :2], tr("The top_k=2 row may only sample the top two")
+        assert got[2] == order[2, 0], tr("With a very small top_p only the top token remains")
         seen_row3.add(got[3].item())
-    assert len(seen_row3) > 3, "不限制的高温行应当采到很多不同的 token"
+    assert len(seen_row3) > 3, tr("The unrestricted high-temperature row should sample many different tokens")
 
 
 # ----------------------------------------------------------------------------- 引擎
@@ -130,17 +131,17 @@ def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
     pool = engine.token_pool.clone()
     out = engine.forward_batch(batch, engine.sampler.prepare(batch))
     assert [(r.cached_len, r.device_len) for r in reqs] == [(0, 3), (0, 2)], (
-        "forward_batch 只算不记账：推进请求（complete_one）是调用者发出时的事"
+        tr("forward_batch only computes and does no bookkeeping: advancing the requests (complete_one) is the caller's job when it launches the batch")
     )
-    assert torch.equal(engine.token_pool, pool), "forward_batch 不写 token 池：新 token 写到哪里由调用者决定"
+    assert torch.equal(engine.token_pool, pool), tr("forward_batch does not write the token pool: the caller decides where new tokens go")
     assert out.next_tokens_gpu.dtype == torch.int32 and out.next_tokens_gpu.shape == (2,)
     out.copy_done_event.synchronize()
     host = out.next_tokens_cpu.clone()
     assert out.next_tokens_cpu.device.type == "cpu"
-    assert out.next_tokens_gpu.device == engine.device, "next_tokens_gpu 是设备上的结果（GPU 上跑时才看得出放反了）"
-    assert out.next_tokens_cpu.data_ptr() != out.next_tokens_gpu.data_ptr(), "主机副本不能与设备上的结果共享内存"
+    assert out.next_tokens_gpu.device == engine.device, tr("next_tokens_gpu is the result on the device (swapping the two only shows when running on a GPU)")
+    assert out.next_tokens_cpu.data_ptr() != out.next_tokens_gpu.data_ptr(), tr("The host copy must not share memory with the result on the device")
     out.next_tokens_gpu.fill_(-1)
-    assert torch.equal(out.next_tokens_cpu, host), "改动设备上的结果不应影响主机副本"
+    assert torch.equal(out.next_tokens_cpu, host), tr("Changing the result on the device must not affect the host copy")
     # 调用者推进请求、接上新 token 之后，解码一步算出的正是下一个 token
     for req, token in zip(reqs, host):
         req.complete_one()
@@ -148,8 +149,8 @@ def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
     batch = Batch(reqs, "decode")
     hand.fill_batch(engine, batch)
     out = engine.forward_batch(batch, engine.sampler.prepare(batch))
-    assert [(r.cached_len, r.device_len) for r in reqs] == [(3, 4), (2, 3)], "forward_batch 不能推进请求"
-    assert torch.equal(engine.token_pool, pool), "forward_batch 不能写 token 池"
+    assert [(r.cached_len, r.device_len) for r in reqs] == [(3, 4), (2, 3)], tr("forward_batch must not advance the requests")
+    assert torch.equal(engine.token_pool, pool), tr("forward_batch must not write the token pool")
     engine.shutdown()
 
 
@@ -160,14 +161,14 @@ def test_num_pages(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     free = iter([10**9, 10**9 - 10**8] * 2)  # 加载前 1 GB 空闲，模型占了 100 MB
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
     engine = Engine(EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64))
-    assert engine.num_pages == (5 * 10**8 - 10**8) // per_page, "页数 = (空闲 × 比例 − 模型占用) ÷ 每页字节数"
+    assert engine.num_pages == (5 * 10**8 - 10**8) // per_page, tr("Pages = (free × ratio − model usage) ÷ bytes per page")
     free = iter([10**9, 10**9 - 10**8])  # 不给 memory_ratio：CPU 上缺省 0.3（内存还要留给别的进程）
     engine = Engine(EngineConfig(tiny_path, max_seq_len_override=64, device="cpu"))
-    assert engine.num_pages == (3 * 10**8 - 10**8) // per_page, "CPU 上 memory_ratio 缺省是 0.3（CUDA 上才是 0.9）"
+    assert engine.num_pages == (3 * 10**8 - 10**8) // per_page, tr("On CPU memory_ratio defaults to 0.3 (0.9 is for CUDA only)")
     free = iter([10**6, 10**6 - 6 * 10**5])  # 模型占掉的比 1 MB × 0.5 还多
     with pytest.raises(RuntimeError, match="memory_ratio|num_page_override"):
         Engine(EngineConfig(tiny_path, memory_ratio=0.5))
-        pytest.fail("内存放不下 KV 缓存时应当抛 RuntimeError")
+        pytest.fail(tr("Must raise RuntimeError when memory cannot hold the KV cache"))
 
 
 @pytest.mark.parametrize("free_before,expect", [(204_800_000, 100_000), (204_799_998, 99_999)])
@@ -178,7 +179,7 @@ def test_num_pages_when_free_memory_grows_during_loading(tiny_path: str, monkeyp
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
     engine = Engine(EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64, device="cpu"))
     assert engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32) == 1024
-    assert engine.num_pages == expect, f"页数应为 int({free_before} × 0.5) ÷ 1024 = {expect}（模型占用取 max(差值, 0)），实际 {engine.num_pages}"
+    assert engine.num_pages == expect, tr("The number of pages must be int({free_before} × 0.5) ÷ 1024 = {expect} (model usage is max(difference, 0)), got {num_pages}", free_before=free_before, expect=expect, num_pages=engine.num_pages)
     engine.shutdown()
 
 
@@ -191,11 +192,11 @@ def test_exactly_one_page_is_enough_and_zero_is_refused(tiny_path: str, monkeypa
     if pages == 0:
         with pytest.raises(RuntimeError, match="memory_ratio|num_page_override") as raised:
             Engine(config)
-            pytest.fail("一页 KV 缓存都放不下时应当抛 RuntimeError")
-        assert not isinstance(raised.value, NotImplementedError), f"_determine_num_pages 还没有实现：{raised.value}"
+            pytest.fail(tr("Must raise RuntimeError when not even one KV cache page fits"))
+        assert not isinstance(raised.value, NotImplementedError), tr("_determine_num_pages is not implemented yet: {value}", value=raised.value)
         return
     engine = Engine(config)
-    assert engine.num_pages == 1, f"刚好剩一页：num_pages 应为 1，实际 {engine.num_pages}"
+    assert engine.num_pages == 1, tr("Exactly one page left: num_pages must be 1, got {num_pages}", num_pages=engine.num_pages)
     engine.shutdown()
 
 
@@ -213,7 +214,7 @@ def test_fast_linear_agrees_with_reference(tiny_path: str, hand) -> None:  # noq
             logits.append(engine.model.forward())
         engine.forward_batch(batch, engine.sampler.prepare(batch))
         engine.shutdown()
-    assert_close_zh(logits[0], logits[1], "oneDNN 路径与 F.linear 路径不一致", atol=1e-5, rtol=1e-4)
+    assert_close_zh(logits[0], logits[1], tr("The oneDNN path and the F.linear path disagree"), atol=1e-5, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +240,7 @@ def make_reqs(engine: Engine, hand, prompts: list[list[int]], n: int, rows: list
 
 def describe_mismatch(ours: list[list[int]], ref: list[list[int]]) -> str:
     bad = [(i, next(j for j, (a, b) in enumerate(zip(o, r)) if a != b)) for i, (o, r) in enumerate(zip(ours, ref)) if o != r]
-    return "与 HF generate 不一致的提示词（序号, 第几个 token）：" + ", ".join(f"({i}, {j})" for i, j in bad)
+    return tr("Prompts that differ from HF generate (index, token position): ") + ", ".join(f"({i}, {j})" for i, j in bad)
 
 
 @pytest.mark.parametrize("backend, page_size", [("sdpa", 1), ("torch", 4)])
@@ -268,10 +269,10 @@ def test_top_p_renormalizes_after_top_k() -> None:
     got = top_k_top_p_filter(probs, torch.tensor([2]), torch.tensor([0.6]))
     kept = (got[0] > 0).tolist()
     assert kept == [True, False, False], (
-        f"top_k=2 后重新归一化为 [0.625, 0.375]，第一名已达到 top_p=0.6，只该留第一名；实际留下 {kept}"
+        tr("After top_k=2 the renormalized probabilities are [0.625, 0.375] and the top token already reaches top_p=0.6, so only it should remain; kept {kept}", kept=kept)
     )
     got = top_k_top_p_filter(probs, torch.tensor([3]), torch.tensor([0.6]))
-    assert (got[0] > 0).tolist() == [True, True, False], "不截 top_k 时，前两名（0.5 + 0.3）才达到 0.6"
+    assert (got[0] > 0).tolist() == [True, True, False], tr("Without a top_k cut, only the top two (0.5 + 0.3) reach 0.6")
 
 
 
@@ -287,7 +288,6 @@ def test_num_pages_counts_page_size_and_dtype(tiny_path: str, monkeypatch: pytes
     engine = Engine(EngineConfig(tiny_path, dtype=dtype, memory_ratio=0.5, max_seq_len_override=64, page_size=page_size, device="cpu"))
     expect = (5 * 10**8 - 10**8) // per_page
     assert engine.num_pages == expect, (
-        f"page_size={page_size}、dtype={dtype}：每页 {per_page} 字节（2 × 层数 × page_size × KV 头数 × head_dim × 元素字节数），"
-        f"页数应为 (1e9 × 0.5 − 1e8) ÷ {per_page} = {expect}，实际 {engine.num_pages}"
+        tr("page_size={page_size}, dtype={dtype}: {per_page} bytes per page (2 × layers × page_size × KV heads × head_dim × bytes per element), so the number of pages must be (1e9 × 0.5 − 1e8) ÷ {per_page} = {expect}, got {num_pages}", page_size=page_size, dtype=dtype, per_page=per_page, expect=expect, num_pages=engine.num_pages)
     )
     engine.shutdown()

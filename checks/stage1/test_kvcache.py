@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.kvcache import MHAKVCache, create_page_table, pages_to_slots
@@ -21,11 +22,11 @@ def test_buffer_and_views() -> None:
     cache = make_cache()
     for layer in range(3):
         k, v = cache.k_cache(layer), cache.v_cache(layer)
-        assert k.shape == v.shape == (24, 2, 8), "每层 K/V 应摊平成 [num_pages * page_size, KV 头数, head_dim]"
-        assert not k.any() and not v.any(), "KV 池应初始化为 0（未写过的槽位不能是 NaN）"
+        assert k.shape == v.shape == (24, 2, 8), tr("Each layer's K/V must be flattened to [num_pages * page_size, KV heads, head_dim]")
+        assert not k.any() and not v.any(), tr("The KV pool must be initialized to 0 (unwritten slots must not be NaN)")
         k.fill_(layer + 1)  # 是视图：写它就是写池子
-    assert cache.k_cache(1)[0, 0, 0] == 2 and cache.k_cache(2)[-1, -1, -1] == 3, "k_cache 应返回池子的视图，而不是拷贝"
-    assert not cache.v_cache(0).any(), "K 和 V 不能是同一块内存"
+    assert cache.k_cache(1)[0, 0, 0] == 2 and cache.k_cache(2)[-1, -1, -1] == 3, tr("k_cache must return a view of the pool, not a copy")
+    assert not cache.v_cache(0).any(), tr("K and V must not share memory")
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -40,22 +41,22 @@ def test_store_kv_writes_exactly_out_loc(page_size: int) -> None:
     out_loc = torch.tensor([17, 3, 9, 22, 0], dtype=torch.int32)
     k, v = torch.randn(5, 2, 8), torch.randn(5, 2, 8)
     cache.store_kv(k, v, out_loc, layer_id=1)
-    assert_close_zh(cache.k_cache(1)[out_loc.long()], k, "K 没写到 out_loc 指定的槽位")
-    assert_close_zh(cache.v_cache(1)[out_loc.long()], v, "V 没写到 out_loc 指定的槽位")
+    assert_close_zh(cache.k_cache(1)[out_loc.long()], k, tr("K was not written to the slots given by out_loc"))
+    assert_close_zh(cache.v_cache(1)[out_loc.long()], v, tr("V was not written to the slots given by out_loc"))
     untouched = torch.ones(24, dtype=torch.bool)
     untouched[out_loc.long()] = False
     for layer in range(3):
         keep = untouched if layer == 1 else torch.ones(24, dtype=torch.bool)
-        assert torch.equal(cache.k_cache(layer)[keep], before_k[layer][keep]), f"第 {layer} 层不该写的 K 槽位被改了"
-        assert torch.equal(cache.v_cache(layer)[keep], before_v[layer][keep]), f"第 {layer} 层不该写的 V 槽位被改了"
+        assert torch.equal(cache.k_cache(layer)[keep], before_k[layer][keep]), tr("Layer {layer}: K slots that must not be written were changed", layer=layer)
+        assert torch.equal(cache.v_cache(layer)[keep], before_v[layer][keep]), tr("Layer {layer}: V slots that must not be written were changed", layer=layer)
 
 
 def test_pages_to_slots() -> None:
     assert pages_to_slots(torch.tensor([3, 1], dtype=torch.int32), 2).tolist() == [6, 7, 2, 3]
     assert pages_to_slots(torch.tensor([5, 0, 2]), 1).tolist() == [5, 0, 2]
     slots = pages_to_slots(torch.tensor([2, 0], dtype=torch.int32), 4)
-    assert slots.tolist() == [8, 9, 10, 11, 0, 1, 2, 3], f"pages=[2, 0]、page_size=4 应得 [8..11, 0..3]，得到 {slots.tolist()}"
-    assert slots.dtype == torch.int32, f"应保持页号的 dtype（int32），得到 {slots.dtype}"
+    assert slots.tolist() == [8, 9, 10, 11, 0, 1, 2, 3], tr("pages=[2, 0], page_size=4 must give [8..11, 0..3], got {value}", value=slots.tolist())
+    assert slots.dtype == torch.int32, tr("The dtype of the page ids (int32) must be kept, got {dtype}", dtype=slots.dtype)
 
 
 def test_bytes_per_page() -> None:
@@ -63,7 +64,7 @@ def test_bytes_per_page() -> None:
         cache = MHAKVCache(2, 3, 8, num_pages=5, page_size=4, dtype=dtype, device="cpu")
         total = cache._kv_buffer.numel() * cache._kv_buffer.element_size()
         got = MHAKVCache.bytes_per_page(2, 3, 8, 4, dtype)
-        assert got * 5 == total, f"{dtype}：每页字节数 × 页数应等于整个 KV 池的大小 {total}，得到 {got} × 5 = {got * 5}"
+        assert got * 5 == total, tr("{dtype}: bytes per page × pages must equal the size of the whole KV pool {total}, got {got} × 5 = {value}", dtype=dtype, total=total, got=got, value=got * 5)
     assert MHAKVCache.bytes_per_page(8, 28, 128, 1, torch.float32) == 2 * 28 * 8 * 128 * 4
 
 
@@ -91,6 +92,6 @@ def test_engine_writes_kv_only_at_out_loc(tiny_path: str, hand, page_size: int) 
             for kv in (0, 1):
                 changed = (after[kv, layer] != before[kv, layer]).flatten(2).any(-1).flatten()
                 assert set(changed.nonzero().flatten().tolist()) == set(batch.out_loc.tolist()), (
-                    f"{phase}：第 {layer} 层 {'KV'[kv]} 池被改动的槽位应恰好是 out_loc"
+                    tr("{phase}: the changed slots of the {value} pool in layer {layer} must be exactly out_loc", phase=phase, layer=layer, value='KV'[kv])
                 )
     engine.shutdown()

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
+from minisgl.i18n import tr
 from minisgl.core import Batch, Context, set_global_ctx
 from minisgl.layers import (
     AttentionLayer,
@@ -40,8 +41,8 @@ def test_rms_norm_matches_hf(dtype: torch.dtype, atol: float) -> None:
     ours.weight.copy_(hf.weight.data)
     got = ours.forward(x)
     want = hf(x)
-    assert got.dtype == want.dtype, "输出 dtype 应与 HF 相同"
-    assert_close_zh(got, want, "RMSNorm 与 HF 的 Qwen3RMSNorm 不一致", atol=atol, rtol=0)
+    assert got.dtype == want.dtype, tr("The output dtype must match HF")
+    assert_close_zh(got, want, tr("RMSNorm differs from HF's Qwen3RMSNorm"), atol=atol, rtol=0)
     torch.testing.assert_close(rms_norm(x, hf.weight.data, 1e-6), want, atol=atol, rtol=0)
 
 
@@ -52,7 +53,7 @@ def test_silu_and_mul_matches_hf_mlp() -> None:
     x = torch.randn(5, 16)
     gate_up = torch.cat([x @ mlp.gate_proj.weight.T, x @ mlp.up_proj.weight.T], dim=-1)
     got = silu_and_mul(gate_up) @ mlp.down_proj.weight.T
-    assert_close_zh(got, mlp(x), "silu_and_mul：前一半是 gate、后一半是 up", atol=1e-6, rtol=1e-5)
+    assert_close_zh(got, mlp(x), tr("silu_and_mul: the first half is gate, the second half is up"), atol=1e-6, rtol=1e-5)
 
 
 def test_rotary_matches_hf() -> None:
@@ -66,8 +67,8 @@ def test_rotary_matches_hf() -> None:
     hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     ours = RotaryEmbedding(head_dim, theta, 512, device=CPU)
     gq, gk = ours.forward(positions, q, k)
-    assert_close_zh(gq, hq[0].transpose(0, 1), "RoPE（q）与 HF 不一致", atol=1e-5, rtol=1e-5)
-    assert_close_zh(gk, hk[0].transpose(0, 1), "RoPE（k）与 HF 不一致", atol=1e-5, rtol=1e-5)
+    assert_close_zh(gq, hq[0].transpose(0, 1), tr("RoPE (q) differs from HF"), atol=1e-5, rtol=1e-5)
+    assert_close_zh(gk, hk[0].transpose(0, 1), tr("RoPE (k) differs from HF"), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(apply_rotary(q, cos[0], sin[0]), hq[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
 
 
@@ -90,28 +91,28 @@ def test_merged_linear_equals_separate(bias: bool) -> None:
     op, ws, bs = make_qkv(bias)
     x = torch.randn(3, 6)
     want = torch.cat([F.linear(x, w, b if bias else None) for w, b in zip(ws, bs)], dim=-1)
-    assert_close_zh(op.forward(x), want, "合并的 qkv 线性层应等于分别算 q、k、v 再拼接")
-    assert_close_zh(op.weight, torch.cat(ws), "第 i 段应装在 sum(output_sizes[:i]) 开始的那几行")
+    assert_close_zh(op.forward(x), want, tr("The merged qkv linear layer must equal computing q, k, v separately and concatenating"))
+    assert_close_zh(op.weight, torch.cat(ws), tr("Shard i must be loaded into the rows starting at sum(output_sizes[:i])"))
 
 
 def test_merged_linear_rejects_wrong_shape() -> None:
     op, _, _ = make_qkv()
-    with pytest.raises(ValueError, match="形状"):
+    with pytest.raises(ValueError, match=r"\(4, 6\).*\(5, 6\)"):  # 模型需要的形状、检查点给的形状
         op.load_weight("weight", torch.randn(5, 6), shard=1)
-        pytest.fail("k_proj 应是 4 行，装 5 行的张量时应当报形状错误")
-    with pytest.raises(ValueError, match="形状"):
+        pytest.fail(tr("k_proj has 4 rows: loading a tensor with 5 rows must report a shape error"))
+    with pytest.raises(ValueError, match=r"\(8, 6\).*\(8, 7\)"):
         op.load_weight("weight", torch.randn(8, 7), shard=0)
-        pytest.fail("列数不对时应当报形状错误")
+        pytest.fail(tr("A wrong number of columns must report a shape error"))
 
 
 def test_fast_linear_matches_reference() -> None:
     op, ws, _ = make_qkv()
     x = torch.randn(5, 6)
     want = op.forward(x)
-    assert fast_linear_supported(CPU, torch.float32), "CPU 上 fp32 的 oneDNN 快速路径应当可用"
-    assert pack_linear_weights(op) == 1 and op.weight is None, "打包后的权重应取代原权重"
+    assert fast_linear_supported(CPU, torch.float32), tr("The oneDNN fast path must be available on CPU for fp32")
+    assert pack_linear_weights(op) == 1 and op.weight is None, tr("The packed weight must replace the original weight")
     for rows in (1, 5):
-        assert_close_zh(op.forward(x[:rows]), want[:rows], "oneDNN 路径与 F.linear 不一致", atol=1e-5, rtol=1e-5)
+        assert_close_zh(op.forward(x[:rows]), want[:rows], tr("The oneDNN path differs from F.linear"), atol=1e-5, rtol=1e-5)
 
 
 @dataclass
@@ -144,18 +145,18 @@ def test_lm_head_last_tokens_only(tied: bool) -> None:
         head.load_weight("weight", torch.randn(50, 8))
         assert set(head.own_slots("lm_head")) == {"lm_head.weight"}
     else:
-        assert head.own_slots("lm_head") == {}, "共享权重时检查点里没有 lm_head.weight"
+        assert head.own_slots("lm_head") == {}, tr("With tied weights the checkpoint has no lm_head.weight")
     weight = head.weight.clone()
     x = torch.randn(9, 8)  # 三个请求，各 4、1、4 个 token
     ctx, batch = _ctx_with_batch([3, 4, 8])
     with ctx.forward_batch(batch):
         logits = head.forward(x)
-        assert logits.shape == (3, 50), "只应为每个请求的最后一个 token 算 logits"
+        assert logits.shape == (3, 50), tr("Logits must be computed only for the last token of each request")
         torch.testing.assert_close(logits, x[[3, 4, 8]] @ weight.T)
         emb_before = emb.weight.clone()
         pack_linear_weights(head)
         torch.testing.assert_close(head.forward(x), logits, atol=1e-5, rtol=1e-5)
-        assert torch.equal(emb.weight, emb_before), "打包 LM head 不能改动嵌入层自己的权重"
+        assert torch.equal(emb.weight, emb_before), tr("Packing the LM head must not change the embedding layer's own weight")
     set_global_ctx(None)
 
 
@@ -188,10 +189,10 @@ def test_attention_layer_forward(qk_norm: bool) -> None:
     q, k = rotary.forward(positions, q, k)
     got_q, got_k, got_v, layer_id = backend.seen
     assert layer_id == 3
-    assert_close_zh(got_q, q, "交给后端的 q 应是拆分、（q_norm、）RoPE 之后的 [T, Hq, D]")
-    assert_close_zh(got_k, k, "交给后端的 k 应是拆分、（k_norm、）RoPE 之后的 [T, Hkv, D]")
-    assert_close_zh(got_v, v, "v 不做归一化和 RoPE")
-    assert out.shape == (3, hq * d), "输出应摊平成 [T, Hq * D]"
+    assert_close_zh(got_q, q, tr("The q handed to the backend must be [T, Hq, D] after the split, (q_norm,) and RoPE"))
+    assert_close_zh(got_k, k, tr("The k handed to the backend must be [T, Hkv, D] after the split, (k_norm,) and RoPE"))
+    assert_close_zh(got_v, v, tr("v gets neither normalization nor RoPE"))
+    assert out.shape == (3, hq * d), tr("The output must be flattened to [T, Hq * D]")
     set_global_ctx(None)
 
 
@@ -207,15 +208,15 @@ def test_rotary_bf16_matches_hf() -> None:
     hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     gq, gk = RotaryEmbedding(head_dim, theta, 512, device=CPU).forward(positions, q, k)
     assert gq.dtype == torch.bfloat16 and gk.dtype == torch.bfloat16, (
-        f"bf16 的 q/k 做完 RoPE 应仍是 bf16，得到 {gq.dtype}/{gk.dtype}：cos/sin 要先 .to(x.dtype)"
+        tr("bf16 q/k must still be bf16 after RoPE, got {dtype}/{dtype2}: cos/sin need .to(x.dtype) first", dtype=gq.dtype, dtype2=gk.dtype)
     )
-    assert_close_zh(gq, hq[0].transpose(0, 1), "bf16 下 RoPE（q）与 HF 不一致：cos/sin 要先转成 x 的 dtype 再乘", atol=0, rtol=0)
-    assert_close_zh(gk, hk[0].transpose(0, 1), "bf16 下 RoPE（k）与 HF 不一致", atol=0, rtol=0)
+    assert_close_zh(gq, hq[0].transpose(0, 1), tr("RoPE (q) differs from HF in bf16: convert cos/sin to the dtype of x before multiplying"), atol=0, rtol=0)
+    assert_close_zh(gk, hk[0].transpose(0, 1), tr("RoPE (k) differs from HF in bf16"), atol=0, rtol=0)
 
 
 def test_merged_linear_shape_error_names_expected_and_given() -> None:
     """形状错误的消息要说清哪个是模型需要的、哪个是检查点给的（check_shape(模型里的目标, 检查点张量)）。"""
     op, _, _ = make_qkv()
-    with pytest.raises(ValueError, match=r"需要 \(4, 6\).*检查点里是 \(5, 6\)"):
+    with pytest.raises(ValueError, match=r"\(4, 6\).*\(5, 6\)"):
         op.load_weight("weight", torch.randn(5, 6), shard=1)
-        pytest.fail("k_proj 应是 4 行，装 5 行的张量时应当报形状错误")
+        pytest.fail(tr("k_proj has 4 rows: loading a tensor with 5 rows must report a shape error"))

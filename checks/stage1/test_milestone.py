@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from minisgl.i18n import tr
 from minisgl.paths import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "examples"))
@@ -19,7 +20,7 @@ def test_step0_equals_hf(smollm2_path: str, smollm2_prompts: list, smollm2_refer
     cfg, weights, _ = step0.load(smollm2_path)
     for i in (0, 7):  # 一个短提示词、一个带对话模板的
         got = step0.generate(cfg, weights, smollm2_prompts[i], 16)
-        assert got == smollm2_reference[i][:16], f"第 0 步在提示词 {i} 上与 HF generate 不一致"
+        assert got == smollm2_reference[i][:16], tr("Step 0 differs from HF generate on prompt {i}", i=i)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -28,9 +29,9 @@ def test_milestone(smollm2_path: str, page_size: int, capsys: pytest.CaptureFixt
     argv = ["--model", smollm2_path, "--page-size", str(page_size), "--max-tokens", str(n), "--skip-step0"]
     result = stage1_milestone.main(argv)  # 第 0 步由上一个检查单独比对
     printed = capsys.readouterr().out
-    assert not result["mismatches"], f"有请求与 HF generate 不一致：{result['mismatches']}"
-    assert "完全一致" in printed and "token/s" in printed
+    assert not result["mismatches"], tr("Some requests differ from HF generate: {result_item}", result_item=result['mismatches'])
+    assert "Hugging Face generate" in printed and "token/s" in printed  # 两种语言的总结行都有这两段
     lens = [n_prompt + n - 1 for n_prompt in result["batch_prompt_lens"]]  # 最后采样的 token 不进缓存
-    assert result["slots_written"] == sum(lens), "写入的槽位数应等于每个请求进过缓存的 token 数之和"
-    assert result["pages_written"] == sum(-(-n_tok // page_size) for n_tok in lens), "写入的页数应是每个请求占的页数之和"
+    assert result["slots_written"] == sum(lens), tr("The number of slots written must equal the total number of tokens that went into the cache, over all requests")
+    assert result["pages_written"] == sum(-(-n_tok // page_size) for n_tok in lens), tr("The number of pages written must be the sum of the pages each request occupies")
     assert result["batch_tps"] > 0 and result["single_tps"] > 0

@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_weights
@@ -20,13 +21,13 @@ from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_w
 
 def test_model_config_from_hf(tiny_path: str, smollm2_path: str) -> None:
     qwen = ModelConfig.from_hf(tiny_path)
-    assert qwen.architecture == "Qwen3ForCausalLM" and qwen.qk_norm, "Qwen3 有 q/k norm"
+    assert qwen.architecture == "Qwen3ForCausalLM" and qwen.qk_norm, tr("Qwen3 has q/k norm")
     assert (qwen.num_layers, qwen.num_qo_heads, qwen.num_kv_heads, qwen.head_dim) == (2, 4, 2, 32)
     assert qwen.rope_theta == 1_000_000 and qwen.tie_word_embeddings and qwen.vocab_size == 151936
     llama = ModelConfig.from_hf(smollm2_path)
-    assert llama.architecture == "LlamaForCausalLM" and not llama.qk_norm, "Llama 没有 q/k norm"
+    assert llama.architecture == "LlamaForCausalLM" and not llama.qk_norm, tr("Llama has no q/k norm")
     assert (llama.num_layers, llama.num_qo_heads, llama.num_kv_heads, llama.head_dim) == (30, 9, 3, 64)
-    assert llama.rope_theta == 100_000, "transformers v5 把 rope_theta 放在 rope_parameters 里"
+    assert llama.rope_theta == 100_000, tr("transformers v5 puts rope_theta in rope_parameters")
     assert llama.rms_norm_eps == pytest.approx(1e-5)
 
 
@@ -34,10 +35,10 @@ def test_model_config_errors(tiny_path: str, tmp_path: Path) -> None:
     hf = json.loads((Path(tiny_path) / "config.json").read_text())
     with pytest.raises(ValueError, match="MambaForCausalLM"):
         ModelConfig.from_dict({**hf, "architectures": ["MambaForCausalLM"]})
-        pytest.fail("不认识的架构应当抛 ValueError 并说出架构名")
+        pytest.fail(tr("An unknown architecture must raise ValueError naming the architecture"))
     with pytest.raises(NotImplementedError):
         ModelConfig.from_dict({**hf, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
-        pytest.fail("没有实现的 RoPE 缩放应当直接报错，而不是悄悄算错")
+        pytest.fail(tr("An unimplemented RoPE scaling must fail loudly instead of silently computing wrong results"))
     no_kv = {k: v for k, v in hf.items() if k not in ("num_key_value_heads", "head_dim")}
     cfg = ModelConfig.from_dict(no_kv)
     assert cfg.num_kv_heads == hf["num_attention_heads"] and cfg.head_dim == hf["hidden_size"] // hf["num_attention_heads"]
@@ -49,11 +50,11 @@ def test_model_config_defaults_and_first_architecture(tiny_path: str) -> None:
     """缺省值按任务里写的来（不是“碰巧和我们的模型一样”）；``architectures`` 有多个时看第一个，和 transformers 一样。"""
     hf = json.loads((Path(tiny_path) / "config.json").read_text())
     untied = ModelConfig.from_dict({**hf, "tie_word_embeddings": False})
-    assert untied.tie_word_embeddings is False, "tie_word_embeddings=False 时 LM head 有自己的权重"
+    assert untied.tie_word_embeddings is False, tr("With tie_word_embeddings=False the LM head has its own weight")
     bare = ModelConfig.from_dict({k: v for k, v in hf.items() if k not in ("tie_word_embeddings", "attention_bias", "mlp_bias")})
-    assert (bare.tie_word_embeddings, bare.attention_bias, bare.mlp_bias) == (False, False, False), "这三项缺省都是 False"
+    assert (bare.tie_word_embeddings, bare.attention_bias, bare.mlp_bias) == (False, False, False), tr("All three default to False")
     two = ModelConfig.from_dict({**hf, "architectures": ["Qwen3ForCausalLM", "SomethingElse"]})
-    assert two.architecture == "Qwen3ForCausalLM" and two.qk_norm, "architectures 有多个时用第一个"
+    assert two.architecture == "Qwen3ForCausalLM" and two.qk_norm, tr("When architectures lists several, use the first")
 
 
 def load_tiny(path: str | Path) -> torch.nn.Module:
@@ -69,12 +70,12 @@ def test_merged_projections_equal_hf(tiny_path: str, hand) -> None:  # noqa: ANN
         p = f"model.layers.{i}."
         qkv = model.model.layers[i].self_attn.qkv_proj.weight
         want = torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
-        assert torch.equal(qkv, want), "qkv_proj 应按 q、k、v 的顺序拼接 HF 的三个投影"
+        assert torch.equal(qkv, want), tr("qkv_proj must concatenate HF's three projections in the order q, k, v")
         gate_up = model.model.layers[i].mlp.gate_up_proj.weight
         assert torch.equal(gate_up, torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]]))
         assert torch.equal(model.model.layers[i].self_attn.q_norm.weight, hf[p + "self_attn.q_norm.weight"])
     assert torch.equal(model.model.embed_tokens.weight, hf["model.embed_tokens.weight"])
-    assert model.lm_head.weight is model.model.embed_tokens.weight, "共享权重的 LM head 与嵌入层应是同一个张量"
+    assert model.lm_head.weight is model.model.embed_tokens.weight, tr("With tied weights the LM head and the embedding must be the same tensor")
 
 
 def rewrite_checkpoint(src: str, dst: Path, edit) -> Path:  # noqa: ANN001
@@ -92,16 +93,16 @@ def test_missing_tensor_is_named(tiny_path: str, tmp_path: Path) -> None:
     path = rewrite_checkpoint(tiny_path, tmp_path / "m", lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
     with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight"):
         load_tiny(path)
-        pytest.fail("缺少张量时应报出它的名字")
+        pytest.fail(tr("A missing tensor must be reported by name"))
 
 
 def test_misshaped_tensor_is_named(tiny_path: str, tmp_path: Path) -> None:
     def edit(t: dict) -> None:
         t["model.layers.0.mlp.up_proj.weight"] = torch.zeros(127, 64)
 
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight.*形状"):
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight.*\(127, 64\)"):
         load_tiny(rewrite_checkpoint(tiny_path, tmp_path / "m", edit))
-        pytest.fail("形状不对时应报出张量名和两个形状")
+        pytest.fail(tr("A wrong shape must be reported with the tensor name and both shapes"))
 
 
 def test_unexpected_tensor_and_missing_file(tiny_path: str, tmp_path: Path) -> None:
@@ -110,7 +111,7 @@ def test_unexpected_tensor_and_missing_file(tiny_path: str, tmp_path: Path) -> N
 
     with pytest.raises(ValueError, match="extra"):
         load_tiny(rewrite_checkpoint(tiny_path, tmp_path / "m", edit))
-        pytest.fail("模型里没有位置的张量应当报错（通常说明架构或配置不对）")
+        pytest.fail(tr("A tensor that has no place in the model must be an error (usually the architecture or the config is wrong)"))
     empty = tmp_path / "empty"
     empty.mkdir()
     shutil.copy(Path(tiny_path) / "config.json", empty / "config.json")
@@ -127,7 +128,7 @@ def test_tolerated_extras_load_cleanly(tiny_path: str, tmp_path: Path) -> None:
 
     extra = load_tiny(rewrite_checkpoint(tiny_path, tmp_path / "m", edit)).state_dict()
     plain = load_tiny(tiny_path).state_dict()
-    assert extra.keys() == plain.keys() and all(torch.equal(extra[k], plain[k]) for k in plain), "跳过多余张量后权重应完全一样"
+    assert extra.keys() == plain.keys() and all(torch.equal(extra[k], plain[k]) for k in plain), tr("After skipping the extra tensors the weights must be identical")
 
 
 def test_dummy_weights(tiny_path: str, tmp_path: Path, hand) -> None:  # noqa: ANN001
@@ -167,7 +168,7 @@ def hf_last_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     tol = 1e-4 * max(1.0, ref.abs().max().item())
     err = (ours - ref).abs().max().item()
-    assert err <= tol, f"{what}：logits 与 transformers 相差 {err:.2e}，超过容差 {tol:.2e}"
+    assert err <= tol, tr("{what}: the logits differ from transformers by {err:.2e}, more than the tolerance {tol:.2e}", what=what, err=err, tol=tol)
 
 
 def compare_with_hf(path: str, hand, prompts: list[list[int]], split: int | None, page_size: int = 1) -> None:  # noqa: ANN001
@@ -189,14 +190,14 @@ def compare_with_hf(path: str, hand, prompts: list[list[int]], split: int | None
             assert req.cached_len == split
     logits = engine_logits(engine, hand, reqs, "prefill")
     for b, prompt in enumerate(prompts):
-        assert_logits_close(logits[b], hf_last_logits(hf, prompt), "带缓存前缀的续算" if split else "预填充")
+        assert_logits_close(logits[b], hf_last_logits(hf, prompt), tr("prefill continued after a cached prefix") if split else tr("prefill step"))
     next_tokens = [1234 + 7 * b for b in range(len(prompts))]  # 固定的下一个 token，两边喂同样的输入
     for req, t in zip(reqs, next_tokens):
         req.append_host(torch.tensor([t], dtype=torch.int32))
     for _ in range(2):
         logits = engine_logits(engine, hand, reqs, "decode")
         for b, req in enumerate(reqs):
-            assert_logits_close(logits[b], hf_last_logits(hf, req.input_ids.tolist()), "解码")
+            assert_logits_close(logits[b], hf_last_logits(hf, req.input_ids.tolist()), tr("decode step"))
             req.append_host(torch.tensor([99 + b], dtype=torch.int32))
     engine.shutdown()
 
@@ -228,12 +229,12 @@ def test_model_config_rope_theta_and_activation(tiny_path: str) -> None:
     hf = json.loads((Path(tiny_path) / "config.json").read_text())
     base = {k: v for k, v in hf.items() if k not in ("rope_theta", "rope_parameters", "rope_scaling")}
     cfg = ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})
-    assert cfg.rope_theta == 500000.0, f"只在 rope_parameters 里给出 rope_theta=500000 时应读到它，得到 {cfg.rope_theta}"
+    assert cfg.rope_theta == 500000.0, tr("With rope_theta=500000 given only in rope_parameters, it must be read, got {rope_theta}", rope_theta=cfg.rope_theta)
     cfg = ModelConfig.from_dict({**base, "rope_theta": 250000.0})
-    assert cfg.rope_theta == 250000.0, f"只在顶层给出 rope_theta=250000 时应读到它，得到 {cfg.rope_theta}"
+    assert cfg.rope_theta == 250000.0, tr("With rope_theta=250000 given only at the top level, it must be read, got {rope_theta}", rope_theta=cfg.rope_theta)
     with pytest.raises(NotImplementedError):
         ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}})
-        pytest.fail("rope_parameters 里的 rope_type 不是 default（如 yarn）时也应抛 NotImplementedError")
+        pytest.fail(tr("A rope_type in rope_parameters other than default (e.g. yarn) must also raise NotImplementedError"))
     with pytest.raises(NotImplementedError):
         ModelConfig.from_dict({**hf, "hidden_act": "gelu"})
-        pytest.fail("MLP 只实现了 silu：hidden_act 是别的激活函数时应抛 NotImplementedError")
+        pytest.fail(tr("The MLP only implements silu: any other hidden_act must raise NotImplementedError"))

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 from checks.hf_reference import greedy_reference
+from minisgl.i18n import tr
 from minisgl import model_zoo
 from minisgl.trace import StepTrace
 
@@ -118,7 +119,7 @@ def integrity_error(what: str) -> Iterator[None]:
     with pytest.raises(RuntimeError) as raised:
         yield
         pytest.fail(what)
-    assert not isinstance(raised.value, NotImplementedError), f"完整性检查还没有实现：{raised.value}"
+    assert not isinstance(raised.value, NotImplementedError), tr("The integrity check is not implemented yet: {value}", value=raised.value)
 
 
 def assert_idle(llm: Any) -> None:
@@ -127,16 +128,16 @@ def assert_idle(llm: Any) -> None:
     cm = llm.cache_manager
     if hasattr(cm, "prefix_cache"):  # 第 2.2 章起：不只信学员自己的 check_integrity，直接数一遍
         info = cm.prefix_cache.size_info
-        assert info.protected_size == 0, f"空闲时还有 {info.protected_size} 个 token 被锁着（有请求没解锁）"
+        assert info.protected_size == 0, tr("While idle, {protected_size} tokens are still locked (some request was not unlocked)", protected_size=info.protected_size)
         free = cm.free_slots.cpu().tolist()
-        assert len(set(free)) == len(free), "空闲池里有重复的页"
+        assert len(set(free)) == len(free), tr("The free pool contains duplicate pages")
         assert len(free) + info.total_size // cm.page_size == cm.num_pages, (
-            f"页面没有全部回来：空闲 {len(free)} 页 + 缓存 {info.total_size // cm.page_size} 页 != 总共 {cm.num_pages} 页"
+            tr("Not all pages came back: {n_free} free + {value} cached != {num_pages} pages in total", n_free=len(free), value=info.total_size // cm.page_size, num_pages=cm.num_pages)
         )
     assert llm.table_manager.available_size == llm.max_running_req, (
-        f"请求槽没有全部归还：空闲 {llm.table_manager.available_size} / {llm.max_running_req}"
+        tr("Not all request slots were returned: {available_size} / {max_running_req} free", available_size=llm.table_manager.available_size, max_running_req=llm.max_running_req)
     )
-    assert not llm.busy, "generate 返回后调度器里还有请求"
+    assert not llm.busy, tr("The scheduler still holds requests after generate returned")
 
 
 @pytest.fixture
@@ -159,4 +160,4 @@ def first_fresh_index(tokens: list[int], start: int = 1) -> int:
     for i in range(start, len(tokens)):
         if tokens[i] not in tokens[:i]:
             return i
-    raise AssertionError(f"找不到可以当作 EOS 的 token：{tokens}")
+    raise AssertionError(tr("Cannot find a token to use as EOS: {tokens}", tokens=tokens))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, integrity_error, record
+from minisgl.i18n import tr
 from minisgl.cache_manager import LLM, CacheManager, NaivePrefixCache, ReservingPrefillAdder
 from minisgl.core import Req, SamplingParams
 from minisgl.radix_cache import RadixPrefixCache
@@ -44,18 +45,18 @@ def test_allocate_on_demand(page_size: int) -> None:
     a, b = make_req(cm, 0, list(range(10))), make_req(cm, 1, list(range(3)))
     cm.allocate_paged([a, b])
     need = -(-10 // page_size) + -(-3 // page_size)
-    assert len(cm.free_slots) == 40 - need, "只分配这一步要写的位置所需的整页"
+    assert len(cm.free_slots) == 40 - need, tr("Allocate only the whole pages needed for the positions written in this step")
     for req, n in [(a, 10), (b, 3)]:
         slots = cm.page_table[req.table_idx, :n]
-        assert torch.equal(slots % page_size, torch.arange(n, dtype=torch.int32) % page_size), "同一页里的位置连续排列"
+        assert torch.equal(slots % page_size, torch.arange(n, dtype=torch.int32) % page_size), tr("Positions within one page are laid out consecutively")
         assert torch.equal(slots // page_size, slots[:: page_size].repeat_interleave(page_size)[:n] // page_size)
-    assert not set(pages_of(cm, a, 10).tolist()) & set(pages_of(cm, b, 3).tolist()), "两个请求不共用页面"
+    assert not set(pages_of(cm, a, 10).tolist()) & set(pages_of(cm, b, 3).tolist()), tr("Two requests must not share pages")
     a.complete_one()  # 预填充那一步发出：cached_len = 10
     a.append_host(torch.tensor([7], dtype=torch.int32))
     before = len(cm.free_slots)
     grow(cm, a, page_size)  # 解码 page_size 步：恰好要再用到 1 页（ps=1 时每步 1 页）
     used = -(-(10 + page_size) // page_size) - -(-10 // page_size)
-    assert before - len(cm.free_slots) == used, "解码时只在跨进新的一页时才分配"
+    assert before - len(cm.free_slots) == used, tr("During decode, allocate only when crossing into a new page")
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
@@ -67,7 +68,7 @@ def test_pages_reclaimed_when_request_finishes(page_size: int) -> None:
     assert len(cm.free_slots) < 64
     for r in reqs:
         cm.cache_req(r, finished=True)
-    assert len(cm.free_slots) == 64, "请求结束后它的页面全部回到空闲池"
+    assert len(cm.free_slots) == 64, tr("When a request finishes, all its pages return to the free pool")
     cm.check_integrity()
 
 
@@ -77,13 +78,13 @@ def test_check_integrity_detects_leaks_and_double_frees() -> None:
     grow(cm, r, 3)
     with pytest.raises(RuntimeError):
         cm.check_integrity()
-        pytest.fail("有页面没还（泄漏）时完整性检查要报错")
+        pytest.fail(tr("The integrity check must fail when a page was not returned (a leak)"))
     cm.cache_req(r, finished=True)
     cm.check_integrity()
     cm.free_slots = torch.cat([cm.free_slots, cm.free_slots[:1]])
     with pytest.raises(RuntimeError):
         cm.check_integrity()
-        pytest.fail("同一页被还了两次时完整性检查要报错")
+        pytest.fail(tr("The integrity check must fail when a page was returned twice"))
 
 
 def test_duplicate_prefix_is_remapped_before_freeing() -> None:
@@ -96,9 +97,9 @@ def test_duplicate_prefix_is_remapped_before_freeing() -> None:
     b_own = cm.page_table[1, :6].clone()
     cm.cache_req(a, finished=False)
     cm.cache_req(b, finished=False)
-    assert torch.equal(cm.page_table[1, :6], cm.page_table[0, :6]), "b 的页表前 6 列要改指树里（a 的）页"
-    assert set(b_own.tolist()) <= set(cm.free_slots.tolist()), "b 自己那份重复的页要释放"
-    assert b.cache_handle.cached_len == 6, "b 换上覆盖整段前缀的新句柄"
+    assert torch.equal(cm.page_table[1, :6], cm.page_table[0, :6]), tr("The first 6 columns of b's page table must be remapped to the pages in the tree (a's)")
+    assert set(b_own.tolist()) <= set(cm.free_slots.tolist()), tr("b's own duplicate pages must be freed")
+    assert b.cache_handle.cached_len == 6, tr("b gets a new handle covering the whole prefix")
     grow(cm, b, 3)
     for r in (a, b):
         cm.cache_req(r, finished=True)
@@ -113,7 +114,7 @@ def test_allocation_evicts_prefix_cache_when_free_pages_run_out() -> None:
     assert len(cm.free_slots) == 4 and cm.available_size == 12
     other = make_req(cm, 1, [100 + i for i in range(10)])
     cm.allocate_paged([other])
-    assert cm.prefix_cache.size_info.evictable_size == 0 and len(cm.free_slots) == 2, "空闲页不够时先从前缀缓存驱逐"
+    assert cm.prefix_cache.size_info.evictable_size == 0 and len(cm.free_slots) == 2, tr("When free pages run out, evict from the prefix cache first")
     other.complete_one()
     cm.cache_req(other, finished=True)
     cm.check_integrity()
@@ -121,7 +122,7 @@ def test_allocation_evicts_prefix_cache_when_free_pages_run_out() -> None:
 
 def test_on_demand_admits_what_static_slots_could_not(tiny_path: str, make_llm) -> None:  # noqa: ANN001
     llm = make_llm(LLM, tiny_path, **{**TINY_KW, "num_page_override": 64, "max_running_req": 4})
-    assert llm.max_seq_len == 64, "按需分配：一个请求最多可以用满整个 KV 池（静态分配时每个槽只有 16）"
+    assert llm.max_seq_len == 64, tr("On-demand allocation: one request may use the whole KV pool (with static allocation each slot had only 16)")
     out = llm.generate([[3] * 40, "short"], SamplingParams(max_tokens=10, ignore_eos=True))
     assert [len(o["token_ids"]) for o in out] == [10, 10]
     assert_idle(llm)
@@ -137,7 +138,7 @@ def test_admission_reserves_for_running_requests(tiny_path: str, make_llm) -> No
     uid_a, uid_b = rec.steps[0].uids[0], max(u for s in rec.steps for u in s.uids)
     last_a = max(i for i, s in enumerate(rec.steps) if uid_a in s.uids)
     first_b = min(i for i, s in enumerate(rec.steps) if uid_b in s.uids)
-    assert first_b > last_a, "A 要用 40 页、B 要用 17 页、池子只有 48 页：B 必须等 A 结束"
+    assert first_b > last_a, tr("A needs 40 pages, B needs 17, the pool has only 48: B must wait until A finishes")
     assert_idle(llm)
 
 
@@ -145,22 +146,22 @@ def test_admission_waits_when_memory_short_never_deadlocks(tiny_path: str, make_
     llm = make_llm(LLM, tiny_path, **{**TINY_KW, "num_page_override": 45, "page_size": 1})
     rec = record(llm)
     out = llm.generate([[i + 1] * 10 for i in range(6)], SamplingParams(max_tokens=10, ignore_eos=True))
-    assert [len(o["token_ids"]) for o in out] == [10] * 6, "内存不够时新请求先等，最后全部完成（不死锁）"
-    assert max(len(s.uids) for s in rec.steps) == 2, "每个请求要 20 页、池子 45 页：同时最多运行 2 个"
+    assert [len(o["token_ids"]) for o in out] == [10] * 6, tr("When memory is short new requests wait, and all of them finish in the end (no deadlock)")
+    assert max(len(s.uids) for s in rec.steps) == 2, tr("Each request needs 20 pages and the pool has 45: at most 2 can run at once")
     assert_idle(llm)
 
 
 def test_request_that_can_never_fit_is_refused_up_front(tiny_path: str, make_llm) -> None:  # noqa: ANN001
     llm = make_llm(LLM, tiny_path, **{**TINY_KW, "num_page_override": 8, "page_size": 4, "max_seq_len_override": 64})
-    assert llm.max_seq_len == 32, "整个 KV 池只有 8 页 × 4 = 32 个 token：一个请求最多这么长"
+    assert llm.max_seq_len == 32, tr("The whole KV pool is only 8 pages × 4 = 32 tokens: that is the longest a request can be")
     rec = record(llm)
     with pytest.raises(ValueError, match="32"):
         llm.generate(["fine", [5] * 40], SamplingParams(max_tokens=4))
-        pytest.fail("提示词比整个 KV 池还长时要立刻报错（说出上限），而不是永远等下去")
-    assert rec.steps == [], "有放不下的请求时一个 token 也不算"
+        pytest.fail(tr("A prompt longer than the whole KV pool must be refused at once (stating the limit) instead of waiting forever"))
+    assert rec.steps == [], tr("When a request can never fit, not a single token is computed")
     with pytest.warns(UserWarning, match="max_tokens"):
         out = llm.generate([[5] * 20, [6] * 4], SamplingParams(max_tokens=20, ignore_eos=True))
-    assert [len(o["token_ids"]) for o in out] == [12, 20], "max_tokens 截到恰好放得下（20 + 12 = 32 = 8 页），照常完成"
+    assert [len(o["token_ids"]) for o in out] == [12, 20], tr("max_tokens is clipped to fit exactly (20 + 12 = 32 = 8 pages) and the requests complete normally")
     assert_idle(llm)
 
 
@@ -171,7 +172,7 @@ def test_all_pages_back_after_generate(tiny_path: str, make_llm, page_size: int)
     out = llm.generate([f"prompt {i} " * (i + 1) for i in range(6)], SamplingParams(max_tokens=7, ignore_eos=True))
     assert [len(o["token_ids"]) for o in out] == [7] * 6
     assert any(s.phase == "decode" for s in rec.steps)
-    assert len(llm.cache_manager.free_slots) == llm.cache_manager.num_pages, "naive 缓存：结束后全部页面空闲"
+    assert len(llm.cache_manager.free_slots) == llm.cache_manager.num_pages, tr("naive cache: every page is free after finishing")
     assert_idle(llm)
 
 
@@ -181,11 +182,11 @@ def test_batch_invariance_smollm2(smollm2_path, smollm2_prompts, smollm2_referen
     llm = make_llm(LLM, smollm2_path, **{**SMOL_KW, "page_size": page_size, "num_page_override": 1024 // page_size})
     batched = [o["token_ids"] for o in llm.generate(smollm2_prompts, sp)]
     for i, (ours, ref) in enumerate(zip(batched, smollm2_reference)):
-        assert ours == ref, f"page_size={page_size} 成批：第 {i} 个请求与 Hugging Face 不一致\n我们：{ours}\nHF：  {ref}"
+        assert ours == ref, tr("page_size={page_size}, batched: request {i} differs from Hugging Face\nours: {ours}\nHF:   {ref}", page_size=page_size, i=i, ours=ours, ref=ref)
     assert_idle(llm)
     alone = SamplingParams(max_tokens=12, ignore_eos=True)
     singles = [llm.generate([p], alone)[0]["token_ids"] for p in smollm2_prompts[:3]]
-    assert singles == [r[:12] for r in smollm2_reference[:3]], "单独跑也与 HF 一致"
+    assert singles == [r[:12] for r in smollm2_reference[:3]], tr("Running alone also matches HF")
     assert_idle(llm)
 
 
@@ -227,8 +228,7 @@ def test_check_integrity_catches_each_condition_alone(case: str) -> None:
         cm.check_integrity()
         return
     with integrity_error(
-        f"完整性检查没有发现「{case}」：空闲页首 {free}，缓存 可驱逐 {evictable} / 受保护 {protected} 个 token，"
-        f"共 4 页 × 4（提示里列出的每一条都要检查，并抛 RuntimeError）"
+        tr("The integrity check did not catch '{case}': free page starts {free}, cache {evictable} evictable / {protected} protected tokens, 4 pages × 4 in total (check every condition listed in the hint and raise RuntimeError)", case=case, free=free, evictable=evictable, protected=protected)
     ):
         cm.check_integrity()
 
@@ -238,14 +238,14 @@ def test_last_page_may_stick_out_of_the_page_table() -> None:
     cm = make_manager(num_pages=8, page_size=4, width=10)
     r = make_req(cm, 0, list(range(10)))
     cm.allocate_paged([r])
-    assert len(cm.free_slots) == 8 - 3, f"10 个 token 要 3 页，实际分配了 {8 - len(cm.free_slots)} 页"
+    assert len(cm.free_slots) == 8 - 3, tr("10 tokens need 3 pages, but {value} pages were allocated", value=8 - len(cm.free_slots))
     row = cm.page_table[0, :10]
-    assert torch.equal(row % 4, torch.arange(10, dtype=torch.int32) % 4), f"页内位置要连续：{row.tolist()}"
-    assert len(torch.unique(row // 4)) == 3, f"前 10 列应落在 3 个不同的页里：{row.tolist()}"
-    assert torch.equal(cm.page_table[1:], torch.zeros_like(cm.page_table[1:])), "别的行不能被写到"
+    assert torch.equal(row % 4, torch.arange(10, dtype=torch.int32) % 4), tr("Positions within a page must be consecutive: {value}", value=row.tolist())
+    assert len(torch.unique(row // 4)) == 3, tr("The first 10 columns must fall in 3 different pages: {value}", value=row.tolist())
+    assert torch.equal(cm.page_table[1:], torch.zeros_like(cm.page_table[1:])), tr("Other rows must not be written")
     r.complete_one()
     cm.cache_req(r, finished=True)
-    assert sorted(cm.free_slots.tolist()) == [0, 4, 8, 12, 16, 20, 24, 28], "结束后 3 页全部回来（伸出去的那页也要还）"
+    assert sorted(cm.free_slots.tolist()) == [0, 4, 8, 12, 16, 20, 24, 28], tr("After finishing, all 3 pages come back (including the one that sticks out)")
 
 
 def _admit(cm: CacheManager, row: int, prompt: list[int]) -> Req:
@@ -268,7 +268,7 @@ def test_finished_requests_leave_no_locks_in_radix_cache(page_size: int) -> None
     for round_ in range(2):  # 第二轮的请求在准入时就命中了第一轮留下的前缀：旧句柄也锁着树里的节点
         reqs = [_admit(cm, i, shared + [50 + i + 10 * round_] * (3 + i)) for i in range(3)]
         if round_:
-            assert all(r.cache_handle.cached_len == 8 for r in reqs), "第二轮应命中共享的 8 个 token"
+            assert all(r.cache_handle.cached_len == 8 for r in reqs), tr("The second round must hit the shared 8 tokens")
         for r in reqs:
             grow(cm, r, 2)
             cm.cache_req(r, finished=False)  # 预填充后：换上新句柄、锁住，旧句柄解锁
@@ -277,11 +277,11 @@ def test_finished_requests_leave_no_locks_in_radix_cache(page_size: int) -> None
             grow(cm, r, 3)
             cm.cache_req(r, finished=True)
     refs = [n.ref_count for n in cache._all_nodes() if not n.is_root()]
-    assert all(c == 0 for c in refs), f"请求都结束了，树里还有节点被锁着：ref_count = {refs}"
+    assert all(c == 0 for c in refs), tr("All requests finished, but nodes in the tree are still locked: ref_count = {refs}", refs=refs)
     info = cache.size_info
-    assert info.protected_size == 0, f"请求都结束了，还有 {info.protected_size} 个 token 受保护（忘了解锁）"
+    assert info.protected_size == 0, tr("All requests finished, but {protected_size} tokens are still protected (forgot to unlock)", protected_size=info.protected_size)
     assert len(cm.free_slots) + info.total_size // page_size == 64, (
-        f"空闲 {len(cm.free_slots)} 页 + 缓存 {info.total_size // page_size} 页 != 64 页"
+        tr("{n_free_slots} free pages + {value} cached pages != 64 pages", n_free_slots=len(cm.free_slots), value=info.total_size // page_size)
     )
 
 
@@ -298,9 +298,7 @@ def _cached_prefix(page_size: int) -> tuple[CacheManager, RadixPrefixCache, list
     cm.cache_req(r, finished=True)
     info = cache.size_info
     assert tuple(info) == (12, 0) and cm.available_size == 64, (
-        f"一个 12 token 的请求算完并 cache_req(finished=True) 之后：树里应有 12 个可驱逐、0 个受保护的 token，"
-        f"可用 64；实际 可驱逐 {info.evictable_size}、受保护 {info.protected_size}、可用 {cm.available_size}"
-        "（可用多于 64 说明有页被还了两次，受保护不为 0 说明没解锁）"
+        tr("After a 12-token request is computed and cache_req(finished=True) is called, the tree must hold 12 evictable and 0 protected tokens, with 64 available; got {evictable_size} evictable, {protected_size} protected, {available_size} available (more than 64 available means a page was returned twice; protected not 0 means it was not unlocked)", evictable_size=info.evictable_size, protected_size=info.protected_size, available_size=cm.available_size)
     )
     return cm, cache, prefix
 
@@ -321,19 +319,18 @@ def test_reserve_unlocks_when_second_check_fails(page_size: int, reserved: int) 
     req = adder.try_add_one(pending)
     info = cache.size_info
     if reserved == 48:
-        assert req is None, "锁住命中的 12 个 token 后可用只剩 52 < 12 + 48：第二次检查不通过，不能接纳"
+        assert req is None, tr("After locking the 12 matched tokens only 52 remain available < 12 + 48: the second check fails and the request must not be admitted")
         assert info.protected_size == 0, (
-            f"第二次检查没通过、请求没被接纳，前缀缓存里却还有 {info.protected_size} 个 token 被锁着"
-            "（返回 None 之前要先 unlock 句柄，否则这段前缀再也驱逐不了）"
+            tr("The second check failed and the request was not admitted, yet {protected_size} tokens are still locked in the prefix cache (unlock the handle before returning None, otherwise this prefix can never be evicted)", protected_size=info.protected_size)
         )
-        assert info.evictable_size == 12, f"没接纳的请求不该改变可驱逐的量：应为 12，实际 {info.evictable_size}"
-        assert tables.available_size == 4, f"没接纳的请求不能占着请求槽：空闲槽 {tables.available_size}/4"
-        assert adder.reserved_size == 48, f"没接纳的请求不能计入预留：reserved_size={adder.reserved_size}，应仍为 48"
+        assert info.evictable_size == 12, tr("A request that was not admitted must not change the evictable amount: expected 12, got {evictable_size}", evictable_size=info.evictable_size)
+        assert tables.available_size == 4, tr("A request that was not admitted must not hold a request slot: {available_size}/4 slots free", available_size=tables.available_size)
+        assert adder.reserved_size == 48, tr("A request that was not admitted must not count toward the reservation: reserved_size={reserved_size}, should still be 48", reserved_size=adder.reserved_size)
     else:
-        assert req is not None, "锁住后可用 52 >= 12 + 40：应当接纳（第二次检查用的是锁住之后的 available_size）"
-        assert req.cached_len == 12, f"命中 12 个 token，Req.cached_len 却是 {req.cached_len}"
-        assert info.protected_size == 12, f"接纳之后命中的 12 个 token 要锁着，实际受保护 {info.protected_size}"
-        assert adder.reserved_size == 52, f"接纳之后 reserved_size 要加上这个请求要的 12 个 token：应为 52，实际 {adder.reserved_size}"
+        assert req is not None, tr("After locking, 52 available >= 12 + 40: the request must be admitted (the second check uses available_size after locking)")
+        assert req.cached_len == 12, tr("12 tokens matched, but Req.cached_len is {cached_len}", cached_len=req.cached_len)
+        assert info.protected_size == 12, tr("After admission the 12 matched tokens must stay locked, got {protected_size} protected", protected_size=info.protected_size)
+        assert adder.reserved_size == 52, tr("After admission reserved_size must add the 12 tokens this request needs: expected 52, got {reserved_size}", reserved_size=adder.reserved_size)
 
 
 @pytest.mark.parametrize("cache_kind", ["naive", "radix"])
@@ -357,14 +354,12 @@ def test_finished_request_frees_tail_only_up_to_cached_len(cache_kind: str) -> N
     free = cm.free_slots.tolist()
     wrongly = sorted(set(free) & other_pages)
     assert not wrongly, (
-        f"请求结束时把别人正在用的页首 {wrongly} 还进了空闲池：页表第 0 行第 8 列以后是残留的旧槽位，"
-        f"要还的尾巴只到 req.cached_len=8（不是 device_len=9）"
+        tr("When the request finished, page starts {wrongly} that another request is using went back into the free pool: from column 8 on, row 0 of the page table holds stale slots, and the tail to free ends at req.cached_len=8 (not device_len=9)", wrongly=wrongly)
     )
-    assert len(free) == len(set(free)), f"空闲池里有重复的页首：{sorted(free)}"
+    assert len(free) == len(set(free)), tr("Duplicate page starts in the free pool: {value}", value=sorted(free))
     in_cache = prefix_cache.size_info.total_size // 4
     assert len(free) + in_cache == 16 - len(other_pages), (
-        f"请求自己的 {len(own_pages)} 页要么还回空闲池、要么留在缓存：空闲 {len(free)} 页 + 缓存 {in_cache} 页，"
-        f"应为 16 - other 占的 {len(other_pages)} 页 = {16 - len(other_pages)}"
+        tr("The request's own {n_own_pages} pages must either return to the free pool or stay in the cache: {n_free} free + {in_cache} cached pages, expected 16 - the {n_other_pages} used by other = {value}", n_own_pages=len(own_pages), n_free=len(free), in_cache=in_cache, n_other_pages=len(other_pages), value=16 - len(other_pages))
     )
 
 
@@ -381,11 +376,11 @@ def test_allocation_evicts_whole_pages_counted_in_tokens() -> None:
     row = cm.page_table[1, :20]
     pages = torch.unique(row // 4)
     assert len(pages) == 5 and torch.equal(row % 4, torch.arange(20, dtype=torch.int32) % 4), (
-        f"20 个 token 应落在 5 个不同的整页里，实际页表 {row.tolist()}（驱逐的差额要按 token 数：缺 3 页 = 12 个 token）"
+        tr("20 tokens must fall in 5 different whole pages, page table {value} (count the eviction shortfall in tokens: 3 pages short = 12 tokens)", value=row.tolist())
     )
     left = cm.prefix_cache.size_info.evictable_size
     assert left == 4 and len(cm.free_slots) == 0, (
-        f"缺 3 页只该驱逐 3 页：缓存里应剩 4 个 token、空闲 0 页，实际剩 {left} 个 token、空闲 {len(cm.free_slots)} 页"
+        tr("3 pages short should evict only 3 pages: 4 tokens should stay in the cache with 0 free pages; got {left} tokens left and {n_free_slots} free pages", left=left, n_free_slots=len(cm.free_slots))
     )
     other.complete_one()
     cm.cache_req(other, finished=True)
@@ -396,7 +391,7 @@ def test_check_integrity_catches_slot_minus_one_with_page_size_1() -> None:
     """page_size=1 时 -1 也“是页首”：范围检查要从 0 开始（free >= 0），不能只挡更小的负数。"""
     cm = make_manager(num_pages=4, page_size=1, prefix_cache=_StubCache(1, 0))
     cm.free_slots = torch.tensor([-1, 0, 1], dtype=torch.int32)  # 3 + 1 == 4、不重复、都对齐，只有 -1 在池外
-    with integrity_error("空闲池里有槽位 -1（KV 池外），完整性检查没有报错"):
+    with integrity_error(tr("The free pool contains slot -1 (outside the KV pool), but the integrity check did not fail")):
         cm.check_integrity()
 
 
@@ -405,9 +400,9 @@ def test_admission_waits_for_a_free_slot_when_memory_is_plenty(tiny_path: str, m
     llm = make_llm(LLM, tiny_path, **{**TINY_KW, "max_running_req": 2})
     rec = record(llm)
     out = llm.generate([[i + 1] * 6 for i in range(5)], SamplingParams(max_tokens=4, ignore_eos=True))
-    assert [len(o["token_ids"]) for o in out] == [4] * 5, "5 个请求都应完成"
+    assert [len(o["token_ids"]) for o in out] == [4] * 5, tr("All 5 requests must finish")
     most = max(len(s.uids) for s in rec.steps)
-    assert most == 2, f"只有 2 个请求槽：同一步最多 2 个请求，实际有一步 {most} 个"
+    assert most == 2, tr("Only 2 request slots: at most 2 requests per step, but one step had {most}", most=most)
     assert_idle(llm)
 
 
@@ -427,8 +422,8 @@ def test_admission_writes_prefix_hits_into_the_page_table(tiny_path: str, make_l
     first = llm.generate(prompt, sp)[0]["token_ids"]
     rec.reset()
     second = llm.generate([[99] * 5, prompt[0]], sp)[1]["token_ids"]  # 这次它在第 1 行：页表那行原来没有这些槽位
-    assert rec.prefill_tokens() < 35, f"第二次应命中前缀缓存，实际预填充了 {rec.prefill_tokens()} 个 token"
-    assert second == first, f"命中前缀后输出变了：第一次 {first}，第二次 {second}（命中的槽位没写进页表？）"
+    assert rec.prefill_tokens() < 35, tr("The second run must hit the prefix cache, but {value} tokens were prefilled", value=rec.prefill_tokens())
+    assert second == first, tr("The output changed after a prefix hit: first {first}, second {second} (matched slots not written into the page table?)", first=first, second=second)
     assert_idle(llm)
 
 
@@ -442,6 +437,6 @@ def test_admission_writes_a_one_token_prefix_hit_too(tiny_path: str, make_llm) -
     rec = record(llm)
     out = llm.generate([target], sp)[0]["token_ids"]  # 这次它在第 0 行：那一行的 [:1] 原来是 99 的槽位
     hits = [c for s in rec.steps if s.phase == "prefill" for c in s.cached_lens]
-    assert 1 in hits, f"应当恰好命中 1 个 token，预填充时的 cached_len 是 {hits}"
-    assert out == fresh, f"命中 1 个 token 后输出变了：没有缓存时 {fresh}，命中后 {out}（这个槽位没写进页表？）"
+    assert 1 in hits, tr("Exactly 1 token should be matched; cached_len at prefill was {hits}", hits=hits)
+    assert out == fresh, tr("The output changed after a 1-token hit: without cache {fresh}, after the hit {out} (this slot not written into the page table?)", fresh=fresh, out=out)
     assert_idle(llm)

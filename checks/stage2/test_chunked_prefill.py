@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from .conftest import LONG_PROMPT, SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, record
+from minisgl.i18n import tr
 from minisgl.cache_manager import CacheManager, NaivePrefixCache
 from minisgl.chunked_prefill import LLM, ChunkedPrefillAdder, ChunkedReq
 from minisgl.core import SamplingParams
@@ -19,8 +20,8 @@ def test_302_token_prompt_in_4_chunks(tiny_path: str, qwen_tokenizer, make_llm) 
     llm = make_llm(LLM, tiny_path, **TINY_KW, max_extend_tokens=96)
     rec = record(llm)
     out = llm.generate([LONG_PROMPT], SamplingParams(max_tokens=4, ignore_eos=True))
-    assert rec.prefill_steps() == [96, 96, 96, 14], f"302 个 token、每步最多 96 个：分 4 步 [96, 96, 96, 14]，实际 {rec.prefill_steps()}"
-    assert len(out[0]["token_ids"]) == 4, "分块中途不输出 token：最后一块之后才开始生成"
+    assert rec.prefill_steps() == [96, 96, 96, 14], tr("302 tokens with at most 96 per step: 4 steps [96, 96, 96, 14], got {value}", value=rec.prefill_steps())
+    assert len(out[0]["token_ids"]) == 4, tr("No tokens are output mid-chunk: generation starts after the last chunk")
     assert_idle(llm)
 
 
@@ -32,15 +33,15 @@ def test_budget_never_exceeded_and_requests_interleave(tiny_path: str, make_llm)
     out = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
     assert [len(o["token_ids"]) for o in out] == [6] * 5
     prefills = [s for s in rec.steps if s.phase == "prefill"]
-    assert all(s.tokens <= budget for s in prefills), f"每步预填充不超过 {budget} 个 token：{[s.extend_lens for s in prefills]}"
-    assert sum(s.tokens for s in prefills) == sum(map(len, prompts)), "每个提示词 token 恰好算一次"
+    assert all(s.tokens <= budget for s in prefills), tr("Each prefill step computes at most {budget} tokens: {value}", budget=budget, value=[s.extend_lens for s in prefills])
+    assert sum(s.tokens for s in prefills) == sum(map(len, prompts)), tr("Each prompt token is computed exactly once")
     long_uid = prefills[0].uids[1]
     long_steps = [i for i, s in enumerate(rec.steps) if s.phase == "prefill" and long_uid in s.uids]
-    assert len(long_steps) >= 4, "30 个 token 的提示词要分好几块"
+    assert len(long_steps) >= 4, tr("A 30-token prompt must be split into several chunks")
     shared = [rec.steps[i] for i in long_steps if len(rec.steps[i].uids) > 1]
-    assert shared, "分块请求和别的请求同在一步里（预算还有剩就接纳别人）"
+    assert shared, tr("The chunked request shares a step with other requests (admit others while budget remains)")
     between = [s.phase for s in rec.steps[long_steps[0] : long_steps[-1]]]
-    assert "decode" in between, f"两块之间，运行中的请求可以解码一步（不被长提示词卡住）；实际各步：{[s.phase for s in rec.steps]}"
+    assert "decode" in between, tr("Between two chunks, running requests can decode a step (not blocked by the long prompt); steps: {value}", value=[s.phase for s in rec.steps])
     assert_idle(llm)
 
 
@@ -54,7 +55,7 @@ def test_partial_chunk_token_neither_emitted_nor_written_over_prompt(tiny_path: 
             if trace.is_prefill and not is_output:
                 end = cached + extend
                 assert bool((llm.token_pool[row, end:] == SENTINEL).all()), (
-                    f"分块中途（算到第 {end} 个 token）采样的 token 不能写进这个请求的 token 池行：那里是提示词的下一个 token"
+                    tr("The token sampled mid-chunk (after {end} tokens) must not be written into this request's token-pool row: that position holds the next prompt token", end=end)
                 )
                 checked.append(end)
 
@@ -62,8 +63,8 @@ def test_partial_chunk_token_neither_emitted_nor_written_over_prompt(tiny_path: 
     llm.token_pool.fill_(SENTINEL)  # 还没写过的位置都是哨兵值：谁写了它一眼就能看出来
     record(llm, after=check)
     out = llm.generate([prompt], SamplingParams(max_tokens=5, ignore_eos=True))
-    assert checked == [8, 16], "20 个 token、每块 8 个：前两块是中途的分块"
-    assert len(out[0]["token_ids"]) == 5, "中途的分块不输出 token"
+    assert checked == [8, 16], tr("20 tokens, 8 per chunk: the first two chunks are partial")
+    assert len(out[0]["token_ids"]) == 5, tr("Partial chunks output no tokens")
     assert_idle(llm)
 
 
@@ -75,7 +76,7 @@ def test_fully_cached_long_prompt_computes_one_token(tiny_path: str, make_llm) -
     assert rec.prefill_steps() == [96, 96, 96, 14]
     rec.reset()
     llm.generate([LONG_PROMPT], sp)
-    assert rec.prefill_steps() == [1], "整段都在缓存里：只算最后 1 个 token，一步完成"
+    assert rec.prefill_steps() == [1], tr("The whole prompt is cached: compute only the last token, in one step")
     assert_idle(llm)
 
 
@@ -84,10 +85,10 @@ def test_abort_chunked_request_frees_everything(tiny_path: str, make_llm) -> Non
     uid = llm.add_request(list(range(200, 260)), SamplingParams(max_tokens=4, ignore_eos=True))
     llm.step()
     llm.step()
-    assert llm.prefill_manager.pending_list[0].chunked_req is not None, "算了两块，还在分块中"
+    assert llm.prefill_manager.pending_list[0].chunked_req is not None, tr("Two chunks computed, still chunking")
     llm.abort(uid)
     llm.run_until_idle()
-    assert llm.status[uid].aborted and llm.status[uid].output_ids == [], "被取消的请求不输出任何 token"
+    assert llm.status[uid].aborted and llm.status[uid].output_ids == [], tr("An aborted request outputs no tokens")
     llm.status.pop(uid)
     llm.check_integrity()
 
@@ -103,10 +104,10 @@ def test_chunked_matches_hf(smollm2_path, smollm2_prompts, smollm2_reference, ma
     out = [o["token_ids"] for o in llm.generate(smollm2_prompts, sp)]
     assert max(rec.prefill_steps()) <= chunk
     for i, (ours, ref) in enumerate(zip(out, smollm2_reference)):
-        assert ours == ref, f"块大小 {chunk}、{cache_type}、page_size={page_size}：第 {i} 个请求与 HF 不一致\n我们：{ours}\nHF：  {ref}"
+        assert ours == ref, tr("chunk size {chunk}, {cache_type}, page_size={page_size}: request {i} differs from HF\nours: {ours}\nHF:   {ref}", chunk=chunk, cache_type=cache_type, page_size=page_size, i=i, ours=ours, ref=ref)
     alone = SamplingParams(max_tokens=12, ignore_eos=True)
     singles = [llm.generate([p], alone)[0]["token_ids"] for p in smollm2_prompts[4:6]]
-    assert singles == [r[:12] for r in smollm2_reference[4:6]], "单独跑（分块）也与 HF 一致"
+    assert singles == [r[:12] for r in smollm2_reference[4:6]], tr("Running alone (chunked) also matches HF")
     assert_idle(llm)
 
 
@@ -128,22 +129,21 @@ def test_last_chunk_that_exactly_fits_the_budget_is_a_plain_req(prompt_len: int)
         try:
             req = adder.try_add_one(pending)
         except ValueError as err:
-            pytest.fail(f"{prompt_len} 个 token、每步预算 8：已切出 {kinds}，接下来那一块出错：{err}（剩余 <= 预算时就该是最后一块）")
-        assert req is not None, f"第 {step} 块没有被接纳（已接纳的块：{kinds}）"
+            pytest.fail(tr("{prompt_len} tokens, budget 8 per step: chunks so far {kinds}, the next chunk failed: {err} (when the remainder <= budget it must be the last chunk)", prompt_len=prompt_len, kinds=kinds, err=err))
+        assert req is not None, tr("Chunk {step} was not admitted (chunks admitted: {kinds})", step=step, kinds=kinds)
         kinds.append(f"{type(req).__name__}[{req.cached_len}:{req.device_len}]")
         rows.append(req.table_idx)
         req.complete_one()  # 这一块发出去了
         if not isinstance(req, ChunkedReq):
             break
-        assert pending.chunked_req is req, f"中途的块要记到 pending.chunked_req 上，下一步接着算：{kinds}"
+        assert pending.chunked_req is req, tr("A partial chunk must be recorded in pending.chunked_req so that the next step continues it: {kinds}", kinds=kinds)
     expect = {16: ["ChunkedReq[0:8]", "Req[8:16]"], 17: ["ChunkedReq[0:8]", "ChunkedReq[8:16]", "Req[16:17]"]}[prompt_len]
     assert kinds == expect, (
-        f"{prompt_len} 个 token、每步预算 8：应切成 {expect}，实际 {kinds}"
-        "（剩余 <= 预算时就是最后一块，交给父类建普通 Req）"
+        tr("{prompt_len} tokens, budget 8 per step: expected chunks {expect}, got {kinds} (when the remainder <= budget it is the last chunk: let the parent class build a plain Req)", prompt_len=prompt_len, expect=expect, kinds=kinds)
     )
-    assert len(set(rows)) == 1 and tables.available_size == 3, f"各块沿用同一个请求槽：行号 {rows}，空闲槽 {tables.available_size}/4"
-    assert pending.chunked_req is None, "最后一块接纳之后要清掉 pending.chunked_req（这个请求不再有算到一半的块）"
-    assert token_pool[rows[0], :prompt_len].tolist() == prompt.tolist(), "各块都把自己那段提示词写进了 token 池的同一行"
+    assert len(set(rows)) == 1 and tables.available_size == 3, tr("All chunks reuse the same request slot: rows {rows}, {available_size}/4 slots free", rows=rows, available_size=tables.available_size)
+    assert pending.chunked_req is None, tr("After the last chunk is admitted, clear pending.chunked_req (the request no longer has a half-computed chunk)")
+    assert token_pool[rows[0], :prompt_len].tolist() == prompt.tolist(), tr("Every chunk writes its part of the prompt into the same token-pool row")
 
 
 def test_exactly_one_decode_step_between_chunks(tiny_path: str, make_llm) -> None:  # noqa: ANN001
@@ -156,9 +156,9 @@ def test_exactly_one_decode_step_between_chunks(tiny_path: str, make_llm) -> Non
     rec.reset()
     while not any(s.phase == "prefill" and s.uids == [b] and s.tokens == 30 - 24 for s in rec.steps):
         assert llm.step()
-        assert len(rec.steps) < 20, f"B 的分块迟迟算不完：{[(s.phase, s.uids) for s in rec.steps]}"
+        assert len(rec.steps) < 20, tr("B's chunks never finish: {value}", value=[(s.phase, s.uids) for s in rec.steps])
     phases = [s.phase for s in rec.steps]
-    assert phases == ["prefill", "decode"] * 3 + ["prefill"], f"应为 块、解码 交替（共 4 块）；实际各步：{phases}"
+    assert phases == ["prefill", "decode"] * 3 + ["prefill"], tr("Chunks and decode steps must alternate (4 chunks in all); steps: {phases}", phases=phases)
     llm.run_until_idle()
     assert [len(llm.status.pop(u).output_ids) for u in (a, b)] == [40, 2]
     assert_idle(llm)

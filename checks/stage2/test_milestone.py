@@ -17,6 +17,7 @@ import textwrap
 import torch
 
 from .conftest import LONG_PROMPT, QUESTIONS, SYSTEM_PROMPT, assert_idle, record
+from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.course import select
 from minisgl.llm import LLM
@@ -29,15 +30,15 @@ def test_eight_requests_sixteen_tokens(tiny_path: str, make_llm) -> None:  # noq
     llm = make_llm(LLM, tiny_path, **MILESTONE_KW)
     rec = record(llm)
     out = llm.generate([f"Request {i}: tell me something." for i in range(8)], SamplingParams(max_tokens=16, ignore_eos=True))
-    assert [len(o["token_ids"]) for o in out] == [16] * 8, "8 个请求各生成 16 个 token"
-    assert max(len(s.uids) for s in rec.steps) == 8, "8 个请求在同一批里解码"
+    assert [len(o["token_ids"]) for o in out] == [16] * 8, tr("Each of the 8 requests generates 16 tokens")
+    assert max(len(s.uids) for s in rec.steps) == 8, tr("The 8 requests decode in the same batch")
     assert_idle(llm)
 
 
 def test_shared_system_prompt_naive_231_radix_73(tiny_path: str, qwen_tokenizer, make_llm) -> None:  # noqa: ANN001
     prompts = [SYSTEM_PROMPT + q for q in QUESTIONS]
     lens = [len(qwen_tokenizer.encode(p)) for p in prompts]
-    assert lens == [60, 57, 59, 55] and sum(lens) == 231, f"4 个提示词的 token 数：{lens}"
+    assert lens == [60, 57, 59, 55] and sum(lens) == 231, tr("Token counts of the 4 prompts: {lens}", lens=lens)
     computed = {}
     for cache_type in ("naive", "radix"):
         llm = make_llm(LLM, tiny_path, **MILESTONE_KW, cache_type=cache_type)
@@ -47,7 +48,7 @@ def test_shared_system_prompt_naive_231_radix_73(tiny_path: str, qwen_tokenizer,
         llm.generate(prompts[1:], sp)  # 后三个一起
         computed[cache_type] = rec.prefill_tokens()
         assert_idle(llm)
-    assert computed == {"naive": 231, "radix": 73}, f"预填充实际计算的 token 数应为 naive 231、radix 73，实际 {computed}"
+    assert computed == {"naive": 231, "radix": 73}, tr("Prefill must compute naive 231, radix 73 tokens; got {computed}", computed=computed)
 
 
 def test_long_prompt_prefilled_in_four_chunks(tiny_path: str, qwen_tokenizer, make_llm) -> None:  # noqa: ANN001
@@ -55,7 +56,7 @@ def test_long_prompt_prefilled_in_four_chunks(tiny_path: str, qwen_tokenizer, ma
     llm = make_llm(LLM, tiny_path, **MILESTONE_KW, max_extend_tokens=96)
     rec = record(llm)
     out = llm.generate([LONG_PROMPT], SamplingParams(max_tokens=4, ignore_eos=True))
-    assert rec.prefill_steps() == [96, 96, 96, 14], f"每步预填充的 token 数：{rec.prefill_steps()}"
+    assert rec.prefill_steps() == [96, 96, 96, 14], tr("Tokens prefilled per step: {value}", value=rec.prefill_steps())
     assert len(out[0]["token_ids"]) == 4
     assert_idle(llm)
 
@@ -132,8 +133,8 @@ def _run_upstream_style(tiny_path: str, overlap: bool) -> dict[str, str]:
         [sys.executable, "-c", UPSTREAM_STYLE_SCRIPT, tiny_path, "on" if overlap else "off"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    mode = "开" if overlap else "关"
-    assert res.returncode == 0, f"离线接口写法的脚本（重叠调度{mode}）出错：\n{res.stderr[-3000:]}"
+    mode = tr("overlap scheduling on") if overlap else tr("overlap scheduling off")
+    assert res.returncode == 0, tr("The script in the offline-API style ({mode}) failed:\n{value}", mode=mode, value=res.stderr[-3000:])
     return dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
 
 
@@ -141,15 +142,14 @@ def test_upstream_style_script(tiny_path: str) -> None:
     results = {}
     for overlap in (False, True):
         out = _run_upstream_style(tiny_path, overlap)
-        mode = "开" if overlap else "关"
+        mode = tr("overlap scheduling on") if overlap else tr("overlap scheduling off")
         got = {k: out.get(k) for k in ("prompt_tokens", "naive", "radix", "long_prompt_tokens", "chunks")}
         assert got == {
             "prompt_tokens": "231", "naive": "231", "radix": "73", "long_prompt_tokens": "302", "chunks": "[96, 96, 96, 14]",
-        }, f"重叠调度{mode}时，包住 llm._forward 数出的结果不对：{got}"  # fmt: skip
+        }, tr("With {mode}, the counts taken by wrapping llm._forward are wrong: {got}", mode=mode, got=got)  # fmt: skip
         disabled = str(not overlap)
         assert out.get("switch") == f"{disabled} {disabled} {overlap}", (
-            f"ENV.DISABLE_OVERLAP_SCHEDULING.value = {not overlap} 应当生效（.value、bool() 都是 {not overlap}，"
-            f"重叠调度{mode}）；实际 .value、bool()、是否重叠：{out.get('switch')}"
+            tr("ENV.DISABLE_OVERLAP_SCHEDULING.value = {value} must take effect (.value and bool() both {value}, {mode}); got .value, bool(), overlapped: {value2}", value=not overlap, mode=mode, value2=out.get('switch'))
         )
         results[overlap] = out["texts"]
-    assert results[False] == results[True], "重叠调度开和关，生成的文字应当完全相同"
+    assert results[False] == results[True], tr("Overlap scheduling on and off must generate exactly the same text")

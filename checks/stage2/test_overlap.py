@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record
+from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.course import select
 from minisgl.env import ENV
@@ -47,15 +48,15 @@ def test_next_step_launched_before_last_results_processed(tiny, overlap_on) -> N
         out = tiny.generate(["a b c", "hello"], SamplingParams(max_tokens=4, ignore_eos=True))
         assert [len(o["token_ids"]) for o in out] == [4, 4]
         assert len(rec.steps) == 4 and all(launched_before_processed(rec.steps)), (
-            f"重叠调度：第 N 步的结果要在第 N+1 步发出之后才处理；各对相邻步：{launched_before_processed(rec.steps)}"
+            tr("Overlap scheduling: the results of step N are processed only after step N+1 is launched; adjacent pairs: {value}", value=launched_before_processed(rec.steps))
         )
         threads = {s.forward_thread for s in rec.steps}
-        assert threading.main_thread().name not in threads, f"CPU 上前向在后台线程里跑；实际在 {threads}"
+        assert threading.main_thread().name not in threads, tr("On CPU the forward pass runs in a background thread; it ran in {threads}", threads=threads)
         rec.reset()
         ENV.DISABLE_OVERLAP_SCHEDULING.value = True
         tiny.generate(["a b c"], SamplingParams(max_tokens=3, ignore_eos=True))
         assert len(rec.steps) == 3 and not any(launched_before_processed(rec.steps)), (
-            "关掉重叠后回到普通循环：处理完一步才发出下一步"
+            tr("With overlap off, back to the plain loop: the next step is launched only after the previous one is processed")
         )
     finally:
         rec.close()
@@ -66,12 +67,12 @@ def test_exact_max_tokens_not_one_early(tiny, overlap_on) -> None:  # noqa: ANN0
     max_tokens = [1, 2, 3, 7, 11]
     rec = record(tiny)
     out = tiny.generate([f"prompt {i}" for i in range(5)], [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens])
-    assert [len(o["token_ids"]) for o in out] == max_tokens, "重叠调度下结束判断不能提前（也不能推后）一个 token"
+    assert [len(o["token_ids"]) for o in out] == max_tokens, tr("With overlap scheduling, a request must not finish one token early (nor late)")
     per_uid = {}
     for s in rec.steps:
         for u in s.uids:
             per_uid[u] = per_uid.get(u, 0) + 1
-    assert sorted(per_uid.values()) == sorted(max_tokens), "因 max_tokens 结束的请求不多算一步"
+    assert sorted(per_uid.values()) == sorted(max_tokens), tr("Requests that finish on max_tokens must not compute an extra step")
     assert_idle(tiny)
 
 
@@ -87,8 +88,8 @@ def test_token_after_eos_is_dropped(tiny, overlap_on) -> None:  # noqa: ANN001
     finally:
         tiny.eos_token_id = saved
         rec.close()
-    assert out == full[:k], "EOS 之前的 token 一个不少，EOS 和它之后多算的 token 都不进结果"
-    assert len(rec.steps) == k + 2, "遇到 EOS 时下一步已经发出（重叠）：多算了一步，那个 token 要丢掉"
+    assert out == full[:k], tr("Every token before EOS is kept; EOS and the extra tokens computed after it are not in the result")
+    assert len(rec.steps) == k + 2, tr("When EOS arrives the next step is already launched (overlap): one extra step is computed and its token must be dropped")
     assert_idle(tiny)
 
 
@@ -102,12 +103,12 @@ def test_slot_not_reused_while_batch_in_flight(tiny_path: str, make_llm, overlap
     llm.eos_token_id = eos
     out = llm.generate(prompts, SamplingParams(max_tokens=10))
     early = [i for i, o in enumerate(out) if len(o["token_ids"]) < 10]
-    assert 0 in early, "第 0 个请求应在 EOS 处提前结束"
+    assert 0 in early, tr("Request 0 must finish early at EOS")
     for prev, cur in zip(rec.steps, rec.steps[1:]):
         for uid, row in zip(cur.uids, cur.rows):
             for puid, prow in zip(prev.uids, prev.rows):
                 assert not (row == prow and uid != puid), (
-                    f"请求 {uid} 用了槽位 {row}，而还在途的上一步里请求 {puid} 正用着它：槽位在批次算完之前被复用了"
+                    tr("Request {uid} used slot {row} while request {puid} in the previous, still in-flight step was using it: the slot was reused before its batch finished", uid=uid, row=row, puid=puid)
                 )
     assert_idle(llm)
 
@@ -116,12 +117,12 @@ def test_abort_while_prefill_in_flight(tiny, overlap_on) -> None:  # noqa: ANN00
     sp = SamplingParams(max_tokens=5, ignore_eos=True)
     a = tiny.add_request([5, 6, 7, 8, 9], sp)
     b = tiny.add_request([15, 16, 17], sp)
-    assert tiny.step(), "发出预填充"
-    assert tiny._last_data is not None, "预填充还在途（结果没处理）"
+    assert tiny.step(), tr("step() must launch the prefill")
+    assert tiny._last_data is not None, tr("The prefill is still in flight (results not processed)")
     tiny.abort(a)
     tiny.run_until_idle()
-    assert tiny.status[a].aborted and tiny.status[a].output_ids == [], "在途时被取消的请求什么也不输出"
-    assert len(tiny.status[b].output_ids) == 5, "同批的其他请求不受影响"
+    assert tiny.status[a].aborted and tiny.status[a].output_ids == [], tr("A request aborted in flight outputs nothing")
+    assert len(tiny.status[b].output_ids) == 5, tr("The other requests in the batch are not affected")
     tiny.status.clear()
     assert_idle(tiny)
 
@@ -154,9 +155,9 @@ def test_abort_at_every_point_releases_everything_once(tiny_path: str, make_llm,
         other = llm.add_request(list(range(200, 212)), sp(3))
         llm.run_until_idle()
         status = llm.status[uid]
-        assert status.aborted or status.finished, f"{when}：请求既没被取消也没结束"
+        assert status.aborted or status.finished, tr("{when}: the request was neither aborted nor finished", when=when)
         assert len(status.output_ids) <= max_tokens
-        assert len(llm.status[other].output_ids) == 3, f"{when}：取消一个请求不应影响其他请求"
+        assert len(llm.status[other].output_ids) == 3, tr("{when}: aborting one request must not affect the others", when=when)
         llm.status.clear()
         assert_idle(llm)
     finally:
@@ -176,27 +177,30 @@ def test_prefix_insert_lands_one_iteration_later(tiny_path: str, make_llm, overl
     c = llm.add_request(shared + [5, 6], sp)
     llm.run_until_idle()
     prefill = {s.uids[0]: s.tokens for s in rec.steps if s.phase == "prefill"}
-    assert prefill[a] == 32 and prefill[b] == 32, "B 发出时 A 的前缀还没插入（晚一个迭代），B 要算整段"
-    assert prefill[c] == 2, "A、B 都处理完之后，C 命中 30 个 token 的共享前缀"
+    assert prefill[a] == 32 and prefill[b] == 32, tr("When B is launched, A's prefix is not inserted yet (one iteration later), so B computes its whole prompt")
+    assert prefill[c] == 2, tr("After A and B are processed, C hits the 30-token shared prefix")
     assert all(len(llm.status[u].output_ids) == 4 for u in (a, b, c))
     llm.status.clear()
     llm.check_integrity()
 
 
 def test_switch_from_environment_variable(tiny_path: str) -> None:
+    # 子进程里的失败消息在这里按当前语言译好，再以字面量写进脚本
+    env_ignored = tr("The environment variable had no effect")
+    still_overlapping = tr("Overlap scheduling was not turned off")
     script = textwrap.dedent(
         f"""
         import torch
         from minisgl.env import ENV
         from minisgl.llm import LLM
         from minisgl.core import SamplingParams
-        assert ENV.DISABLE_OVERLAP_SCHEDULING.value, "环境变量没有生效"
+        assert ENV.DISABLE_OVERLAP_SCHEDULING.value, {env_ignored!r}
         llm = LLM({tiny_path!r}, dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=128)
         steps = []
         llm.add_step_listener(steps.append)
         out = llm.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))
         assert len(out[0]["token_ids"]) == 3
-        assert len(steps) == 3 and all(b.prepare[0] > a.process[1] for a, b in zip(steps, steps[1:])), "没有关掉重叠"
+        assert len(steps) == 3 and all(b.prepare[0] > a.process[1] for a, b in zip(steps, steps[1:])), {still_overlapping!r}
         llm.shutdown()
         print("OK")
         """
@@ -205,7 +209,7 @@ def test_switch_from_environment_variable(tiny_path: str) -> None:
     impl = ",".join(f"{chapter}={choice.impl}" for chapter, choice in select.active.items())
     env = {**os.environ, "MINISGL_DISABLE_OVERLAP_SCHEDULING": "1", "MINISGL_IMPL": impl}
     res = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "OK" in res.stdout, f"MINISGL_DISABLE_OVERLAP_SCHEDULING=1 应当关掉重叠调度：\n{res.stderr[-3000:]}"
+    assert res.returncode == 0 and "OK" in res.stdout, tr("MINISGL_DISABLE_OVERLAP_SCHEDULING=1 must turn overlap scheduling off:\n{value}", value=res.stderr[-3000:])
 
 
 _CACHE: dict[tuple, object] = {}
@@ -255,9 +259,9 @@ def test_matches_hf_every_combination(smollm2_path, smollm2_prompts, smollm2_ref
         rec.close()
     if chunk:
         steps = rec.prefill_steps()
-        assert max(steps) <= chunk and sum(steps) > chunk, f"每步预填充不超过块大小 {chunk}，且确实分了块：{steps}"
-    what = f"{cache_type}, page_size={page_size}, 块大小 {chunk}, {'重叠' if overlap else '普通循环'}"
+        assert max(steps) <= chunk and sum(steps) > chunk, tr("Each prefill step is at most the chunk size {chunk}, and the prompt really is chunked: {steps}", chunk=chunk, steps=steps)
+    what = tr("{cache_type}, page_size={page_size}, chunk size {chunk}, {mode}", cache_type=cache_type, page_size=page_size, chunk=chunk, mode=tr("overlap scheduling on") if overlap else tr("overlap scheduling off"))
     for i, ref in enumerate(smollm2_reference):
-        assert batched[i] == ref, f"{what}：成批时第 {i} 个请求与 HF 不一致\n我们：{batched[i]}\nHF：  {ref}"
+        assert batched[i] == ref, tr("{what}: batched, request {i} differs from HF\nours: {batched_item}\nHF:   {ref}", what=what, i=i, batched_item=batched[i], ref=ref)
         if i in alone:
-            assert alone[i] == ref[:ALONE_TOKENS], f"{what}：单独跑第 {i} 个请求与 HF 不一致\n我们：{alone[i]}\nHF：  {ref[:ALONE_TOKENS]}"
+            assert alone[i] == ref[:ALONE_TOKENS], tr("{what}: alone, request {i} differs from HF\nours: {alone_item}\nHF:   {ref_item}", what=what, i=i, alone_item=alone[i], ref_item=ref[:ALONE_TOKENS])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from .conftest import QUESTIONS, SMOL_KW, SMOLLM2_TOKENS, SYSTEM_PROMPT, TINY_KW, assert_idle, integrity_error, record
+from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.radix_cache import LLM, RadixPrefixCache
 
@@ -22,15 +23,15 @@ def slots(start: int, n: int) -> torch.Tensor:
 def test_match_insert_and_split() -> None:
     cache = RadixPrefixCache(1)
     res = cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), slots(100, 6))
-    assert res.cached_len == 0 and res.handle.cached_len == 6, "空树里插入：之前没有缓存，句柄覆盖全部 6 个"
+    assert res.cached_len == 0 and res.handle.cached_len == 6, tr("Insert into an empty tree: nothing was cached before, the handle covers all 6")
     h = cache.match_prefix(ids(1, 2, 3, 9, 9))
-    assert h.cached_len == 3 and h.get_matched_indices().tolist() == [100, 101, 102], "匹配到分叉之前"
-    assert h.node.key.tolist() == [1, 2, 3] and len(h.node.children) == 1, "只匹配了节点的前半段：节点分裂成 [1,2,3] 和 [4,5,6]"
+    assert h.cached_len == 3 and h.get_matched_indices().tolist() == [100, 101, 102], tr("Match up to the fork")
+    assert h.node.key.tolist() == [1, 2, 3] and len(h.node.children) == 1, tr("Only the first half of the node matched: the node splits into [1,2,3] and [4,5,6]")
     (tail,) = h.node.children.values()
     assert tail.key.tolist() == [4, 5, 6] and tail.value.tolist() == [103, 104, 105] and tail.parent is h.node
-    assert cache.match_prefix(ids(1, 2, 3, 4, 5, 6, 7)).cached_len == 6, "分裂之后整段仍能匹配"
+    assert cache.match_prefix(ids(1, 2, 3, 4, 5, 6, 7)).cached_len == 6, tr("After the split the whole sequence still matches")
     assert cache.match_prefix(ids(2, 3)).cached_len == 0
-    assert cache.size_info == (6, 0), "分裂不改变缓存的总量"
+    assert cache.size_info == (6, 0), tr("A split does not change the total amount cached")
     cache.check_integrity()
 
 
@@ -38,10 +39,10 @@ def test_duplicate_prefix_insert_reports_cached_length() -> None:
     cache = RadixPrefixCache(1)
     cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), slots(0, 6))
     res = cache.insert_prefix(ids(1, 2, 3, 4, 7, 8), slots(50, 6))
-    assert res.cached_len == 4, "前 4 个已经在树里：插入方自己那 4 个槽位是重复的，要由调用者释放"
+    assert res.cached_len == 4, tr("The first 4 are already in the tree: the inserter's own 4 slots are duplicates, which the caller must free")
     assert res.handle.cached_len == 6 and res.handle.get_matched_indices().tolist() == [0, 1, 2, 3, 54, 55]
     again = cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), slots(80, 6))
-    assert again.cached_len == 6 and cache.size_info.evictable_size == 8, "完全重复的前缀不再插入"
+    assert again.cached_len == 6 and cache.size_info.evictable_size == 8, tr("A fully duplicate prefix is not inserted again")
     cache.check_integrity()
 
 
@@ -53,7 +54,7 @@ def test_lru_partial_match_refreshes_only_the_used_head() -> None:
     assert cache.match_prefix(ids(1, 2, 3, 7)).cached_len == 3  # 只用到 [1,2,3]：节点分裂
     evicted = sorted(cache.evict(3).tolist())
     assert evicted == [3, 4, 5], (
-        f"应驱逐最久没用的 [4,5,6]（槽位 3、4、5），实际驱逐了槽位 {evicted}：部分匹配不能刷新没用到的后半段"
+        tr("Must evict the least recently used [4,5,6] (slots 3, 4, 5), but evicted slots {evicted}: a partial match must not refresh the unused second half", evicted=evicted)
     )
     cache.check_integrity()
 
@@ -64,7 +65,7 @@ def test_node_values_are_copies() -> None:
     cache.insert_prefix(ids(1, 2, 3, 4, 5, 6, 7, 8), row[:8])
     row.fill_(-1)  # 页表的这一行被下一个请求重新使用
     assert cache.match_prefix(ids(1, 2, 3, 4, 5)).get_matched_indices().tolist() == [10, 11, 12, 13, 14], (
-        "节点里存的槽位必须是拷贝，不能是页表的视图"
+        tr("The slots stored in a node must be a copy, not a view of the page table")
     )
 
 
@@ -74,16 +75,16 @@ def test_lock_unlock_along_the_path() -> None:
     cache.insert_prefix(ids(1, 2, 7, 8, 9), slots(10, 5))
     h = cache.match_prefix(ids(1, 2, 7, 8, 9, 0))
     cache.lock_handle(h)
-    assert h.node.ref_count == 1 and h.node.parent.ref_count == 1, "加锁沿路径一直到根"
-    assert cache.size_info == (2, 5), "锁住的 [1,2]+[7,8,9] 受保护，[3,4] 仍可驱逐"
+    assert h.node.ref_count == 1 and h.node.parent.ref_count == 1, tr("Locking goes along the path up to the root")
+    assert cache.size_info == (2, 5), tr("The locked [1,2]+[7,8,9] is protected, [3,4] stays evictable")
     cache.lock_handle(h)
     cache.lock_handle(h, unlock=True)
-    assert cache.size_info == (2, 5), "还剩一把锁"
+    assert cache.size_info == (2, 5), tr("One lock remains")
     cache.lock_handle(h, unlock=True)
     assert cache.size_info == (7, 0) and h.node.ref_count == 0
     with pytest.raises(Exception):
         cache.lock_handle(h, unlock=True)
-        pytest.fail("解锁没有上锁的节点要报错")
+        pytest.fail(tr("Unlocking a node that is not locked must raise an error"))
 
 
 def test_lru_evicts_least_recently_used_leaf() -> None:
@@ -92,8 +93,8 @@ def test_lru_evicts_least_recently_used_leaf() -> None:
     cache.insert_prefix(ids(2, 2, 2), slots(10, 3))
     cache.insert_prefix(ids(3, 3, 3), slots(20, 3))
     cache.match_prefix(ids(1, 1, 1, 5))  # 最近用过
-    assert sorted(cache.evict(3).tolist()) == [10, 11, 12], "先驱逐最久没用的叶子"
-    assert sorted(cache.evict(1).tolist()) == [20, 21, 22], "驱逐以整个节点为单位"
+    assert sorted(cache.evict(3).tolist()) == [10, 11, 12], tr("Evict the least recently used leaf first")
+    assert sorted(cache.evict(1).tolist()) == [20, 21, 22], tr("Eviction works on whole nodes")
     assert cache.match_prefix(ids(1, 1, 1, 5)).cached_len == 3
     cache.check_integrity()
 
@@ -107,11 +108,11 @@ def test_locked_nodes_never_evicted() -> None:
     cache.lock_handle(h)
     evictable = cache.size_info.evictable_size
     evicted = cache.evict(evictable)
-    assert sorted(evicted.tolist()) == [12, 13, 20, 21], "只驱逐没上锁的叶子：锁住的路径 [1,2,3,4] 一个也不动"
+    assert sorted(evicted.tolist()) == [12, 13, 20, 21], tr("Evict only unlocked leaves: the locked path [1,2,3,4] stays untouched")
     assert cache.match_prefix(ids(1, 2, 3, 4, 0)).get_matched_indices().tolist() == [0, 1, 2, 3]
     with pytest.raises(RuntimeError):
         cache.evict(1)
-        pytest.fail("没有可驱逐的了还要驱逐，应当报错")
+        pytest.fail(tr("Evicting when nothing is evictable must raise an error"))
     cache.lock_handle(h, unlock=True)
     cache.check_integrity()
 
@@ -120,7 +121,7 @@ def test_evicting_a_leaf_exposes_its_parent() -> None:
     cache = RadixPrefixCache(1)
     cache.insert_prefix(ids(1, 2, 3, 4), slots(0, 4))
     cache.insert_prefix(ids(1, 2, 5), slots(10, 3))
-    assert sorted(cache.evict(4).tolist()) == [0, 1, 2, 3, 12], "叶子删光后父节点变成叶子，同一次驱逐里接着驱逐它"
+    assert sorted(cache.evict(4).tolist()) == [0, 1, 2, 3, 12], tr("Once its leaves are gone the parent becomes a leaf and is evicted in the same call")
     assert cache.size_info == (0, 0) and cache.root.is_leaf()
     cache.check_integrity()
 
@@ -130,13 +131,13 @@ def test_whole_pages_only(page_size: int) -> None:
     cache = RadixPrefixCache(page_size)
     n = 2 * page_size + 3
     res = cache.insert_prefix(torch.arange(n, dtype=torch.int32), torch.arange(1000, 1000 + n, dtype=torch.int32))
-    assert res.handle.cached_len == 2 * page_size and cache.size_info.evictable_size == 2 * page_size, "只缓存整页"
+    assert res.handle.cached_len == 2 * page_size and cache.size_info.evictable_size == 2 * page_size, tr("Only whole pages are cached")
     probe = torch.cat([torch.arange(page_size + 2, dtype=torch.int32), ids(-5)])
-    assert cache.match_prefix(probe).cached_len == page_size, "匹配长度按页向下取整"
+    assert cache.match_prefix(probe).cached_len == page_size, tr("The match length is rounded down to whole pages")
     cache.insert_prefix(torch.cat([torch.arange(page_size), torch.full((page_size,), 7)]).int(), torch.arange(2000, 2000 + 2 * page_size, dtype=torch.int32))
     cache.check_integrity()
     evicted = cache.evict(1)
-    assert len(evicted) % page_size == 0 and len(evicted) > 0, "驱逐以整页为单位"
+    assert len(evicted) % page_size == 0 and len(evicted) > 0, tr("Eviction works on whole pages")
     assert torch.equal(evicted[::page_size] % page_size, torch.zeros(len(evicted) // page_size, dtype=torch.int32) + evicted[0] % page_size)
     cache.check_integrity()
 
@@ -150,12 +151,12 @@ def test_check_integrity_recounts_the_tree() -> None:
     cache.evictable_size += 1
     with pytest.raises(RuntimeError):
         cache.check_integrity()
-        pytest.fail("记账和实际不符时完整性检查要报错")
+        pytest.fail(tr("The integrity check must fail when the bookkeeping disagrees with the tree"))
     cache.evictable_size -= 1
     h.node.ref_count = 0
     with pytest.raises(RuntimeError):
         cache.check_integrity()
-        pytest.fail("引用计数被改坏时完整性检查要报错")
+        pytest.fail(tr("The integrity check must fail when a reference count is corrupted"))
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +178,7 @@ def test_shared_system_prompt_is_computed_once(tiny_path: str, tiny_radix, qwen_
         llm.generate(prompts[1:], sp)
         computed[name] = rec.prefill_tokens()
         assert_idle(llm)
-    assert computed == {"naive": 231, "radix": 73}, f"预填充实际计算的 token 数：{computed}（应为 naive 231、radix 73）"
+    assert computed == {"naive": 231, "radix": 73}, tr("Tokens actually prefilled: {computed} (expected naive 231, radix 73)", computed=computed)
 
 
 def test_fully_cached_prompt_still_computes_one_token(tiny_radix) -> None:  # noqa: ANN001
@@ -186,7 +187,7 @@ def test_fully_cached_prompt_still_computes_one_token(tiny_radix) -> None:  # no
     first = tiny_radix.generate(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
     rec.reset()
     again = tiny_radix.generate(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
-    assert rec.prefill_steps() == [1], "整段提示词都缓存过：最多匹配到倒数第二个 token，最后一个还要算（才有 logits）"
+    assert rec.prefill_steps() == [1], tr("The whole prompt was cached: match at most up to the second-to-last token; the last one must still be computed (to get logits)")
     assert len(again[0]["token_ids"]) == len(first[0]["token_ids"]) == 3
     assert_idle(tiny_radix)
 
@@ -202,10 +203,10 @@ def test_lru_eviction_under_memory_pressure(tiny_path: str, make_llm) -> None:  
     assert llm.cache_manager.prefix_cache.size_info.total_size <= 64
     rec.reset()
     llm.generate([prompts[-1]], sp)
-    assert rec.prefill_steps() == [1], "最近的提示词还在缓存里"
+    assert rec.prefill_steps() == [1], tr("The most recent prompt is still in the cache")
     rec.reset()
     llm.generate([prompts[0]], sp)
-    assert rec.prefill_steps() == [20], "最早的提示词早被驱逐了，要从头算"
+    assert rec.prefill_steps() == [20], tr("The oldest prompt was evicted long ago and is computed from scratch")
     assert_idle(llm)
 
 
@@ -219,11 +220,11 @@ def test_duplicate_prefix_end_to_end(smollm2_path, smollm2_prompts, smollm2_refe
     reqs = list(llm.decode_manager.running_reqs)
     rows = [r.table_idx for r in reqs]
     n = len(p)
-    assert torch.equal(llm.page_table[rows[0], :n], llm.page_table[rows[1], :n]), "重复的前缀：两行页表指向同一组页"
+    assert torch.equal(llm.page_table[rows[0], :n], llm.page_table[rows[1], :n]), tr("Duplicate prefix: both page-table rows point to the same pages")
     filler = llm.add_request(smollm2_prompts[7], sp)  # 新请求会用到刚释放的页
     llm.run_until_idle()
     outs = [llm.status.pop(u).output_ids for u in (*uids, filler)]
-    assert outs[0] == ref and outs[1] == ref, "两个相同的请求都与 HF 一致"
+    assert outs[0] == ref and outs[1] == ref, tr("Both identical requests match HF")
     assert outs[2] == smollm2_reference[7]
     llm.check_integrity()
 
@@ -236,14 +237,14 @@ def test_batch_invariance_smollm2(smollm2_path, smollm2_prompts, smollm2_referen
     for round_ in range(2):  # 第二轮时前缀都在缓存里
         out = [o["token_ids"] for o in llm.generate(smollm2_prompts, sp)]
         for i, (ours, ref) in enumerate(zip(out, smollm2_reference)):
-            assert ours == ref, f"{cache_type}, page_size={page_size}, 第 {round_ + 1} 轮：第 {i} 个请求与 HF 不一致"
+            assert ours == ref, tr("{cache_type}, page_size={page_size}, round {value}: request {i} differs from HF", cache_type=cache_type, page_size=page_size, value=round_ + 1, i=i)
         assert_idle(llm)
     alone = SamplingParams(max_tokens=12, ignore_eos=True)
     singles = [llm.generate([p], alone)[0]["token_ids"] for p in smollm2_prompts[3:6]]
-    assert singles == [r[:12] for r in smollm2_reference[3:6]], "命中缓存后单独跑也与 HF 一致"
+    assert singles == [r[:12] for r in smollm2_reference[3:6]], tr("Running alone after cache hits also matches HF")
     if cache_type == "radix":
         total = sum(len(p) for p in smollm2_prompts)
-        assert rec.prefill_tokens() < 2 * total, "radix：第二轮应当复用前缀"
+        assert rec.prefill_tokens() < 2 * total, tr("radix: the second round must reuse prefixes")
     assert_idle(llm)
 
 
@@ -314,8 +315,7 @@ def test_check_integrity_catches_each_condition_alone(case: str) -> None:
         cache.check_integrity()
         return
     with integrity_error(
-        f"基数树的完整性检查没有发现「{case}」（记账：可驱逐 {cache.evictable_size}、受保护 {cache.protected_size}）："
-        "提示里列出的每一条都要检查，并抛 RuntimeError"
+        tr("The radix tree's integrity check did not catch '{case}' (bookkeeping: {evictable_size} evictable, {protected_size} protected): check every condition listed in the hint and raise RuntimeError", case=case, evictable_size=cache.evictable_size, protected_size=cache.protected_size)
     ):
         cache.check_integrity()
 
@@ -327,10 +327,10 @@ def test_lru_split_head_counts_as_just_used() -> None:
     cache.insert_prefix(ids(9, 9, 9), slots(10, 3))  # 之后
     assert cache.match_prefix(ids(1, 2, 3, 7)).cached_len == 3  # 刚用过 [1,2,3]
     first = sorted(cache.evict(3).tolist())
-    assert first == [3, 4, 5], f"先驱逐没用到的后半段 [4,5,6]（槽位 3、4、5），实际驱逐了 {first}"
+    assert first == [3, 4, 5], tr("First evict the unused second half [4,5,6] (slots 3, 4, 5), but evicted {first}", first=first)
     second = sorted(cache.evict(3).tolist())
     assert second == [10, 11, 12], (
-        f"[1,2,3] 刚被匹配过，[9,9,9] 更久没用：应驱逐槽位 10、11、12，实际驱逐了 {second}（分裂出的前半段要刷新时间戳）"
+        tr("[1,2,3] was just matched and [9,9,9] is older: must evict slots 10, 11, 12, but evicted {second} (the split-off first half must refresh its timestamp)", second=second)
     )
     cache.check_integrity()
 
@@ -341,13 +341,13 @@ def test_split_a_locked_node_keeps_the_lock_on_both_halves() -> None:
     cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), slots(0, 6))
     h = cache.match_prefix(ids(1, 2, 3, 4, 5, 6, 0))
     cache.lock_handle(h)
-    assert cache.match_prefix(ids(1, 9)).cached_len == 1, "在第 1 个 token 处分裂（最靠边的位置）"
+    assert cache.match_prefix(ids(1, 9)).cached_len == 1, tr("Split at token 1 (the edge case)")
     head = cache.root.children[1]
-    assert head.key.tolist() == [1] and head.ref_count == 1, f"分出来的前半段要继承引用计数 1：{head}"
-    assert cache.size_info == (0, 6), f"分裂不改变受保护的 token 数：{cache.size_info}"
+    assert head.key.tolist() == [1] and head.ref_count == 1, tr("The split-off first half must inherit ref count 1: {head}", head=head)
+    assert cache.size_info == (0, 6), tr("A split does not change the number of protected tokens: {size_info}", size_info=cache.size_info)
     cache.check_integrity()
     cache.lock_handle(h, unlock=True)
-    assert cache.size_info == (6, 0), f"解锁后 6 个 token 全部可驱逐：{cache.size_info}"
+    assert cache.size_info == (6, 0), tr("After unlocking, all 6 tokens are evictable: {size_info}", size_info=cache.size_info)
     cache.check_integrity()
 
 
@@ -366,12 +366,11 @@ def test_mismatch_inside_a_page_rounds_the_match_down(page_size: int) -> None:
     probe = torch.cat([torch.arange(1, page_size + 2, dtype=torch.int32), torch.full((page_size,), -5, dtype=torch.int32)])
     handle = cache.match_prefix(probe)
     assert handle.cached_len == page_size, (
-        f"page_size={page_size}：探针 {probe.tolist()} 与树里的 {list(range(1, n + 1))} 逐 token 相同 {page_size + 1} 个，"
-        f"按整页向下取整应命中 {page_size} 个，实际 {handle.cached_len}"
+        tr("page_size={page_size}: probe {value} and the tree's {value2} agree on {value3} tokens; rounded down to whole pages that is a hit of {page_size}, got {cached_len}", page_size=page_size, value=probe.tolist(), value2=list(range(1, n + 1)), value3=page_size + 1, cached_len=handle.cached_len)
     )
     lengths = sorted(node.length for node in cache._all_nodes() if not node.is_root())
-    assert lengths == [page_size, page_size], f"分裂只能在页边界上：节点长度应为 {[page_size, page_size]}，实际 {lengths}"
+    assert lengths == [page_size, page_size], tr("Splits happen only at page boundaries: node lengths must be {value}, got {lengths}", value=[page_size, page_size], lengths=lengths)
     assert handle.get_matched_indices().tolist() == list(range(100, 100 + page_size)), (
-        f"命中的槽位应为前 1 页 {list(range(100, 100 + page_size))}，实际 {handle.get_matched_indices().tolist()}"
+        tr("The matched slots must be the first page {value}, got {value2}", value=list(range(100, 100 + page_size)), value2=handle.get_matched_indices().tolist())
     )
     cache.check_integrity()

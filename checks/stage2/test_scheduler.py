@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record
+from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.core import Req
 from minisgl.scheduler import LLM, PrefillAdder, PrefillManager
@@ -26,11 +27,11 @@ def test_generate_returns_one_result_per_prompt_in_order(tiny, qwen_tokenizer) -
     prompts = ["Hello world", [9707, 1879, 0], "The capital of France is", "x"]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (3, 5, 1, 4)]
     out = tiny.generate(prompts, params)
-    assert len(out) == 4, "每个提示词返回一个结果"
-    assert [len(o["token_ids"]) for o in out] == [3, 5, 1, 4], "忽略 EOS 时每个请求恰好生成 max_tokens 个 token，按输入顺序返回"
+    assert len(out) == 4, tr("One result per prompt")
+    assert [len(o["token_ids"]) for o in out] == [3, 5, 1, 4], tr("With EOS ignored each request generates exactly max_tokens tokens, returned in input order")
     for o in out:
         assert set(o) >= {"text", "token_ids"}
-        assert o["text"] == qwen_tokenizer.decode(o["token_ids"]), "text 是 token_ids 解码出来的文字"
+        assert o["text"] == qwen_tokenizer.decode(o["token_ids"]), tr("text is the decoded token_ids")
     assert_idle(tiny)
 
 
@@ -40,13 +41,13 @@ def test_exactly_max_tokens_and_extend_len_before_forward(tiny, qwen_tokenizer) 
     max_tokens = [1, 2, 5, 9]
     rec = record(tiny)
     out = tiny.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens])
-    assert [len(o["token_ids"]) for o in out] == max_tokens, "每个请求恰好 max_tokens 个 token（不多不少）"
-    assert rec.prefill_tokens() == sum(lens), "在 _forward 之前读到的 extend_len：预填充要算的正是整段提示词"
+    assert [len(o["token_ids"]) for o in out] == max_tokens, tr("Each request gets exactly max_tokens tokens (no more, no fewer)")
+    assert rec.prefill_tokens() == sum(lens), tr("extend_len read before _forward: prefill must compute exactly the whole prompt")
     for s in rec.steps:
         if s.phase == "decode":
-            assert s.extend_lens == [1] * len(s.uids), "解码时每个请求只算 1 个 token"
+            assert s.extend_lens == [1] * len(s.uids), tr("During decode each request computes only 1 token")
     computed = sum(s.tokens for s in rec.steps)
-    assert computed == sum(lens) + sum(n - 1 for n in max_tokens), "最后一个 token 采样出来就结束，不再送进模型"
+    assert computed == sum(lens) + sum(n - 1 for n in max_tokens), tr("The last token finishes the request once it is sampled and is not fed to the model")
     assert_idle(tiny)
 
 
@@ -61,12 +62,12 @@ def test_prefill_first_and_token_budget(tiny_path: str, make_llm, qwen_tokenizer
     prefills = [s for s in rec.steps if s.phase == "prefill"]
     first_decode = next(i for i, s in enumerate(rec.steps) if s.phase == "decode")
     assert all(s.phase == "prefill" for s in rec.steps[:first_decode]) and first_decode == len(prefills), (
-        f"预填充优先：有等待的请求就先预填充，全部接纳后才解码；实际各步：{[s.phase for s in rec.steps]}"
+        tr("Prefill first: while requests are waiting, prefill them, and decode only once all are admitted; steps: {value}", value=[s.phase for s in rec.steps])
     )
     for s in prefills:
-        assert sum(s.extend_lens[:-1]) < budget, f"预算 {budget} 用完就不再接纳新请求（这一步：{s.extend_lens}）"
+        assert sum(s.extend_lens[:-1]) < budget, tr("Once the budget {budget} is used up, no new requests are admitted (this step: {extend_lens})", budget=budget, extend_lens=s.extend_lens)
     assert [s.extend_lens for s in prefills] == [lens[:2], lens[2:]], (
-        f"预算 {budget}：第一步装下前两个（第二个用完预算），第二步装下后两个；实际：{[s.extend_lens for s in prefills]}"
+        tr("Budget {budget}: step 1 fits the first two (the second uses up the budget), step 2 fits the last two; got {value}", budget=budget, value=[s.extend_lens for s in prefills])
     )
     assert_idle(llm)
 
@@ -77,16 +78,16 @@ def test_continuous_batching_finishes_and_refills_slots(tiny_path: str, make_llm
     rec = record(llm)
     out = llm.generate(["short", "long request", "third", "fourth", "fifth"], [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens])
     assert [len(o["token_ids"]) for o in out] == max_tokens
-    assert all(len(s.uids) <= 2 for s in rec.steps), "同时运行的请求不能超过 max_running_req=2"
+    assert all(len(s.uids) <= 2 for s in rec.steps), tr("No more than max_running_req=2 requests may run at once")
     last_step = {u: max(i for i, s in enumerate(rec.steps) if u in s.uids) for u in {u for s in rec.steps for u in s.uids}}
     first_step = {u: min(i for i, s in enumerate(rec.steps) if u in s.uids) for u in last_step}
     uids = sorted(last_step)
     long_uid, short_uid, third_uid = uids[1], uids[0], uids[2]
-    assert last_step[short_uid] < last_step[long_uid], "长短不一的请求在不同的步结束"
-    assert first_step[third_uid] < last_step[long_uid], "短请求一结束，等待的请求下一步就加入（不等整批结束）"
-    assert first_step[third_uid] == last_step[short_uid] + 1, "槽位空出来的下一步就接纳新请求"
+    assert last_step[short_uid] < last_step[long_uid], tr("Requests of different lengths finish at different steps")
+    assert first_step[third_uid] < last_step[long_uid], tr("As soon as a short request finishes, a waiting request joins at the next step (without waiting for the whole batch)")
+    assert first_step[third_uid] == last_step[short_uid] + 1, tr("A new request is admitted the step after a slot frees up")
     rows = {u: s.rows[s.uids.index(u)] for s in rec.steps for u in s.uids}
-    assert rows[third_uid] == rows[short_uid], "新请求用的是刚结束的请求归还的那个槽位"
+    assert rows[third_uid] == rows[short_uid], tr("The new request uses the slot returned by the request that just finished")
     assert_idle(llm)
 
 
@@ -94,7 +95,7 @@ def test_max_running_req_2_completes_8_requests(tiny_path: str, make_llm) -> Non
     llm = make_llm(LLM, tiny_path, **{**TINY_KW, "max_running_req": 2})
     rec = record(llm)
     out = llm.generate([f"request number {i}" for i in range(8)], SamplingParams(max_tokens=5, ignore_eos=True))
-    assert [len(o["token_ids"]) for o in out] == [5] * 8, "只有 2 个槽位也能把 8 个请求全部跑完"
+    assert [len(o["token_ids"]) for o in out] == [5] * 8, tr("Even with only 2 slots all 8 requests complete")
     assert max(len(s.uids) for s in rec.steps) == 2
     assert len({u for s in rec.steps for u in s.uids}) == 8
     assert_idle(llm)
@@ -106,33 +107,33 @@ def test_positions_input_mapping_and_out_loc(tiny, qwen_tokenizer) -> None:  # n
     def check(trace) -> None:  # noqa: ANN001
         b = trace.batch
         want_pos = torch.cat([torch.arange(c, c + e) for c, e in zip(rec.steps[-1].cached_lens, rec.steps[-1].extend_lens)])
-        assert b.positions.cpu().tolist() == want_pos.tolist(), "positions = 各请求 arange(cached_len, device_len) 拼起来"
+        assert b.positions.cpu().tolist() == want_pos.tolist(), tr("positions = each request's arange(cached_len, device_len), concatenated")
         rows = torch.repeat_interleave(torch.tensor(rec.steps[-1].rows), torch.tensor(rec.steps[-1].extend_lens))
-        assert b.out_loc.cpu().tolist() == tiny.page_table[rows, want_pos].cpu().tolist(), "out_loc = 页表[行, 位置]"
+        assert b.out_loc.cpu().tolist() == tiny.page_table[rows, want_pos].cpu().tolist(), tr("out_loc = page_table[row, position]")
         checked.append((b, trace))
 
     rec = record(tiny, after=check)
     prompts = ["Hello world, this is a test", "Another one", "x y z"]
     out = tiny.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
-    assert checked, "没有观察到任何一步"
+    assert checked, tr("No step was observed")
     full = [qwen_tokenizer.encode(p) + o["token_ids"] for p, o in zip(prompts, out)]
     by_uid = dict(zip(sorted({u for s in rec.steps for u in s.uids}), full))
     for b, s in checked:
         want = [tok for u, c, e in zip(s.uids, s.cached_lens, s.extend_lens) for tok in by_uid[u][c : c + e]]
-        assert b.input_ids.cpu().tolist() == want, "输入 token 从 token 池按（行，位置）取出：预填充是提示词，解码是上一步采样的 token"
+        assert b.input_ids.cpu().tolist() == want, tr("Input tokens are read from the token pool by (row, position): the prompt for prefill, the previously sampled token for decode")
     assert_idle(tiny)
 
 
 def test_static_pages_per_slot(tiny, qwen_tokenizer) -> None:  # noqa: ANN001
     cap = tiny.cache_manager.max_req_tokens
-    assert cap == 2048 // 8, "2048 页分给 8 个槽位，每个槽位 256 个 token"
+    assert cap == 2048 // 8, tr("2048 pages over 8 slots: 256 tokens per slot")
     rows = tiny.page_table[:8, :cap].cpu()
-    assert len(torch.unique(rows)) == 8 * cap, "每个槽位静态分到的槽位互不重叠"
-    assert tiny.max_seq_len == min(512, cap), "本章一个请求最多放下一个槽位的 token"
+    assert len(torch.unique(rows)) == 8 * cap, tr("The slots given statically to each request slot do not overlap")
+    assert tiny.max_seq_len == min(512, cap), tr("In this chapter a request holds at most one slot's worth of tokens")
     prompt = "word " * 300
     with pytest.raises(ValueError, match=str(cap)):
         tiny.generate(["ok", prompt], SamplingParams(max_tokens=2))
-        pytest.fail("提示词超过单个请求的上限时要立刻报错，并说出上限")
+        pytest.fail(tr("A prompt over the per-request limit must be refused at once, stating the limit"))
     out = tiny.generate(["fits"], SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(out[0]["token_ids"]) == 3
     assert_idle(tiny)
@@ -149,31 +150,32 @@ def test_finishes_on_eos_unless_ignore_eos(tiny) -> None:  # noqa: ANN001
         ignored = tiny.generate(prompt, SamplingParams(max_tokens=12, ignore_eos=True))[0]["token_ids"]
     finally:
         tiny.eos_token_id = saved
-    assert stopped == full[:k], "遇到 EOS 就结束，EOS 本身不进结果"
-    assert ignored == full, "ignore_eos=True 时遇到 EOS 也继续生成"
+    assert stopped == full[:k], tr("Finish on EOS; EOS itself is not in the result")
+    assert ignored == full, tr("With ignore_eos=True generation continues past EOS")
     assert_idle(tiny)
 
 
 def test_invalid_requests_refused_before_any_work(tiny, tiny_path: str) -> None:  # noqa: ANN001
     rec = record(tiny)
     too_long = [1] * tiny.max_seq_len
+    # 只匹配两种语言的消息里都有的部分：出错的提示词序号 1、参数名、数值
     cases = [
-        ((["ok", ""], GREEDY), "第 1 个"),
+        ((["ok", ""], GREEDY), r"\b1\b"),
         ((["ok", too_long], GREEDY), str(tiny.max_seq_len)),
-        ((["a", "b"], [GREEDY]), "个数"),
-        ((["ok", "bad"], [GREEDY, SamplingParams(temperature=-1.0)]), "第 1 个"),
-        ((["ok", [10**9]], GREEDY), "第 1 个"),
+        ((["a", "b"], [GREEDY]), r"(?=.*sampling_params)(?=.*prompts)"),
+        ((["ok", "bad"], [GREEDY, SamplingParams(temperature=-1.0)]), r"(?=.*\b1\b)(?=.*temperature)"),
+        ((["ok", [10**9]], GREEDY), r"(?=.*\b1\b)(?=.*1000000000)"),
     ]
     for args, message in cases:
         with pytest.raises((ValueError, TypeError), match=message):
             tiny.generate(*args)
-            pytest.fail(f"非法请求 {args!r} 应当被拒绝")
-    assert rec.steps == [], "有非法请求时一个 token 也不算"
+            pytest.fail(tr("The invalid request {args!r} must be refused", args=args))
+    assert rec.steps == [], tr("With an invalid request, not a single token is computed")
     with pytest.raises(ValueError, match="cache_type"):
         LLM(tiny_path, **TINY_KW, cache_type="lru")
-        pytest.fail("未知的 cache_type 应当报错")
+        pytest.fail(tr("An unknown cache_type must raise an error"))
     out = tiny.generate(["still works"], SamplingParams(max_tokens=2, ignore_eos=True))
-    assert len(out[0]["token_ids"]) == 2, "被拒绝之后引擎照常工作"
+    assert len(out[0]["token_ids"]) == 2, tr("The engine works normally after a refusal")
     assert_idle(tiny)
 
 
@@ -181,7 +183,7 @@ def test_max_tokens_clipped_with_warning(tiny) -> None:  # noqa: ANN001
     prompt = [11] * (tiny.max_seq_len - 5)
     with pytest.warns(UserWarning, match="max_tokens"):
         out = tiny.generate([prompt], SamplingParams(max_tokens=100, ignore_eos=True))
-    assert len(out[0]["token_ids"]) == 5, "max_tokens 截到长度上限：提示词 + 输出 = max_seq_len"
+    assert len(out[0]["token_ids"]) == 5, tr("max_tokens is clipped to the length limit: prompt + output = max_seq_len")
     assert_idle(tiny)
 
 
@@ -192,13 +194,13 @@ def test_batch_invariance_smollm2(smollm2_path, smollm2_prompts, smollm2_referen
     llm = make_llm(LLM, smollm2_path, **{**SMOL_KW, "page_size": page_size})
     batched = [o["token_ids"] for o in llm.generate(smollm2_prompts, sp)]
     for i, (ours, ref) in enumerate(zip(batched, smollm2_reference)):
-        assert ours == ref, f"成批：第 {i} 个请求与 Hugging Face 不一致\n我们：{ours}\nHF：  {ref}"
+        assert ours == ref, tr("Batched: request {i} differs from Hugging Face\nours: {ours}\nHF:   {ref}", i=i, ours=ours, ref=ref)
     reversed_out = [o["token_ids"] for o in llm.generate(smollm2_prompts[::-1], sp)][::-1]
-    assert reversed_out == smollm2_reference, "换个顺序成批跑，结果不变"
+    assert reversed_out == smollm2_reference, tr("Running the batch in another order gives the same results")
     assert_idle(llm)
     alone = make_llm(LLM, smollm2_path, **{**SMOL_KW, "page_size": page_size, "max_running_req": 1})
     singles = [o["token_ids"] for o in alone.generate(smollm2_prompts, SamplingParams(max_tokens=12, ignore_eos=True))]
-    assert singles == [r[:12] for r in smollm2_reference], "max_running_req=1（每个请求单独跑）也与 HF 一致"
+    assert singles == [r[:12] for r in smollm2_reference], tr("max_running_req=1 (each request alone) also matches HF")
     assert_idle(alone)
 
 
@@ -209,11 +211,11 @@ def test_sampling_seeded_and_per_request(smollm2_path, smollm2_prompts, smollm2_
     other = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=99)
     greedy = SamplingParams(max_tokens=SMOLLM2_TOKENS, ignore_eos=True)
     out1 = [o["token_ids"] for o in llm.generate([p, p, p, smollm2_prompts[1]], [seeded, seeded, other, greedy])]
-    assert out1[0] == out1[1], "同样的种子、同样的提示词，同一批里结果相同"
-    assert out1[0] != out1[2], "不同的种子给出不同的采样结果"
-    assert out1[3] == smollm2_reference[1], "每个请求用自己的采样参数：混在采样请求里的贪心请求仍与 HF 一致"
+    assert out1[0] == out1[1], tr("Same seed, same prompt, same batch: same result")
+    assert out1[0] != out1[2], tr("Different seeds give different samples")
+    assert out1[3] == smollm2_reference[1], tr("Each request uses its own sampling parameters: a greedy request among sampled ones still matches HF")
     out2 = llm.generate([smollm2_prompts[2], p], [greedy, seeded])
-    assert out2[1]["token_ids"] == out1[0], "带种子的请求换一批、换个位置，结果可以复现"
+    assert out2[1]["token_ids"] == out1[0], tr("A seeded request reproduces its result in another batch, at another position")
     assert_idle(llm)
 
 
@@ -240,11 +242,10 @@ def test_eos_finished_request_leaves_the_running_batch(tiny_path: str, make_llm)
     uid_a = rec.steps[0].uids[0]
     steps_a = [i for i, s in enumerate(rec.steps) if uid_a in s.uids]
     assert steps_a == list(range(k + 1)), (
-        f"A 在第 {k} 步采样出 EOS（预填充是第 0 步），之后不该再出现在任何一步里；实际 A 出现在第 {steps_a} 步"
-        "（遇到 EOS 结束时要把它从 decode_manager 里移除）"
+        tr("A samples EOS at step {k} (prefill is step 0) and must not appear in any later step; A appeared in steps {steps_a} (remove it from decode_manager when it finishes on EOS)", k=k, steps_a=steps_a)
     )
-    assert out[0]["token_ids"] == full_a[:k], f"A 应输出 EOS 之前的 {k} 个 token：{full_a[:k]}，实际 {out[0]['token_ids']}"
-    assert out[1]["token_ids"] == alone_b, f"B 接过 A 还回来的那一行后，结果要和单独跑一样：{alone_b}，实际 {out[1]['token_ids']}"
+    assert out[0]["token_ids"] == full_a[:k], tr("A must output the {k} tokens before EOS: {full_a_item}, got {value}", k=k, full_a_item=full_a[:k], value=out[0]['token_ids'])
+    assert out[1]["token_ids"] == alone_b, tr("After B takes over the row A returned, its result must equal running alone: {alone_b}, got {value}", alone_b=alone_b, value=out[1]['token_ids'])
     assert_idle(llm)
 
 
@@ -260,7 +261,7 @@ def test_input_ids_grow_with_each_sampled_token(tiny) -> None:  # noqa: ANN001
         for req in trace.reqs:
             n, out = len(req.input_ids), tiny.status[req.uid].output_ids
             if n != req.device_len or req.input_ids[n - len(out) :].tolist() != out:
-                bad.append(f"第 {trace.index} 步 请求 {req.uid}：len(input_ids)={n}，device_len={req.device_len}，已输出 {len(out)} 个")
+                bad.append(tr("step {index} request {uid}: len(input_ids)={n}, device_len={device_len}, {n_out} output so far", index=trace.index, uid=req.uid, n=n, device_len=req.device_len, n_out=len(out)))
 
     rec = record(tiny, after=check)
     try:
@@ -268,7 +269,7 @@ def test_input_ids_grow_with_each_sampled_token(tiny) -> None:  # noqa: ANN001
     finally:
         rec.close()
     assert not bad, (
-        "结果处理之后，input_ids 要等于提示词 + 已采样的 token（每个 token 都要 req.append_host）：\n" + "\n".join(bad[:6])
+        tr("After result processing, input_ids must equal the prompt + the sampled tokens (req.append_host for every token):\n") + "\n".join(bad[:6])
     )
 
 
@@ -297,10 +298,10 @@ def test_prefill_stops_at_first_request_not_admitted() -> None:
     adder = _StubAdder(refuse={1})
     batch = pm.schedule_next_batch(adder)
     got = [r.uid for r in batch.reqs] if batch is not None else None
-    assert got == [0], f"请求 1 接纳不了就该停下：这一步只应有 [0]，实际 {got}（准入员依次试了 {adder.tried}）"
+    assert got == [0], tr("Request 1 cannot be admitted, so stop there: this step should have only [0], got {got} (the adder tried {tried} in turn)", got=got, tried=adder.tried)
     left = [p.uid for p in pm.pending_list]
-    assert left == [1, 2], f"接纳了的离开队列、其余按原顺序留下：应为 [1, 2]，实际 {left}"
-    assert pm.schedule_next_batch(_StubAdder(refuse={1})) is None, "队首接纳不了时一个也不接纳，返回 None"
+    assert left == [1, 2], tr("Admitted requests leave the queue and the rest stay in their original order: expected [1, 2], got {left}", left=left)
+    assert pm.schedule_next_batch(_StubAdder(refuse={1})) is None, tr("When the head of the queue cannot be admitted, admit none and return None")
 
 
 def test_add_one_req_takes_exactly_the_segment() -> None:
@@ -310,12 +311,12 @@ def test_add_one_req_takes_exactly_the_segment() -> None:
     adder = PrefillAdder(token_budget=100, reserved_size=0, table_manager=TableManager(2), cache_manager=None, token_pool=pool)
     pending = PendingReq(7, torch.arange(10, 20, dtype=torch.int32), SamplingParams(max_tokens=3))
     req = adder._add_one_req(pending, None, 1, 2, end=6)
-    assert pool[1].tolist() == [-1, -1, 12, 13, 14, 15] + [-1] * 6, f"只写 [2, 6) 这一段：{pool[1].tolist()}"
-    assert pool[0].tolist() == [-1] * 12, "别的行不能动"
-    assert adder.token_budget == 96, f"预算只扣这一段的 4 个 token，剩 {adder.token_budget}"
+    assert pool[1].tolist() == [-1, -1, 12, 13, 14, 15] + [-1] * 6, tr("Write only the segment [2, 6): {value}", value=pool[1].tolist())
+    assert pool[0].tolist() == [-1] * 12, tr("Other rows must not change")
+    assert adder.token_budget == 96, tr("Only this segment's 4 tokens are charged to the budget, {token_budget} left", token_budget=adder.token_budget)
     assert req.input_ids.tolist() == list(range(10, 16)) and req.cached_len == 2 and req.table_idx == 1 and req.uid == 7
     whole = adder._add_one_req(pending, None, 0, 0)
-    assert pool[0, :10].tolist() == list(range(10, 20)) and pool[0, 10:].tolist() == [-1, -1], "end 缺省就是整段"
+    assert pool[0, :10].tolist() == list(range(10, 20)) and pool[0, 10:].tolist() == [-1, -1], tr("end defaults to the whole prompt")
     assert adder.token_budget == 86 and len(whole.input_ids) == 10
 
 
@@ -343,8 +344,7 @@ def test_prefilled_requests_handed_to_cache_manager(tiny_path: str, make_llm) ->
         got = [f for u, f in llm.cache_calls if u == uid]
         want = [True] if n == 1 else [False, True]
         assert got == want, (
-            f"max_tokens={n} 的请求：cache_req 的 finished 参数依次应为 {want}，实际 {got}"
-            "（预填充后没结束的交给 cache_req(finished=False)，结束时 finished=True）"
+            tr("Request with max_tokens={n}: the finished arguments of cache_req must be {want} in turn, got {got} (after prefill an unfinished request goes to cache_req(finished=False); on finishing, finished=True)", n=n, want=want, got=got)
         )
 
 
@@ -352,9 +352,9 @@ def test_status_finished_and_abort_after_finish_is_a_no_op(tiny) -> None:  # noq
     uid = tiny.add_request([5, 6, 7, 8], SamplingParams(max_tokens=2, ignore_eos=True))
     tiny.run_until_idle()
     status = tiny.status[uid]
-    assert status.finished and not status.aborted, f"生成够 max_tokens 后应标记 finished：{status}"
+    assert status.finished and not status.aborted, tr("After generating max_tokens the request must be marked finished: {status}", status=status)
     tiny.abort(uid)
-    assert status.finished and not status.aborted, f"已经结束的请求再 abort 什么也不做：{status}"
+    assert status.finished and not status.aborted, tr("Aborting a finished request does nothing: {status}", status=status)
     assert len(tiny.status.pop(uid).output_ids) == 2
     assert_idle(tiny)
 
@@ -362,9 +362,9 @@ def test_status_finished_and_abort_after_finish_is_a_no_op(tiny) -> None:  # noq
 def test_step_when_idle_returns_false(tiny) -> None:  # noqa: ANN001
     """没有请求时 step() 什么也不做、返回 False（调度不出批次就不前向）。"""
     assert not tiny.busy
-    assert tiny.step() is False, "空闲时 step() 应返回 False"
+    assert tiny.step() is False, tr("step() must return False when idle")
     uid = tiny.add_request([5, 6, 7], SamplingParams(max_tokens=1, ignore_eos=True))
-    assert tiny.step() is True, "有请求时 step() 做一步、返回 True"
+    assert tiny.step() is True, tr("With requests, step() does one step and returns True")
     tiny.run_until_idle()
     assert len(tiny.status.pop(uid).output_ids) == 1
     assert_idle(tiny)

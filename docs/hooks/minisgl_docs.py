@@ -22,6 +22,7 @@ It also drops the line breaks inside Chinese paragraphs, which HTML would otherw
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import re
 import textwrap
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from minisgl.course.registry import CHAPTERS, Chapter
 from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message
+from minisgl.i18n import tr
 from minisgl.paths import REPO_ROOT as REPO
 
 log = logging.getLogger("mkdocs.plugins.minisgl_docs")
@@ -169,12 +171,12 @@ def code_block(path: str, symbol: str | None, *, signature: bool = False, title:
 # ---------------------------------------------------------------- recorded outputs
 
 
-def output_block(name: str) -> list[str]:
+def output_block(name: str, language: str) -> list[str]:
     path = OUTPUTS / f"{name}.txt"
     if not path.is_file():
         raise DocsError(f"没有录制的输出 docs/outputs/{name}.txt：运行 python tools/record_outputs.py {name}")
     text = path.read_text(encoding="utf-8").rstrip("\n").splitlines()
-    title = f"运行结果（docs/outputs/{name}.txt，由 tools/record_outputs.py 录制）"
+    title = tr("Output (docs/outputs/{name}.txt, recorded by tools/record_outputs.py)", language=language, name=name)
     return [f'```` {{ .text .recorded-output title="{title}" }}', *text, "````"]
 
 
@@ -192,13 +194,14 @@ def _escape(text: str) -> str:
 
 
 def chapter_of(src_uri: str) -> Chapter:
+    page = src_uri.removesuffix(".en.md") + ".md" if src_uri.endswith(".en.md") else src_uri
     for ch in CHAPTERS:
-        if Path(ch.docs_page).relative_to("docs").as_posix() == src_uri:
+        if Path(ch.docs_page).relative_to("docs").as_posix() == page:
             return ch
     raise DocsError(f"页面 {src_uri} 不是某一章的页面，不能用 [[task ...]]")
 
 
-def task_block(chapter: Chapter, name: str) -> list[str]:
+def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
     sol_path = f"solutions/{chapter.relpath}"
     lines, tree = load(sol_path)
     source = "\n".join(lines) + "\n"
@@ -209,42 +212,55 @@ def task_block(chapter: Chapter, name: str) -> list[str]:
     symbol = qualname_at(tree, task.line)
     if not symbol:
         raise DocsError(f"{sol_path}:{task.line}: 任务 {name} 不在任何函数里")
-    message = todo_message(chapter, name, task.hint)
+    hint = task.hint_en if language == "en" else task.hint
+    message = todo_message(chapter, name, hint, language=language)
     skeleton = make_skeleton(source, chapter)
     out = [
         f"### `{name}` {{ #{name} .task }}",
         "",
-        f"**位置**：`{chapter.relpath}` 里的 `{symbol}` · **提示**：{_escape(task.hint)}",
+        tr("**Where**: `{symbol}` in `{path}` · **Hint**: {hint}", language=language, symbol=symbol,
+           path=chapter.relpath, hint=_escape(hint)),
         "",
-        *code_block(chapter.relpath, symbol, source=skeleton, title=f"{chapter.relpath} · {symbol}（你的骨架）"),
+        *code_block(chapter.relpath, symbol, source=skeleton,
+                    title=tr("{path} · {symbol} (your skeleton)", language=language, path=chapter.relpath, symbol=symbol)),
         "",
-        "??? quote \"没写完时运行会看到的报错\"",
+        "??? quote " + json.dumps(tr("The error you see while it is not written yet", language=language), ensure_ascii=False),
         "",
-        f"    `` NotImplementedError: {message} ``",
+        f"    `` TaskNotDone: {message} ``",
         "",
-        "??? success \"参考解答（先自己写，再展开对照）\"",
+        "??? success " + json.dumps(tr("Reference solution (write yours first, then expand to compare)", language=language),
+                                    ensure_ascii=False),
         "",
         *["    " + line if line else "" for line in code_block(sol_path, symbol)],
     ]
     return out
 
 
-def practice_block(ch: Chapter) -> list[str]:
-    return [
-        '!!! abstract "动手：本章的文件、笔记本和检查"',
-        "",
-        f"    - 你的文件：`{ch.relpath}`（骨架，从这里写起）；参考解答：`solutions/{ch.relpath}`",
-        f"    - 配套笔记本：`{ch.notebook}`，用 `jupyter lab {ch.notebook}` 打开",
-        f"    - 跑本章的检查：`pytest {ch.check_file}`，或 `python -m minisgl.course check {ch.id}`",
-        f"    - 卡住了：`python -m minisgl.course use solution {ch.id}` 先换回参考解答，"
-        f"`python -m minisgl.course use auto {ch.id}` 再换回你的代码",
+def practice_block(ch: Chapter, language: str) -> list[str]:
+    notebook = ch.notebook if language == "zh" else ch.notebook.replace("notebooks/", "notebooks/en/", 1)
+    items = [
+        tr("Your file: `{path}` (the skeleton, start here); reference solution: `solutions/{path}`", language=language,
+           path=ch.relpath),
+        tr("Notebook: `{notebook}`, open it with `jupyter lab {notebook}`", language=language, notebook=notebook),
+        tr("Run this chapter's checks: `pytest {checks}`, or `python -m minisgl.course check {id}`",
+           language=language, checks=ch.check_file, id=ch.id),
+        tr("Stuck? `python -m minisgl.course use solution {id}` switches to the reference solution, "
+           "`python -m minisgl.course use auto {id}` back to your code", language=language, id=ch.id),
     ]
+    title = tr("Hands on: this chapter's files, notebook and checks", language=language)
+    return [f"!!! abstract {json.dumps(title, ensure_ascii=False)}", "", *[f"    - {item}" for item in items]]
 
 
 # ---------------------------------------------------------------- the hook
 
 
+def page_language(src_uri: str) -> str:
+    """``X.en.md`` is the English page of ``X.md`` (mkdocs-static-i18n, suffix structure)."""
+    return "en" if src_uri.endswith(".en.md") else "zh"
+
+
 def expand(markdown: str, src_uri: str) -> str:
+    language = page_language(src_uri)
     out: list[str] = []
     in_fence = False
     for lineno, line in enumerate(markdown.splitlines(), start=1):
@@ -262,11 +278,11 @@ def expand(markdown: str, src_uri: str) -> str:
                     raise DocsError("[[sig ...]] 需要写出符号：路径::符号")
                 block = code_block(path.strip(), symbol.strip() or None, signature=kind == "sig")
             elif kind == "output":
-                block = output_block(arg)
+                block = output_block(arg, language)
             elif kind == "task":
-                block = task_block(chapter_of(src_uri), arg)
+                block = task_block(chapter_of(src_uri), arg, language)
             elif kind == "practice":
-                block = practice_block(chapter_of(src_uri))
+                block = practice_block(chapter_of(src_uri), language)
             else:
                 raise DocsError(f"不认识的指令 [[{kind} ...]]；可用：code、sig、output、task、practice")
         except (DocsError, SyntaxError) as err:
@@ -289,3 +305,13 @@ _PRE = re.compile(r"(<pre\b.*?</pre>)", re.S)
 def on_page_content(html: str, page, config, files) -> str:  # noqa: ANN001 - mkdocs hook signature
     parts = _PRE.split(html)
     return "".join(p if i % 2 else _CJK_BREAK.sub(r"\1\2", p) for i, p in enumerate(parts))
+
+
+# The i18n plugin links each page to its other-language twin with <link rel="alternate" hreflang>; Material reads such
+# links as language roots and fetches "<link>/sitemap.xml" for every page, a 404 each time (console errors, wasted
+# requests in an offline book). The language switcher in the header has its own per-page links, so drop these.
+_ALTERNATE = re.compile(r'<link rel="alternate" href="[^"]*" hreflang="[a-z]+">\s*')
+
+
+def on_post_page(html: str, page, config) -> str:  # noqa: ANN001 - mkdocs hook signature
+    return _ALTERNATE.sub("", html)

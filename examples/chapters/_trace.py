@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from minisgl.i18n import tr
+
 
 def trace_steps(llm, show=None):  # noqa: ANN001, ANN201 - 示例代码，保持简短
     """返回一个列表，之后每一步追加 ``(phase, [(uid, extend_len), ...])``；给了 ``show`` 就每步调用 ``show(第几步, trace)``。"""
@@ -21,6 +23,6 @@ def trace_steps(llm, show=None):  # noqa: ANN001, ANN201 - 示例代码，保持
 
 
 def describe(step: int, trace) -> str:  # noqa: ANN001
-    kind = "预填充" if trace.is_prefill else "解码  "
-    parts = "，".join(f"请求{uid}×{n}" for uid, n in zip(trace.uids, trace.extend_lens))
-    return f"第 {step:>2} 步 {kind} {parts}"
+    kind = tr("prefill") if trace.is_prefill else tr("decode ")
+    parts = tr(", ").join(tr("req{uid}×{n}", uid=uid, n=n) for uid, n in zip(trace.uids, trace.extend_lens))
+    return tr("step {step:>2} {kind} {work}", step=step, kind=kind, work=parts)

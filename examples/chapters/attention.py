@@ -9,11 +9,12 @@ import torch.nn.functional as F
 
 from minisgl.attention import SDPAAttnBackend, TorchAttnBackend, causal_mask_with_prefix
 from minisgl.core import Batch, Req, SamplingParams
+from minisgl.i18n import tr
 from minisgl.kvcache import MHAKVCache, create_page_table
 
 torch.manual_seed(0)
 HQ, HKV, D = 4, 2, 8
-print("causal_mask_with_prefix(cached_len=3, seq_len=5)：2 个新 query × 5 个 key（1 = 看得见）")
+print(tr("causal_mask_with_prefix(cached_len=3, seq_len=5): 2 new queries × 5 keys (1 = visible)"))
 for row in causal_mask_with_prefix(3, 5).int().tolist():
     print(f"  {row}")
 
@@ -36,7 +37,7 @@ batch.out_loc = torch.cat([page_table[0, 0:4], page_table[1, 3:5]])
 q = torch.randn(6, HQ, D)
 k_new = torch.cat([full_k["A"], full_k["B"][3:]])
 v_new = torch.cat([full_v["A"], full_v["B"][3:]])
-print(f"本轮的 token：A 4 个 + B 2 个 = {len(q)} 个；out_loc={batch.out_loc.tolist()}")
+print(tr("Tokens this round: A 4 + B 2 = {n_q}; out_loc={out_loc}", n_q=len(q), out_loc=batch.out_loc.tolist()))
 
 # 对照：每个请求把整段序列重算一遍，取本轮的那几行
 reference = []
@@ -54,6 +55,7 @@ for backend in (TorchAttnBackend(cache, page_table), SDPAAttnBackend(cache, page
     md = batch.attn_metadata
     out = backend.forward(q, k_new, v_new, layer_id=0, batch=batch)
     print(
-        f"{type(backend).__name__:<17} cu_seqlens_q={md.cu_seqlens_q_cpu} 每个请求最后一个 token 在 "
-        f"{md.get_last_indices(batch.size).tolist()}；与稠密注意力一致：{torch.allclose(out, reference, atol=1e-5)}"
+        tr("{backend:<17} cu_seqlens_q={cu_seqlens_q_cpu} last token of each request at {last}; matches dense attention: {same}",
+           backend=type(backend).__name__, cu_seqlens_q_cpu=md.cu_seqlens_q_cpu,
+           last=md.get_last_indices(batch.size).tolist(), same=torch.allclose(out, reference, atol=1e-5))
     )

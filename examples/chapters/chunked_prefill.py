@@ -11,20 +11,23 @@ from _trace import describe, trace_steps  # noqa: E402
 
 from minisgl.chunked_prefill import LLM  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.i18n import tr  # noqa: E402
 from minisgl.model_zoo import smollm2  # noqa: E402
 
 llm = LLM(smollm2(), max_running_req=4, num_page_override=256, max_seq_len_override=64, max_extend_tokens=8)
 steps = trace_steps(llm, show=lambda i, trace: print(describe(i, trace)))
 long_prompt = "Count with me: one, two, three, four, five, six, seven, eight, nine"
 prompts = ["Water boils at", long_prompt]
-print(f"提示词长度：{[len(llm.tokenizer.encode(p)) for p in prompts]}，每步预填充最多 {llm.config.max_extend_tokens} 个 token")
+print(tr("Prompt lengths: {lens}; at most {max_extend_tokens} tokens prefilled per step",
+         lens=[len(llm.tokenizer.encode(p)) for p in prompts], max_extend_tokens=llm.config.max_extend_tokens))
 params = SamplingParams(max_tokens=6, ignore_eos=True)
 chunked = llm.generate(prompts, params)
 prefill = [sum(n for _, n in work) for phase, work in steps if phase == "prefill"]
-print(f"每个预填充步算的 token 数：{prefill}")
+print(tr("Tokens computed by each prefill step: {prefill}", prefill=prefill))
 for i, out in enumerate(chunked):
-    print(f"请求{i}：{out['text']!r}")
+    print(tr("req{i}: {text!r}", i=i, text=out["text"]))
 llm.shutdown()
 
 whole = LLM(smollm2(), max_running_req=4, num_page_override=256, max_seq_len_override=64).generate(prompts, params)
-print(f"不分块时输出相同：{[o['token_ids'] for o in whole] == [o['token_ids'] for o in chunked]}")
+print(tr("Same output without chunking: {same}",
+         same=[o["token_ids"] for o in whole] == [o["token_ids"] for o in chunked]))

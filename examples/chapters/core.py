@@ -6,6 +6,7 @@
 import torch
 
 from minisgl.core import Batch, Context, Req, SamplingParams
+from minisgl.i18n import tr
 
 params = SamplingParams(max_tokens=3)
 params.validate()
@@ -21,31 +22,33 @@ def show(when: str) -> None:
     )
 
 
-show("新建")
+show(tr("created"))
 for step, new_token in enumerate([100, 101, 102]):
-    phase = "预填充" if step == 0 else "解码"
-    print(f"-- 第 {step + 1} 步（{phase}）：算 {req.extend_len} 个 token")
+    phase = tr("prefill") if step == 0 else tr("decode")
+    print(tr("-- step {step} ({phase}): compute {extend_len} token(s)",
+             step=step + 1, phase=phase, extend_len=req.extend_len))
     req.complete_one()  # 前向发出时推进
-    show("发出之后")
+    show(tr("issued"))
     req.append_host(torch.tensor([new_token]))  # 采样结果回到主机
-    show("拿到结果")
+    show(tr("got result"))
 
 for bad in (SamplingParams(temperature=-1.0), SamplingParams(top_k=0), SamplingParams(top_p=0.0), SamplingParams(max_tokens=0)):
     try:
         bad.validate()
     except ValueError as err:
-        print(f"拒绝：{err}")
+        print(tr("Rejected: {err}", err=err))
 
 ctx = Context(page_size=1)
 batch = Batch(reqs=[req], phase="decode")
 with ctx.forward_batch(batch):
-    print(f"with 块里：ctx.batch 是 {ctx.batch.phase} 批次，{ctx.batch.size} 个请求")
+    print(tr("Inside the with block: ctx.batch is a {phase} batch of {size} request(s)",
+             phase=ctx.batch.phase, size=ctx.batch.size))
     try:
         with ctx.forward_batch(batch):
             pass
     except RuntimeError as err:
-        print(f"嵌套：{err}")
+        print(tr("Nested: {err}", err=err))
 try:
     ctx.batch
 except RuntimeError as err:
-    print(f"with 块外：{err}")
+    print(tr("Outside the with block: {err}", err=err))

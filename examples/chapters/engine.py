@@ -8,12 +8,15 @@ from transformers import AutoTokenizer
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, Sampler
+from minisgl.i18n import tr
 from minisgl.model_zoo import smollm2
 
 path = smollm2()
 engine = Engine(EngineConfig(model_path=str(path), max_running_req=1, num_page_override=64, max_seq_len_override=64))
 tok = AutoTokenizer.from_pretrained(path)
-print(f"引擎：{engine.device}，{engine.dtype}，KV 池 {engine.num_pages} 页，注意力后端 {type(engine.attn_backend).__name__}")
+print(tr("Engine: {device}, {dtype}, KV pool of {num_pages} pages, attention backend {backend}",
+         device=engine.device, dtype=engine.dtype, num_pages=engine.num_pages,
+         backend=type(engine.attn_backend).__name__))
 
 prompt = torch.tensor(tok.encode("The capital of France is"), dtype=torch.int32)
 req = Req(prompt, table_idx=0, cached_len=0, output_len=6, uid=0, sampling_params=SamplingParams(max_tokens=6))
@@ -29,18 +32,19 @@ while req.can_decode:
     req.complete_one()  # 发出这一步的人推进记账：引擎只算
     out.copy_done_event.synchronize()
     req.append_host(out.next_tokens_cpu)
-    print(f"{batch.phase:<7} 算了 {n} 个 token → {tok.decode(out.next_tokens_cpu)!r}")
-print(f"结果：{tok.decode(req.input_ids)!r}")
+    print(tr("{phase:<7} computed {n} token(s) → {token!r}",
+             phase=batch.phase, n=n, token=tok.decode(out.next_tokens_cpu)))
+print(tr("Result: {text!r}", text=tok.decode(req.input_ids)))
 engine.shutdown()
 
 # 批量采样器：同一批里每行用自己的参数
 sampler = Sampler(torch.device("cpu"), vocab_size=6, seed=0)
 logits = torch.tensor([[2.0, 1.0, 0.5, 0.1, 0.0, -1.0]] * 4)
 rows = [
-    ("贪心", SamplingParams()),
+    (tr("greedy"), SamplingParams()),
     ("top_k=1", SamplingParams(temperature=1.0, top_k=1)),
-    ("温度 1、种子 7", SamplingParams(temperature=1.0, seed=7)),
-    ("温度 1、top_p=0.8", SamplingParams(temperature=1.0, top_p=0.8)),
+    (tr("temperature 1, seed 7"), SamplingParams(temperature=1.0, seed=7)),
+    (tr("temperature 1, top_p=0.8"), SamplingParams(temperature=1.0, top_p=0.8)),
 ]
 reqs = [Req(torch.zeros(3, dtype=torch.int32), i, 0, 1, i, sp) for i, (_, sp) in enumerate(rows)]
 batch = Batch(reqs=reqs, phase="prefill")
@@ -48,10 +52,10 @@ args = sampler.prepare(batch)
 draws = torch.stack([sampler.sample(logits, args) for _ in range(200)])
 for i, (name, _) in enumerate(rows):
     counts = torch.bincount(draws[:, i], minlength=6).tolist()
-    print(f"{name}：200 次采样里 token 0..5 各出现 {counts} 次")
+    print(tr("{name}: in 200 draws, tokens 0..5 came up {counts} times", name=name, counts=counts))
 alone = Batch(reqs=[reqs[2]], phase="prefill")
 other = Sampler(torch.device("cpu"), vocab_size=6, seed=123)  # 换一个引擎种子
 alone_args = other.prepare(alone)
 alone_draws = [other.sample(logits[:1], alone_args).item() for _ in range(10)]
-print(f"带种子的请求，在批里的前 10 次：{draws[:10, 2].tolist()}")
-print(f"换引擎种子、单独一个请求的前 10 次：{alone_draws}")
+print(tr("The seeded request, first 10 draws in the batch: {draws}", draws=draws[:10, 2].tolist()))
+print(tr("Another engine seed, the request alone, first 10 draws: {alone_draws}", alone_draws=alone_draws))

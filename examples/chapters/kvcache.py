@@ -5,17 +5,20 @@
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.kvcache import MHAKVCache, create_page_table, pages_to_slots
 
 # Qwen3-0.6B 的形状：28 层，8 个 KV 头，head_dim 128
 for dtype in (torch.float32, torch.bfloat16):
     per_token = MHAKVCache.bytes_per_page(8, 28, 128, 1, dtype)
-    print(f"Qwen3-0.6B，{str(dtype):<14}：每个 token 的 K/V 占 {per_token:,} 字节；1 GiB 放得下 {2**30 // per_token:,} 个 token")
+    print(tr("Qwen3-0.6B, {dtype:<14}: K/V of one token takes {per_token:,} bytes; 1 GiB holds {per_gib:,} tokens",
+             dtype=str(dtype), per_token=per_token, per_gib=2**30 // per_token))
 
 # 一个小池子：2 层、1 个 KV 头、head_dim 2，8 页 × 每页 2 个 token
 cache = MHAKVCache(num_kv_heads=1, num_layers=2, head_dim=2, num_pages=8, page_size=2, dtype=torch.float32, device="cpu")
-print(f"小池子：{cache.num_pages} 页 × {cache.page_size} = {cache.num_slots} 个槽位；"
-      f"k_cache(0) 的形状 {tuple(cache.k_cache(0).shape)}，和大张量共用内存：{cache.k_cache(0).data_ptr() == cache._kv_buffer[0, 0].data_ptr()}")
+print(tr("Small pool: {num_pages} pages × {page_size} = {num_slots} slots; k_cache(0) has shape {shape}, shares memory with the big tensor: {shared}",
+         num_pages=cache.num_pages, page_size=cache.page_size, num_slots=cache.num_slots,
+         shape=tuple(cache.k_cache(0).shape), shared=cache.k_cache(0).data_ptr() == cache._kv_buffer[0, 0].data_ptr()))
 
 print(f"pages_to_slots([3, 1], page_size=2) = {pages_to_slots(torch.tensor([3, 1]), 2).tolist()}")
 
@@ -23,7 +26,7 @@ print(f"pages_to_slots([3, 1], page_size=2) = {pages_to_slots(torch.tensor([3, 1
 page_table = create_page_table(max_running_req=2, max_seq_len=6, device="cpu")
 for row, (pages, n) in enumerate((([3, 1, 6], 5), ([0, 5], 3))):
     page_table[row, :n] = pages_to_slots(torch.tensor(pages, dtype=torch.int32), 2)[:n]
-print("页表（第 2 行留给填充用的假请求）：")
+print(tr("Page table (row 2 is reserved for the dummy padding request):"))
 for row in page_table.tolist():
     print(f"  {row}")
 
@@ -32,5 +35,7 @@ out_loc = page_table[1, :3]
 k = torch.arange(1, 7, dtype=torch.float32).view(3, 1, 2)
 cache.store_kv(k, -k, out_loc, layer_id=1)
 written = (cache.k_cache(1) != 0).any(dim=-1).flatten().nonzero().flatten().tolist()
-print(f"写入 out_loc={out_loc.tolist()} 之后，第 1 层非零的槽位：{written}；第 0 层仍全是 0：{bool((cache.k_cache(0) == 0).all())}")
-print(f"按页表读回请求 B 的 K：{cache.k_cache(1)[page_table[1, :3].long()].flatten().tolist()}")
+print(tr("After writing out_loc={out_loc}, nonzero slots in layer 1: {written}; layer 0 still all zeros: {zeros}",
+         out_loc=out_loc.tolist(), written=written, zeros=bool((cache.k_cache(0) == 0).all())))
+print(tr("K of request B read back through the page table: {k}",
+         k=cache.k_cache(1)[page_table[1, :3].long()].flatten().tolist()))

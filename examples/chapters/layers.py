@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
 
+from minisgl.i18n import tr
 from minisgl.layers import Linear, RMSNorm, RotaryEmbedding, silu_and_mul
 
 torch.manual_seed(0)
@@ -17,31 +18,33 @@ q_size, kv_size = heads * head_dim, kv_heads * head_dim
 qkv = Linear(hidden, [q_size, kv_size, kv_size], shard_names=["q_proj", "k_proj", "v_proj"], dtype=torch.float32, device="cpu")
 slots = qkv.own_slots("layers.0.self_attn.qkv_proj")
 for name, slot in slots.items():
-    print(f"检查点里的 {name:<34} → qkv_proj.{slot.attr} 第 {slot.shard} 段")
+    print(tr("checkpoint {name:<34} → qkv_proj.{attr} shard {shard}", name=name, attr=slot.attr, shard=slot.shard))
 hf = {"q_proj": torch.randn(q_size, hidden), "k_proj": torch.randn(kv_size, hidden), "v_proj": torch.randn(kv_size, hidden)}
 for shard, name in enumerate(hf):
     qkv.load_weight("weight", hf[name], shard)
-print(f"合并后的权重形状：{tuple(qkv.weight.shape)}（{q_size} + {kv_size} + {kv_size} 行）")
+print(tr("Merged weight shape: {shape} ({q_size} + {kv_size} + {kv_size} rows)",
+         shape=tuple(qkv.weight.shape), q_size=q_size, kv_size=kv_size))
 x = torch.randn(5, hidden)
 separate = torch.cat([F.linear(x, w) for w in hf.values()], dim=-1)
-print(f"一次矩阵乘法 == 分三次再拼接：{torch.allclose(qkv.forward(x), separate, atol=1e-5)}")
+print(tr("One matmul == three matmuls concatenated: {same}", same=torch.allclose(qkv.forward(x), separate, atol=1e-5)))
 try:
     qkv.load_weight("weight", torch.randn(kv_size + 1, hidden), 1)
 except ValueError as err:
-    print(f"形状不对时：{err}")
+    print(tr("With the wrong shape: {err}", err=err))
 
 # RMSNorm 与 HF 对照
 norm = RMSNorm(hidden, 1e-6, dtype=torch.float32, device="cpu")
 norm.weight.copy_(torch.rand(hidden) + 0.5)
 ref = Qwen3RMSNorm(hidden, eps=1e-6)
 ref.weight.data.copy_(norm.weight)
-print(f"RMSNorm 与 HF 一致：{torch.allclose(norm.forward(x), ref(x), atol=1e-6)}")
+print(tr("RMSNorm matches HF: {same}", same=torch.allclose(norm.forward(x), ref(x), atol=1e-6)))
 
 # SwiGLU：前一半是 gate，后一半是 up
 gate_up = torch.randn(5, 2 * hidden)
 gate, up = gate_up[:, :hidden], gate_up[:, hidden:]
-print(f"silu_and_mul 形状：{tuple(gate_up.shape)} → {tuple(silu_and_mul(gate_up).shape)}，"
-      f"等于 silu(gate) * up：{torch.allclose(silu_and_mul(gate_up), F.silu(gate) * up)}")
+print(tr("silu_and_mul shape: {before} → {after}, equals silu(gate) * up: {same}",
+         before=tuple(gate_up.shape), after=tuple(silu_and_mul(gate_up).shape),
+         same=torch.allclose(silu_and_mul(gate_up), F.silu(gate) * up)))
 
 # RoPE 与 HF 对照：同一组位置，q、k 转过同样的角度
 rope = RotaryEmbedding(head_dim, 1_000_000.0, 4096, device="cpu")
@@ -50,6 +53,9 @@ q, k = torch.randn(5, heads, head_dim), torch.randn(5, kv_heads, head_dim)
 q_rot, k_rot = rope.forward(positions, q, k)
 cos, sin = rope._cos[positions], rope._sin[positions]
 q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
-print(f"RoPE 与 HF 一致：q {torch.allclose(q_rot, q_ref[0].transpose(0, 1), atol=1e-5)}，"
-      f"k {torch.allclose(k_rot, k_ref[0].transpose(0, 1), atol=1e-5)}")
-print(f"位置 0 不旋转：{torch.allclose(q_rot[0], q[0])}；旋转不改变长度：{torch.allclose(q_rot.norm(dim=-1), q.norm(dim=-1), atol=1e-5)}")
+print(tr("RoPE matches HF: q {q_same}, k {k_same}",
+         q_same=torch.allclose(q_rot, q_ref[0].transpose(0, 1), atol=1e-5),
+         k_same=torch.allclose(k_rot, k_ref[0].transpose(0, 1), atol=1e-5)))
+print(tr("Position 0 is not rotated: {unrotated}; rotation keeps the norm: {norm_kept}",
+         unrotated=torch.allclose(q_rot[0], q[0]),
+         norm_kept=torch.allclose(q_rot.norm(dim=-1), q.norm(dim=-1), atol=1e-5)))

@@ -7,6 +7,7 @@ import time
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
+from minisgl.i18n import tr
 from minisgl.model_zoo import smollm2
 from minisgl.overlap import LLM
 
@@ -21,11 +22,14 @@ for overlap in (False, True):
     t0 = time.perf_counter()
     results[overlap] = llm.generate(prompts, params)
     took = time.perf_counter() - t0
-    print(f"重叠调度{'开' if overlap else '关'}：{took:.2f} s")
+    if overlap:
+        print(tr("Overlap scheduling on: {took:.2f} s", took=took))
+    else:
+        print(tr("Overlap scheduling off: {took:.2f} s", took=took))
 ENV.DISABLE_OVERLAP_SCHEDULING.value = False
 
 same = [r["token_ids"] for r in results[True]] == [r["token_ids"] for r in results[False]]
-print(f"两种主循环的输出逐 token 相同：{same}")
+print(tr("Both main loops give the same output token by token: {same}", same=same))
 for prompt, out in zip(prompts, results[True]):
     print(f"{prompt!r} → {out['text']!r}")
 
@@ -35,8 +39,9 @@ remove = llm.add_step_listener(traces.append)
 llm.generate(prompts[:2], SamplingParams(max_tokens=3, ignore_eos=True))
 remove()
 first = traces[0].index
-events = [(t.prepare[1], f"发出第 {t.index - first} 步（{t.phase}×{len(t.uids)}）") for t in traces]
-events += [(t.process[0], f"处理第 {t.index - first} 步的结果") for t in traces]
-print("重叠调度的先后：" + " → ".join(name for _, name in sorted(events)))
-print(f"前向在哪个线程里算：{sorted({t.forward_thread for t in traces})}")
+events = [(t.prepare[1], tr("issue step {step} ({phase}×{n_uids})",
+                            step=t.index - first, phase=t.phase, n_uids=len(t.uids))) for t in traces]
+events += [(t.process[0], tr("process the results of step {step}", step=t.index - first)) for t in traces]
+print(tr("Order of events with overlap scheduling: ") + " → ".join(name for _, name in sorted(events)))
+print(tr("Thread the forward runs in: {threads}", threads=sorted({t.forward_thread for t in traces})))
 llm.shutdown()

@@ -5,6 +5,7 @@
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.radix_cache import RadixPrefixCache
 
 
@@ -13,11 +14,14 @@ def ids(*tokens: int) -> torch.Tensor:
 
 
 def show(cache: RadixPrefixCache, title: str) -> None:
-    print(f"{title}（可驱逐 {cache.size_info.evictable_size}，受保护 {cache.size_info.protected_size}）")
+    print(tr("{title} (evictable {evictable_size}, protected {protected_size})",
+             title=title, evictable_size=cache.size_info.evictable_size, protected_size=cache.size_info.protected_size))
 
     def walk(node, depth):  # noqa: ANN001, ANN202
         for child in sorted(node.children.values(), key=lambda n: n.key.tolist()):
-            print(f"{'    ' * depth}  ├─ key={child.key.tolist()} 槽位={child.value.tolist()} ref={child.ref_count}")
+            print(tr("{indent}  ├─ key={key} slots={slots} ref={ref_count}",
+                     indent="    " * depth, key=child.key.tolist(), slots=child.value.tolist(),
+                     ref_count=child.ref_count))
             walk(child, depth + 1)
 
     walk(cache.root, 0)
@@ -26,26 +30,29 @@ def show(cache: RadixPrefixCache, title: str) -> None:
 
 cache = RadixPrefixCache(page_size=1)
 r = cache.insert_prefix(ids(1, 2, 3, 4, 5), ids(10, 11, 12, 13, 14))
-print(f"插入 [1, 2, 3, 4, 5]：插入前已有 {r.cached_len} 个")
-show(cache, "树")
+print(tr("Insert [1, 2, 3, 4, 5]: {cached_len} already there before the insert", cached_len=r.cached_len))
+show(cache, tr("The tree"))
 
 handle = cache.match_prefix(ids(1, 2, 3, 9))
-print(f"匹配 [1, 2, 3, 9]：命中 {handle.cached_len} 个，槽位 {handle.get_matched_indices().tolist()}（节点在第 3 个 token 处分裂）")
-show(cache, "分裂之后")
+print(tr("Match [1, 2, 3, 9]: {cached_len} hit, slots {slots} (the node is split at the 3rd token)",
+         cached_len=handle.cached_len, slots=handle.get_matched_indices().tolist()))
+show(cache, tr("After the split"))
 
 r = cache.insert_prefix(ids(1, 2, 3, 9, 8), ids(20, 21, 22, 23, 24))
-print(f"插入 [1, 2, 3, 9, 8]：插入前已有 {r.cached_len} 个（槽位 20, 21, 22 是重复的，由调用者释放）")
+print(tr("Insert [1, 2, 3, 9, 8]: {cached_len} already there before the insert (slots 20, 21, 22 are duplicates; the caller frees them)",
+         cached_len=r.cached_len))
 cache.lock_handle(r.handle)
-show(cache, "锁住 [1, 2, 3, 9, 8] 之后")
+show(cache, tr("After locking [1, 2, 3, 9, 8]"))
 
 evicted = cache.evict(2)
-print(f"驱逐 2 个 token：腾出槽位 {evicted.tolist()}（只有没上锁的叶子 [4, 5] 能驱逐）")
+print(tr("Evict 2 tokens: frees slots {slots} (only the unlocked leaf [4, 5] can be evicted)", slots=evicted.tolist()))
 cache.lock_handle(r.handle, unlock=True)
-show(cache, "解锁之后")
-print(f"再驱逐 5 个：腾出槽位 {cache.evict(5).tolist()}")
-show(cache, "最后")
+show(cache, tr("After unlocking"))
+print(tr("Evict 5 more: frees slots {slots}", slots=cache.evict(5).tolist()))
+show(cache, tr("At the end"))
 
 paged = RadixPrefixCache(page_size=2)
 r = paged.insert_prefix(ids(1, 2, 3, 4, 5), ids(10, 11, 12, 13, 14))
 h = paged.match_prefix(ids(1, 2, 3, 7))
-print(f"page_size=2：插入 5 个 token 只缓存整页 {r.handle.cached_len} 个；匹配 [1, 2, 3, 7] 命中 {h.cached_len} 个（按页向下取整）")
+print(tr("page_size=2: inserting 5 tokens caches only the {cached_len} in whole pages; matching [1, 2, 3, 7] hits {cached_len2} (rounded down to pages)",
+         cached_len=r.handle.cached_len, cached_len2=h.cached_len))

@@ -6,21 +6,23 @@
 """
 
 from minisgl.core import SamplingParams
+from minisgl.i18n import tr
 from minisgl.model_zoo import smollm2
 from minisgl.scheduler import LLM
 
 # 只有 2 个请求槽：第 3 个请求要等前面有一个结束
 llm = LLM(smollm2(), max_running_req=2, num_page_override=256, max_seq_len_override=128)
-print(f"请求槽 {llm.max_running_req} 个；静态分页：每个槽固定 {llm.cache_manager.max_req_tokens} 个 token 的位置")
+print(tr("{max_running_req} request slots; static paging: each slot has a fixed room of {max_req_tokens} tokens",
+         max_running_req=llm.max_running_req, max_req_tokens=llm.cache_manager.max_req_tokens))
 
 traces = []
 
 
 def show(trace):  # 轨迹里的长度是这一步发出之前的
     traces.append(trace)
-    kind = "预填充" if trace.is_prefill else "解码  "
-    work = "，".join(f"请求{uid}×{n}" for uid, n in zip(trace.uids, trace.extend_lens))
-    print(f"第 {trace.index + 1:>2} 步 {kind} {work}")
+    kind = tr("prefill") if trace.is_prefill else tr("decode ")
+    work = tr(", ").join(tr("req{uid}×{n}", uid=uid, n=n) for uid, n in zip(trace.uids, trace.extend_lens))
+    print(tr("step {step:>2} {kind} {work}", step=trace.index + 1, kind=kind, work=work))
 
 
 remove = llm.add_step_listener(show)
@@ -29,10 +31,13 @@ params = [SamplingParams(max_tokens=2), SamplingParams(max_tokens=5), SamplingPa
 outputs = llm.generate(prompts, params)
 remove()
 for i, (prompt, out) in enumerate(zip(prompts, outputs)):
-    print(f"请求{i}：{prompt!r} → {out['text']!r}（{len(out['token_ids'])} 个 token）")
+    print(tr("req{i}: {prompt!r} → {text!r} ({n_tokens} tokens)",
+             i=i, prompt=prompt, text=out["text"], n_tokens=len(out["token_ids"])))
 
 t = traces[3]
-print(f"第 4 步的轨迹：请求 {t.uids} 占页表第 {t.rows} 行，发出前已缓存 {t.cached_lens}，KV 池占用 {t.pages_in_use} 页")
-ms = {name: 1000 * (end - start) for name, (start, end) in [("准备", t.prepare), ("前向", t.forward), ("处理结果", t.process)]}
-print("  主机上的时间：" + "，".join(f"{name} {v:.2f} ms" for name, v in ms.items()) + f"（前向在 {t.forward_thread} 里）")
+print(tr("Trace of step 4: requests {uids} in page-table rows {rows}, cached before issue {cached_lens}, {pages_in_use} pages of the KV pool in use",
+         uids=t.uids, rows=t.rows, cached_lens=t.cached_lens, pages_in_use=t.pages_in_use))
+prepare, forward, process = (1000 * (end - start) for start, end in (t.prepare, t.forward, t.process))
+print(tr("  host time: prepare {prepare:.2f} ms, forward {forward:.2f} ms, process results {process:.2f} ms (forward ran in {forward_thread})",
+         prepare=prepare, forward=forward, process=process, forward_thread=t.forward_thread))
 llm.shutdown()

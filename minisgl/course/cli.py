@@ -12,8 +12,9 @@ import unicodedata
 from pathlib import Path
 
 from minisgl.course import select
-from minisgl.course.pytest_plugin import IMPL_NAMES, summary
+from minisgl.course.pytest_plugin import IMPL_NAMES, Outcome, outcome
 from minisgl.course.registry import CHAPTERS, COURSE_ROOT, STAGES, Chapter, get_chapter
+from minisgl.i18n import tr
 
 
 def _width(text: str) -> int:
@@ -41,40 +42,48 @@ def _results(workspace: Path) -> dict:
         return {}
 
 
-def _outcome(entry: dict | None, ch: Chapter | None = None, workspace: Path | None = None) -> str:
+def _outcome(entry: dict | None, ch: Chapter | None = None, workspace: Path | None = None) -> Outcome:
     """一章的结果：``通过 x/y``，加上备注（参考解答、导入失败、拒绝评分）；
-    给了 ch 和 workspace 时，学员文件在那次检查之后改过，就标为过期。"""
+    给了 ch 和 workspace 时，学员文件在那次检查之后改过，就标为过期。显示用 ``.text()``。"""
     if not entry:
-        return "—"
-    text = summary(entry, entry)
-    if ch is not None and workspace is not None and text != "—":
-        learner_result = entry.get("impl", "learner") == "learner" or text == "未开始"
+        return Outcome("none")
+    result = outcome(entry, entry)
+    if ch is not None and workspace is not None and result.kind != "none":
+        learner_result = entry.get("impl", "learner") == "learner" or result.kind == "not_started"
         if learner_result and entry.get("sha256") != select.learner_hash(ch, workspace):
-            text = text[:-1] + "，过期）" if text.endswith("）") else text + "（过期）"
-    return text
+            result = result.with_note("stale")
+    return result
 
 
-def status_rows() -> list[list[str]]:
-    workspace = select.workspace_root()
+def _status(workspace: Path) -> list[tuple[list[str], Outcome]]:
     results = _results(workspace)
     rows = []
     for ch in CHAPTERS:
         if not select.is_written(ch):
-            rows.append([ch.label, ch.id, ch.title, "—", "未编写", "—"])
+            rows.append(([ch.label, ch.id, ch.display_title, "—", tr("not written")], Outcome("none")))
             continue
         choice = select.choose(ch)
-        started = "是" if select.is_started(ch, workspace) else "否"
-        outcome = _outcome(results.get(ch.id), ch, workspace)
-        rows.append([ch.label, ch.id, ch.title, started, f"{IMPL_NAMES[choice.impl]}（{choice.reason}）", outcome])
+        started = tr("yes") if select.is_started(ch, workspace) else tr("no")
+        result = _outcome(results.get(ch.id), ch, workspace)
+        impl = tr("{impl} ({reason})", impl=IMPL_NAMES[choice.impl], reason=choice.reason)
+        rows.append(([ch.label, ch.id, ch.display_title, started, impl], result))
     return rows
 
 
+def status_rows() -> list[list[str]]:
+    """status 表的行（按当前语言）：章、id、标题、已开始、当前实现、上次检查。"""
+    return [cells + [result.text()] for cells, result in _status(select.workspace_root())]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    print(f"工作区：{select.workspace_root()}")
-    rows = status_rows()
-    print(format_table(["章", "id", "标题", "已开始", "当前实现", "上次检查"], rows))
-    if any("过期" in r[-1] for r in rows):
-        print("「过期」：这一章的文件在上次检查之后改过，运行 python -m minisgl.course check <章> 重新检查。")
+    workspace = select.workspace_root()
+    print(tr("Workspace: {path}", path=workspace))
+    rows = _status(workspace)
+    header = [tr("chapter"), "id", tr("title"), tr("started"), tr("implementation now"), tr("last check")]
+    print(format_table(header, [cells + [result.text()] for cells, result in rows]))
+    if any(result.stale for _, result in rows):
+        print(tr("\"{stale}\": the chapter's file changed after its last check; run python -m minisgl.course check "
+                 "<chapter> to check it again.", stale=tr("stale")))  # fmt: skip
     return 0
 
 
@@ -86,14 +95,16 @@ def cmd_use(args: argparse.Namespace) -> int:
     try:
         saved = select.saved_selection()
     except select.ImplSpecError as err:  # a broken selection file is rewritten from scratch
-        print(f"注意：{str(err).split('；')[0]}，这次重新写一份。")
+        print(tr("Note: {problem}, writing a fresh one.", problem=err.brief))
         saved = {}
     for ch in _chapters(args.chapters):
         saved[ch.id] = args.impl
-        print(f"第 {ch.label} 章 {ch.id} → {'按规则自动选择' if args.impl == 'auto' else IMPL_NAMES[args.impl]}")
+        impl = tr("chosen by the rules") if args.impl == "auto" else IMPL_NAMES[args.impl]
+        print(tr("Chapter {label} {id} → {impl}", label=ch.label, id=ch.id, impl=impl))
     select.save_selection(saved)
     if os.environ.get(select.ENV_IMPL):
-        print(f"注意：环境变量 {select.ENV_IMPL}={os.environ[select.ENV_IMPL]} 优先于这里的选择。")
+        print(tr("Note: the environment variable {env}={value} takes precedence over this choice.",
+                 env=select.ENV_IMPL, value=os.environ[select.ENV_IMPL]))  # fmt: skip
     return 0
 
 
@@ -104,12 +115,13 @@ def cmd_reset(args: argparse.Namespace) -> int:
         if not select.is_written(ch):
             continue
         if select.is_started(ch, ws) and not args.force:
-            print(f"第 {ch.label} 章 {ch.id}：{ch.relpath} 里有你的改动，没有重置。确定要丢掉它们，请加 --force。")
+            print(tr("Chapter {label} {id}: {relpath} has your changes, not reset. To throw them away, add --force.",
+                     label=ch.label, id=ch.id, relpath=ch.relpath))  # fmt: skip
             code = 1
             continue
         (ws / ch.relpath).write_text(select.skeleton_source(ch), encoding="utf-8")
         _forget_result(ws, ch)
-        print(f"第 {ch.label} 章 {ch.id}：已恢复为骨架，上次检查结果已清除。")
+        print(tr("Chapter {label} {id}: restored to the skeleton, its last check result cleared.", label=ch.label, id=ch.id))
     return code
 
 
@@ -148,17 +160,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     code, results = run_checks(workspace, [str(COURSE_ROOT / ch.check_file) for ch in chapters])
     if results:  # status shows the latest check
         _save_results(workspace, {**_results(workspace), **results})
-    print(format_table(["章", "id", "结果"], [[c.label, c.id, _outcome(results.get(c.id))] for c in chapters]))
+    rows = [[c.label, c.id, _outcome(results.get(c.id)).text()] for c in chapters]
+    print(format_table([tr("chapter"), "id", tr("result")], rows))
     return code
 
 
 def workspace_problem(path: Path) -> str | None:
     """不是学员工作区（不存在，或没有 stage1/、stage2/ 这样的目录）→ 一句说明；是 → None。"""
     if not path.exists():
-        return f"不是学员工作区：{path}（目录不存在）"
+        return tr("Not a learner workspace: {path} (no such directory)", path=path)
     stages = [f"stage{s}/" for s in STAGES]
     if not path.is_dir() or not any((path / s).is_dir() for s in stages):
-        return f"不是学员工作区：{path}（里面没有 {' 或 '.join(stages)}）"
+        return tr("Not a learner workspace: {path} (it has no {dirs})", path=path, dirs=tr(" or ").join(stages))
     return None
 
 
@@ -174,14 +187,16 @@ def cmd_grade(args: argparse.Namespace) -> int:
     columns: list[dict] = []
     code = 0
     for ws in workspaces:
-        print(f"正在检查 {ws} ……", flush=True)
+        print(tr("Checking {path} ...", path=ws), flush=True)
         rc, results = run_checks(ws, targets, quiet=args.quiet, grading=True)
         if rc not in (0, 1) or not results:
-            print(f"{ws}：检查没有正常结束（pytest 退出码 {rc}），这一列的结果不完整。", file=sys.stderr)
+            print(tr("{path}: the checks did not finish normally (pytest exit code {rc}), this column is incomplete.",
+                     path=ws, rc=rc), file=sys.stderr)  # fmt: skip
             code = 1
         columns.append(results)
-    rows = [[c.label, c.id, *[_outcome(col.get(c.id)) if c.id in col else "没有结果" for col in columns]] for c in chapters]
-    print(format_table(["章", "id", *[ws.name for ws in workspaces]], rows))
+    rows = [[c.label, c.id, *[_outcome(col.get(c.id)).text() if c.id in col else tr("no result") for col in columns]]
+            for c in chapters]  # fmt: skip
+    print(format_table([tr("chapter"), "id", *[ws.name for ws in workspaces]], rows))
     notes = [
         (ws, col[c.id].get("refused") or col[c.id].get("error"))
         for ws, col in zip(workspaces, columns)
@@ -189,31 +204,36 @@ def cmd_grade(args: argparse.Namespace) -> int:
         if c.id in col and (col[c.id].get("refused") or col[c.id].get("error"))
     ]
     if notes:
-        print("\n没有按学员代码计分的章节：")
+        print("\n" + tr("Chapters not scored on the learner's code:"))
         for ws, message in notes:
-            print(f"  {ws.name}：" + message.replace("\n", "\n    "))
+            print("  " + tr("{name}: {message}", name=ws.name, message=message.replace("\n", "\n    ")))
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minisgl.course", description="手写 mini-sglang 课程工具")
+    parser = argparse.ArgumentParser(prog="python -m minisgl.course", description=tr("mini-sglang by hand: course tool"))
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="每章：是否开始、当前用哪份实现、上次检查结果").set_defaults(func=cmd_status)
-    use = sub.add_parser("use", help="指定某章用参考解答（solution）、学员代码（learner）或按规则（auto）")
+    chapters_help = tr("chapter ids or numbers (e.g. 2.2), or all")
+    status = sub.add_parser("status", help=tr("per chapter: started or not, which implementation is in use, last check result"))
+    status.set_defaults(func=cmd_status)
+    use = sub.add_parser("use", help=tr("use the reference solution (solution), the learner code (learner) or the rules (auto) "
+                                        "for some chapters"))  # fmt: skip
     use.add_argument("impl", choices=("solution", "learner", "skeleton", "auto"))
-    use.add_argument("chapters", nargs="+", help="章节 id 或编号（如 2.2），或 all")
+    use.add_argument("chapters", nargs="+", help=chapters_help)
     use.set_defaults(func=cmd_use)
-    reset = sub.add_parser("reset", help="把章节恢复为骨架并清除它的检查结果（有改动时需 --force）")
-    reset.add_argument("chapters", nargs="+", help="章节 id 或编号（如 2.2），或 all")
-    reset.add_argument("--force", action="store_true", help="丢掉你在这些章节里的改动")
+    reset = sub.add_parser("reset", help=tr("restore chapters to the skeleton and clear their check results "
+                                            "(needs --force if you changed them)"))  # fmt: skip
+    reset.add_argument("chapters", nargs="+", help=chapters_help)
+    reset.add_argument("--force", action="store_true", help=tr("throw away your changes in these chapters"))
     reset.set_defaults(func=cmd_reset)
-    check = sub.add_parser("check", help="跑这些章节的检查（学员代码）")
-    check.add_argument("chapters", nargs="+", help="章节 id 或编号（如 2.2），或 all")
+    check = sub.add_parser("check", help=tr("run these chapters' checks (on the learner code)"))
+    check.add_argument("chapters", nargs="+", help=chapters_help)
     check.set_defaults(func=cmd_check)
-    grade = sub.add_parser("grade", help="给一个或多个工作区打分（只认学员代码），打印每章通过情况")
-    grade.add_argument("workspaces", nargs="*", help="学员工作区目录（含 stage1/、stage2/），默认当前仓库")
-    grade.add_argument("--stage", type=int, default=None, help="只检查这一阶段")
-    grade.add_argument("--quiet", action="store_true", help="不打印 pytest 的输出")
+    grade = sub.add_parser("grade", help=tr("grade one or more workspaces (learner code only) and print each chapter's result"))
+    grade.add_argument("workspaces", nargs="*",
+                       help=tr("learner workspace directories (with stage1/, stage2/); default: this repository"))
+    grade.add_argument("--stage", type=int, default=None, help=tr("check only this stage"))
+    grade.add_argument("--quiet", action="store_true", help=tr("do not print pytest's output"))
     grade.set_defaults(func=cmd_grade)
     args = parser.parse_args(argv)
     try:

@@ -19,8 +19,12 @@ import re
 import sys
 from pathlib import Path
 
+from minisgl.i18n import tr
+
 #: 学员代码不该导入的模块（前缀匹配）。
 FORBIDDEN_MODULES = ("solutions", "_minisgl_impl", "minisgl.course")
+#: 例外：生成的骨架用 ``from minisgl.course.skeleton import TaskNotDone`` 标出没写的任务，学员文件里留着它不算违规。
+ALLOWED_IMPORTS = {("minisgl.course.skeleton", "TaskNotDone")}
 
 _FORBIDDEN_TEXT = (
     re.compile(r"(?<![\w-])solutions(?=[/\\.]|$)"),  # solutions/…、../solutions、solutions.stage2…、"solutions"
@@ -30,7 +34,11 @@ _FORBIDDEN_TEXT = (
 
 
 class RefusedError(ImportError):
-    """评分拒绝了这份学员文件（导入或读取参考解答）。"""
+    """评分拒绝了这份学员文件（导入或读取参考解答）。``complete``：消息已经写明章节（:func:`refusal_message`）。"""
+
+    def __init__(self, message: str, *, name: str | None = None, complete: bool = False) -> None:
+        super().__init__(message, name=name)
+        self.complete = complete
 
 
 def _forbidden_module(name: str) -> str | None:
@@ -61,7 +69,7 @@ def _fold(node: ast.AST) -> str | None:
     return None
 
 
-def scan_source(source: str, filename: str = "<学员文件>") -> list[str]:
+def scan_source(source: str, filename: str = "<learner file>") -> list[str]:
     """返回发现的问题（每条一句，带行号）；文件没问题返回空列表。语法错误不在这里报。"""
     try:
         tree = ast.parse(source, filename)
@@ -73,18 +81,21 @@ def scan_source(source: str, filename: str = "<学员文件>") -> list[str]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if _forbidden_module(alias.name):
-                    found.append((node.lineno, f"导入了 {alias.name}"))
+                    found.append((node.lineno, tr("imports {name}", name=alias.name)))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if all((node.module, a.name) in ALLOWED_IMPORTS for a in node.names):
+                continue
             names = [f"{node.module}.{a.name}" for a in node.names]
             if _forbidden_module(node.module) or any(_forbidden_module(n) for n in names):
-                found.append((node.lineno, f"从 {node.module} 导入"))
+                found.append((node.lineno, tr("imports from {module}", module=node.module)))
         elif isinstance(node, (ast.Constant, ast.BinOp)) and id(node) not in docstrings:
             text = _fold(node)
             if text is not None and any(p.search(text.replace("\\", "/")) for p in _FORBIDDEN_TEXT):
                 shown = text if len(text) <= 40 else text[:37] + "..."
-                found.append((node.lineno, f"字符串 {shown!r} 指向参考解答或课程机制"))
+                found.append((node.lineno, tr("the string {shown!r} points to the reference solution or the course machinery",
+                                              shown=shown)))  # fmt: skip
     unique = sorted(set(found))
-    return [f"第 {line} 行{what}" for line, what in unique]
+    return [tr("line {line}: {what}", line=line, what=what) for line, what in unique]
 
 
 def scan_file(path: Path) -> list[str]:
@@ -95,10 +106,11 @@ def scan_file(path: Path) -> list[str]:
 
 
 def refusal_message(label: str, chapter_id: str, relpath: str, problems: list[str]) -> str:
-    return (
-        f"第 {label} 章 {chapter_id}：拒绝评分——{relpath} 引用了参考解答或课程机制"
-        f"（{'；'.join(problems)}）。评分只认你自己写的代码。"
-    )
+    return tr(
+        "Chapter {label} {id}: refused for grading — {relpath} refers to the reference solution or the course machinery "
+        "({problems}). Grading counts only code you wrote yourself.",
+        label=label, id=chapter_id, relpath=relpath, problems=tr("; ").join(problems),
+    )  # fmt: skip
 
 
 class ImportGuard(importlib.abc.MetaPathFinder):
@@ -106,7 +118,8 @@ class ImportGuard(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 - importlib protocol
         if fullname == "solutions" or fullname.startswith("solutions."):
-            raise RefusedError(f"评分时不能导入参考解答 {fullname}：评分只认你自己写的代码。", name=fullname)
+            raise RefusedError(tr("While grading, the reference solution {name} cannot be imported: grading counts only "
+                                  "code you wrote yourself.", name=fullname), name=fullname)  # fmt: skip
         return None
 
 

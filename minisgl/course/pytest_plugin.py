@@ -9,6 +9,9 @@
 - ``--results-json 路径``：把每章的结果写成 JSON（``course status`` 和 ``course grade`` 读它），
   每章记下实际用的实现和学员文件的哈希（文件改了，status 就把结果标为过期）。
 
+输出按 ``MINISGL_LANG`` 用中文或英文；英文时没给 ``--tb`` 就用 ``--tb=short``
+（长调用栈会把骨架里的中文 TODO 注释也打印出来）。
+
 学员文件导入失败（语法错误、导入时出错，或评分时引用了参考解答）不会中断整个收集：
 这一章的检查照常收集（本章临时用参考解答），但每个都在准备阶段失败并给出原因，其余章节照常运行。
 """
@@ -26,9 +29,12 @@ import pytest
 
 from minisgl.course import integrity, select
 from minisgl.course.registry import CHAPTERS, Chapter, chapter_for_check_file, get_chapter, milestone_stage
+from minisgl.i18n import lang, tr
 
-IMPL_NAMES = {"learner": "学员代码", "solution": "参考解答", "skeleton": "骨架"}
-_VACUOUS = "这个检查在未动过的骨架上通过了：它没有检验本章的代码（空检查），请让它调用本章的任务。"
+#: 实现名（键固定，值按当前语言）。
+IMPL_NAMES = select.LocalNames(
+    lambda: {"learner": tr("learner code"), "solution": tr("reference solution"), "skeleton": tr("skeleton")}
+)
 _PLAN = pytest.StashKey["Plan"]()
 
 
@@ -40,6 +46,7 @@ class FilePlan:
     chapter: Chapter | None = None
     expect_red: str | None = None  # None | "each" (every test red) | "file" (at least one red)
     skip_reason: str | None = None
+    skip_kind: str | None = None  # "not_written" | "not_started"
     failure: str | None = None  # every test fails in setup with this message (learner file could not be used)
     failure_kind: str | None = None  # "refused" | "error"
     record: dict = field(default_factory=dict)  # written to results.json next to the counts
@@ -61,6 +68,7 @@ class Plan:
     results: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     records: dict[str, dict] = field(default_factory=dict)  # per key: impl really used, learner file hash, failure
     red_files: dict[str, bool] = field(default_factory=dict)  # milestone files under expect-red: saw a red?
+    not_started: set[str] = field(default_factory=set)  # skip reasons of chapters skipped as "not started"
     _files: dict[Path, FilePlan] = field(default_factory=dict)
 
     def impl_for(self, ch: Chapter) -> str:
@@ -83,9 +91,12 @@ class Plan:
             plan = FilePlan({**everything, ch.id: impl}, chapter=ch)
             plan.record = {"impl": impl, "sha256": select.learner_hash(ch)}
             if not select.is_written(ch):
-                plan.skip_reason = f"未编写：第 {ch.label} 章 {ch.id} 还没有参考解答"
+                plan.skip_kind = "not_written"
+                plan.skip_reason = tr("not written: chapter {label} {id} has no reference solution yet", label=ch.label, id=ch.id)
             elif self.impl == "learner" and not self.leave_one_out and not select.is_started(ch) and impl != "skeleton":
-                plan.skip_reason = f"未开始：第 {ch.label} 章 {ch.id}（{ch.relpath} 仍是骨架）"
+                plan.skip_kind = "not_started"
+                plan.skip_reason = tr("not started: chapter {label} {id} ({relpath} is still the skeleton)",
+                                      label=ch.label, id=ch.id, relpath=ch.relpath)  # fmt: skip
             elif impl == "learner" and select.grading():
                 problems = integrity.scan_file(select.impl_path(ch, "learner"))
                 if problems:
@@ -107,15 +118,18 @@ class Plan:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("minisgl", "手写 mini-sglang 课程检查")
-    group.addoption("--impl", choices=tuple(IMPL_NAMES), default="learner", help="检查哪份实现（默认 learner）")
-    group.addoption("--expect-red", action="store_true", help="骨架上的每个检查都必须失败")
-    group.addoption("--leave-one-out", metavar="CHAPTER", default=None, help="只把这一章换回骨架")
-    group.addoption("--results-json", metavar="PATH", default=None, help="每章结果写到这个 JSON 文件")
-    group.addoption("--device", choices=("cpu", "cuda"), default="cpu", help="引擎和 HF 参考在哪个设备上跑（默认 cpu）")
+    group = parser.getgroup("minisgl", tr("mini-sglang by hand: course checks"))
+    group.addoption("--impl", choices=tuple(IMPL_NAMES), default="learner",
+                    help=tr("which implementation to check (default: learner)"))
+    group.addoption("--expect-red", action="store_true", help=tr("every check must fail on the skeleton"))
+    group.addoption("--leave-one-out", metavar="CHAPTER", default=None, help=tr("revert only this chapter to the skeleton"))
+    group.addoption("--results-json", metavar="PATH", default=None, help=tr("write each chapter's result to this JSON file"))
+    group.addoption("--device", choices=("cpu", "cuda"), default="cpu",
+                    help=tr("device for the engine and the HF reference (default: cpu)"))
     group.addoption(
-        "--without-smollm2", action="store_true", help="取消选中所有用到 SmolLM2 的检查（给带不过去这个模型的离线 GPU 机器用）"
-    )
+        "--without-smollm2", action="store_true",
+        help=tr("deselect every check that uses SmolLM2 (for offline GPU machines that cannot bring this model along)"),
+    )  # fmt: skip
 
 
 def use_device(device: str) -> None:
@@ -125,19 +139,21 @@ def use_device(device: str) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise pytest.UsageError("--device cuda：这台机器上没有可用的 CUDA GPU")
+            raise pytest.UsageError(tr("--device cuda: this machine has no usable CUDA GPU"))
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if lang() == "en" and config.option.tbstyle == "auto":  # no --tb given: long tracebacks print Chinese comments
+        config.option.tbstyle = "short"
     use_device(config.getoption("--device"))
     loo = config.getoption("--leave-one-out")
     if loo is not None:
         try:
             loo = get_chapter(loo).id
         except KeyError as err:
-            raise pytest.UsageError(f"--leave-one-out：{err.args[0]}") from None
+            raise pytest.UsageError(tr("--leave-one-out: {problem}", problem=err.args[0])) from None
     if select.grading():
         integrity.install_import_guard()
     else:
@@ -168,14 +184,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     mode = f"--impl {plan.impl}" + (" --expect-red" if plan.expect_red else "")
     if plan.leave_one_out:
         mode = f"--leave-one-out {plan.leave_one_out}"
-    lines = [f"手写 mini-sglang 检查（{mode}）：每章的检查只用本章的实现，其余章节用参考解答"]
+    lines = [tr("mini-sglang by hand checks ({mode}): each chapter's checks use only that chapter's implementation, "
+                "the reference solution for all other chapters", mode=mode)]  # fmt: skip
     for ch in CHAPTERS:
         if not select.is_written(ch):
-            lines.append(f"  {ch.label:>4} {ch.id:<16} 未编写")
+            lines.append(f"  {ch.label:>4} {ch.id:<16} " + tr("not written"))
             continue
         impl = plan.impl_for(ch)
-        started = "已开始" if select.is_started(ch) else "未开始"
-        lines.append(f"  {ch.label:>4} {ch.id:<16} {IMPL_NAMES[impl]}（学员文件：{started}）")
+        if select.is_started(ch):
+            note = tr("{impl} (learner file: started)", impl=IMPL_NAMES[impl])
+        else:
+            note = tr("{impl} (learner file: not started)", impl=IMPL_NAMES[impl])
+        lines.append(f"  {ch.label:>4} {ch.id:<16} {note}")
     return lines
 
 
@@ -236,6 +256,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     report: pytest.TestReport = outcome.get_result()
     plan: Plan = item.config.stash[_PLAN]
     fplan = plan.for_file(item.path)
+    if report.skipped and fplan.skip_kind == "not_started":
+        plan.not_started.add(fplan.skip_reason or "")
     if fplan.expect_red == "file" and not report.skipped:
         if report.failed:
             plan.red_files[str(item.path)] = True
@@ -244,13 +266,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
             plan.red_files.setdefault(str(item.path), False)
     elif fplan.expect_red == "each" and not report.skipped:
         # a failure in the call, or a setup failure caused by the skeleton, counts as red
-        if report.failed and (report.when == "call" or "NotImplementedError" in str(report.longrepr)):
+        if report.failed and (report.when == "call" or _not_implemented(call, report)):
             report.outcome = "passed"
-            report.sections.append(("expect-red", "在骨架上按预期失败"))
+            report.sections.append(("expect-red", tr("fails on the skeleton, as expected")))
         elif report.when == "call" and report.passed:
             report.outcome = "failed"
-            report.longrepr = _VACUOUS
+            report.longrepr = tr(
+                "This check passed on the untouched skeleton: it does not test this chapter's code (a vacuous check); "
+                "make it call this chapter's tasks."
+            )  # fmt: skip
     _record(plan, item.path, report)
+
+
+def _not_implemented(call: pytest.CallInfo, report: pytest.TestReport) -> bool:
+    """这次失败是不是骨架引起的：``NotImplementedError``（骨架的 ``TaskNotDone`` 是它的子类），也看链上的原因。"""
+    if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):
+        return True
+    text = str(report.longrepr)
+    return "NotImplementedError" in text or "TaskNotDone" in text
 
 
 def _record(plan: Plan, path: Path, report: pytest.TestReport) -> None:
@@ -270,15 +303,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     problems: list[str] = []
     not_red = [p for p, red in plan.red_files.items() if not red]
     if not_red:
-        problems.append("这些里程碑检查在骨架上没有一个失败：" + ", ".join(not_red))
+        problems.append(tr("These milestone checks had not a single failure on the skeleton: {files}", files=", ".join(not_red)))
     if plan.strict:
         stats = session.config.pluginmanager.get_plugin("terminalreporter").stats
         loose = {k: len(stats.get(k, [])) for k in ("skipped", "xfailed", "xpassed")}
         if session.testscollected == 0:
-            problems.append("--strict：一个检查都没有收集到")
+            problems.append(tr("--strict: not a single check was collected"))
         for kind, n in loose.items():
             if n:
-                problems.append(f"--strict：有 {n} 个 {kind}")
+                problems.append(tr("--strict: {n} {kind}", n=n, kind=kind))
     if problems:
         session.config.stash[_PROBLEMS] = problems
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -303,44 +336,90 @@ def _write_results(config: pytest.Config, plan: Plan) -> None:
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
     plan: Plan = config.stash[_PLAN]
-    tr = terminalreporter
-    skipped_chapters = sorted(
-        {r.longrepr[2] for r in tr.stats.get("skipped", []) if isinstance(r.longrepr, tuple) and "未开始" in r.longrepr[2]}
-    )
+    reporter = terminalreporter
     if plan.results:
-        tr.section("各章结果")
+        reporter.section(tr("Results per chapter"))
         for key, counts in plan.results.items():
-            tr.write_line(f"  {_key_label(key)}  {summary(counts, plan.records.get(key))}")
-    if skipped_chapters:
-        tr.section("未开始的章节（检查已跳过）", red=True, bold=True)
-        for reason in skipped_chapters:
-            tr.write_line(f"  {reason.removeprefix('Skipped: ')}", yellow=True, bold=True)
-        tr.write_line("  动手写这一章（修改上面列出的文件）后，它的检查就会运行。")
+            reporter.write_line(f"  {_key_label(key)}  {summary(counts, plan.records.get(key))}")
+    if plan.not_started:
+        reporter.section(tr("Chapters not started (checks skipped)"), red=True, bold=True)
+        for reason in sorted(plan.not_started):
+            reporter.write_line(f"  {reason}", yellow=True, bold=True)
+        reporter.write_line("  " + tr("Once you start writing a chapter (edit the file listed above), its checks will run."))
     for problem in config.stash.get(_PROBLEMS, []):
-        tr.write_line(problem, red=True, bold=True)
+        reporter.write_line(problem, red=True, bold=True)
 
 
-_NOTES = {"refused": "拒绝评分", "error": "导入失败"}
+@dataclass(frozen=True)
+class Outcome:
+    """一章结果的结构化形式（``status``、``grade`` 比较和标注它，不解析显示的文字）。
+
+    ``kind``：``none``（没有结果）、``not_started``（全部跳过）或 ``counts``（通过 passed/total）；
+    ``notes``：备注的种类：``refused``、``error``、``impl:<实现>``、``skipped:<个数>``、``stale``。
+    """
+
+    kind: str
+    passed: int = 0
+    total: int = 0
+    notes: tuple[str, ...] = ()
+
+    def with_note(self, note: str) -> Outcome:
+        return Outcome(self.kind, self.passed, self.total, (*self.notes, note))
+
+    @property
+    def stale(self) -> bool:
+        return "stale" in self.notes
+
+    def text(self) -> str:
+        """按当前语言：``通过 16/16``、``通过 3/16（导入失败）``、``未开始``、``—``（英文 ``passed 16/16`` ……）。"""
+        if self.kind == "none":
+            return "—"
+        if self.kind == "not_started":
+            head = tr("not started")
+        else:
+            head = tr("passed {passed}/{total}", passed=self.passed, total=self.total)
+        notes = [_note_text(n) for n in self.notes]
+        return tr("{result} ({notes})", result=head, notes=tr(", ").join(notes)) if notes else head
+
+
+def _note_text(note: str) -> str:
+    kind, _, value = note.partition(":")
+    if kind == "refused":
+        return tr("refused for grading")
+    if kind == "error":
+        return tr("import failed")
+    if kind == "impl":
+        return select.SHORT_NAMES.get(value, value)
+    if kind == "skipped":
+        return tr("{n} skipped", n=value)
+    if kind == "stale":
+        return tr("stale")
+    return note
+
+
+def outcome(counts: dict, record: dict | None = None) -> Outcome:
+    """一章的结果（见 :class:`Outcome`）：任何情况下都是「通过 x/y」加备注；全部跳过的是「未开始」。"""
+    passed, failed, skipped = (int(counts.get(k, 0)) for k in ("passed", "failed", "skipped"))
+    record = record or {}
+    if passed + failed == 0:
+        return Outcome("not_started" if skipped else "none")
+    notes = [k for k in ("refused", "error") if record.get(k)]
+    impl = record.get("impl", "learner")
+    if impl != "learner":
+        notes.append(f"impl:{impl}")
+    if skipped:
+        notes.append(f"skipped:{skipped}")
+    return Outcome("counts", passed, passed + failed, tuple(notes))
 
 
 def summary(counts: dict, record: dict | None = None) -> str:
     """一章结果的一句话，任何情况下都是「通过 x/y」，再加备注：
     ``通过 16/16``、``通过 3/16（导入失败）``、``通过 16/16（参考解答）``；全部跳过的是 ``未开始``。"""
-    passed, failed, skipped = (int(counts.get(k, 0)) for k in ("passed", "failed", "skipped"))
-    record = record or {}
-    if passed + failed == 0:
-        return "未开始" if skipped else "—"
-    notes = [_NOTES[k] for k in _NOTES if record.get(k)]
-    impl = record.get("impl", "learner")
-    if impl != "learner":
-        notes.append(select.SHORT_NAMES.get(impl, impl))
-    if skipped:
-        notes.append(f"跳过 {skipped}")
-    return f"通过 {passed}/{passed + failed}" + (f"（{'，'.join(notes)}）" if notes else "")
+    return outcome(counts, record).text()
 
 
 def _key_label(key: str) -> str:
     ch = next((c for c in CHAPTERS if c.id == key), None)
     if ch is not None:
         return f"{ch.label:>4} {ch.id:<16}"
-    return f"里程碑（第 {key.removeprefix('milestone')} 阶段）"
+    return tr("milestone (stage {stage})", stage=key.removeprefix("milestone"))

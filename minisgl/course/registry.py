@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from minisgl.i18n import lang, tr
 from minisgl.paths import REPO_ROOT
 
 #: 课程根目录：随课程发布的解答所在处。测试课程机制时可指向一个只有演示章节的小课程，
@@ -21,7 +22,13 @@ class Chapter:
     id: str
     stage: int
     number: int
-    title: str
+    title: str  # 中文标题
+    title_en: str = ""  # English title
+
+    @property
+    def display_title(self) -> str:
+        """按当前语言的标题（英文标题缺省时退回中文）。"""
+        return self.title_en or self.title if lang() == "en" else self.title
 
     @property
     def label(self) -> str:
@@ -57,18 +64,19 @@ class Chapter:
         return f"checks/stage{self.stage}/test_{self.id}.py"
 
 
+#: 内置章节：中文标题和英文标题并排写在这里（双语数据，不走 tr 的目录）。
 BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
-    Chapter("core", 1, 1, "核心数据结构：SamplingParams、Req、Batch、Context"),
-    Chapter("layers", 1, 2, "算子层：线性、嵌入、RMSNorm、RoPE、注意力层"),
-    Chapter("models", 1, 3, "模型：Qwen3 / Llama 解码器与流式权重加载"),
-    Chapter("kvcache", 1, 4, "KV 缓存：分页 KV 池、页表、token 池"),
-    Chapter("attention", 1, 5, "注意力后端：变长批次与分页 KV"),
-    Chapter("engine", 1, 6, "引擎：Engine 与批量采样器"),
-    Chapter("scheduler", 2, 1, "调度器骨架与 LLM.generate"),
-    Chapter("cache_manager", 2, 2, "CacheManager：按需分配页面"),
-    Chapter("radix_cache", 2, 3, "Radix 前缀缓存"),
-    Chapter("chunked_prefill", 2, 4, "分块预填充"),
-    Chapter("overlap", 2, 5, "重叠调度"),
+    Chapter("core", 1, 1, "核心数据结构：SamplingParams、Req、Batch、Context", "Core data structures: SamplingParams, Req, Batch, Context"),
+    Chapter("layers", 1, 2, "算子层：线性、嵌入、RMSNorm、RoPE、注意力层", "Layers: linear, embedding, RMSNorm, RoPE, attention layer"),
+    Chapter("models", 1, 3, "模型：Qwen3 / Llama 解码器与流式权重加载", "Models: Qwen3 / Llama decoders and streaming weight loading"),
+    Chapter("kvcache", 1, 4, "KV 缓存：分页 KV 池、页表、token 池", "KV cache: paged KV pool, page table, token pool"),
+    Chapter("attention", 1, 5, "注意力后端：变长批次与分页 KV", "Attention backends: variable-length batches and paged KV"),
+    Chapter("engine", 1, 6, "引擎：Engine 与批量采样器", "Engine: the Engine and the batched sampler"),
+    Chapter("scheduler", 2, 1, "调度器骨架与 LLM.generate", "The scheduler skeleton and LLM.generate"),
+    Chapter("cache_manager", 2, 2, "CacheManager：按需分配页面", "CacheManager: pages on demand"),
+    Chapter("radix_cache", 2, 3, "Radix 前缀缓存", "Radix prefix cache"),
+    Chapter("chunked_prefill", 2, 4, "分块预填充", "Chunked prefill"),
+    Chapter("overlap", 2, 5, "重叠调度", "Overlap scheduling"),
 )
 
 
@@ -101,12 +109,17 @@ def find_chapter(name: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter
     return None
 
 
+def known_chapters(chapters: tuple[Chapter, ...] = CHAPTERS) -> str:
+    """错误消息里列出已知章节：``core (1.1), layers (1.2), …``。"""
+    return ", ".join(tr("{id} ({label})", id=c.id, label=c.label) for c in chapters)
+
+
 def get_chapter(chapter_id: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> Chapter:
     """同 :func:`find_chapter`，找不到时抛 KeyError，消息列出已知章节。"""
     ch = find_chapter(chapter_id, chapters)
     if ch is None:
-        known = ", ".join(f"{c.id}（{c.label}）" for c in chapters)
-        raise KeyError(f"没有叫 {chapter_id!r} 的章节；已知章节：{known}")
+        raise KeyError(tr("No chapter named {name!r}; known chapters: {known}", name=chapter_id,
+                          known=known_chapters(chapters)))  # fmt: skip
     return ch
 
 

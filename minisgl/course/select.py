@@ -22,17 +22,44 @@ import linecache
 import os
 import sys
 import traceback
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 from types import ModuleType
 
 from minisgl.course import integrity
 from minisgl.course.registry import CHAPTERS, COURSE_ROOT, DERIVED_PUBLIC_MODULES, Chapter, find_chapter, get_chapter
+from minisgl.course.registry import known_chapters
 from minisgl.course.skeleton import make_skeleton
+from minisgl.i18n import tr
 
 IMPLS = ("learner", "solution", "skeleton")
+
+
+class LocalNames(Mapping[str, str]):
+    """键固定、值按当前语言现翻译的映射（实现名之类）：``names["solution"]`` 随 ``MINISGL_LANG`` 变。"""
+
+    def __init__(self, make: Callable[[], dict[str, str]]) -> None:
+        self._make = make
+
+    def __getitem__(self, key: str) -> str:
+        return self._make()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._make())
+
+    def __len__(self) -> int:
+        return len(self._make())
+
+
 #: 给学员看的实现名（示例打印、status 里的结果备注）。
-SHORT_NAMES = {"learner": "你的代码", "solution": "参考解答", "skeleton": "骨架"}
+SHORT_NAMES = LocalNames(lambda: {"learner": tr("your code"), "solution": tr("reference solution"), "skeleton": tr("skeleton")})
+
+
+def enumerate_names(items: list[str]) -> str:
+    """并列的名字：中文用顿号（``core、scheduler``），英文用逗号。"""
+    return reduce(lambda a, b: tr("{a}, {b}", a=a, b=b), items) if items else ""
 ENV_IMPL = "MINISGL_IMPL"
 ENV_WORKSPACE = "MINISGL_WORKSPACE"
 ENV_SOLUTIONS = "MINISGL_SOLUTIONS"
@@ -41,7 +68,14 @@ _MODULE_PREFIX = "_minisgl_impl"
 
 
 class ImplSpecError(ValueError):
-    """``MINISGL_IMPL`` 或保存的选择写错了；命令行把它打印成一行，不打印调用栈。"""
+    """``MINISGL_IMPL`` 或保存的选择写错了；命令行把它打印成一行，不打印调用栈。
+
+    ``brief``：不带建议的那半句（``course use`` 重写坏掉的选择文件时打印它）。
+    """
+
+    def __init__(self, message: str, brief: str | None = None) -> None:
+        super().__init__(message)
+        self.brief = brief or message
 
 
 def grading() -> bool:
@@ -99,14 +133,15 @@ def parse_impl_spec(spec: str, chapters: tuple[Chapter, ...] = CHAPTERS) -> dict
         key = key.strip() or "all"
         value = value.strip()
         if value not in IMPLS + ("auto",):
-            raise ImplSpecError(f"环境变量 {ENV_IMPL} 里的实现 {value!r} 不认识；可选：{', '.join(IMPLS)}, auto")
+            raise ImplSpecError(tr("Unknown implementation {value!r} in the environment variable {env}; choose from: {known}",
+                                   value=value, env=ENV_IMPL, known=", ".join(IMPLS + ("auto",))))
         if key == "all":
             out.update(dict.fromkeys((c.id for c in chapters), value))
             continue
         ch = find_chapter(key, chapters)
         if ch is None:
-            known = ", ".join(f"{c.id}（{c.label}）" for c in chapters)
-            raise ImplSpecError(f"环境变量 {ENV_IMPL} 里的章节 {key!r} 不存在；已知章节：{known}")
+            raise ImplSpecError(tr("No chapter {key!r} (in the environment variable {env}); known chapters: {known}",
+                                   key=key, env=ENV_IMPL, known=known_chapters(chapters)))
         out[ch.id] = value
     return out
 
@@ -118,10 +153,12 @@ def saved_selection(workspace: Path | None = None) -> dict[str, str]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ImplSpecError(f"{path} 不是合法的 JSON（{err}）；删掉它或运行 python -m minisgl.course use auto all") from err
+        brief = tr("{path} is not valid JSON ({err})", path=path, err=err)
+        raise ImplSpecError(tr("{problem}; delete it or run python -m minisgl.course use auto all", problem=brief), brief) from err
     bad = {k: v for k, v in data.items() if v not in IMPLS} if isinstance(data, dict) else data
     if bad or not isinstance(data, dict):
-        raise ImplSpecError(f"{path} 里有看不懂的选择 {bad!r}；删掉它或运行 python -m minisgl.course use auto all")
+        brief = tr("{path} holds a choice that makes no sense: {bad!r}", path=path, bad=bad)
+        raise ImplSpecError(tr("{problem}; delete it or run python -m minisgl.course use auto all", problem=brief), brief)
     return data
 
 
@@ -135,7 +172,20 @@ def save_selection(choices: dict[str, str], workspace: Path | None = None) -> No
 @dataclass(frozen=True)
 class Choice:
     impl: str  # learner | solution | skeleton
-    reason: str  # why, in Chinese, for status tables and the pytest header
+    why: str  # isolated | grading | not_started | forced | started
+    source: str = ""  # for "forced": MINISGL_IMPL or "course use"
+
+    @property
+    def reason(self) -> str:
+        """为什么选它，按当前语言（status 表、pytest 表头、笔记本）。"""
+        reasons = {
+            "isolated": tr("isolated for the checks"),
+            "grading": tr("grading"),
+            "not_started": tr("not started, using the reference solution"),
+            "forced": tr("set by {source}", source=self.source),
+            "started": tr("learner has started"),
+        }
+        return reasons.get(self.why, self.why)
 
 
 #: 进程内的覆盖（pytest 插件按章节隔离时设置），优先于环境变量和保存的选择。
@@ -145,16 +195,16 @@ _override: dict[str, str] = {}
 def choose(ch: Chapter, isolated: bool = True) -> Choice:
     """按模块文档里的规则为一章选实现。``isolated=False``：不管 pytest 插件当前换上的那套（规划检查时用）。"""
     if isolated and ch.id in _override:
-        return Choice(_override[ch.id], "检查隔离")
+        return Choice(_override[ch.id], "isolated")
     if grading():
-        return Choice("learner", "评分") if is_started(ch) else Choice("solution", "未开始，用参考解答")
+        return Choice("learner", "grading") if is_started(ch) else Choice("solution", "not_started")
     env = parse_impl_spec(os.environ.get(ENV_IMPL, "")).get(ch.id, "auto")
     requested, source = (env, ENV_IMPL) if env != "auto" else (saved_selection().get(ch.id, "auto"), "course use")
     if requested != "auto":
-        return Choice(requested, f"由 {source} 指定")
+        return Choice(requested, "forced", source)
     if is_started(ch):
-        return Choice("learner", "学员已开始")
-    return Choice("solution", "未开始，用参考解答")
+        return Choice("learner", "started")
+    return Choice("solution", "not_started")
 
 
 def impl_path(ch: Chapter, impl: str) -> Path:
@@ -169,8 +219,12 @@ def _load(ch: Chapter, impl: str) -> ModuleType:
     """按文件路径加载一章的实现，模块名互不冲突，方便同一进程里缓存多套选择。"""
     path = impl_path(ch, impl)
     if not path.is_file():
-        who = {"learner": "学员文件", "solution": "参考解答", "skeleton": "参考解答（生成骨架用）"}[impl]
-        raise ImportError(f"第 {ch.label} 章 {ch.id}：找不到{who} {path}")
+        who = {
+            "learner": tr("the learner file"),
+            "solution": tr("the reference solution"),
+            "skeleton": tr("the reference solution (the skeleton is generated from it)"),
+        }[impl]
+        raise ImportError(tr("Chapter {label} {id}: cannot find {who} {path}", label=ch.label, id=ch.id, who=who, path=path))
     name = f"{_MODULE_PREFIX}.{impl}.stage{ch.stage}.{ch.id}"
     if impl == "skeleton":
         source, filename = skeleton_source(ch), f"<skeleton {ch.relpath}>"
@@ -207,20 +261,25 @@ def describe_load_error(ch: Chapter, exc: BaseException) -> tuple[str, str]:
     """学员文件导入失败 → (种类, 说明)。语法错误给出行号和出错的那一行。"""
     if isinstance(exc, integrity.RefusedError):
         text = str(exc)
-        return "refused", text if text.startswith("第 ") else f"第 {ch.label} 章 {ch.id}：拒绝评分——{ch.relpath}：{text}"
+        if getattr(exc, "complete", False):  # already names the chapter (integrity.refusal_message)
+            return "refused", text
+        return "refused", tr("Chapter {label} {id}: refused for grading — {relpath}: {text}",
+                             label=ch.label, id=ch.id, relpath=ch.relpath, text=text)  # fmt: skip
     if isinstance(exc, SyntaxError):
         detail = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
     else:
         learner = str(impl_path(ch, "learner"))
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == learner]
-        where = f"（{ch.relpath} 第 {frames[-1].lineno} 行）" if frames else ""
+        where = tr(" ({relpath} line {lineno})", relpath=ch.relpath, lineno=frames[-1].lineno) if frames else ""
         detail = f"{type(exc).__name__}: {exc}{where}"
-    head = f"第 {ch.label} 章 {ch.id}：你的文件 {ch.relpath} 导入失败，本章的检查都没有运行。"
+    head = tr("Chapter {label} {id}: your file {relpath} failed to import, none of this chapter's checks ran.",
+              label=ch.label, id=ch.id, relpath=ch.relpath)  # fmt: skip
     return "error", f"{head}\n{detail}"
 
 
 def describe_selection(chapters: list[str] | None = None) -> str:
-    """一行说明各章用的是哪份实现，如 ``实现：你的代码（core、scheduler），其余章节用参考解答``。
+    """一行说明各章用的是哪份实现，如 ``实现：你的代码（core、scheduler），其余章节用参考解答``
+    （英文：``Implementation: your code (core, scheduler), reference solution for the other chapters``）。
 
     示例开头打印它，学员一眼看出跑的是谁的代码。``chapters`` 可只列示例用到的章（id 或编号）。
     已导入的章按实际加载的实现，没导入的按选择规则。
@@ -233,14 +292,15 @@ def describe_selection(chapters: list[str] | None = None) -> str:
         impl = active[ch.id].impl if ch.id in active else choose(ch).impl
         impls.setdefault(impl, []).append(ch.id)
     if not impls:
-        return "实现：—"
+        return tr("Implementation: —")
     if len(impls) == 1:
         (impl,) = impls
-        who = "全部章节" if not chapters else "、".join(impls[impl]) + " "
-        return f"实现：{who}用{SHORT_NAMES[impl]}"
+        if not chapters:
+            return tr("Implementation: {name} for all chapters", name=SHORT_NAMES[impl])
+        return tr("Implementation: {name} for {chapters}", name=SHORT_NAMES[impl], chapters=enumerate_names(impls[impl]))
     common = max(impls, key=lambda k: len(impls[k]))
-    parts = [f"{SHORT_NAMES[k]}（{'、'.join(v)}）" for k, v in impls.items() if k != common]
-    return f"实现：{'，'.join(parts)}，其余章节用{SHORT_NAMES[common]}"
+    parts = [tr("{name} ({chapters})", name=SHORT_NAMES[k], chapters=enumerate_names(v)) for k, v in impls.items() if k != common]
+    return tr("Implementation: {parts}, {name} for the other chapters", parts=tr(", ").join(parts), name=SHORT_NAMES[common])
 
 
 class ChapterFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -258,7 +318,8 @@ class ChapterFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             if choice.impl == "learner" and grading():
                 problems = integrity.scan_file(impl_path(ch, "learner"))
                 if problems:
-                    raise integrity.RefusedError(integrity.refusal_message(ch.label, ch.id, ch.relpath, problems))
+                    message = integrity.refusal_message(ch.label, ch.id, ch.relpath, problems)
+                    raise integrity.RefusedError(message, complete=True)
             module = _load(ch, choice.impl)
         except Exception as exc:
             if choice.impl == "learner":
@@ -311,4 +372,4 @@ def use_selection(selection: dict[str, str]) -> None:
             setattr(package, name.removeprefix("minisgl."), module)
     for ch in CHAPTERS:
         if ch.public_module in sys.modules:
-            active[ch.id] = Choice(_override.get(ch.id, "solution"), "检查隔离")
+            active[ch.id] = Choice(_override.get(ch.id, "solution"), "isolated")

@@ -1,88 +1,184 @@
 """由参考解答生成学员骨架。
 
-解答文件里，学员要写的每一段都夹在一对标记之间::
+解答文件里，学员要写的每一段都夹在一对标记之间；开始标记带中文提示，紧跟的一行 ``# en:`` 是英文提示::
 
     # >>> TASK extend_len: 本轮要算的 token 数 = device_len - cached_len
+    # en: tokens to compute this step = device_len - cached_len
     return self.device_len - self.cached_len
     # <<< TASK
 
-生成骨架时，标记之间的代码换成一条 ``raise NotImplementedError(...)``，
-消息里写明章节、任务名、文档页和提示。标记外的代码原样保留。
+生成骨架时，标记之间的代码换成两行 TODO 注释（中文、英文提示各一行）和一条
+``raise TaskNotDone("<章 id>", "<任务名>")``。:class:`TaskNotDone` 是 ``NotImplementedError``，
+它在抛出时按当前语言（``MINISGL_LANG``）写出消息：章节、任务名、文档页和提示（提示从解答的标记里查）。
+骨架本身与语言无关。标记外的代码原样保留。
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
-from minisgl.course.registry import Chapter
+from minisgl.course.registry import COURSE_ROOT, Chapter, find_chapter
+from minisgl.i18n import lang, tr
 
-_BEGIN = re.compile(r"^(?P<indent>[ \t]*)# >>> TASK (?P<name>[A-Za-z_][A-Za-z0-9_.]*)\s*[:：]\s*(?P<hint>\S.*?)\s*$")
+_BEGIN = re.compile(r"^(?P<indent>[ \t]*)# >>> TASK (?P<name>[A-Za-z_][A-Za-z0-9_.]*)\s*[:\uff1a]\s*(?P<hint>\S.*?)\s*$")
+_EN = re.compile(r"^(?P<indent>[ \t]*)# en:\s*(?P<hint>\S.*?)\s*$")
 _END = re.compile(r"^[ \t]*# <<< TASK\s*$")
 _ANY_MARKER = re.compile(r"#\s*(>>>|<<<)\s*TASK")
+_CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef]")
 
-HEADER = "# 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。\n"
+#: 骨架导入 TaskNotDone 的那一行（评分的诚信扫描允许这一个来自课程机制的导入）。
+IMPORT_LINE = "from minisgl.course.skeleton import TaskNotDone\n"
 
 
 class MarkerError(ValueError):
-    """解答文件里的任务标记写错了（不成对、嵌套、缺名字或提示）。"""
+    """解答文件里的任务标记写错了（不成对、嵌套、缺名字、缺中文或英文提示）。"""
 
 
 @dataclass(frozen=True)
 class Task:
     name: str
-    hint: str
+    hint: str  # 中文提示
     line: int  # 1-based line of the BEGIN marker in the solution
+    hint_en: str = ""  # English hint (the ``# en:`` line right after the BEGIN marker)
 
 
-def todo_message(chapter: Chapter, task: str, hint: str) -> str:
-    """骨架里 NotImplementedError 的消息；文档和检查都按这里的任务名对照。"""
-    return (
-        f"第 {chapter.label} 章 {chapter.id} 的任务「{task}」还没有实现。"
-        f"文档：{chapter.docs_page}#{task} 提示：{hint}"
-    )
+def docs_page(chapter: Chapter, language: str | None = None) -> str:
+    """本章的文档页；英文时用 ``.en.md``（存在时）。"""
+    page = chapter.docs_page
+    if (language or lang()) == "en":
+        english = page.removesuffix(".md") + ".en.md"
+        if (COURSE_ROOT / english).is_file():
+            return english
+    return page
+
+
+def todo_message(chapter: Chapter, task: str, hint: str, language: str | None = None) -> str:
+    """骨架里 TaskNotDone（NotImplementedError）的消息；``hint`` 是该语言的提示。文档和检查都按这里的任务名对照。"""
+    return tr(
+        "Chapter {label} {id}: task '{task}' is not implemented yet. Docs: {docs_page}#{task} Hint: {hint}",
+        language=language, label=chapter.label, id=chapter.id, task=task, docs_page=docs_page(chapter, language), hint=hint,
+    )  # fmt: skip
 
 
 def parse_tasks(source: str, origin: str = "<solution>") -> list[Task]:
-    """找出所有任务区段，顺便检查标记是否成对、不嵌套、任务名不重复。"""
+    """找出所有任务区段，顺便检查标记是否成对、不嵌套、带英文提示、任务名不重复。"""
     tasks: list[Task] = []
     open_task: Task | None = None
-    for lineno, line in enumerate(source.splitlines(), start=1):
+    lines = source.splitlines()
+    for lineno, line in enumerate(lines, start=1):
         begin, end = _BEGIN.match(line), _END.match(line)
         if begin:
             if open_task:
-                raise MarkerError(f"{origin}:{lineno}: 任务 {open_task.name} 还没结束，不能嵌套新的任务")
-            open_task = Task(begin["name"], begin["hint"], lineno)
+                raise MarkerError(tr("{origin}:{lineno}: task {name} is not closed yet, tasks cannot be nested",
+                                     origin=origin, lineno=lineno, name=open_task.name))  # fmt: skip
+            en = _EN.match(lines[lineno]) if lineno < len(lines) else None
+            if en is None or en["indent"] != begin["indent"]:
+                raise MarkerError(tr("{origin}:{lineno}: task {name} needs its English hint on the next line, "
+                                     "with the same indent: '# en: hint'", origin=origin, lineno=lineno + 1,
+                                     name=begin["name"]))  # fmt: skip
+            if _CJK.search(en["hint"]):
+                raise MarkerError(tr("{origin}:{lineno}: the English hint of task {name} contains Chinese: {hint!r}",
+                                     origin=origin, lineno=lineno + 1, name=begin["name"], hint=en["hint"]))  # fmt: skip
+            open_task = Task(begin["name"], begin["hint"], lineno, en["hint"])
         elif end:
             if not open_task:
-                raise MarkerError(f"{origin}:{lineno}: 多余的结束标记 '# <<< TASK'")
+                raise MarkerError(tr("{origin}:{lineno}: stray end marker '# <<< TASK'", origin=origin, lineno=lineno))
             tasks.append(open_task)
             open_task = None
         elif _ANY_MARKER.search(line):
-            raise MarkerError(f"{origin}:{lineno}: 看不懂的任务标记，应为 '# >>> TASK 名字: 提示' 或 '# <<< TASK'")
+            raise MarkerError(tr("{origin}:{lineno}: unreadable task marker, expected '# >>> TASK name: hint' or "
+                                 "'# <<< TASK'", origin=origin, lineno=lineno))  # fmt: skip
     if open_task:
-        raise MarkerError(f"{origin}:{open_task.line}: 任务 {open_task.name} 缺少结束标记 '# <<< TASK'")
+        raise MarkerError(tr("{origin}:{line}: task {name} has no end marker '# <<< TASK'",
+                             origin=origin, line=open_task.line, name=open_task.name))  # fmt: skip
     names = [t.name for t in tasks]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise MarkerError(f"{origin}: 任务名重复：{', '.join(dupes)}")
+        raise MarkerError(tr("{origin}: duplicate task names: {names}", origin=origin, names=", ".join(dupes)))
     return tasks
 
 
+def _import_position(lines: list[str]) -> int:
+    """TaskNotDone 的导入插在哪一行之前：``from __future__`` 之后；没有它就在模块文档字符串之后。"""
+    for i, line in enumerate(lines):
+        if line.startswith("from __future__ import"):
+            return i + 1
+    tree = ast.parse("".join(lines))
+    first = tree.body[0] if tree.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return first.end_lineno or 0
+    return 0
+
+
 def make_skeleton(source: str, chapter: Chapter) -> str:
-    """把每个任务区段换成 TODO 注释加 ``raise NotImplementedError``。"""
-    parse_tasks(source, chapter.relpath)  # validate first: a broken marker must never yield a skeleton
-    out: list[str] = [HEADER]
+    """把每个任务区段换成两行 TODO 注释（中文、英文）加 ``raise TaskNotDone(章, 任务)``；骨架与当前语言无关。"""
+    tasks = {t.line: t for t in parse_tasks(source, chapter.relpath)}  # validate first: a broken marker never yields a skeleton
+    lines = source.splitlines(keepends=True)
+    out: list[str] = []
     skipping = False
-    for line in source.splitlines(keepends=True):
-        begin = _BEGIN.match(line)
-        if begin:
-            indent, name, hint = begin["indent"], begin["name"], begin["hint"]
-            out.append(f"{indent}# TODO 任务 {name}：{hint}\n")
-            out.append(f"{indent}raise NotImplementedError({todo_message(chapter, name, hint)!r})\n")
+    for lineno, line in enumerate(lines, start=1):
+        if lineno in tasks:
+            task, indent = tasks[lineno], _BEGIN.match(line)["indent"]
+            for language, hint in (("zh", task.hint), ("en", task.hint_en)):
+                out.append(f"{indent}# {tr('TODO task {name}: {hint}', language=language, name=task.name, hint=hint)}\n")
+            out.append(f'{indent}raise TaskNotDone("{chapter.id}", "{task.name}")\n')
             skipping = True
         elif skipping and _END.match(line):
             skipping = False
         elif not skipping:
             out.append(line)
-    return "".join(out)
+    if tasks:
+        out.insert(_import_position(out), "\n" + IMPORT_LINE)
+    header = [
+        "# " + tr("This file is generated from the reference solution by tools/make_skeletons.py. "
+                  "Write your implementation at each TODO.", language=language) + "\n"
+        for language in ("zh", "en")
+    ]  # fmt: skip
+    return "".join(header + out)
+
+
+@lru_cache(maxsize=64)
+def _solution_tasks(path: str, mtime_ns: int) -> dict[str, Task]:
+    return {t.name: t for t in parse_tasks(Path(path).read_text(encoding="utf-8"), path)}
+
+
+def task_info(chapter_id: str, task: str) -> tuple[Chapter | None, Task | None]:
+    """按章 id 和任务名查章节和任务（提示取自随课程发布的解答的标记）；查不到的部分是 None。"""
+    ch = find_chapter(chapter_id)
+    if ch is None:
+        return None, None
+    path = COURSE_ROOT / "solutions" / ch.relpath
+    try:
+        return ch, _solution_tasks(str(path), path.stat().st_mtime_ns).get(task)
+    except (OSError, UnicodeDecodeError, MarkerError):
+        return ch, None
+
+
+class TaskNotDone(NotImplementedError):
+    """骨架里还没写的任务：``raise TaskNotDone("core", "extend_len")``。
+
+    消息在构造时按当前语言写出（:func:`todo_message`），提示从本章解答的任务标记里查。
+    它是 ``NotImplementedError``，所以 ``except NotImplementedError`` 和“骨架上按预期失败”的判断照常成立。
+    """
+
+    def __init__(self, chapter_id: str, task: str) -> None:
+        self.chapter_id, self.task = chapter_id, task
+        super().__init__(self._message(chapter_id, task))
+
+    @staticmethod
+    def _message(chapter_id: str, task: str) -> str:
+        try:
+            ch, info = task_info(chapter_id, task)
+            if ch is None:
+                return tr("Task '{task}' of chapter {id} is not implemented yet.", task=task, id=chapter_id)
+            hint = "" if info is None else (info.hint_en if lang() == "en" else info.hint)
+            return todo_message(ch, task, hint)
+        except Exception:  # noqa: BLE001 - a broken message must never hide the real "not done yet"
+            return f"{chapter_id}: {task} (TaskNotDone)"
+
+    def __reduce__(self):  # noqa: ANN204 - keeps the exception picklable (worker threads, multiprocessing)
+        return type(self), (self.chapter_id, self.task)

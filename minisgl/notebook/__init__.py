@@ -1,6 +1,6 @@
 """笔记本的共用工具，按用途分成几个模块，这里把它们汇总成一个入口（笔记本都写 ``from minisgl.notebook import ...``）：
 
-- :mod:`~minisgl.notebook.setup`：第一格的 ``setup_notebook``，统一的时间写法 ``fmt_ms``；
+- :mod:`~minisgl.notebook.setup`：第一格的 ``setup_notebook``，统一的时间写法 ``fmt_ms``，不带文档字符串的源码 ``show_source``；
 - :mod:`~minisgl.notebook.tasks`：本章任务清单 ``show_tasks``，最后一格的 ``run_chapter_checks`` / ``run_milestone_checks``；
 - :mod:`~minisgl.notebook.widgets`：交互控件 ``Explorer``；
 - :mod:`~minisgl.notebook.recorders`：记录调度器每一步的 ``StepRecorder``、``Timeline``；
@@ -23,7 +23,7 @@ from minisgl.notebook.plots import (
     page_usage,
 )
 from minisgl.notebook.recorders import StepRecorder, Timeline
-from minisgl.notebook.setup import fmt_ms, setup_notebook
+from minisgl.notebook.setup import fmt_ms, setup_notebook, show_source
 from minisgl.notebook.tasks import run_chapter_checks, run_milestone_checks, show_tasks
 from minisgl.notebook.trees import draw_radix_steps, draw_tree, format_radix, radix_nodes
 from minisgl.notebook.widgets import Explorer, capture
@@ -31,6 +31,7 @@ from minisgl.notebook.widgets import Explorer, capture
 __all__ = [
     "setup_notebook",
     "fmt_ms",
+    "show_source",
     "show_tasks",
     "run_chapter_checks",
     "run_milestone_checks",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from minisgl.i18n import tr
 from minisgl.notebook.recorders import Timeline
 
 __all__ = [
@@ -55,16 +56,17 @@ def draw_req_lengths(snapshots: Sequence[tuple[str, Sequence[Any]]], title: str 
         ax.barh(y, device - cached, left=cached, color=_COLORS["extend"], edgecolor="k")
         ax.barh(y, maxlen - device, left=device, color=_COLORS["remain"], edgecolor="k", hatch="//")
         ax.text(longest * 1.02 + 0.2, y, f"cached={cached}  device={device}  max={maxlen}", va="center", fontsize=8)
-    ax.set_yticks(range(len(rows)), [f"{label} · 请求 {r[0]}" if many else label for label, r in rows])
+    names = [tr("{label} · request {uid}", label=label, uid=r[0]) if many else label for label, r in rows]
+    ax.set_yticks(range(len(rows)), names)
     ax.invert_yaxis()
     ax.set_xlim(0, longest * 1.45 + 1)
-    ax.set_xlabel("token 位置")
+    ax.set_xlabel(tr("token position"))
     fig.tight_layout()
     fig.legend(
         handles=[
-            Patch(color=_COLORS["cached"], label="已缓存 cached_len"),
-            Patch(color=_COLORS["extend"], label="本轮要算 extend_len"),
-            Patch(facecolor=_COLORS["remain"], hatch="//", label="还能生成 remain_len"),
+            Patch(color=_COLORS["cached"], label=tr("cached cached_len")),
+            Patch(color=_COLORS["extend"], label=tr("to compute this round extend_len")),
+            Patch(facecolor=_COLORS["remain"], hatch="//", label=tr("can still generate remain_len")),
         ],
         loc="upper center",
         bbox_to_anchor=(0.5, 0.0),
@@ -112,10 +114,10 @@ def draw_page_table(
                 ax.add_patch(plt.Rectangle((j + 0.05, i + 0.05), 0.9, 0.9, fill=False, edgecolor="black", linewidth=2))
     ax.set_xlim(0, width)
     ax.set_ylim(len(rows), 0)
-    ax.set_yticks([i + 0.5 for i in range(len(rows))], [f"第 {r} 行" for r in rows])
+    ax.set_yticks([i + 0.5 for i in range(len(rows))], [tr("row {r}", r=r) for r in rows])
     ax.set_xticks([j + 0.5 for j in range(width)], [str(j) for j in range(width)], fontsize=7)
-    note = "；粗框 = 本批写入的位置（out_loc）" if marks else ""
-    ax.set_xlabel(f"token 位置（列）；格子里是 KV 槽位，颜色 = 页号{note}")
+    note = tr("; bold box = slots written by this batch (out_loc)") if marks else ""
+    ax.set_xlabel(tr("token position (column); each cell holds a KV slot, color = page{note}", note=note))
     if title:
         ax.set_title(title)
     fig.tight_layout()
@@ -135,11 +137,11 @@ def draw_mask(mask: Any, cached_len: int, title: str = "") -> None:
     note = ""
     if cached_len:
         ax.axvline(cached_len - 0.5, color="#e76f51", linewidth=2)
-        note = f"\n红线左边的 {cached_len} 列是缓存的前缀"
+        note = "\n" + tr("the {cached_len} columns left of the red line are the cached prefix", cached_len=cached_len)
     ax.set_xticks(range(k))
     ax.set_yticks(range(q), [str(cached_len + i) for i in range(q)])
-    ax.set_xlabel("key 位置" + note)
-    ax.set_ylabel("query 的绝对位置")
+    ax.set_xlabel(tr("key position") + note)
+    ax.set_ylabel(tr("absolute query position"))
     if title:
         ax.set_title(title, fontsize=10)
 
@@ -164,11 +166,11 @@ def draw_steps(steps: Sequence[dict[str, Any]], title: str = "", budget: int | N
         ax.text(x + 0.5, 0.5, str(total), ha="center", va="center", fontsize=7)
     ax.set_xlim(0, n)
     ax.set_ylim(len(uids) + 1, 0)
-    ax.set_yticks([0.5] + [row[u] + 0.5 for u in uids], ["合计"] + [f"请求 {u}" for u in uids], fontsize=8)
+    ax.set_yticks([0.5] + [row[u] + 0.5 for u in uids], [tr("total")] + [tr("request {uid}", uid=u) for u in uids], fontsize=8)
     ax.set_xticks([x + 0.5 for x in range(n)], [str(x) for x in range(n)], fontsize=7)
-    ax.set_xlabel("步（橙：预填充，蓝：解码；数字：这一步为它计算的 token 数）")
+    ax.set_xlabel(tr("step (orange: prefill, blue: decode; number: tokens computed for it in this step)"))
     if budget is not None:
-        title = (title + "  " if title else "") + f"（预填充预算 {budget}）"
+        title = (title + "  " if title else "") + tr(" (prefill budget {budget})", budget=budget)
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -179,7 +181,7 @@ def draw_page_usage(history: Sequence[dict[str, int]], total: int, title: str = 
     ``locked``（缓存里被请求锁住的）、``evictable``（缓存里可驱逐的）、``free``（空闲）。"""
     plt = _plt()
     keys = [k for k in ("used", "locked", "evictable", "free") if any(k in h for h in history)]
-    names = {"used": "请求独占", "locked": "缓存·锁住", "evictable": "缓存·可驱逐", "free": "空闲"}
+    names = {"used": tr("held by requests"), "locked": tr("cache · locked"), "evictable": tr("cache · evictable"), "free": tr("free")}
     xs = list(range(len(history)))
     fig, ax = plt.subplots(figsize=(min(0.35 * len(history) + 3, 12), 3))
     bottom = [0] * len(history)
@@ -189,8 +191,8 @@ def draw_page_usage(history: Sequence[dict[str, int]], total: int, title: str = 
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylim(0, total)
     ax.set_xlim(-0.6, len(history) - 0.4)
-    ax.set_xlabel("步（每一步之后）")
-    ax.set_ylabel("页数")
+    ax.set_xlabel(tr("step (after each step)"))
+    ax.set_ylabel(tr("pages"))
     ax.legend(loc="upper left", bbox_to_anchor=(1, 1), fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
@@ -215,15 +217,16 @@ def draw_kv_pool(owners: Sequence[int | None], page_size: int, title: str = "", 
             ax.plot([c, c], [r, r + 1], color="#333", linewidth=1.2)
     ax.set_xlim(0, per_row)
     ax.set_ylim(rows, 0)
-    ax.set_yticks([r + 0.5 for r in range(rows)], [f"槽位 {r * per_row}" for r in range(rows)], fontsize=7)
+    ax.set_yticks([r + 0.5 for r in range(rows)], [tr("slot {slot}", slot=r * per_row) for r in range(rows)], fontsize=7)
     ax.set_xticks([])
     from matplotlib.patches import Patch
 
     used = sorted({o for o in owners if o is not None})
-    handles = [Patch(color=cmap(o % 10), label=(labels or {}).get(o, f"请求 {o}")) for o in used]
-    handles.append(Patch(color="#f1f3f5", label="空闲"))
+    handles = [Patch(color=cmap(o % 10), label=(labels or {}).get(o, tr("request {uid}", uid=o))) for o in used]
+    handles.append(Patch(color="#f1f3f5", label=tr("free")))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1, 1), fontsize=8)
-    ax.set_title(title or f"KV 池：{n} 个槽位，每页 {page_size} 个（粗线分页）", fontsize=10)
+    default = tr("KV pool: {n} slots, {page_size} per page (bold lines between pages)", n=n, page_size=page_size)
+    ax.set_title(title or default, fontsize=10)
     fig.tight_layout()
 
 
@@ -238,10 +241,12 @@ def page_usage(llm: Any) -> dict[str, int]:
 
 
 def draw_timeline(runs: Sequence[tuple[str, Sequence[tuple[str, str, float, float]]]], title: str = "") -> None:
-    """几次运行的时间线，上下排列：每次运行两行（主线程、后台线程），色块是准备 / 前向计算 / 处理结果，
+    """几次运行的时间线，上下排列：每次运行两行（主线程、后台线程），色块是准备 / 前向计算 / 处理结果
+    （``Timeline`` 记录里的 ``prepare`` / ``forward`` / ``process``），
     主线程上的空白是在等结果。``runs``：``[(标题, Timeline.records)]``。"""
     plt = _plt()
-    colors = {"准备": "#f4a261", "前向计算": "#6fa8dc", "处理结果": "#8fbc8f"}
+    colors = {"prepare": "#f4a261", "forward": "#6fa8dc", "process": "#8fbc8f"}
+    names = {"prepare": tr("prepare"), "forward": tr("forward"), "process": tr("process results")}
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.5 * len(runs) + 0.6), squeeze=False)
     end = max((r[3] for _, recs in runs for r in recs), default=1.0)
     for ax, (label, recs) in zip(axes[:, 0], runs):
@@ -249,14 +254,15 @@ def draw_timeline(runs: Sequence[tuple[str, Sequence[tuple[str, str, float, floa
         for kind, thread, s, e in sorted(recs, key=lambda r: Timeline.ORDER.index(r[0])):
             y = threads.index(thread)
             ax.barh(y, (e - s) * 1000, left=s * 1000, color=colors[kind], edgecolor="white", linewidth=0.3)
-        ax.set_yticks(range(len(threads)), ["主线程" if t == "MainThread" else "后台线程" for t in threads], fontsize=8)
+        names_y = [tr("main thread") if t == "MainThread" else tr("background thread") for t in threads]
+        ax.set_yticks(range(len(threads)), names_y, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlim(0, end * 1000 * 1.02)
         ax.set_title(label, fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("时间（毫秒）")
+    axes[-1, 0].set_xlabel(tr("time (ms)"))
     from matplotlib.patches import Patch
 
-    fig.legend(handles=[Patch(color=c, label=k) for k, c in colors.items()], loc="upper right", ncol=3, fontsize=8)
+    fig.legend(handles=[Patch(color=c, label=names[k]) for k, c in colors.items()], loc="upper right", ncol=3, fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10, x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.93))

@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from minisgl.i18n import tr
+
 __all__ = ["StepRecorder", "Timeline"]
 
 
@@ -50,17 +52,24 @@ class StepRecorder:
 
     def summary(self) -> str:
         pre = sum(s["phase"] == "prefill" for s in self.steps)
-        return f"{len(self.steps)} 步（预填充 {pre} 步、解码 {len(self.steps) - pre} 步），预填充共计算 {self.prefill_tokens} 个 token"
+        return tr(
+            "{n_steps} steps ({pre} prefill, {decode} decode), {prefill_tokens} tokens computed in prefill",
+            n_steps=len(self.steps),
+            pre=pre,
+            decode=len(self.steps) - pre,
+            prefill_tokens=self.prefill_tokens,
+        )
 
 
 class Timeline:
     """记录调度器每一步的三段时间：准备（主线程）、前向计算（可能在后台线程）、处理结果（主线程）。
 
-    取自每一步轨迹的 ``prepare`` / ``forward`` / ``process``，每段记 ``(种类, 线程名, 开始, 结束)``，
+    取自每一步轨迹的 ``prepare`` / ``forward`` / ``process``，每段记 ``(种类, 线程名, 开始, 结束)``（种类就是这三个词），
     时间相对于 :meth:`start` 的时刻（秒）。主线程上两段之间的空白，就是主线程在等结果。
     """
 
-    ORDER = ("准备", "处理结果", "前向计算")  #: 画图时的叠放顺序（``draw_timeline`` 用）
+    KINDS = ("prepare", "forward", "process")  #: 三段的种类（记录里的键，画图时由 ``draw_timeline`` 翻译）
+    ORDER = ("prepare", "process", "forward")  #: 画图时的叠放顺序（``draw_timeline`` 用）
 
     def __init__(self, llm: Any) -> None:
         self.records: list[tuple[str, str, float, float]] = []
@@ -73,11 +82,11 @@ class Timeline:
             return
         self.steps += 1
         main = threading.current_thread().name  # 监听者在调度器的线程里被调用
-        spans = [("准备", main, trace.prepare)]
+        spans = [("prepare", main, trace.prepare)]
         if trace.forward is not None:
-            spans.append(("前向计算", trace.forward_thread or main, trace.forward))
+            spans.append(("forward", trace.forward_thread or main, trace.forward))
         if trace.process is not None:
-            spans.append(("处理结果", main, trace.process))
+            spans.append(("process", main, trace.process))
         for kind, thread, (start, end) in spans:
             self.records.append((kind, thread, start - self._t0, end - self._t0))
 

@@ -1,4 +1,4 @@
-"""笔记本的第一格：准备环境（关掉进度条和无关的警告、固定随机种子、配好中文画图），以及统一的时间写法。"""
+"""笔记本的第一格：准备环境（关掉进度条和无关的警告、固定随机种子、配好画图：中文版配中文字体），以及统一的时间写法。"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["setup_notebook", "fmt_ms"]
+__all__ = ["setup_notebook", "fmt_ms", "show_source"]
 
 
 def setup_notebook(seed: int = 0) -> None:
@@ -68,12 +68,16 @@ _CJK_FONTS = (
 
 
 def _setup_matplotlib() -> None:
+    """画图的统一设置。中文（默认）时找一个中文字体；英文时图里没有汉字，用 matplotlib 自带的字体，不需要中文字体。"""
     import matplotlib
     from matplotlib import font_manager
 
-    names = {f.name for f in font_manager.fontManager.ttflist}
+    from minisgl.i18n import lang
+
+    chinese = lang() == "zh"
+    names = {f.name for f in font_manager.fontManager.ttflist} if chinese else set()
     found = next((n for n in _CJK_FONTS if n in names), None)
-    if found is None:
+    if found is None and chinese:
         with contextlib.suppress(ImportError, OSError, RuntimeError):
             import mplfonts  # pip 包，自带 Noto Sans CJK SC
 
@@ -95,3 +99,20 @@ def _setup_matplotlib() -> None:
 def fmt_ms(seconds: float) -> str:
     """时间统一写成 ``12.3 ms``：CI 比较笔记本输出时，notebooks/sanitize.cfg 把这种写法换成占位符。"""
     return f"{seconds * 1000:.1f} ms"
+
+
+def show_source(obj: object) -> None:
+    """打印一个函数 / 类的源码，去掉它的文档字符串（正文已经讲了它做什么；这样两种语言的笔记本都只显示代码）。"""
+    import ast
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(obj))
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    node = tree.body[0]
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        first, last = body[0].lineno, body[0].end_lineno or body[0].lineno
+        del lines[first - 1 : last]
+    print("\n".join(lines))

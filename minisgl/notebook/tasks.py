@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import subprocess
 import sys
 
+from minisgl.i18n import lang, tr
 from minisgl.paths import REPO_ROOT
 
 __all__ = ["show_tasks", "run_chapter_checks", "run_milestone_checks"]
@@ -37,25 +37,51 @@ def _enclosing(tree: ast.Module, line: int) -> str:
     return best
 
 
+def _impl_name(impl: str) -> str:
+    return {"learner": tr("learner code"), "solution": tr("reference solution"), "skeleton": tr("skeleton")}.get(impl, impl)
+
+
+def _hint(task) -> str:  # noqa: ANN001 - minisgl.course.skeleton.Task
+    """任务提示按当前语言：英文用 ``Task.hint_en``（没有这个字段或为空时退回 ``hint``）。"""
+    if lang() == "en":
+        return getattr(task, "hint_en", None) or task.hint
+    return task.hint
+
+
+def _docs_page(ch) -> str:  # noqa: ANN001 - Chapter
+    """本章讲义的路径；英文用 ``.en.md``（存在时）。"""
+    page = ch.docs_page
+    if lang() == "en":
+        en_page = page.removesuffix(".md") + ".en.md"
+        if (REPO_ROOT / en_page).is_file():
+            return en_page
+    return page
+
+
 def show_tasks(chapter_id: str) -> None:
     """列出本章要写的任务（与骨架里的 TODO 一一对应），以及笔记本现在用的是哪份实现。"""
     from minisgl.course import select
-    from minisgl.course.pytest_plugin import IMPL_NAMES
     from minisgl.course.skeleton import parse_tasks
 
     ch = _chapter(chapter_id)
     if not select.is_written(ch):
-        print(f"第 {ch.label} 章 {ch.id} 的参考解答还没写好。")
+        print(tr("The reference solution of chapter {label} {id} is not written yet.", label=ch.label, id=ch.id))
         return
     source = select.shipped_solution(ch).read_text(encoding="utf-8")
     tree = ast.parse(source)
     tasks = parse_tasks(source, ch.relpath)
-    print(f"第 {ch.label} 章「{ch.title}」：在 {ch.relpath} 里完成 {len(tasks)} 个任务")
+    title = ch.title if lang() == "zh" else getattr(ch, "title_en", "")
+    if title:
+        head = tr("Chapter {label} “{title}”: complete {n_tasks} tasks in {relpath}", label=ch.label, title=title, n_tasks=len(tasks), relpath=ch.relpath)
+    else:
+        head = tr("Chapter {label} {id}: complete {n_tasks} tasks in {relpath}", label=ch.label, id=ch.id, n_tasks=len(tasks), relpath=ch.relpath)
+    print(head)
     for i, t in enumerate(tasks, 1):
         where = _enclosing(tree, t.line)
-        print(f"  {i:>2}. {t.name}（{where}）：{t.hint}")
+        print(f"  {i:>2}. " + tr("{name} ({where}): {hint}", name=t.name, where=where, hint=_hint(t)))
     choice = select.choose(ch)
-    print(f"本笔记本里 {ch.public_module} 用的是：{IMPL_NAMES[choice.impl]}（{choice.reason}）")
+    impl = _impl_name(choice.impl)
+    print(tr("In this notebook {module} is: {impl} ({reason})", module=ch.public_module, impl=impl, reason=choice.reason))
 
 
 def _run(cmd: list[str], tail: int) -> tuple[int, str]:
@@ -63,7 +89,7 @@ def _run(cmd: list[str], tail: int) -> tuple[int, str]:
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     out = (proc.stdout + proc.stderr).rstrip().splitlines()
     if len(out) > tail:
-        out = ["……（前面省略）", *out[-tail:]]
+        out = [tr("... (earlier lines omitted)"), *out[-tail:]]
     return proc.returncode, "\n".join(out)
 
 
@@ -73,15 +99,17 @@ def run_chapter_checks(chapter_id: str, tail: int = 40) -> bool:
     print(f"$ python -m minisgl.course check {ch.id}")
     code, text = _run([sys.executable, "-m", "minisgl.course", "check", ch.id], tail)
     print(text)
-    row = next((line for line in text.splitlines() if re.match(rf"^{re.escape(ch.label)}\s+{ch.id}\s", line)), "")
     print()
-    if "未开始" in row:
-        print(f"本章还没开始：{ch.relpath} 仍是骨架。写下第一个任务后再运行这一格。")
+    from minisgl.course import select
+
+    if not select.is_started(ch):
+        print(tr("This chapter has not been started: {relpath} is still the skeleton. Write the first task, then run this cell again.", relpath=ch.relpath))
         return False
     if code == 0:
-        print(f"第 {ch.label} 章 {ch.id}：全部通过 ✔")
+        print(tr("Chapter {label} {id}: all checks pass ✔", label=ch.label, id=ch.id))
         return True
-    print(f"第 {ch.label} 章 {ch.id}：还有检查没通过 ✘ —— 看上面的失败信息，对照 {ch.docs_page}。")
+    page = _docs_page(ch)
+    print(tr("Chapter {label} {id}: some checks still fail ✘ — read the failures above, against {docs_page}.", label=ch.label, id=ch.id, docs_page=page))
     return False
 
 
@@ -92,5 +120,8 @@ def run_milestone_checks(stage: int, tail: int = 40) -> bool:
     code, text = _run([sys.executable, "-m", "pytest", path, "--impl", "learner", "-q"], tail)
     print(text)
     print()
-    print(f"第 {stage} 阶段里程碑：{'全部通过 ✔' if code == 0 else '还有检查没通过 ✘'}")
+    if code == 0:
+        print(tr("Stage {stage} milestone: all checks pass ✔", stage=stage))
+    else:
+        print(tr("Stage {stage} milestone: some checks still fail ✘", stage=stage))
     return code == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from minisgl.i18n import tr
 from minisgl.notebook.plots import _plt
 
 __all__ = ["draw_tree", "radix_nodes", "draw_radix_steps", "format_radix"]
@@ -70,14 +71,14 @@ def radix_nodes(cache: Any, decode: Callable[[list[int]], str] | None = None, wi
         nid = counter
         counter += 1
         if parent is None:
-            label, color = "根", "#dee2e6"
+            label, color = tr("root"), "#dee2e6"
         else:
             ids = node.key.tolist()
             text = decode(ids) if decode else " ".join(map(str, ids))
             text = text.replace("\n", "⏎")
             if len(text) > width:
                 text = text[: width - 1] + "…"
-            label = f"{text!r}\n{len(ids)} 个 token · ref={node.ref_count}"
+            label = tr("{text!r}\n{n_ids} tokens · ref={ref_count}", text=text, n_ids=len(ids), ref_count=node.ref_count)
             color = "#f4a6a6" if node.ref_count > 0 else "#b7e4c7"
         nodes.append({"id": nid, "parent": parent, "label": label, "color": color})
         kids = sorted(node.children.values(), key=lambda c: c.key.tolist())
@@ -107,9 +108,10 @@ def format_radix(cache: Any, decode: Callable[[list[int]], str] | None = None, w
             text = (decode(ids) if decode else " ".join(map(str, ids))).replace("\n", "⏎")
             if len(text) > width:
                 text = text[: width - 1] + "…"
-            lines.append(f"{'  ' * depth}└ {text!r}  {len(ids)} 个 token，ref={child.ref_count}")
+            line = tr("└ {text!r}  {n_ids} tokens, ref={ref_count}", text=text, n_ids=len(ids), ref_count=child.ref_count)
+            lines.append("  " * depth + line)
             walk(child, depth + 1)
 
-    lines.append("根")
+    lines.append(tr("root"))
     walk(cache.root, 1)
     return "\n".join(lines)

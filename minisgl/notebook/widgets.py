@@ -6,10 +6,14 @@ import contextlib
 import io
 from typing import Any, Callable
 
+from minisgl.i18n import tr
+
 __all__ = ["Explorer", "capture"]
 
 
-_WIDGET_NOTE = "（交互控件：在 Jupyter 里运行本格即可调节；下一格用同一个处理函数画出一组参数的结果）"
+def _widget_note() -> str:
+    """控件在纯文本里的样子（nbval 比较的就是它），按当前语言。"""
+    return tr("(interactive widget: run this cell in Jupyter to adjust it; the next cell calls the same handler with one set of values)")
 
 
 class Explorer:
@@ -59,7 +63,8 @@ class Explorer:
 
         unknown = set(values) - set(self.controls)
         if unknown:
-            raise KeyError(f"没有这些控件：{', '.join(sorted(unknown))}；可用：{', '.join(self.controls)}")
+            names = ", ".join(sorted(unknown))
+            raise KeyError(tr("No such controls: {unknown}; available: {available}", unknown=names, available=", ".join(self.controls)))
         self._quiet = True
         try:
             for name, value in values.items():
@@ -73,7 +78,7 @@ class Explorer:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
         bundle = dict(self.widget._repr_mimebundle_(**kwargs))
-        bundle["text/plain"] = _WIDGET_NOTE
+        bundle["text/plain"] = _widget_note()
         return bundle
 
 
@@ -87,7 +92,7 @@ def capture(fn: Callable[..., Any], **kwargs: Any) -> tuple[str, list[bytes]]:
         with contextlib.redirect_stdout(buf):
             fn(**kwargs)
     except Exception as err:  # 控件里出错时把错误写进输出区，而不是悄悄吞掉
-        buf.write(f"\n出错了：{type(err).__name__}: {err}\n")
+        buf.write("\n" + tr("Error: {kind}: {err}", kind=type(err).__name__, err=err) + "\n")
     images = []
     for num in [n for n in plt.get_fignums() if n not in before]:
         fig = plt.figure(num)

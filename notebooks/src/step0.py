@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # # 第 0 步：一个文件的朴素推理引擎
 #
 # 课程从 `examples/step0_tiny_engine.py` 出发：一个文件、四个函数、不依赖本课程的任何代码。
@@ -15,22 +15,51 @@
 #
 # 这一步不用写代码：读懂它、跑一跑，后面每一章都会回头和它比较。
 
+# %% [markdown] tags=["lang-en"]
+# # Step 0: a naive inference engine in one file
+#
+# The course starts from `examples/step0_tiny_engine.py`: one file, four functions, no dependency on any code of this course.
+# It already matches Hugging Face `generate` token for token, but every part is done the most naive way:
+#
+# | What step 0 does | The chapter that replaces it |
+# | --- | --- |
+# | A request is just a list of tokens | 1.1 core: length bookkeeping in `Req`, `Batch` |
+# | Weights are a `{name: tensor}` dict, read all at once | 1.2 layers, 1.3 models: operator layers, streaming loading |
+# | Each layer's K/V grows with `torch.cat` | 1.4 kvcache: a preallocated, paged KV pool |
+# | einsum + an explicit causal mask, one request at a time | 1.5 attention: variable-length batches, paged KV |
+# | `argmax` | 1.6 engine: a batched sampler (temperature, top-k, top-p, seed) |
+# | Only one request runs at a time | Stage 2: the scheduler |
+#
+# There is no code to write in this step: read it and run it; every later chapter compares itself with it.
+
 # %%
+# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
 import sys
 from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
+from minisgl.i18n import tr
 from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 1. 导入并运行它
 #
 # 脚本不是包的一部分，按文件路径导入；它只有这几个函数。然后像在命令行里一样调用它的 `main()`，
 # 用真实权重的小模型 SmolLM2-135M（Llama 结构）：
+#
+# ```
+# python examples/step0_tiny_engine.py --model models/SmolLM2-135M-Instruct --max-tokens 8
+# ```
+
+# %% [markdown] tags=["lang-en"]
+# ## 1. Import it and run it
+#
+# The script is not part of a package, so we import it by file path; it has only these few functions. Then we call its
+# `main()` as if from the command line, with SmolLM2-135M, a small model with real weights (Llama architecture):
 #
 # ```
 # python examples/step0_tiny_engine.py --model models/SmolLM2-135M-Instruct --max-tokens 8
@@ -45,26 +74,42 @@ from minisgl.model_zoo import smollm2
 spec = importlib.util.spec_from_file_location("step0", ROOT / "examples" / "step0_tiny_engine.py")
 step0 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(step0)
-for name in ["load", "rms_norm", "forward", "generate"]:
-    fn = getattr(step0, name)
-    doc = (inspect.getdoc(fn) or "").splitlines()
-    print(f"{name:<9}{len(inspect.getsource(fn).splitlines()):>4} 行  {doc[0] if doc else ''}")
+what = {
+    "load": tr("reads config.json, all the weights (one dict) and the tokenizer"),
+    "rms_norm": tr("RMS normalization"),
+    "forward": tr("computes the new tokens ids after the cache kv, returns the logits of the last position; kv grows in place"),
+    "generate": tr("greedy generation: the whole prompt once (prefill), then one new token per step (decode)"),
+}
+for name, summary in what.items():
+    n_lines = len(inspect.getsource(getattr(step0, name)).splitlines())
+    print(tr("{name:<9}{n_lines:>4} lines  {summary}", name=name, n_lines=n_lines, summary=summary))
 
 # %%
 SMOL = smollm2()
 sys.argv = ["step0_tiny_engine.py", "--model", str(SMOL), "--max-tokens", "8"]
 step0.main()
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 2. 生成：预填充一次，解码 N 次
 #
 # `generate` 是整个“引擎”：先把整段提示词算一遍（预填充），之后每步只把上一步的新 token 喂进去（解码）。
 
-# %%
-print(inspect.getsource(step0.generate))
+# %% [markdown] tags=["lang-en"]
+# ## 2. Generation: prefill once, decode N times
+#
+# `generate` is the whole "engine": first it computes the whole prompt in one pass (prefill), then each step feeds in only
+# the token produced by the previous step (decode).
 
-# %% [markdown]
+# %%
+from minisgl.notebook import show_source
+
+show_source(step0.generate)
+
+# %% [markdown] tags=["lang-zh"]
 # ## 3. 和 Hugging Face 逐 token 对照
+
+# %% [markdown] tags=["lang-en"]
+# ## 3. Token by token against Hugging Face
 
 # %%
 import torch
@@ -78,15 +123,21 @@ ours = step0.generate(cfg, weights, prompt_ids, 8)
 hf = AutoModelForCausalLM.from_pretrained(SMOL, dtype=torch.float32)
 ids = torch.tensor([prompt_ids])
 ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)[0, len(prompt_ids) :].tolist()
-print("第 0 步：", ours, repr(tok.decode(ours)))
-print("HF     ：", ref, repr(tok.decode(ref)))
-print("完全一致：", ours == ref)
+print(tr("step 0:"), ours, repr(tok.decode(ours)))
+print(tr("HF    :"), ref, repr(tok.decode(ref)))
+print(tr("identical:"), ours == ref)
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 4. KV 缓存越拼越长
 #
 # `forward(cfg, w, ids, kv)` 把新 token 接在缓存 `kv` 之后算一遍，`kv` 原地变长。
 # 看每一步喂进去几个 token、缓存里有几个 token 的 K/V：预填充一次算 5 个，之后每步 1 个。
+
+# %% [markdown] tags=["lang-en"]
+# ## 4. A KV cache that keeps growing
+#
+# `forward(cfg, w, ids, kv)` computes the new tokens after the cache `kv`, and `kv` grows in place.
+# Look at how many tokens each step feeds in and how many tokens have K/V in the cache: prefill computes 5 at once, then 1 per step.
 
 # %%
 kv = []
@@ -95,10 +146,10 @@ for step in range(4):
     fed = len(step_ids)
     next_id = int(step0.forward(cfg, weights, step_ids, kv).argmax())
     k0 = kv[0][0]
-    print(f"第 {step} 步：喂入 {fed} 个 token → 第 0 层 K 的形状 {tuple(k0.shape)}（token 数, KV 头数, head_dim），生成 {tok.decode([next_id])!r}")
+    print(tr("step {step}: fed {fed} token(s) → layer 0 K has shape {shape} (tokens, KV heads, head_dim), generated {token!r}", step=step, fed=fed, shape=tuple(k0.shape), token=tok.decode([next_id])))
     step_ids = torch.tensor([next_id])
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # 每一步 `torch.cat` 都重新分配一块更大的内存、把旧的 K/V 全拷一遍；而且每个请求一份，
 # 没法把几个请求放进同一次矩阵乘法。第 1.4 章换成一整块预先分配、按页分给请求的 KV 池。
 #
@@ -106,6 +157,17 @@ for step in range(4):
 #
 # 第 `i` 个新 token 的绝对位置是 `start + i`（`start` = 已缓存的 token 数），它只能看到位置不超过自己的 key。
 # 预填充时是一个下三角；解码时只有一行，能看到全部缓存。第 1.5 章的注意力后端对每个请求都这样错开 `cached_len`。
+
+# %% [markdown] tags=["lang-en"]
+# Every `torch.cat` allocates a larger block of memory and copies all the old K/V again; and each request has its own
+# copy, so several requests cannot share one matrix multiplication. Chapter 1.4 replaces it with a single preallocated KV
+# pool handed out to requests page by page.
+#
+# ## 5. The causal mask
+#
+# The `i`-th new token sits at absolute position `start + i` (`start` = number of cached tokens), and it can only see keys
+# at positions up to its own. In prefill the mask is lower triangular; in decode it is a single row that sees the whole
+# cache. The attention backend of chapter 1.5 shifts each request by its own `cached_len` in the same way.
 
 # %%
 import matplotlib.pyplot as plt
@@ -115,14 +177,20 @@ from minisgl.notebook import draw_mask
 n = len(prompt_ids)
 prefill_mask = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
 decode_mask = torch.arange(n + 1)[None, :] <= torch.tensor([n])[:, None]
-draw_mask(prefill_mask, 0, title="预填充：5 个 query × 5 个 key")
-draw_mask(decode_mask, n, title="解码：1 个 query × 6 个 key（前 5 个来自缓存）")
+draw_mask(prefill_mask, 0, title=tr("prefill: 5 queries × 5 keys"))
+draw_mask(decode_mask, n, title=tr("decode: 1 query × 6 keys (the first 5 from the cache)"))
 plt.show()
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 6. 动手调：提示词和生成长度
 #
 # 改提示词、生成长度，看 SmolLM2 说什么、每步喂入几个 token、缓存长到多少。
+
+# %% [markdown] tags=["lang-en"]
+# ## 6. Try it: prompt and generation length
+#
+# Change the prompt and the number of tokens to generate, and see what SmolLM2 says, how many tokens each step feeds in and
+# how large the cache grows.
 
 # %%
 import ipywidgets as widgets
@@ -140,29 +208,30 @@ def run_step0(prompt: str, max_tokens: int) -> None:
         cache.append(kv[0][0].shape[0])
         out.append(nxt)
         cur = torch.tensor([nxt])
-    print(f"提示词 {len(ids)} 个 token → {tok.decode(out)!r}")
-    print(f"每步喂入的 token 数：{fed}")
-    print(f"每步之后缓存里的 token 数：{cache}")
+    print(tr("prompt of {n_ids} tokens → {text!r}", n_ids=len(ids), text=tok.decode(out)))
+    print(tr("tokens fed per step: {fed}", fed=fed))
+    print(tr("tokens in the cache after each step: {cache}", cache=cache))
     fig, ax = plt.subplots(figsize=(7, 2.6))
-    ax.bar(range(len(cache)), cache, color="#6fa8dc", label="缓存里的 token 数")
-    ax.bar(range(len(fed)), fed, color="#f4a261", label="本步喂入的 token 数")
-    ax.set_xlabel("步")
+    ax.bar(range(len(cache)), cache, color="#6fa8dc", label=tr("tokens in the cache"))
+    ax.bar(range(len(fed)), fed, color="#f4a261", label=tr("tokens fed in this step"))
+    ax.set_xlabel(tr("step"))
     ax.legend(fontsize=8)
 
 
 explorer = Explorer(
     run_step0,
-    title="第 0 步引擎",
-    prompt=widgets.Text(value="The capital of France is", description="提示词"),
-    max_tokens=widgets.IntSlider(value=8, min=1, max=24, description="生成长度"),
+    title=tr("Step 0 engine"),
+    prompt=widgets.Text(value="The capital of France is", description=tr("prompt")),
+    max_tokens=widgets.IntSlider(value=8, min=1, max=24, description=tr("tokens to generate")),
 )
 explorer
 
 # %%
+# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
 explorer.run(prompt="The three primary colors are", max_tokens=10)
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 自测
 #
 # 1. 第 0 步的引擎生成 N 个 token，一共调用几次 `forward`？第一次和之后每次各算多少个 token？
@@ -196,3 +265,39 @@ explorer.run(prompt="The three primary colors are", max_tokens=10)
 # </details>
 #
 # 下一步：第 1.1 章 core，打开 `notebooks/stage1/01_core.ipynb`。
+
+# %% [markdown] tags=["lang-en"]
+# ## Self-check
+#
+# 1. To generate N tokens, how many times does the step 0 engine call `forward`? How many tokens does the first call compute, and each later one?
+#
+# <details><summary>Answer</summary>
+#
+# N times. The first call computes the whole prompt (prefill); each later call computes only the 1 token generated by the previous step (decode).
+# </details>
+#
+# 2. Why does the mask have only one row in decode, and why is it all `True`?
+#
+# <details><summary>Answer</summary>
+#
+# In decode there is only 1 new query, and it is the last position of the sequence: every key (those in the cache and its own) comes before it, so it may see them all.
+# </details>
+#
+# 3. If two requests were to share one forward pass, what in step 0 would not work?
+#
+# <details><summary>Answer</summary>
+#
+# The KV cache is a per-request list of tensors that grows with `torch.cat`; attention is hard-wired to the shape of one
+# request; only the logits of one position, `h[-1]`, are taken; and `argmax` works on a single row. The chapters of stage 1
+# solve these one by one.
+# </details>
+#
+# 4. Why does a `torch.cat`-style KV cache get slower and slower on long sequences?
+#
+# <details><summary>Answer</summary>
+#
+# Each step allocates a new block of memory and copies all the old K/V: step t copies t tokens, so N steps copy O(N²)
+# tokens in total. A preallocated pool only writes the new token's slot.
+# </details>
+#
+# Next: chapter 1.1 core, open `notebooks/en/stage1/01_core.ipynb`.

@@ -21,6 +21,7 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
+from minisgl.i18n import tr
 from minisgl.core import Batch
 from minisgl.kvcache import MHAKVCache
 
@@ -62,6 +63,7 @@ class VarlenMetadata(BaseAttnMetadata):
 def make_varlen_metadata(batch: Batch, device: torch.device) -> VarlenMetadata:
     """从请求的长度记账算出变长元数据（所有后端共用）。"""
     # >>> TASK varlen_metadata: 前缀和 cu_seqlens_q = [0, e0, e0+e1, ...]（e 为 extend_len），另记下 cached_len、device_len、table_idx
+    # en: prefix sums cu_seqlens_q = [0, e0, e0+e1, ...] (e is extend_len); also record cached_len, device_len, table_idx
     cu = [0, *accumulate(r.extend_len for r in batch.reqs)]
     return VarlenMetadata(
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int32).to(device),
@@ -76,6 +78,7 @@ def make_varlen_metadata(batch: Batch, device: torch.device) -> VarlenMetadata:
 def causal_mask_with_prefix(cached_len: int, seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """``[seq_len - cached_len, seq_len]`` 的布尔掩码：query i（绝对位置 cached_len + i）能否看到 key j。"""
     # >>> TASK causal_mask_with_prefix: key 位置 j 可见当且仅当 j <= cached_len + i
+    # en: key position j is visible iff j <= cached_len + i
     q_pos = torch.arange(cached_len, seq_len, device=device)
     k_pos = torch.arange(seq_len, device=device)
     return k_pos[None, :] <= q_pos[:, None]
@@ -87,6 +90,7 @@ def gather_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """按页表取出一个请求的全部 K/V：页表第 ``table_idx`` 行的前 ``seq_len`` 个槽位。返回两个 [seq_len, Hkv, D]。"""
     # >>> TASK gather_kv: slots = page_table[table_idx, :seq_len]；用它去索引 k_cache(layer_id) 和 v_cache(layer_id)
+    # en: slots = page_table[table_idx, :seq_len]; use it to index k_cache(layer_id) and v_cache(layer_id)
     slots = page_table[table_idx, :seq_len].long()
     return kv_cache.k_cache(layer_id)[slots], kv_cache.v_cache(layer_id)[slots]
     # <<< TASK
@@ -98,6 +102,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     GQA：每 Hq/Hkv 个 query 头共用一个 KV 头。在 fp32 里算 softmax，结果转回 q 的 dtype。
     """
     # >>> TASK attend: k/v 沿头维 repeat_interleave 成 Hq 个头；q、k、v 先 .float()；scores = einsum("qhd,khd->hqk") * scale（scale 由调用者给）；掩掉的填 -inf；softmax；再 einsum 乘 v；结果 .to(q.dtype)
+    # en: repeat_interleave k/v along the head dim to Hq heads; .float() q, k, v first; scores = einsum("qhd,khd->hqk") * scale (scale is given by the caller); fill masked-out entries with -inf; softmax; then einsum with v; return the result .to(q.dtype)
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1).float()
     v = v.repeat_interleave(group, dim=1).float()
@@ -120,6 +125,7 @@ class TorchAttnBackend(BaseAttnBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         # >>> TASK torch_backend_forward: 先 store_kv 到 batch.out_loc；再对第 b 个请求：按 cu_seqlens_q_cpu 切出它的 q，gather_kv 查页表第 md.table_idx[b] 行（不是第 b 行），造掩码，attend（scale = head_dim ** -0.5，即 q.shape[-1] ** -0.5）；最后 cat
+        # en: first store_kv at batch.out_loc; then for request b: slice its q by cu_seqlens_q_cpu, gather_kv from page-table row md.table_idx[b] (not row b), build the mask, attend (scale = head_dim ** -0.5, i.e. q.shape[-1] ** -0.5); finally cat
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         md: VarlenMetadata = batch.attn_metadata
         scale = q.shape[-1] ** -0.5
@@ -154,6 +160,7 @@ class SDPAAttnBackend(BaseAttnBackend):
         base = make_varlen_metadata(batch, self.page_table.device)
         device = self.page_table.device
         # >>> TASK padded_metadata: 算出 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k] 和 mask [B, max_q, max_k]（布尔，头维下面再加）；q_index、out_index、mask 可以在 CPU 上造（下面统一 .to(device)），kv_slots 直接取页表里 table_idx 那几行的前 max_k 列（已在设备上，转成 long）；补的 query 行的位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，不会整行被屏蔽
+        # en: compute q_index [B, max_q], out_index [T], kv_slots [B, max_k] and mask [B, max_q, max_k] (bool; the head dim is added below); q_index, out_index and mask may be built on the CPU (moved with .to(device) below), kv_slots is taken straight from the first max_k columns of the page-table rows table_idx (already on the device, convert to long); a padding query row still gets position cached_len + i, which lies beyond seq_len, so it sees all keys of its request and is never fully masked
         cached = torch.tensor(base.cached_lens)
         seq = torch.tensor(base.seq_lens)
         extend, start = seq - cached, torch.tensor(base.cu_seqlens_q_cpu[:-1])
@@ -301,7 +308,10 @@ def _installed(module: str) -> bool:
 def resolve_backend_name(name: str, device: torch.device) -> str:
     """``auto``：CUDA 上优先 FlashInfer，其次 FlashAttention，都没装就 SDPA；CPU 上用 SDPA。"""
     if name not in BACKENDS:
-        raise ValueError(f"不认识的注意力后端 {name!r}；可选：{', '.join(BACKENDS)}")
+        raise ValueError(tr(
+            "Unknown attention backend {name!r}; choose from: {known}",
+            name=name, known=', '.join(BACKENDS),
+        ))
     if name != "auto":
         return name
     if device.type == "cuda" and _installed("flashinfer"):
@@ -316,7 +326,10 @@ def create_attention_backend(
 ) -> BaseAttnBackend:
     name = resolve_backend_name(name, kv_cache.device)
     if name in ("fi", "fa") and kv_cache.device.type != "cuda":
-        raise ValueError(f"注意力后端 {name!r} 只能在 CUDA 上用；CPU 上请用 'sdpa' 或 'torch'")
+        raise ValueError(tr(
+            "The attention backend {name!r} works only on CUDA; on the CPU use 'sdpa' or 'torch'",
+            name=name,
+        ))
     if name == "torch":
         return TorchAttnBackend(kv_cache, page_table)
     if name == "sdpa":

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import torch
 
+from minisgl.i18n import tr
+
 if TYPE_CHECKING:  # 只为类型标注；运行时 core 不依赖后面的章节
     from minisgl.attention import BaseAttnBackend, BaseAttnMetadata
     from minisgl.kvcache import MHAKVCache
@@ -36,14 +38,15 @@ class SamplingParams:
     def validate(self) -> None:
         """把不可能的参数挡在门外，免得到采样时才出现 NaN 或越界。"""
         # >>> TASK validate_sampling_params: 检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 ValueError
+        # en: check temperature >= 0, top_k == -1 or >= 1, 0 < top_p <= 1, max_tokens >= 1; raise ValueError otherwise
         if self.temperature < 0:
-            raise ValueError(f"temperature 不能为负数，收到 {self.temperature}")
+            raise ValueError(tr("temperature must not be negative, got {temperature}", temperature=self.temperature))
         if self.top_k != -1 and self.top_k < 1:
-            raise ValueError(f"top_k 要么是 -1（不限制），要么 >= 1，收到 {self.top_k}")
+            raise ValueError(tr("top_k must be either -1 (no limit) or >= 1, got {top_k}", top_k=self.top_k))
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p 必须在 (0, 1] 之间，收到 {self.top_p}")
+            raise ValueError(tr("top_p must be in (0, 1], got {top_p}", top_p=self.top_p))
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens 至少为 1，收到 {self.max_tokens}")
+            raise ValueError(tr("max_tokens must be at least 1, got {max_tokens}", max_tokens=self.max_tokens))
         # <<< TASK
 
 
@@ -71,14 +74,21 @@ class Req:
 
     def __post_init__(self) -> None:
         # >>> TASK req_init: 检查 input_ids 在 CPU 上；算出 device_len 与 max_device_len；不变式不成立就抛 ValueError
+        # en: check that input_ids is on the CPU; compute device_len and max_device_len; raise ValueError if the invariant does not hold
         if not self.input_ids.is_cpu:
-            raise ValueError("Req.input_ids 必须是 CPU 张量：它只用于记账和拼接输出，不参与计算")
+            raise ValueError(tr(
+                "Req.input_ids must be a CPU tensor: it is only used for bookkeeping and for assembling the output, "
+                "not for computation",
+            ))
         self.device_len = len(self.input_ids)
         self.max_device_len = len(self.input_ids) + self.output_len
         if not 0 <= self.cached_len < self.device_len <= self.max_device_len:
             raise ValueError(
-                "请求长度不满足 0 <= cached_len < device_len <= max_device_len："
-                f"cached_len={self.cached_len}, device_len={self.device_len}, max_device_len={self.max_device_len}"
+                tr(
+                    "The request lengths violate 0 <= cached_len < device_len <= max_device_len: "
+                    "cached_len={cached_len}, device_len={device_len}, max_device_len={max_device_len}",
+                    cached_len=self.cached_len, device_len=self.device_len, max_device_len=self.max_device_len,
+                )
             )
         # <<< TASK
 
@@ -86,6 +96,7 @@ class Req:
     def extend_len(self) -> int:
         """本轮要送进模型计算的 token 数（预填充时是整段未缓存的提示词，解码时是 1）。"""
         # >>> TASK extend_len: 本轮要算的 token 数 = device_len - cached_len
+        # en: tokens to compute this step = device_len - cached_len
         return self.device_len - self.cached_len
         # <<< TASK
 
@@ -93,6 +104,7 @@ class Req:
     def remain_len(self) -> int:
         """还能再生成几个 token。"""
         # >>> TASK remain_len: 还能生成的 token 数 = max_device_len - device_len
+        # en: tokens that can still be generated = max_device_len - device_len
         return self.max_device_len - self.device_len
         # <<< TASK
 
@@ -106,6 +118,7 @@ class Req:
         它在前向发出时就推进，而不是等采样结果拷回 CPU，这样调度器可以马上准备下一步。
         """
         # >>> TASK complete_one: cached_len 追上 device_len，device_len 加一
+        # en: cached_len catches up with device_len, device_len grows by one
         self.cached_len = self.device_len
         self.device_len += 1
         # <<< TASK
@@ -113,13 +126,15 @@ class Req:
     def append_host(self, next_token: torch.Tensor) -> None:
         """把拷回 CPU 的新 token（含 1 个元素的张量）接到 ``input_ids`` 末尾。"""
         # >>> TASK append_host: 用 torch.cat 把 next_token 接到 input_ids 后面（保持 int32、1 维）
+        # en: append next_token to input_ids with torch.cat (keep int32, 1-D)
         self.input_ids = torch.cat([self.input_ids, next_token.reshape(1).to(self.input_ids.dtype)])
         # <<< TASK
 
     def __repr__(self) -> str:
         return (
             f"Req(uid={self.uid}, table_idx={self.table_idx}, cached_len={self.cached_len}, "
-            f"device_len={getattr(self, 'device_len', '未算')}, max_device_len={getattr(self, 'max_device_len', '未算')})"
+            f"device_len={getattr(self, 'device_len', tr('not computed'))}, "
+            f"max_device_len={getattr(self, 'max_device_len', tr('not computed'))})"
         )
 
 
@@ -159,11 +174,14 @@ class Batch:
         def show(name: str) -> str:
             value = getattr(self, name, None)
             if value is None:
-                return "未填"
+                return tr("not set")
             return f"{tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
 
         fields = ", ".join(f"{name}={show(name)}" for name in ("input_ids", "positions", "out_loc", "attn_metadata"))
-        reqs = ", ".join(map(repr, self.reqs[:4])) + (f", …共 {len(self.reqs)} 个" if len(self.reqs) > 4 else "")
+        reqs = ", ".join(map(repr, self.reqs[:4])) + (tr(
+            ", … {n} in all",
+            n=len(self.reqs),
+        ) if len(self.reqs) > 4 else "")
         return f"Batch(phase={self.phase!r}, reqs=[{reqs}], {fields})"
 
 
@@ -184,15 +202,18 @@ class Context:
     @property
     def batch(self) -> Batch:
         if self._batch is None:
-            raise RuntimeError("当前没有正在前向的批次：请在 `with ctx.forward_batch(batch):` 里调用模型")
+            raise RuntimeError(tr(
+                "No batch is being forwarded right now: call the model inside `with ctx.forward_batch(batch):`",
+            ))
         return self._batch
 
     @contextmanager
     def forward_batch(self, batch: Batch) -> Iterator[None]:
         """在 with 块里把 ``batch`` 设为当前批次；离开（包括出错）时一定清掉。"""
         # >>> TASK ctx_forward_batch: 不允许嵌套（已有批次就抛 RuntimeError）；设置 _batch，yield，finally 里清回 None
+        # en: no nesting (raise RuntimeError if a batch is already set); set _batch, yield, reset it to None in finally
         if self._batch is not None:
-            raise RuntimeError("forward_batch 不能嵌套：上一个批次还没结束")
+            raise RuntimeError(tr("forward_batch cannot be nested: the previous batch has not finished"))
         self._batch = batch
         try:
             yield
@@ -212,5 +233,5 @@ def set_global_ctx(ctx: Context | None) -> None:
 
 def get_global_ctx() -> Context:
     if _GLOBAL_CTX is None:
-        raise RuntimeError("全局上下文还没有设置：请先创建 Engine（或调用 set_global_ctx）")
+        raise RuntimeError(tr("The global context is not set yet: create an Engine first (or call set_global_ctx)"))
     return _GLOBAL_CTX

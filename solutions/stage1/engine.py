@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, SamplingParams, set_global_ctx
 from minisgl.graph import GraphRunner, resolve_graph_mode
@@ -97,6 +98,7 @@ def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     从大到小累加、刚好达到 p 的那几个（第一个总是留下）。被过滤的概率置 0；结果不必加起来等于 1，
     采样用的指数竞赛只看各行内的比例。"""
     # >>> TASK top_k_top_p: 按概率降序排序；排名 >= k 的置 0；归一化后，排在它前面的累计概率已 >= p 的置 0；再 scatter 回原顺序
+    # en: sort by probability, descending; zero the entries ranked >= k; after renormalising, zero the entries whose preceding cumulative probability is already >= p; scatter back to the original order
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     if top_k is not None:
         rank = torch.arange(probs.shape[-1], device=probs.device)
@@ -128,6 +130,7 @@ class Sampler:
         if all(p.is_greedy for p in params):
             return BatchSamplingArgs(temperatures=None)
         # >>> TASK sampler_prepare: 每行的温度（贪心行为 1）、是否贪心、top_k（不限为 None）、top_p（不限为 None）、带种子行的发生器；都放到 self.device 上
+        # en: per row: temperature (1 for greedy rows), whether greedy, top_k (None when unrestricted), top_p (None when unrestricted), generators for seeded rows; all on self.device
         greedy = [p.is_greedy for p in params]
         temps = [1.0 if g else p.temperature for g, p in zip(greedy, params)]
         top_ks = [p.top_k if p.top_k >= 1 and not g else self.vocab_size for g, p in zip(greedy, params)]
@@ -150,6 +153,7 @@ class Sampler:
         if args.temperatures is None:
             return logits.argmax(dim=-1)
         # >>> TASK sample: logits 转 float32 除以温度 → softmax → top_k_top_p_filter → 指数噪声（带种子的行用自己的发生器）→ argmax(p / E)；贪心行换成 argmax(logits)
+        # en: logits to float32, divided by temperature → softmax → top_k_top_p_filter → exponential noise (seeded rows use their own generator) → argmax(p / E); greedy rows use argmax(logits) instead
         logits = logits.float()
         probs = (logits / args.temperatures[:, None]).softmax(dim=-1)
         if args.top_k is not None or args.top_p is not None:
@@ -235,6 +239,7 @@ class Engine:
         """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。"""
         c, config = self.model_config, self.config
         # >>> TASK determine_num_pages: 有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError，消息里告诉用户调大 memory_ratio 或指定 num_page_override
+        # en: use the override if given; otherwise apply the formula above (ratio defaults to 0.9 on CUDA, 0.3 on CPU; model memory = free_before − current get_free_memory; bytes per page from MHAKVCache.bytes_per_page, mind page_size and dtype); raise RuntimeError if less than 1 page fits, telling the user to raise memory_ratio or set num_page_override
         if config.num_page_override is not None:
             return config.num_page_override
         ratio = config.memory_ratio or (0.9 if self.device.type == "cuda" else 0.3)
@@ -242,7 +247,11 @@ class Engine:
         per_page = MHAKVCache.bytes_per_page(c.num_kv_heads, c.num_layers, c.head_dim, config.page_size, self.dtype)
         num_pages = (int(free_before * ratio) - model_bytes) // per_page
         if num_pages < 1:
-            raise RuntimeError(f"剩余内存放不下一页 KV 缓存（每页 {per_page} 字节）：请调大 memory_ratio 或指定 num_page_override")
+            raise RuntimeError(tr(
+                "Not even one page of KV cache fits in the remaining memory ({per_page} bytes per page): raise "
+                "memory_ratio or set num_page_override",
+                per_page=per_page,
+            ))
         return num_pages
         # <<< TASK
 
@@ -256,9 +265,12 @@ class Engine:
         （第 2 阶段写进 token 池；分块预填充的中间块不能覆盖下一个提示词 token）。
         """
         if not hasattr(batch, "attn_metadata"):
-            raise RuntimeError("batch.attn_metadata 还没准备：请先调用 engine.attn_backend.prepare_metadata(batch)")
+            raise RuntimeError(tr(
+                "batch.attn_metadata is not prepared yet: call engine.attn_backend.prepare_metadata(batch) first",
+            ))
         set_global_ctx(self.ctx)  # 同一进程里可能有多个引擎，各层读的是全局上下文
         # >>> TASK forward_batch: 在 ctx.forward_batch(batch) 里跑 model.forward()；采样并转 int32；copy_to_host 得到主机副本和完成事件；返回 ForwardOutput（不调用 complete_one，不写 token 池）
+        # en: run model.forward() inside ctx.forward_batch(batch); sample and convert to int32; copy_to_host gives the host copy and the done event; return a ForwardOutput (do not call complete_one, do not write the token pool)
         with self.ctx.forward_batch(batch):
             logits = self.model.forward()
         next_tokens = self.sampler.sample(logits, args).to(torch.int32)

@@ -40,6 +40,7 @@ class MHAKVCache:
         self.num_pages = num_pages
         self.page_size = page_size
         # >>> TASK kv_buffer: 分配 [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] 的全 0 张量，存为 self._kv_buffer
+        # en: allocate a zero tensor of shape [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] and store it as self._kv_buffer
         self._kv_buffer = torch.zeros(
             (2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
         )
@@ -60,6 +61,7 @@ class MHAKVCache:
     def k_cache(self, layer_id: int) -> torch.Tensor:
         """第 ``layer_id`` 层的 K，按槽位摊平成 ``[num_pages * page_size, KV 头数, head_dim]`` 的视图。"""
         # >>> TASK kv_views: 取 _kv_buffer[0, layer_id]，view 成 (num_slots, num_kv_heads, head_dim)；不要拷贝
+        # en: take _kv_buffer[0, layer_id] and view it as (num_slots, num_kv_heads, head_dim); no copy
         return self._kv_buffer[0, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)
         # <<< TASK
 
@@ -69,6 +71,7 @@ class MHAKVCache:
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
         """把本轮算出的 K/V（``[T, KV 头数, head_dim]``）写进第 ``layer_id`` 层的 ``out_loc`` 槽位，别处一个也不碰。"""
         # >>> TASK store_kv: 按 out_loc 把 k、v 写进 k_cache(layer_id)、v_cache(layer_id)（原地写，用 index_copy_ 或下标赋值）
+        # en: write k and v into k_cache(layer_id) and v_cache(layer_id) at out_loc (in place, with index_copy_ or index assignment)
         index = out_loc.long()
         self.k_cache(layer_id).index_copy_(0, index, k)
         self.v_cache(layer_id).index_copy_(0, index, v)
@@ -80,6 +83,7 @@ class MHAKVCache:
     ) -> int:
         """一页在所有层里占多少字节（K 与 V 都算）；引擎用它从空闲内存推出能放几页。"""
         # >>> TASK bytes_per_page: 2（K 和 V）× 层数 × page_size × KV 头数 × head_dim × 每个元素的字节数
+        # en: 2 (K and V) × layers × page_size × KV heads × head_dim × bytes per element
         return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
         # <<< TASK
 
@@ -91,6 +95,7 @@ def pages_to_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
     就给一个 n 个 token 的请求安排好了位置。
     """
     # >>> TASK pages_to_slots: pages[:, None] * page_size + arange(page_size)，再摊平；保持 pages 的 dtype 和设备
+    # en: pages[:, None] * page_size + arange(page_size), then flatten; keep the dtype and device of pages
     offsets = torch.arange(page_size, dtype=pages.dtype, device=pages.device)
     return (pages[:, None] * page_size + offsets).flatten()
     # <<< TASK

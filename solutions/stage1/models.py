@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from minisgl.i18n import tr
 from minisgl.core import get_global_ctx
 from minisgl.layers import (
     AttentionLayer,
@@ -57,20 +58,30 @@ class ModelConfig:
         """读 HF 的 ``config.json``。不认识的架构、没有实现的 RoPE 缩放都直接报错，免得算出错的结果。"""
         path = Path(model_path) / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"找不到模型配置 {path}（模型目录不对？请先运行 make setup）")
+            raise FileNotFoundError(tr(
+                "Model config {path} not found (wrong model directory? run make setup first)",
+                path=path,
+            ))
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
     @classmethod
     def from_dict(cls, hf: dict) -> ModelConfig:
         # >>> TASK model_config_from_hf: architectures[0] 不在 ARCHITECTURES 里就抛 ValueError（消息带上架构名）；rope_parameters（或老的 rope_scaling）里 rope_type 不是 "default"、或 hidden_act 不是 "silu"，抛 NotImplementedError；head_dim 缺省为 hidden_size // num_attention_heads；num_key_value_heads 缺省等于头数；rope_theta 先看 rope_parameters、再看顶层（缺省 10000）；tie_word_embeddings、attention_bias、mlp_bias 缺省 False；qk_norm 查 ARCHITECTURES
+        # en: raise ValueError (naming the architecture) if architectures[0] is not in ARCHITECTURES; raise NotImplementedError if rope_type in rope_parameters (or the older rope_scaling) is not "default", or hidden_act is not "silu"; head_dim defaults to hidden_size // num_attention_heads; num_key_value_heads defaults to the number of heads; rope_theta: look in rope_parameters, then at the top level (default 10000); tie_word_embeddings, attention_bias, mlp_bias default to False; qk_norm comes from ARCHITECTURES
         arch = (hf.get("architectures") or ["?"])[0]
         if arch not in ARCHITECTURES:
-            raise ValueError(f"不支持的模型架构 {arch!r}；支持：{', '.join(ARCHITECTURES)}")
+            raise ValueError(tr(
+                "Unsupported model architecture {arch!r}; supported: {known}",
+                arch=arch, known=', '.join(ARCHITECTURES),
+            ))
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise NotImplementedError(f"还没有实现 RoPE 缩放 {rope!r}")
+            raise NotImplementedError(tr("RoPE scaling {rope!r} is not implemented yet", rope=rope))
         if hf.get("hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"还没有实现激活函数 {hf['hidden_act']!r}")
+            raise NotImplementedError(tr(
+                "The activation function {act!r} is not implemented yet",
+                act=hf['hidden_act'],
+            ))
         heads = hf["num_attention_heads"]
         return cls(
             architecture=arch,
@@ -124,7 +135,8 @@ class MLP(BaseOP):
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # >>> TASK mlp_forward: gate_up_proj → silu_and_mul → down_proj
+        # >>> TASK mlp_forward: 依次调用 gate_up_proj → silu_and_mul → down_proj
+        # en: call gate_up_proj → silu_and_mul → down_proj in turn
         return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
         # <<< TASK
 
@@ -140,6 +152,7 @@ class DecoderLayer(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Pre-norm 残差：``h = x + attn(norm(x))``，``out = h + mlp(norm(h))``。"""
         # >>> TASK decoder_layer_forward: 两个子层都是“先归一化、再计算、再加回残差”
+        # en: both sub-layers are "normalise, compute, add the residual back"
         h = x + self.self_attn.forward(self.input_layernorm.forward(x))
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
         # <<< TASK
@@ -188,7 +201,10 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def safetensors_files(model_path: str | Path) -> list[Path]:
     files = sorted(Path(model_path).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{model_path} 里没有 *.safetensors 权重文件（模型目录不对？请先运行 make setup）")
+        raise FileNotFoundError(tr(
+            "{model_path} has no *.safetensors weight files (wrong model directory? run make setup first)",
+            model_path=model_path,
+        ))
     return files
 
 
@@ -199,7 +215,7 @@ def iter_safetensors(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor
     for file in files:
         with safe_open(file, framework="pt") as f:
             total += len(f.keys())
-    with tqdm(total=total, desc="加载权重", unit="张量") as bar:
+    with tqdm(total=total, desc=tr("Loading weights"), unit=tr("tensor")) as bar:
         for file in files:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():
@@ -211,21 +227,28 @@ def load_weights(model: BaseOP, model_path: str | Path) -> None:
     """把检查点里的张量逐个装进模型；缺了、多了或形状不对都报出张量的名字。"""
     slots = model.checkpoint_slots()
     # >>> TASK load_weights: 遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)（它的 ValueError 加上张量名再抛）；查不到的，名字以 IGNORED_SUFFIXES 结尾或是 lm_head.weight（共享权重时多存的）就跳过，否则抛 ValueError；最后把 slots 里没装到的名字用 ValueError 报出来
+    # en: iterate over iter_safetensors; if the name is in slots, call slot.op.load_weight(slot.attr, tensor, slot.shard) (re-raise its ValueError with the tensor name added); otherwise skip names ending in IGNORED_SUFFIXES or equal to lm_head.weight (stored extra with tied weights), and raise ValueError for the rest; finally report the slot names that were never loaded with a ValueError
     loaded: set[str] = set()
     for name, tensor in iter_safetensors(model_path):
         if name not in slots:
             if name.endswith(IGNORED_SUFFIXES) or name == "lm_head.weight":  # 共享权重时多存的一份 lm_head
                 continue
-            raise ValueError(f"检查点里的张量 {name} 在模型里没有对应的位置（架构或配置不对？）")
+            raise ValueError(tr(
+                "The checkpoint tensor {name} has no place in the model (wrong architecture or config?)",
+                name=name,
+            ))
         slot = slots[name]
         try:
             slot.op.load_weight(slot.attr, tensor, slot.shard)
         except ValueError as e:
-            raise ValueError(f"加载 {name} 失败：{e}") from None
+            raise ValueError(tr("Loading {name} failed: {e}", name=name, e=e)) from None
         loaded.add(name)
     missing = sorted(set(slots) - loaded)
     if missing:
-        raise ValueError(f"检查点 {model_path} 里缺少 {len(missing)} 个张量，例如：{', '.join(missing[:5])}")
+        raise ValueError(tr(
+            "The checkpoint {model_path} is missing {n_missing} tensors, for example: {examples}",
+            model_path=model_path, n_missing=len(missing), examples=', '.join(missing[:5]),
+        ))
     # <<< TASK
 
 

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.core import Req
 from minisgl.scheduler import PrefillAdder
 from minisgl.scheduler import Scheduler as _Scheduler
@@ -105,7 +106,10 @@ class NaivePrefixCache(BasePrefixCache):
 
     def evict(self, size: int) -> torch.Tensor:
         if size > 0:
-            raise RuntimeError(f"naive 缓存里没有可驱逐的页面，却要驱逐 {size} 个 token")
+            raise RuntimeError(tr(
+                "The naive cache has no evictable pages, yet {size} tokens must be evicted",
+                size=size,
+            ))
         return torch.empty(0, dtype=torch.int32)
 
     @property
@@ -160,12 +164,16 @@ class CacheManager:
     def _allocate(self, num_pages: int) -> torch.Tensor:
         """取出 ``num_pages`` 个空闲页（返回各页第一个槽位）；空闲页不够就先从前缀缓存驱逐。"""
         # >>> TASK allocate_pages: 空闲页不够时 evict 差额（按 token 数：缺的页数 × page_size），它返回 token 级槽位，每页取第一个并进 free_slots（同 _free）；再从 free_slots 头部切出 num_pages 个
+        # en: if there are not enough free pages, evict the shortfall (in tokens: missing pages × page_size); it returns token-level slots, take the first of each page and add them to free_slots (as _free does); then cut num_pages from the front of free_slots
         free = len(self.free_slots)
         if num_pages > free:
             evicted = self.prefix_cache.evict((num_pages - free) * self.page_size)
             self.free_slots = torch.cat([self.free_slots, evicted[:: self.page_size].to(self.free_slots)])
         if num_pages > len(self.free_slots):
-            raise RuntimeError(f"KV 页面不够：要 {num_pages} 页，只有 {len(self.free_slots)} 页（准入控制出错了）")
+            raise RuntimeError(tr(
+                "Not enough KV pages: {num_pages} pages wanted, only {n_free} free (admission control is wrong)",
+                num_pages=num_pages, n_free=len(self.free_slots),
+            ))
         allocated = self.free_slots[:num_pages]
         self.free_slots = self.free_slots[num_pages:]
         return allocated
@@ -189,6 +197,7 @@ class CacheManager:
         已经分到的页是前 ``div_ceil(cached_len, page_size)`` 页；要一直分到第 ``div_ceil(device_len, page_size)`` 页。
         """
         # >>> TASK allocate_paged: 算出每个请求缺的页（first=div_ceil(cached_len)，last=div_ceil(device_len)），一次 _allocate 全部，再把槽位写进页表对应的行与列
+        # en: work out the pages each request is missing (first=div_ceil(cached_len), last=div_ceil(device_len)), _allocate them all at once, then write the slots into the matching rows and columns of the page table
         ps, width = self.page_size, self.page_table.shape[1]
         spans = []
         for req in reqs:
@@ -214,6 +223,7 @@ class CacheManager:
         否则请求接着解码时会读到被别人重新分走的页面。
         """
         # >>> TASK cache_req: insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并 _free 尾巴——页表这行的 [新句柄.cached_len, req.cached_len)（分到的页只到 cached_len 所在的页为止，再往后从没分配过，不能还）；否则锁新句柄、解锁旧句柄、换上新句柄
+        # en: insert_prefix(input_ids[:cached_len], this page-table row[:cached_len]); for the duplicated part, point the row at the cached slots first, then _free the duplicates; if finished, unlock the old handle and _free the tail — this row's [new_handle.cached_len, req.cached_len) (pages were allocated only up to the page holding cached_len, beyond it nothing was ever allocated, so do not free it); otherwise lock the new handle, unlock the old one and switch to the new handle
         row, old_handle = req.table_idx, req.cache_handle
         indices = self.page_table[row, : req.cached_len]
         dup_end, new_handle = self.prefix_cache.insert_prefix(req.input_ids[: req.cached_len], indices)
@@ -237,18 +247,29 @@ class CacheManager:
         """空闲时调用：前缀缓存自查；没有残留的锁；空闲页不重复、页对齐；空闲页 + 缓存页 == 总页数。"""
         self.prefix_cache.check_integrity()
         # >>> TASK check_integrity: protected_size 必须为 0；free_slots 不重复、都是 page_size 的倍数且在范围内；空闲页数 + total_size/page_size == num_pages；不满足就抛 RuntimeError
+        # en: protected_size must be 0; free_slots has no duplicates, all multiples of page_size and in range; free pages + total_size/page_size == num_pages; raise RuntimeError otherwise
         info = self.prefix_cache.size_info
         if info.protected_size != 0:
-            raise RuntimeError(f"空闲时前缀缓存里还有 {info.protected_size} 个 token 被锁着（有请求没解锁）")
+            raise RuntimeError(tr(
+                "While idle, {protected_size} tokens in the prefix cache are still locked (some request was not "
+                "unlocked)",
+                protected_size=info.protected_size,
+            ))
         free = self.free_slots.cpu()
         if len(torch.unique(free)) != len(free):
-            raise RuntimeError("空闲页重复：同一页被释放了不止一次")
+            raise RuntimeError(tr("Duplicate free pages: the same page was freed more than once"))
         if bool(((free % self.page_size) != 0).any()) or bool(((free < 0) | (free >= self.num_pages * self.page_size)).any()):
-            raise RuntimeError("空闲池里有不是页首、或超出 KV 池范围的槽位")
+            raise RuntimeError(tr(
+                "The free pool holds slots that are not the first slot of a page, or lie outside the KV pool",
+            ))
         cached_pages = info.total_size // self.page_size
         if len(free) + cached_pages != self.num_pages:
             raise RuntimeError(
-                f"页面对不上账：空闲 {len(free)} 页 + 缓存 {cached_pages} 页 != 总共 {self.num_pages} 页（有页面泄漏或重复释放）"
+                tr(
+                    "The page count does not add up: {n_free} free pages + {cached_pages} cached pages != {num_pages} "
+                    "pages in total (a page leaked or was freed twice)",
+                    n_free=len(free), cached_pages=cached_pages, num_pages=self.num_pages,
+                )
             )
         # <<< TASK
 
@@ -261,6 +282,7 @@ class ReservingPrefillAdder(PrefillAdder):
 
     def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
         # >>> TASK reserve: 有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]
+        # en: a free slot exists; match_req gives the handle; tokens needed = tokens_needed(prompt + output, cached); return None if that plus reserved_size exceeds available_size; check again after locking the handle, and if it fails this time, unlock the handle before returning None (otherwise that prefix stays locked forever); once it passes, add the tokens needed to reserved_size, allocate a slot and write the matched slots into [:cached] of this page-table row
         if self.table_manager.available_size == 0:
             return None
         handle = self.cache_manager.match_req(pending)

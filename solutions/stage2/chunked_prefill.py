@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.cache_manager import ReservingPrefillAdder
 from minisgl.radix_cache import Scheduler as _Scheduler
 from minisgl.core import Req
@@ -34,7 +35,9 @@ class ChunkedReq(Req):
         return False
 
     def append_host(self, next_token: torch.Tensor) -> None:
-        raise RuntimeError("分块请求采样出的 token 不是输出，不能接到请求后面")
+        raise RuntimeError(tr(
+            "The token sampled for a chunked request is not an output and cannot be appended to the request",
+        ))
 
 
 class ChunkedPrefillAdder(ReservingPrefillAdder):
@@ -44,6 +47,7 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
         if self.token_budget <= 0:
             return None
         # >>> TASK continue_chunk: 已有 pending.chunked_req 时不再匹配和预留，沿用它的句柄、槽位和 cached_len 接着切下一块
+        # en: if pending.chunked_req exists, do not match or reserve again: reuse its handle, slot and cached_len and cut the next chunk
         if (chunked := pending.chunked_req) is not None:
             return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)
         # <<< TASK
@@ -54,6 +58,7 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
     ) -> Req:
         """预算够算完剩下的提示词就照常接纳；不够就只接纳 ``token_budget`` 个 token，做成 ``ChunkedReq``。"""
         # >>> TASK take_chunk: 剩余 r = input_len - cached_len；r <= 预算就清掉 pending.chunked_req、照常交给父类；否则让父类只接纳到 cached_len + 预算（req_cls=ChunkedReq），记到 pending.chunked_req 再返回
+        # en: remaining r = input_len - cached_len; if r <= budget, clear pending.chunked_req and hand over to the parent as usual; otherwise let the parent admit only up to cached_len + budget (req_cls=ChunkedReq), store it in pending.chunked_req and return it
         if pending.input_len - cached_len <= self.token_budget:
             pending.chunked_req = None
             return super()._add_one_req(pending, cache_handle, table_idx, cached_len)
@@ -72,6 +77,7 @@ class Scheduler(_Scheduler):
     def _schedule_next_batch(self) -> ForwardInput | None:
         """分块请求算完一块后，如果有请求在解码，先让它们走一步，再算下一块：长提示词不会把解码卡住。"""
         # >>> TASK interleave: 上一步有中途的分块且有请求在解码，就先调度一步解码；否则照常（预填充优先）；记下这一步是否含中途的分块
+        # en: if the previous step had an unfinished chunk and some request is decoding, schedule a decode step first; otherwise as usual (prefill first); record whether this step contains an unfinished chunk
         if self._yield_to_decode and self.decode_manager.runnable:
             self._yield_to_decode = False
             return self._prepare_batch(self.decode_manager.schedule_next_batch())

@@ -83,6 +83,7 @@ class Scheduler(_Scheduler):
         if not self.overlap:
             return super()._forward(fi)
         # >>> TASK launch_on_worker: 在主线程对每个请求 complete_one()；_launch(fi) 让设备开始算（CPU 上交给后台线程），得到 Future；更新 decode_manager；返回 Future
+        # en: on the main thread call complete_one() on every request; _launch(fi) starts the device (on the CPU it hands the work to the background thread) and gives a Future; update decode_manager; return the Future
         for req in fi.batch.reqs:
             req.complete_one()
         launched = self._launch(fi)
@@ -107,6 +108,7 @@ class Scheduler(_Scheduler):
     def overlap_loop(self) -> bool:
         """发出第 N+1 步，再处理第 N 步的结果：设备算的时候，主机在干活。"""
         # >>> TASK overlap_loop: 调度并 _forward 下一步，_in_flight 换成这一步批次里的请求（不是累加；没有下一步就清空）；再 _finish 上一步（先把 _last_data 取出来）；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
+        # en: schedule and _forward the next step, and set _in_flight to the requests of this step's batch (replace, do not accumulate; clear it when there is no next step); then _finish the previous step (take _last_data out first); release the resources of requests no longer in flight; this step becomes the "previous step"; return True if anything was launched or processed
         fi = self._schedule_next_batch()
         ongoing = (fi, self._forward(fi)) if fi is not None else None
         self._in_flight = set(fi.batch.reqs) if fi is not None else set()
@@ -119,6 +121,7 @@ class Scheduler(_Scheduler):
     def _release_req(self, req: Req) -> None:
         """还在途的请求先记下来，等用到它的批次算完再归还资源。"""
         # >>> TASK deferred_free: req 在 _in_flight 里就放进 _deferred，否则立刻 _free_req_resources
+        # en: if req is in _in_flight, put it in _deferred; otherwise _free_req_resources right away
         if req in self._in_flight:
             self._deferred.append(req)
         else:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from minisgl.i18n import tr
 from minisgl.cache_manager import BaseCacheHandle, BasePrefixCache, InsertResult, NaivePrefixCache, SizeInfo
 from minisgl.cache_manager import Scheduler as _Scheduler
 
@@ -74,6 +75,7 @@ class RadixTreeNode:
         新节点继承本节点的引用计数和时间戳：锁过本节点的句柄也锁过它所在的整条路径。
         """
         # >>> TASK split_node: 新节点拿 key/value 的前 pos 个、挂到原父节点下、继承 ref_count 与 timestamp；本节点留下后半段并改挂到新节点下
+        # en: the new node takes the first pos entries of key/value, hangs under the original parent and inherits ref_count and timestamp; this node keeps the second half and is re-attached under the new node
         assert 0 < pos < self.length and self.parent is not None
         new_node = RadixTreeNode(self.key_fn, self.timestamp)
         new_node.set_key_value(self.key[:pos], self.value[:pos])
@@ -135,6 +137,7 @@ class RadixPrefixCache(BasePrefixCache):
         返回最后一个完全匹配的节点和匹配的长度；用到的节点都刷新时间戳（严格的 LRU：只用到前半段的节点先分裂，只刷新前半段）。
         """
         # >>> TASK tree_walk: 一次匹配用同一个 now = self._tick() 作时间戳；剩余不足一页就停；按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续
+        # en: use one now = self._tick() as the timestamp for the whole match; stop when less than a page remains; find the child by key_fn(remaining part); round the match length down to page_size; on a partial match, split_at and refresh only the timestamp of the split-off first half and return it (the unused second half keeps its time); on a full match, refresh timestamp and continue
         node, prefix_len, now = self.root, 0, self._tick()
         ps = self.page_size
         while len(input_ids) - prefix_len >= ps:
@@ -161,6 +164,7 @@ class RadixPrefixCache(BasePrefixCache):
     def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> InsertResult:
         """插入 ``input_ids`` 的整页部分。返回插入前已有的长度，以及覆盖整段（整页部分）的句柄。"""
         # >>> TASK insert: 长度按页向下取整；_tree_walk 找已有的部分；剩下的挂一个新叶子（value 要 clone！），计入 evictable_size
+        # en: round the length down to whole pages; _tree_walk finds the existing part; hang the rest as a new leaf (clone the value!) and add it to evictable_size
         insert_len = len(input_ids) // self.page_size * self.page_size
         input_ids, indices = input_ids[:insert_len], indices[:insert_len]
         node, prefix_len = self._tree_walk(input_ids)
@@ -179,11 +183,12 @@ class RadixPrefixCache(BasePrefixCache):
         """从句柄的节点一直到根，每个节点的 ``ref_count`` 加一（解锁减一）；0 与非 0 之间变化时在两本账之间挪长度。"""
         assert isinstance(handle, RadixCacheHandle)
         # >>> TASK lock: 沿 parent 走到根（根不算）；加锁时 0→1 把长度从 evictable 挪到 protected，解锁时 1→0 挪回去；计数不能为负
+        # en: walk along parent to the root (the root excluded); locking 0→1 moves the length from evictable to protected, unlocking 1→0 moves it back; the count must never go negative
         node = handle.node
         while not node.is_root():
             if unlock:
                 if node.ref_count <= 0:
-                    raise RuntimeError(f"解锁了没有上锁的节点：{node}")
+                    raise RuntimeError(tr("Unlocked a node that was not locked: {node}", node=node))
                 node.ref_count -= 1
                 if node.ref_count == 0:
                     self.evictable_size += node.length
@@ -201,15 +206,22 @@ class RadixPrefixCache(BasePrefixCache):
         if size <= 0:
             return torch.empty(0, dtype=torch.int32, device=self.device)
         if size > self.evictable_size:
-            raise RuntimeError(f"要驱逐 {size} 个 token，但只有 {self.evictable_size} 个可以驱逐")
+            raise RuntimeError(tr(
+                "Asked to evict {size} tokens, but only {evictable_size} are evictable",
+                size=size, evictable_size=self.evictable_size,
+            ))
         # >>> TASK evict: 收集 ref_count==0 的叶子建堆（按 timestamp）；逐个弹出、从父节点删掉、记下 value、扣 evictable_size；父节点变成无锁叶子就入堆；够 size 就停
+        # en: collect the leaves with ref_count==0 into a heap (by timestamp); pop them one by one, remove each from its parent, keep its value, subtract from evictable_size; push the parent when it becomes an unlocked leaf; stop once size is reached
         heap = [n for n in self._all_nodes() if n.is_leaf() and n.ref_count == 0 and not n.is_root()]
         heapq.heapify(heap)
         evicted: list[torch.Tensor] = []
         freed = 0
         while freed < size:
             if not heap:
-                raise RuntimeError(f"驱逐不够：要 {size}，只驱逐出 {freed}")
+                raise RuntimeError(tr(
+                    "Eviction fell short: wanted {size}, evicted only {freed}",
+                    size=size, freed=freed,
+                ))
             node = heapq.heappop(heap)
             assert node.parent is not None
             del node.parent.children[self.key_fn(node.key)]
@@ -244,29 +256,41 @@ class RadixPrefixCache(BasePrefixCache):
     def check_integrity(self) -> None:
         """重新数一遍：每个节点的结构、整页、引用计数，以及两本账的合计。不对就抛 RuntimeError。"""
         # >>> TASK check_tree: 遍历全部节点：非根节点非空、长度是 page_size 的倍数、key/value 等长、挂在父节点的正确位置、ref_count >= 0 且不小于子节点之和；按 ref_count 重新累计 evictable/protected 并与记账比较；槽位不重复
+        # en: visit all nodes: non-root nodes are non-empty, their length is a multiple of page_size, key/value have equal length, each hangs at the right place in its parent, ref_count >= 0 and not less than the sum of its children's; recount evictable/protected from ref_count and compare with the bookkeeping; no slot appears twice
         evictable = protected = 0
         for node in self._all_nodes():
             for k, child in node.children.items():
                 if child.parent is not node or self.key_fn(child.key) != k:
-                    raise RuntimeError(f"基数树结构错乱：{child} 挂错了位置")
+                    raise RuntimeError(tr("The radix tree is broken: {child} hangs in the wrong place", child=child))
             if node.is_root():
                 continue
             if node.length == 0 or node.length % self.page_size != 0 or len(node.value) != node.length:
-                raise RuntimeError(f"节点长度不对（应为 page_size={self.page_size} 的正整数倍，key/value 等长）：{node}")
+                raise RuntimeError(tr(
+                    "Wrong node length (must be a positive multiple of page_size={page_size}, with key/value of equal "
+                    "length): {node}",
+                    page_size=self.page_size, node=node,
+                ))
             if node.ref_count < 0 or node.ref_count < sum(c.ref_count for c in node.children.values()):
-                raise RuntimeError(f"引用计数不对：{node} 的计数小于它的子节点之和")
+                raise RuntimeError(tr(
+                    "Wrong reference count: the count of {node} is less than the sum of its children's",
+                    node=node,
+                ))
             if node.ref_count == 0:
                 evictable += node.length
             else:
                 protected += node.length
         if (evictable, protected) != (self.evictable_size, self.protected_size):
             raise RuntimeError(
-                f"账目不符：重新数出可驱逐 {evictable}、受保护 {protected}，"
-                f"记账却是 {self.evictable_size}、{self.protected_size}"
+                tr(
+                    "The books do not balance: recounting gives {evictable} evictable and {protected} protected, but "
+                    "the bookkeeping says {evictable_size} and {protected_size}",
+                    evictable=evictable, protected=protected,
+                    evictable_size=self.evictable_size, protected_size=self.protected_size,
+                )
             )
         values = self.cached_indices()
         if len(torch.unique(values)) != len(values):
-            raise RuntimeError("基数树里有重复的槽位：同一页被缓存了两次")
+            raise RuntimeError(tr("The radix tree holds a slot twice: the same page was cached twice"))
         # <<< TASK
 
 
@@ -276,7 +300,7 @@ def create_prefix_cache(cache_type: str, page_size: int, device: torch.device | 
         return RadixPrefixCache(page_size, device)
     if cache_type == "naive":
         return NaivePrefixCache()
-    raise ValueError(f"未知的 cache_type={cache_type!r}：可选 'radix'、'naive'")
+    raise ValueError(tr("Unknown cache_type={cache_type!r}: choose 'radix' or 'naive'", cache_type=cache_type))
 
 
 class Scheduler(_Scheduler):

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import AutoTokenizer
 
+from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, ForwardOutput
 from minisgl.scheduling import DecodeManager, ForwardInput, PendingReq, RequestStatus, SchedulerConfig, TableManager, div_ceil
@@ -54,10 +55,14 @@ class StaticCacheManager:
         self.max_req_tokens = min(self.slot_tokens, page_table.shape[1])
         if self.max_req_tokens < 2:
             raise ValueError(
-                f"KV 池太小：{num_pages} 页分给 {max_running_req} 个请求槽，每个槽不到 2 个 token；"
-                "请加大 num_page_override 或减小 max_running_req"
+                tr(
+                    "The KV pool is too small: {num_pages} pages for {max_running_req} request slots leaves less than "
+                    "2 tokens per slot; raise num_page_override or lower max_running_req",
+                    num_pages=num_pages, max_running_req=max_running_req,
+                )
             )
         # >>> TASK static_pages: 先定义 width = max_req_tokens（下面一行要用）；第 row 行的第 j 列写 row * slot_tokens + j（j < width）：每个槽位一段连续的槽位
+        # en: first define width = max_req_tokens (the next line uses it); column j of row row holds row * slot_tokens + j (j < width): each request slot gets one contiguous run of KV slots
         width = self.max_req_tokens
         rows = torch.arange(max_running_req, dtype=torch.int32, device=page_table.device)
         cols = torch.arange(width, dtype=torch.int32, device=page_table.device)
@@ -74,7 +79,7 @@ class StaticCacheManager:
     def check_integrity(self) -> None:
         width = self._static.shape[1]
         if not torch.equal(self.page_table[: len(self._static), :width], self._static):
-            raise RuntimeError("静态页表被改动过")
+            raise RuntimeError(tr("The static page table was modified"))
 
 
 @dataclass
@@ -116,6 +121,7 @@ class PrefillAdder:
         """
         end = pending.input_len if end is None else end
         # >>> TASK add_one_req: 把 input_ids[cached_len:end] 写进 token_pool 第 table_idx 行的同样位置；预算减去这段的长度；返回 req_cls(input_ids=input_ids[:end], ...)
+        # en: write input_ids[cached_len:end] into the same positions of row table_idx of token_pool; subtract this span's length from the budget; return req_cls(input_ids=input_ids[:end], ...)
         self.token_pool[table_idx, cached_len:end].copy_(pending.input_ids[cached_len:end], non_blocking=True)
         self.token_budget -= end - cached_len
         return req_cls(
@@ -149,6 +155,7 @@ class PrefillManager:
         接纳了但提示词没算完的请求（第 2.4 章的分块）留在队首，下一步接着算。
         """
         # >>> TASK schedule_prefill: 依次 adder.try_add_one(队列里的请求)，遇到 None 就停；更新队列（没算完提示词的留在队首）；返回预填充批次
+        # en: call adder.try_add_one(request in the queue) in order, stop at the first None; update the queue (requests whose prompt is not finished stay at the front); return the prefill batch
         admitted: list[tuple[PendingReq, Req]] = []
         for pending in self.pending_list:
             req = adder.try_add_one(pending)
@@ -215,8 +222,11 @@ class Scheduler:
         if cache_type not in self.supported_cache_types:
             known = ", ".join(repr(t) for t in self.supported_cache_types)
             raise ValueError(
-                f"未知或本章不支持的 cache_type={cache_type!r}：本章的引擎支持 {known}"
-                "（radix 前缀缓存在第 2.3 章实现）"
+                tr(
+                    "Unknown cache_type={cache_type!r}, or not supported in this chapter: this chapter's engine "
+                    "supports {known} (the radix prefix cache comes in chapter 2.3)",
+                    cache_type=cache_type, known=known,
+                )
             )
         return cache_type
 
@@ -275,6 +285,7 @@ class Scheduler:
     def _schedule_next_batch(self) -> ForwardInput | None:
         """预填充优先：有能接纳的等待请求就做预填充，否则所有运行中的请求解码一步。"""
         # >>> TASK prefill_first: 先试 prefill_manager.schedule_next_batch(新的 adder)，没有再试 decode_manager；有批次就 _prepare_batch
+        # en: try prefill_manager.schedule_next_batch(a new adder) first, then decode_manager; _prepare_batch if there is a batch
         batch = None
         if self.prefill_manager.runnable:
             batch = self.prefill_manager.schedule_next_batch(self._make_prefill_adder())
@@ -287,6 +298,7 @@ class Scheduler:
         started = time.perf_counter()
         self.cache_manager.allocate_paged(batch.reqs)
         # >>> TASK prepare_batch: positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc
+        # en: positions = the requests' arange(cached_len, device_len) concatenated; row numbers repeated by extend_len; out_loc = page_table[rows, positions]; write-back positions (table_idx, device_len), with non-output requests written to scratch_row; move both (row, position) pairs to the device with _to_device and store them as input_mapping / write_mapping (used below), and fill batch.positions (int32) and batch.out_loc
         reqs = batch.reqs
         positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int64) for r in reqs])
         rows = torch.repeat_interleave(
@@ -352,6 +364,7 @@ class Scheduler:
             if status.finished:  # 第 2.5 章：请求已经结束，这是它结束后多算的一步，丢掉
                 continue
             # >>> TASK process_results: req.append_host(token)（input_ids 要跟着 device_len 长，第 2.3 章按它插前缀）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：status.finished、从 decode_manager 移除（EOS 提前结束的它不会自己离开）、_release_req；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)
+            # en: req.append_host(token) (input_ids must grow with device_len: chapter 2.3 inserts prefixes by it); record it in status.output_ids (not on EOS unless ignore_eos is set); finish once max_tokens are generated, or on EOS without ignore_eos: status.finished, remove from decode_manager (a request ended early by EOS does not leave by itself), _release_req; a request that finished prefill but not generation goes to cache_manager.cache_req(finished=False)
             req.append_host(torch.tensor([token], dtype=torch.int32))
             is_eos = token == self.eos_token_id and not req.sampling_params.ignore_eos
             if not is_eos:
@@ -386,6 +399,7 @@ class Scheduler:
     def normal_loop(self) -> bool:
         """调度 → 准备 → 前向 → 处理结果，一步一步地来。"""
         # >>> TASK normal_loop: 调度出下一步（没有就返回 False），_forward 它，再 _process_last_data((fi, 输出))，返回 True
+        # en: schedule the next step (return False if there is none), _forward it, then _process_last_data((fi, output)) and return True
         fi = self._schedule_next_batch()
         if fi is None:
             return False
@@ -400,7 +414,10 @@ class Scheduler:
         while self.busy:
             if not self.step() and self.busy:
                 raise RuntimeError(
-                    "调度器卡住了：还有请求在等，却一个也接纳不了（槽位或 KV 页面不够，而且没有运行中的请求会释放它们）"
+                    tr(
+                        "The scheduler is stuck: requests are waiting, yet none can be admitted (not enough slots or "
+                        "KV pages, and no running request will free them)",
+                    )
                 )
         self._drain()
 
@@ -410,7 +427,7 @@ class Scheduler:
     def check_integrity(self) -> None:
         """空闲时调用：请求槽全部归还，缓存管理器的账目对得上。"""
         if self.busy:
-            raise RuntimeError("还有请求没结束，不能做完整性检查")
+            raise RuntimeError(tr("Some requests have not finished yet; the integrity check cannot run"))
         self.table_manager.check_integrity()
         self.cache_manager.check_integrity()
 

@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # # 第 1.4 章 kvcache：分页 KV 池、页表、token 池
 #
 # 第 0 步用 `torch.cat` 让每个请求的 K/V 越拼越长：每步都要重新分配、拷贝，也没法把不同请求放进同一批。
@@ -11,29 +11,52 @@
 #
 # 页表按 token 记槽位，所以注意力后端查表时不必关心 `page_size`；`page_size` 只决定槽位怎样成组地分出去。
 
+# %% [markdown] tags=["lang-en"]
+# # Chapter 1.4 kvcache: the paged KV pool, the page table, the token pool
+#
+# Step 0 let each request's K/V grow with `torch.cat`: every step reallocates and copies, and different requests cannot
+# share a batch. Here it is replaced by three things allocated once at startup:
+#
+# - **KV pool**: one K block and one V block per layer, each with `num_pages × page_size` token slots;
+# - **page table**: an int32 `[max_running_req + 1, max_seq_len]`; row `table_idx`, column `pos` holds the slot of the K/V of
+#   that request's token `pos` (page number × page_size + offset in the page);
+# - **token pool**: same shape as the page table, holds the token id at each position, so the input of a decode step is taken straight from it on the device.
+#
+# The page table records slots per token, so the attention backend does not care about `page_size` when it looks slots up;
+# `page_size` only decides how slots are handed out in groups.
+
 # %%
+# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
 import sys
 from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
+from minisgl.i18n import tr
 from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+# This chapter's tasks (one per TODO in stage1/kvcache.py) and which implementation this notebook uses
 # 本章的任务（和 stage1/kvcache.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
 from minisgl.notebook import show_tasks
 
 show_tasks("kvcache")
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 1. 一页有多大
 #
 # 一页在所有层里占 `2（K 和 V）× 层数 × page_size × KV 头数 × head_dim × 每元素字节数`。
 # 引擎用它从剩余内存算出能放几页（第 1.6 章）。
+
+# %% [markdown] tags=["lang-en"]
+# ## 1. How big is a page
+#
+# Across all layers a page takes `2 (K and V) × layers × page_size × KV heads × head_dim × bytes per element`.
+# The engine uses it to work out how many pages fit in the free memory (chapter 1.6).
 
 # %%
 import torch
@@ -42,15 +65,15 @@ from minisgl.kvcache import MHAKVCache
 from minisgl.model_zoo import smollm2, tiny_qwen3
 from minisgl.models import ModelConfig
 
-shapes = {name: ModelConfig.from_hf(p) for name, p in [("小 Qwen3", tiny_qwen3()), ("SmolLM2-135M", smollm2())]}
+shapes = {name: ModelConfig.from_hf(p) for name, p in [(tr("tiny Qwen3"), tiny_qwen3()), ("SmolLM2-135M", smollm2())]}
 rows = [(n, c.num_layers, c.num_kv_heads, c.head_dim) for n, c in shapes.items()]
-rows.append(("Qwen3-0.6B（公开配置）", 28, 8, 128))
+rows.append((tr("Qwen3-0.6B (official)"), 28, 8, 128))
 for name, layers, kv_heads, head_dim in rows:
     for dtype in (torch.float32, torch.bfloat16):
         per_token = MHAKVCache.bytes_per_page(kv_heads, layers, head_dim, 1, dtype)
-        print(f"{name:<24}{str(dtype):<16}每个 token {per_token:>8,} 字节；1 GiB 放得下 {2**30 // per_token:>9,} 个 token")
+        print(tr("{name:<24}{dtype:<16}{per_token:>8,} bytes per token; 1 GiB holds {n_tokens:>9,} tokens", name=name, dtype=str(dtype), per_token=per_token, n_tokens=2 ** 30 // per_token))
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 2. 池子、视图和写入
 #
 # 整个池子是一个 `[2, 层数, num_pages, page_size, KV 头数, head_dim]` 的大张量，用 0 初始化
@@ -58,22 +81,38 @@ for name, layers, kv_heads, head_dim in rows:
 # `k_cache(layer)` 是摊平成 `[槽位数, KV 头数, head_dim]` 的 **视图**，不拷贝。
 # `store_kv` 只写 `out_loc` 指定的槽位，别处一个也不碰。
 
+# %% [markdown] tags=["lang-en"]
+# ## 2. The pool, views and writes
+#
+# The whole pool is one large `[2, layers, num_pages, page_size, KV heads, head_dim]` tensor, initialized with zeros
+# (batched attention reads slots that were never written and then masks them out; a NaN in uninitialized memory times 0 is still NaN).
+# `k_cache(layer)` is a **view** flattened to `[slots, KV heads, head_dim]`, no copy.
+# `store_kv` writes only the slots given by `out_loc` and touches nothing else.
+
 # %%
 cache = MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=4, num_pages=6, page_size=4, dtype=torch.float32, device="cpu")
-print("KV 池形状：", tuple(cache._kv_buffer.shape), "；槽位数：", cache.num_slots)
+print(tr("KV pool shape: {shape} ; slots: {num_slots}", shape=tuple(cache._kv_buffer.shape), num_slots=cache.num_slots))
 k0 = cache.k_cache(0)
-print("第 0 层 K 的视图：", tuple(k0.shape), "；与池子共享内存：", k0.data_ptr() == cache._kv_buffer[0, 0].data_ptr())
+shared = k0.data_ptr() == cache._kv_buffer[0, 0].data_ptr()
+print(tr("layer 0 K view: {shape} ; shares memory with the pool: {shared}", shape=tuple(k0.shape), shared=shared))
 out_loc = torch.tensor([5, 6, 17], dtype=torch.int32)
 k, v = torch.ones(3, 2, 4), torch.full((3, 2, 4), 2.0)
 cache.store_kv(k, v, out_loc, layer_id=1)
 written = [(layer, (cache.k_cache(layer).abs().sum(dim=(1, 2)) > 0).nonzero().flatten().tolist()) for layer in range(3)]
-print("写入后每层非零的槽位：", written)
+print(tr("slots that are non-zero in each layer after the write:"), written)
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 3. 页表：给请求安排槽位
 #
 # `pages_to_slots(pages, page_size)` 把页号展开成槽位：页 `p` 的槽位是 `p*page_size … p*page_size+page_size-1`。
 # 取前 n 个写进页表的一行，就给一个 n 个 token 的请求安排好了位置。页不必连续——下面从一个打乱的空闲页列表里分。
+
+# %% [markdown] tags=["lang-en"]
+# ## 3. The page table: placing requests in slots
+#
+# `pages_to_slots(pages, page_size)` expands page numbers into slots: page `p` has slots `p*page_size … p*page_size+page_size-1`.
+# Writing the first n of them into a row of the page table places a request of n tokens. Pages need not be contiguous — below
+# they come from a shuffled list of free pages.
 
 # %%
 from minisgl.kvcache import create_page_table, pages_to_slots
@@ -82,15 +121,16 @@ print("pages_to_slots([3, 1], page_size=2) =", pages_to_slots(torch.tensor([3, 1
 
 
 def place(lengths: list[int], page_size: int, num_pages: int, seed: int = 0):
-    """按提示词长度给每个请求分页，写页表；返回页表、每个槽位的主人、每个请求分到的页。"""
+    """Give each request pages for its prompt and fill the page table; return the table, each slot's owner, each request's pages.
+    按提示词长度给每个请求分页，写页表；返回页表、每个槽位的主人、每个请求分到的页。"""
     table = create_page_table(max_running_req=len(lengths), max_seq_len=max(lengths) + 1, device="cpu")
     free = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
     owners: list[int | None] = [None] * (num_pages * page_size)
     pages_of = []
     for row, n in enumerate(lengths):
-        need = -(-(n + 1) // page_size)  # 提示词 + 下一个要生成的 token
+        need = -(-(n + 1) // page_size)  # prompt + the next token to generate / 提示词 + 下一个要生成的 token
         if need > len(free):
-            raise RuntimeError(f"请求 {row} 要 {need} 页，只剩 {len(free)} 页")
+            raise RuntimeError(tr("request {row} needs {need} page(s), only {n_free} left", row=row, need=need, n_free=len(free)))
         pages, free = free[:need], free[need:]
         slots = pages_to_slots(torch.tensor(pages, dtype=torch.int32), page_size)[: n + 1]
         table[row, : n + 1] = slots
@@ -103,11 +143,15 @@ def place(lengths: list[int], page_size: int, num_pages: int, seed: int = 0):
 lengths, page_size, num_pages = [5, 9, 3], 4, 10
 table, owners, pages_of = place(lengths, page_size, num_pages)
 for row, (n, pages) in enumerate(zip(lengths, pages_of)):
-    print(f"请求 {row}：提示词 {n} 个 token → 页 {pages} → 槽位 {table[row, :n].tolist()}")
+    print(tr("request {row}: prompt of {n} tokens → pages {pages} → slots {slots}", row=row, n=n, pages=pages, slots=table[row, :n].tolist()))
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # 预填充时，本批每个 token 的 K/V 写到 `out_loc = page_table[行, cached_len:device_len]`（粗框）；
 # 之后的解码每步只写一格：`page_table[行, device_len - 1]`。同一页的槽位同色。
+
+# %% [markdown] tags=["lang-en"]
+# During prefill, the K/V of each token of the batch is written to `out_loc = page_table[row, cached_len:device_len]` (bold boxes);
+# each later decode step writes just one cell: `page_table[row, device_len - 1]`. Slots of the same page share a color.
 
 # %%
 import matplotlib.pyplot as plt
@@ -116,18 +160,23 @@ from minisgl.notebook import draw_kv_pool, draw_page_table
 
 prefill = [(row, j) for row, n in enumerate(lengths) for j in range(n)]
 out_loc = torch.cat([table[row, :n] for row, n in enumerate(lengths)])
-print("预填充批次的 out_loc：", out_loc.tolist())
+print(tr("out_loc of the prefill batch:"), out_loc.tolist())
 decode = [(row, n) for row, n in enumerate(lengths)]
-print("下一步解码的 out_loc：", [int(table[row, n]) for row, n in decode])
-draw_page_table(table, rows=[0, 1, 2], width=max(lengths) + 1, page_size=page_size, highlight=prefill, lengths=[n + 1 for n in lengths], title="页表（粗框：预填充写入的位置）")
-draw_page_table(table, rows=[0, 1, 2], width=max(lengths) + 1, page_size=page_size, highlight=decode, lengths=[n + 1 for n in lengths], title="页表（粗框：下一步解码写入的位置）")
+print(tr("out_loc of the next decode step:"), [int(table[row, n]) for row, n in decode])
+draw_page_table(table, rows=[0, 1, 2], width=max(lengths) + 1, page_size=page_size, highlight=prefill, lengths=[n + 1 for n in lengths], title=tr("Page table (bold boxes: written by prefill)"))
+draw_page_table(table, rows=[0, 1, 2], width=max(lengths) + 1, page_size=page_size, highlight=decode, lengths=[n + 1 for n in lengths], title=tr("Page table (bold boxes: written by the next decode step)"))
 draw_kv_pool(owners, page_size)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 4. 动手调：page_size、页数和提示词长度
 #
 # 页越大，每个请求最后一页里空着的槽位（内部碎片）越多；页太少就放不下。
+
+# %% [markdown] tags=["lang-en"]
+# ## 4. Try it: page_size, number of pages and prompt lengths
+#
+# The larger the page, the more slots stay empty in each request's last page (internal fragmentation); with too few pages the requests do not fit.
 
 # %%
 import ipywidgets as widgets
@@ -136,35 +185,37 @@ from minisgl.notebook import Explorer
 
 
 def explore(page_size: int, num_pages: int, lengths: str) -> None:
-    lens = [int(x) for x in lengths.replace("，", ",").split(",") if x.strip()]
+    lens = [int(x) for x in lengths.replace("\uff0c", ",").split(",") if x.strip()]
     table, owners, pages_of = place(lens, page_size, num_pages)
     used = sum(len(p) for p in pages_of)
     waste = used * page_size - sum(n + 1 for n in lens)
-    print(f"page_size={page_size}：{len(lens)} 个请求共用 {used}/{num_pages} 页，最后一页里空着 {waste} 个槽位（内部碎片）")
+    print(tr("page_size={page_size}: {n_lens} requests use {used}/{num_pages} pages, {waste} slots empty in their last pages (internal fragmentation)", page_size=page_size, n_lens=len(lens), used=used, num_pages=num_pages, waste=waste))
     for row, pages in enumerate(pages_of):
-        print(f"  请求 {row}（{lens[row]} 个 token + 1）→ 页 {pages}")
+        print(tr("  request {row} ({n_tokens} tokens + 1) → pages {pages}", row=row, n_tokens=lens[row], pages=pages))
     draw_page_table(table, rows=list(range(len(lens))), width=max(lens) + 1, page_size=page_size, lengths=[n + 1 for n in lens])
     draw_kv_pool(owners, page_size)
 
 
 explorer = Explorer(
     explore,
-    title="分页",
+    title=tr("Paging"),
     page_size=widgets.SelectionSlider(options=[1, 2, 4, 8], value=4, description="page_size"),
-    num_pages=widgets.IntSlider(value=10, min=2, max=32, description="页数"),
-    lengths=widgets.Text(value="5, 9, 3", description="提示词长度"),
+    num_pages=widgets.IntSlider(value=10, min=2, max=32, description=tr("pages")),
+    lengths=widgets.Text(value="5, 9, 3", description=tr("prompt lengths")),
 )
 explorer
 
 # %%
+# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
 explorer.run(page_size=8, num_pages=6, lengths="5, 9, 3")
 
 # %%
+# Too few pages is a clear error (in the widget's output area too)
 # 页不够时会清楚地报错（控件的输出区里也一样）
 explorer.run(page_size=8, num_pages=3, lengths="5, 9, 3")
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 自测
 #
 # 1. `page_size = 4`，一个请求的页是 `[7, 2]`。它第 5 个 token（位置 5）的 K/V 在哪个槽位？
@@ -198,10 +249,49 @@ explorer.run(page_size=8, num_pages=3, lengths="5, 9, 3")
 # 需要页号的后端（如 FlashAttention）用 `槽位 // page_size` 换算。
 # </details>
 
-# %% [markdown]
+# %% [markdown] tags=["lang-en"]
+# ## Self-check
+#
+# 1. `page_size = 4` and a request has pages `[7, 2]`. In which slot is the K/V of its token at position 5?
+#
+# <details><summary>Answer</summary>
+#
+# Position 5 is at offset 1 of its page number 1 (`5 // 4 = 1`, i.e. page 2): slot `2 × 4 + 1 = 9`.
+# </details>
+#
+# 2. Why does the page table have one row more than `max_running_req`?
+#
+# <details><summary>Answer</summary>
+#
+# It is reserved for padding dummy requests (for example to round up a batch size, or for tokens of a chunked prefill that
+# must not be written back): what they write belongs to no real request, reads and writes stay in bounds, and nobody else's row gets dirty.
+# </details>
+#
+# 3. Why does the KV pool use `torch.zeros` rather than `torch.empty`?
+#
+# <details><summary>Answer</summary>
+#
+# Batched attention, padded to a rectangle, reads slots that have not been written yet and then masks their weights to 0.
+# Uninitialized memory may hold NaN, and `0 × NaN = NaN` would pollute the output.
+# </details>
+#
+# 4. What is gained by storing token-level slots in the page table (rather than page numbers)?
+#
+# <details><summary>Answer</summary>
+#
+# The attention backend finds the slot of each position directly, without knowing `page_size`; `page_size` only affects
+# how the allocator hands out slots in groups. Backends that need page numbers (such as FlashAttention) convert with `slot // page_size`.
+# </details>
+
+# %% [markdown] tags=["lang-zh"]
 # ## 检查你的代码
 #
 # 写完 `stage1/kvcache.py` 里的任务后运行下面这一格（`python -m minisgl.course check kvcache`）。
+
+# %% [markdown] tags=["lang-en"]
+# ## Check your code
+#
+# When you have written the tasks in `stage1/kvcache.py`, run the cell below (`python -m minisgl.course check kvcache`).
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP

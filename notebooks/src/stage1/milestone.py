@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # # 第 1 阶段里程碑：亲手驱动引擎
 #
 # 六章写完，第 0 步的每个朴素部件都换成了真正的模块：长度记账、算子层、流式加载的模型、分页 KV 池、
@@ -9,25 +9,47 @@
 # 一共写了多少个 KV 页、每个请求的 token 是否与 Hugging Face `generate` 完全一致。
 # 这里在真实权重的 SmolLM2 上跑它；`make milestone` 之外，命令行里不带 `--model` 时它用 Qwen3-0.6B 形状的模型。
 
+# %% [markdown] tags=["lang-en"]
+# # Stage 1 milestone: driving the engine yourself
+#
+# Six chapters written, and every naive part of step 0 has been replaced by a real module: length bookkeeping, operator
+# layers, a model loaded by streaming, a paged KV pool, attention over variable-length batches, a batched sampler. This
+# engine can only "compute one step": give it a filled `Batch`, and it runs the forward pass, samples and advances the
+# requests. The batch's fields — page table rows, `input_ids`, `positions`, `out_loc` — are still filled by us, by hand.
+#
+# `examples/stage1_milestone.py` does four things: the generation speed of 1 request (with step 0 beside it), the speed of
+# a batch of 4 requests, how many KV pages were written in total, and whether every request's tokens are exactly those of
+# Hugging Face `generate`. Here we run it on SmolLM2 with real weights; outside `make milestone`, without `--model` on the
+# command line it uses a model shaped like Qwen3-0.6B.
+
 # %%
+# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
 import sys
 from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
+from minisgl.i18n import tr
 from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 1. 运行里程碑脚本
 #
 # 相当于 `python examples/stage1_milestone.py --model models/SmolLM2-135M-Instruct --page-size 4 --max-tokens 8`。
 # 速度每次运行都不同（CI 比较输出时会把数字换成占位符）；token 数、页数和“是否一致”是确定的。
 
+# %% [markdown] tags=["lang-en"]
+# ## 1. Running the milestone script
+#
+# Equivalent to `python examples/stage1_milestone.py --model models/SmolLM2-135M-Instruct --page-size 4 --max-tokens 8`.
+# The speeds differ from run to run (when CI compares outputs, the numbers are replaced by placeholders); the token counts,
+# page counts and "identical or not" are deterministic.
+
 # %%
-sys.path.insert(0, str(ROOT / "examples"))  # 里程碑脚本要导入同目录的 step0_tiny_engine
+sys.path.insert(0, str(ROOT / "examples"))  # the milestone script imports step0_tiny_engine from its own folder / 里程碑脚本要导入同目录的 step0_tiny_engine
 import stage1_milestone
 
 from minisgl.model_zoo import smollm2
@@ -36,14 +58,22 @@ SMOL = smollm2()
 result = stage1_milestone.main(["--model", str(SMOL), "--page-size", "4", "--max-tokens", "8"])
 
 # %%
-print(f"写入的 KV 页：{result['pages_written']}，token 槽位：{result['slots_written']}，与 HF 不一致的请求：{len(result['mismatches'])}")
+print(tr("KV pages written: {pages}, token slots: {slots}, requests that differ from HF: {n_mismatches}", pages=result['pages_written'], slots=result['slots_written'], n_mismatches=len(result['mismatches'])))
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 2. 手工批次里发生了什么
 #
 # 脚本里的 `HandDriver` 给每个请求固定一行页表，并一次性分给它能装下 `max_seq_len` 个 token 的页——
 # 简单，但很浪费：短请求用不完，长请求也借不到别人的。第 2 阶段的调度器按需分页、请求结束就回收。
 # 下面用同一个驱动器跑一批，画出每一步算了多少 token，以及最后一步写进了页表的哪些位置。
+
+# %% [markdown] tags=["lang-en"]
+# ## 2. What happens in a hand-made batch
+#
+# The script's `HandDriver` gives each request a fixed row of the page table, and hands it all at once enough pages for
+# `max_seq_len` tokens — simple, but wasteful: short requests do not use them up, and long ones cannot borrow from others.
+# The stage 2 scheduler assigns pages on demand and reclaims them when a request finishes.
+# Below, the same driver runs a batch; we draw how many tokens each step computed, and where in the page table the last step wrote.
 
 # %%
 import matplotlib.pyplot as plt
@@ -82,18 +112,21 @@ def hand_batch(page_size: int, num_reqs: int, max_tokens: int) -> None:
         print(f"{p!r} → {tok.decode(r.input_ids[len(tok(p)['input_ids']):].tolist())!r}")
     pages = {s // page_size for s in driver.written_slots}
     reserved = num_reqs * driver.pages_per_req
-    print(f"{len(steps)} 步；写入 {len(driver.written_slots)} 个槽位、{len(pages)} 页；静态预留了 {reserved} 页（用到 {100 * len(pages) // reserved}%）")
-    draw_steps(steps, title="每一步每个请求算的 token 数（第 1 步预填充，之后解码）")
+    print(tr("{n_steps} steps; wrote {n_written_slots} slots, {n_pages} pages; {reserved} pages reserved up front ({percent}% used)", n_steps=len(steps), n_written_slots=len(driver.written_slots), n_pages=len(pages), reserved=reserved, percent=100 * len(pages) // reserved))
+    draw_steps(steps, title=tr("Tokens computed per request at each step (step 1 is prefill, then decode)"))
     width = max(r.device_len for r in reqs)
     draw_page_table(engine.page_table, list(range(num_reqs)), width, page_size, highlight=last,
-                    lengths=[r.device_len - 1 for r in reqs], title="页表（粗框：最后一步写入的位置）")  # fmt: skip
+                    lengths=[r.device_len - 1 for r in reqs], title=tr("Page table (bold boxes: written by the last step)"))  # fmt: skip
 
 
 hand_batch(page_size=4, num_reqs=4, max_tokens=6)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 3. 动手调：page_size、请求数、生成长度
+
+# %% [markdown] tags=["lang-en"]
+# ## 3. Try it: page_size, number of requests, generation length
 
 # %%
 import ipywidgets as widgets
@@ -102,18 +135,19 @@ from minisgl.notebook import Explorer
 
 explorer = Explorer(
     hand_batch,
-    title="手工批次",
+    title=tr("Hand-made batch"),
     page_size=widgets.SelectionSlider(options=[1, 2, 4, 8], value=4, description="page_size"),
-    num_reqs=widgets.IntSlider(value=4, min=1, max=4, description="请求数"),
+    num_reqs=widgets.IntSlider(value=4, min=1, max=4, description=tr("requests")),
     max_tokens=widgets.IntSlider(value=6, min=1, max=16, description="max_tokens"),
 )
 explorer
 
 # %%
+# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
 explorer.run(page_size=8, num_reqs=2, max_tokens=4)
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 自测
 #
 # 1. 手工驱动时，为什么一批里的请求必须同时预填充、同时解码、同时结束？
@@ -140,10 +174,44 @@ explorer.run(page_size=8, num_reqs=2, max_tokens=4)
 # CPU 上线性层权重一次性重排成 oneDNN 布局；LM head 只算每个请求的最后一个 token。
 # </details>
 
-# %% [markdown]
+# %% [markdown] tags=["lang-en"]
+# ## Self-check
+#
+# 1. When driving by hand, why must the requests of a batch prefill together, decode together and finish together?
+#
+# <details><summary>Answer</summary>
+#
+# `HandDriver` looks only at the first request to decide the phase, and continues only while that one can decode, so the
+# whole batch moves in lockstep. To let requests join and leave at any time (continuous batching), someone must decide
+# the batch at each step, assign slots and reclaim resources — that is the stage 2 scheduler.
+# </details>
+#
+# 2. Why does this batch write far fewer pages than were reserved up front?
+#
+# <details><summary>Answer</summary>
+#
+# Each request reserved pages for `max_seq_len` tokens, but uses only the prompt + generated length. The `CacheManager` of
+# chapter 2.2 allocates a page only when a position in it is about to be written, and reclaims it as soon as the request finishes.
+# </details>
+#
+# 3. Where is the stage 1 engine faster than step 0?
+#
+# <details><summary>Answer</summary>
+#
+# The preallocated KV pool no longer copies the whole cache at every step; several requests share one matrix
+# multiplication (the larger the batch, the less weight reading per token); on the CPU the linear layers' weights are
+# reordered once into the oneDNN layout; the LM head computes only the last token of each request.
+# </details>
+
+# %% [markdown] tags=["lang-zh"]
 # ## 检查你的代码
 #
 # 第 1 阶段全部写完后，运行下面这一格跑里程碑检查（`checks/stage1/test_milestone.py`）。
+
+# %% [markdown] tags=["lang-en"]
+# ## Check your code
+#
+# When all of stage 1 is written, run the cell below for the milestone checks (`checks/stage1/test_milestone.py`).
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP

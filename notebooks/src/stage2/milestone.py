@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # # 第 2 阶段里程碑：调度器的三个实验，逐章对比
 #
 # 第 2 阶段把第 1 阶段的“算一步”变成了一个离线接口 `LLM.generate`：连续批处理、按需分页、
@@ -13,18 +13,36 @@
 # 先运行里程碑脚本 `examples/stage2_milestone.py`（也就是 `make milestone` 跑的那个），
 # 再把同样的三个实验放到每一章的引擎上（`minisgl.<章>.LLM`）并排比较。
 
+# %% [markdown] tags=["lang-en"]
+# # Stage 2 milestone: the scheduler's three experiments, chapter by chapter
+#
+# Stage 2 turned stage 1's "compute one step" into an offline interface, `LLM.generate`: continuous batching, paging on
+# demand, radix prefix reuse, chunked prefill, overlap scheduling. The milestone measures it with three experiments, on a
+# model shaped like Qwen3-0.6B (here with random weights of the same shape: the token counts and the amount of computation
+# are those of the real model, **the generated text is meaningless**):
+#
+# 1. 8 prompts × 16 tokens (`ignore_eos=True`): total time and token/s;
+# 2. 4 prompts sharing a system prompt, the first one alone and then the last three together (`max_tokens=4`): the prompts
+#    have **231** tokens in total, and prefill actually computes **231** with `naive`, **73** with `radix`;
+# 3. a long prompt of 302 tokens with `max_extend_tokens=96`: prefilled in **4** steps, **[96, 96, 96, 14]**.
+#
+# First run the milestone script `examples/stage2_milestone.py` (the one `make milestone` runs), then put the same three
+# experiments on each chapter's engine (`minisgl.<chapter>.LLM`) side by side.
+
 # %%
+# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
 import sys
 from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "minisgl" / "course").is_dir())
 sys.path.insert(0, str(ROOT))
+from minisgl.i18n import tr
 from minisgl.notebook import setup_notebook
 
 setup_notebook()
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 1. 运行里程碑脚本
 #
 # 相当于 `python examples/stage2_milestone.py --skip-baselines`（不测第 0 步和第 1 阶段的速度，快一些）。
@@ -33,28 +51,46 @@ setup_notebook()
 # 重叠调度默认关掉（`ENV.DISABLE_OVERLAP_SCHEDULING.value = True`），速度只反映调度器本身。
 # 速度每次运行都不同（CI 比较输出时换成占位符）；token 数和步数是确定的。
 
-# %%
+# %% [markdown] tags=["lang-en"]
+# ## 1. Running the milestone script
+#
+# Equivalent to `python examples/stage2_milestone.py --skip-baselines` (skips measuring step 0 and stage 1, a bit faster).
+# The script builds a new `LLM` for each experiment, warms it up, then listens to each step with `llm.add_step_listener`:
+# the lengths in the trace are recorded **before the forward pass is issued** (the engine advances the requests' lengths
+# when it issues), and from them it counts how many tokens prefill computed and in how many steps.
+# Overlap scheduling is off by default (`ENV.DISABLE_OVERLAP_SCHEDULING.value = True`), so the speed reflects the scheduler alone.
+# The speeds differ from run to run (replaced by placeholders when CI compares outputs); the token and step counts are deterministic.
+
+# %% tags=["random-text"]
 sys.path.insert(0, str(ROOT / "examples"))
 import stage2_milestone
 
 results = stage2_milestone.main(["--skip-baselines"])
 
 # %%
-print(f"实验 2：提示词 {results['prompt_tokens']}，共 {sum(results['prompt_tokens'])} 个 token；naive 计算 {results['naive_computed']} 个，radix 计算 {results['radix_computed']} 个")
-print(f"实验 3：{results['long_prompt_tokens']} 个 token 分 {len(results['chunk_steps'])} 步预填充 {results['chunk_steps']}")
+print(tr("experiment 2: prompts of {prompt_tokens}, {total} tokens in total; naive computes {naive}, radix computes {radix}", prompt_tokens=results['prompt_tokens'], total=sum(results['prompt_tokens']), naive=results['naive_computed'], radix=results['radix_computed']))
+print(tr("experiment 3: {long_tokens} tokens prefilled in {n_steps} steps {chunk_steps}", long_tokens=results['long_prompt_tokens'], n_steps=len(results['chunk_steps']), chunk_steps=results['chunk_steps']))
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # 想看调度器每一步做了什么，加 `--trace`：每一步一行，预填充还是解码、每个请求算几个 token、KV 池占用几页。
 # 下面只有 2 个请求槽、只跑实验 2：请求 4 要等请求 2、3 结束、还回请求槽，才在下一步进来；radix 下它照样命中 52 个 token。
 # 用小 Qwen3 跑（分词器相同，每一步的计数一样，几秒就完）。请求编号是 uid；预热用掉了 uid 0 和第 0、1 步。
 # 逐行的解释见讲义的里程碑页。
+
+# %% [markdown] tags=["lang-en"]
+# To see what the scheduler does at each step, add `--trace`: one line per step, prefill or decode, how many tokens each
+# request computes, how many pages of the KV pool are in use.
+# Below there are only 2 request slots and only experiment 2 runs: request 4 must wait until requests 2 and 3 finish and
+# return their slots, and comes in at the next step; with radix it still hits 52 tokens.
+# We run the tiny Qwen3 (same tokenizer, same counts at every step, done in seconds). Request numbers are uids; the warm-up used uid 0 and steps 0 and 1.
+# The milestone page of the book explains it line by line.
 
 # %%
 from minisgl.model_zoo import tiny_qwen3
 
 _ = stage2_milestone.main(["--max-running-req", "2", "--trace", "--experiment", "2", "--model", str(tiny_qwen3())])
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 2. 逐章对比
 #
 # 同样的三个实验（同样的提示词）放到每一章的引擎上。`minisgl.<章>.LLM` 是那一章的调度器（每章在上一章的基础上派生），
@@ -69,6 +105,24 @@ _ = stage2_milestone.main(["--max-running-req", "2", "--trace", "--experiment", 
 #
 # 每章的引擎用它默认的前缀缓存（2.1、2.2 只有 `naive`，2.3 起默认 `radix`），预填充预算都设为 96，
 # 每章只建一次引擎、依次跑三个实验。每一章都要重新加载一次 0.6B 形状的模型，这一格要跑一会儿。
+
+# %% [markdown] tags=["lang-en"]
+# ## 2. Chapter by chapter
+#
+# The same three experiments (same prompts) on each chapter's engine. `minisgl.<chapter>.LLM` is that chapter's scheduler
+# (each chapter derives from the previous one), so the table shows what stage 2 adds chapter by chapter:
+#
+# - 2.1 static paging: each request slot has a fixed 2048 / 8 = 256 tokens, and the 302-token prompt does not fit;
+# - 2.2 paging on demand: now it fits, but there is no prefix reuse and no chunking;
+# - 2.3 radix: the shared system prompt costs only 73 tokens;
+# - 2.4 chunked prefill: the long prompt is split into 4 steps;
+# - 2.5 overlap scheduling: exactly the same counts as 2.4; what it saves is the time the device waits for the host — on
+#   the CPU the main thread and the background thread compete for the same cores, so whether it is faster depends on the
+#   machine; on the GPU, where the device computes fast and the host work is a large share, the advantage shows.
+#
+# Each chapter's engine uses its default prefix cache (2.1 and 2.2 have only `naive`, from 2.3 on the default is `radix`),
+# the prefill budget is 96 everywhere, and each chapter builds its engine once and runs the three experiments in turn.
+# Every chapter loads the 0.6B-shaped model again, so this cell takes a while.
 
 # %%
 import gc
@@ -89,38 +143,39 @@ QUESTIONS, LONG = stage2_milestone.QUESTIONS, stage2_milestone.LONG_PROMPT
 
 
 def run_experiments(LLM, label: str, cache_type: str | None = None, verbose: bool = True) -> dict:
-    """在一个章节的引擎上跑三个实验（只建一次引擎，预填充预算 96），返回确定的计数和（不确定的）时间。"""
+    """Run the three experiments on one chapter's engine (built once, prefill budget 96); return the deterministic counts and the (varying) times.
+    在一个章节的引擎上跑三个实验（只建一次引擎，预填充预算 96），返回确定的计数和（不确定的）时间。"""
     llm = LLM(MODEL, cache_type=cache_type, max_extend_tokens=96, **CONFIG)
-    row = {"章": label, "cache_type": llm.config.cache_type}
+    row = {"chapter": label, "cache_type": llm.config.cache_type}
     rec = StepRecorder(llm)
-    llm.generate(BATCH[:1], SamplingParams(max_tokens=2))  # 预热（第一次调用要准备 oneDNN 的计算原语）
-    # 实验 1：8 × 16
+    llm.generate(BATCH[:1], SamplingParams(max_tokens=2))  # warm-up (the first call prepares oneDNN primitives) / 预热（第一次调用要准备 oneDNN 的计算原语）
+    # experiment 1: 8 × 16 / 实验 1：8 × 16
     rec.clear()
     start = time.perf_counter()
     out = llm.generate(BATCH, SamplingParams(max_tokens=16, ignore_eos=True))
     row.update(time=time.perf_counter() - start, steps=len(rec.steps), tokens=sum(len(o["token_ids"]) for o in out))
-    # 实验 2：共享系统提示词，先第一个，再后三个
+    # experiment 2: shared system prompt, the first one, then the last three / 实验 2：共享系统提示词，先第一个，再后三个
     sp = SamplingParams(max_tokens=4, ignore_eos=True)
     rec.clear()
     llm.generate([SYSTEM + QUESTIONS[0]], sp)
     start = time.perf_counter()
     llm.generate([SYSTEM + q for q in QUESTIONS[1:]], sp)
     row.update(last3=time.perf_counter() - start, prefix=rec.prefill_tokens)
-    # 实验 3：302 个 token，每步最多预填充 96 个
+    # experiment 3: 302 tokens, at most 96 prefilled per step / 实验 3：302 个 token，每步最多预填充 96 个
     rec.clear()
     try:
         llm.generate([LONG], sp)
         row["chunks"] = [e for s in rec.steps if s["phase"] == "prefill" for _, e, _ in s["reqs"]]
     except ValueError as err:
-        row["chunks"] = f"放不下：{err}"
+        row["chunks"] = tr("does not fit: {err}", err=err)
     llm.shutdown()
     del llm
     gc.collect()
     if verbose:
-        print(f"[{label}，cache_type={row['cache_type']!r}]")
-        print(f"  实验 1：8 个请求 × 16 个 token，{row['steps']} 步，{row['tokens']} 个 token，{row['time']:.2f} s，{row['tokens'] / row['time']:.1f} tok/s")
-        print(f"  实验 2：提示词共 231 个 token，预填充计算 {row['prefix']} 个；后三个请求 {fmt_ms(row['last3'])}")
-        print(f"  实验 3：302 个 token、max_extend_tokens=96 → 预填充 {row['chunks']}")
+        print(tr("[{label}, cache_type={cache_type!r}]", label=label, cache_type=row['cache_type']))
+        print(tr("  experiment 1: 8 requests × 16 tokens, {steps} steps, {tokens} tokens, {seconds:.2f} s, {tps:.1f} tok/s", steps=row['steps'], tokens=row['tokens'], seconds=row['time'], tps=row['tokens'] / row['time']))
+        print(tr("  experiment 2: 231 prompt tokens in total, prefill computes {prefix}; last three requests {elapsed}", prefix=row['prefix'], elapsed=fmt_ms(row['last3'])))
+        print(tr("  experiment 3: 302 tokens, max_extend_tokens=96 → prefill {chunks}", chunks=row['chunks']))
     return row
 
 
@@ -130,32 +185,38 @@ for ch in [c for c in CHAPTERS if c.stage == 2]:
     rows.append(run_experiments(module.LLM, f"{ch.label} {ch.id}", verbose=False))
 
 # %%
-print(f"{'章':<20}{'cache_type':<12}{'实验1 步数':>8}{'实验2 预填充':>10}   实验3 预填充")
+print(f"{tr('chapter'):<20}{'cache_type':<12}{tr('exp. 1 steps'):>14}{tr('exp. 2 prefill'):>16}   {tr('exp. 3 prefill')}")
 for r in rows:
-    chunks = r["chunks"] if isinstance(r["chunks"], list) else "放不下（超出单个请求的长度上限 256）"
-    print(f"{r['章']:<20}{r['cache_type']:<12}{r['steps']:>8}{r['prefix']:>10}   {chunks}")
+    chunks = r["chunks"] if isinstance(r["chunks"], list) else tr("does not fit (over the per-request length limit of 256)")
+    print(f"{r['chapter']:<20}{r['cache_type']:<12}{r['steps']:>14}{r['prefix']:>16}   {chunks}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+# The times differ from run to run (CI does not compare this cell)
 # 时间每次运行都不同（CI 不比较这一格）
 import matplotlib.pyplot as plt
 
-print(f"{'章':<20}{'实验1 tok/s':>12}{'实验2 后三个':>14}")
+print(f"{tr('chapter'):<20}{tr('exp. 1 tok/s'):>14}{tr('exp. 2 last three'):>18}")
 for r in rows:
-    print(f"{r['章']:<20}{r['tokens'] / r['time']:>12.1f}{fmt_ms(r['last3']):>14}")
+    print(f"{r['chapter']:<20}{r['tokens'] / r['time']:>14.1f}{fmt_ms(r['last3']):>18}")
 fig, axes = plt.subplots(1, 2, figsize=(10, 3))
-names = [r["章"].split()[0] for r in rows]
+names = [r["chapter"].split()[0] for r in rows]
 axes[0].bar(names, [r["tokens"] / r["time"] for r in rows], color="#6fa8dc")
-axes[0].set_title("实验 1：tok/s（越高越好）", fontsize=10)
+axes[0].set_title(tr("Experiment 1: tok/s (higher is better)"), fontsize=10)
 axes[1].bar(names, [r["prefix"] for r in rows], color="#f4a261")
-axes[1].set_title("实验 2：预填充计算的 token 数（越少越好）", fontsize=10)
+axes[1].set_title(tr("Experiment 2: tokens computed by prefill (fewer is better)"), fontsize=10)
 fig.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 3. 动手调：缓存、预算、page_size、重叠
 #
 # 在小 Qwen3 上跑实验 2 和 3（分词器相同，token 数一样；模型小，几秒就完）。
+
+# %% [markdown] tags=["lang-en"]
+# ## 3. Try it: cache, budget, page_size, overlap
+#
+# Run experiments 2 and 3 on the tiny Qwen3 (same tokenizer, same token counts; a small model, done in seconds).
 
 # %%
 import ipywidgets as widgets
@@ -181,10 +242,10 @@ def knobs(cache_type: str, max_extend_tokens: int, page_size: int, overlap: bool
         rec.clear()
         llm.generate([LONG], sp)
         chunks = [e for s in rec.steps if s["phase"] == "prefill" for _, e, _ in s["reqs"]]
-        print(f"cache_type={cache_type!r} max_extend_tokens={max_extend_tokens} page_size={page_size} 重叠={overlap}")
-        print(f"  实验 2：预填充计算 {shared} 个 token（提示词共 231 个）")
-        print(f"  实验 3：预填充 {len(chunks)} 步 {chunks}")
-        draw_steps(rec.steps, title="实验 3 的每一步", budget=max_extend_tokens)
+        print(tr("cache_type={cache_type!r} max_extend_tokens={max_extend_tokens} page_size={page_size} overlap={overlap}", cache_type=cache_type, max_extend_tokens=max_extend_tokens, page_size=page_size, overlap=overlap))
+        print(tr("  experiment 2: prefill computes {shared} tokens (231 prompt tokens in total)", shared=shared))
+        print(tr("  experiment 3: prefill in {n_chunks} steps {chunks}", n_chunks=len(chunks), chunks=chunks))
+        draw_steps(rec.steps, title=tr("Each step of experiment 3"), budget=max_extend_tokens)
         llm.shutdown()
     finally:
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
@@ -192,19 +253,20 @@ def knobs(cache_type: str, max_extend_tokens: int, page_size: int, overlap: bool
 
 explorer = Explorer(
     knobs,
-    title="第 2 阶段的旋钮",
+    title=tr("Stage 2 knobs"),
     cache_type=widgets.ToggleButtons(options=["radix", "naive"], value="radix", description="cache_type"),
-    max_extend_tokens=widgets.SelectionSlider(options=[32, 64, 96, 128, 256, 512], value=96, description="预算"),
+    max_extend_tokens=widgets.SelectionSlider(options=[32, 64, 96, 128, 256, 512], value=96, description=tr("budget")),
     page_size=widgets.SelectionSlider(options=[1, 2, 4, 8, 16], value=1, description="page_size"),
-    overlap=widgets.Checkbox(value=True, description="重叠调度"),
+    overlap=widgets.Checkbox(value=True, description=tr("overlap scheduling")),
 )
 explorer
 
 # %%
+# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
 explorer.run(cache_type="radix", max_extend_tokens=128, page_size=4, overlap=False)
 
-# %% [markdown]
+# %% [markdown] tags=["lang-zh"]
 # ## 自测
 #
 # 1. 常见的误读：“共享的系统提示词有 158 个 token”。对吗？
@@ -230,10 +292,42 @@ explorer.run(cache_type="radix", max_extend_tokens=128, page_size=4, overlap=Fal
 # （受 `max_seq_len_override=512` 限制）。
 # </details>
 
-# %% [markdown]
+# %% [markdown] tags=["lang-en"]
+# ## Self-check
+#
+# 1. A common misreading: "the shared system prompt has 158 tokens". Is that right?
+#
+# <details><summary>Answer</summary>
+#
+# No. 158 is the number of tokens the last three requests saved in total (52 + 54 + 52). The shared prefix ends before the
+# space — BPE merges the space into the first word of each question; and `" What is"` is shared by two of the questions.
+# 231 − 158 = 73.
+# </details>
+#
+# 2. Why are the three counts of chapter 2.5 exactly those of chapter 2.4?
+#
+# <details><summary>Answer</summary>
+#
+# Overlap scheduling changes only who waits for whom, host or device; it does not change the batch of any step, and the outputs are the same token for token.
+# </details>
+#
+# 3. Why does chapter 2.1 not fit the 302-token prompt, while chapter 2.2 does?
+#
+# <details><summary>Answer</summary>
+#
+# 2.1 pages statically: 2048 pages shared equally among 8 request slots, at most 256 tokens per request. 2.2 pages on
+# demand: one request can use the whole pool (up to `max_seq_len_override=512`).
+# </details>
+
+# %% [markdown] tags=["lang-zh"]
 # ## 检查你的代码
 #
 # 第 2 阶段全部写完后，运行下面这一格跑里程碑检查（`checks/stage2/test_milestone.py`）。
+
+# %% [markdown] tags=["lang-en"]
+# ## Check your code
+#
+# When all of stage 2 is written, run the cell below for the milestone checks (`checks/stage2/test_milestone.py`).
 
 # %% tags=["skip-execution"]
 # NBVAL_SKIP
