@@ -12,6 +12,9 @@
 
     python bench/roofline.py                 # 默认 3 轮（另加 1 轮预热）
     python bench/roofline.py --repeats 5 --model models/SmolLM2-135M-Instruct
+    python bench/roofline.py --llamacpp      # SmolLM2，另加 llama.cpp 一个请求的一步（要先装 llama-cpp-python）
+
+``--llamacpp`` 时先确认 llama.cpp 与我们的贪心输出逐 token 相同（同一份权重），再计时。
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.i18n import tr
 from minisgl.llm import LLM
-from minisgl.model_zoo import default_model
+from minisgl.model_zoo import default_model, smollm2
 
 PROMPT_LEN = 32
 DECODE_STEPS = 16
+PROMPTS = [[100 + 7 * i + j for j in range(PROMPT_LEN)] for i in range(8)]  # token ids：各模型的词表都有
 
 
 def read_bandwidth(buf: torch.Tensor) -> float:
@@ -60,7 +64,7 @@ def our_step_ms(llm: LLM, bs: int) -> float:
         if trace.phase == "decode" and len(trace.uids) == bs:
             steps.append(trace.device_ms)
 
-    prompts = [[100 + 7 * i + j for j in range(PROMPT_LEN)] for i in range(bs)]
+    prompts = PROMPTS[:bs]
     remove = llm.add_step_listener(listen)
     try:
         llm.generate(prompts, SamplingParams(max_tokens=DECODE_STEPS + 1, ignore_eos=True))
@@ -72,7 +76,7 @@ def our_step_ms(llm: LLM, bs: int) -> float:
 @torch.inference_mode()
 def hf_step_ms(hf: torch.nn.Module, bs: int) -> float:
     """HF 一步 batch-``bs`` 解码（带 KV 缓存，逐 token 前向）的时间（毫秒，这一轮各步的中位数）。"""
-    ids = torch.tensor([[100 + 7 * i + j for j in range(PROMPT_LEN)] for i in range(bs)])
+    ids = torch.tensor(PROMPTS[:bs])
     out = hf(input_ids=ids, use_cache=True)
     times = []
     for _ in range(DECODE_STEPS):
@@ -87,7 +91,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--llamacpp", action="store_true",
+                        help=tr("SmolLM2, plus llama.cpp's batch-1 decode step on the same fp32 weights"))
     args = parser.parse_args()
+    if args.llamacpp:
+        import llamacpp
+
+        args.model = args.model or str(smollm2())
+        try:
+            llama = llamacpp.load(torch.get_num_threads())
+        except llamacpp.LlamaCppMissing as err:
+            print(err, file=sys.stderr)
+            return 2
     model = Path(args.model) if args.model else default_model()
     print(tr("Model: {name} (fp32, {threads} threads), {repeats} interleaved rounds (plus 1 warm-up round)",
              name=model.name, threads=torch.get_num_threads(), repeats=args.repeats))
@@ -108,6 +123,13 @@ def main() -> int:
         "HF batch 1": lambda: hf_step_ms(hf, 1),
         "HF batch 8": lambda: hf_step_ms(hf, 8),
     }
+    if args.llamacpp:
+        prompt = PROMPTS[0]
+        ours_tokens = llm.generate([prompt], SamplingParams(max_tokens=DECODE_STEPS, ignore_eos=True))[0]["token_ids"]
+        theirs = llamacpp.greedy(llama, prompt, DECODE_STEPS)
+        same = sum(a == b for a, b in zip(ours_tokens, theirs))
+        print(tr("llama.cpp and ours, greedy on the same weights: {same}/{n} tokens equal", same=same, n=DECODE_STEPS))
+        measures["llama.cpp batch 1"] = lambda: llamacpp.step_ms(llama, prompt, DECODE_STEPS)
     rounds: list[dict[str, float]] = []
     try:
         for r in range(1 + args.repeats):
@@ -128,12 +150,15 @@ def main() -> int:
     print(tr("\nWeights read per step: {gb:.2f} GB; memory read bandwidth {bandwidth} GB/s",
              gb=nbytes / 1e9, bandwidth=stat(lambda r: r["bandwidth"])))
     print(tr("Lower bound (weights ÷ bandwidth): {bound} ms\n", bound=stat(bound_ms)))
-    print(f"{'':14}" + tr("  step (ms): median (min – max)    × the lower bound"))
-    for name in (ours(1), ours(8), "HF batch 1", "HF batch 8"):
-        print(f"{name:14}  {stat(lambda r: r[name])}    {stat(lambda r: r[name] / bound_ms(r))}×")
+    print(f"{'':17}" + tr("  step (ms): median (min – max)    × the lower bound"))
+    for name in [n for n in measures if n != "bandwidth"]:
+        print(f"{name:17}  {stat(lambda r: r[name])}    {stat(lambda r: r[name] / bound_ms(r))}×")
     for bs in (1, 8):
         print(tr("batch {bs}: ours / HF token/s (per-round ratio): {ratio}×",
                  bs=bs, ratio=stat(lambda r: r[f'HF batch {bs}'] / r[ours(bs)])))
+    if args.llamacpp:
+        print(tr("batch 1: ours / llama.cpp token/s (per-round ratio): {ratio}×",
+                 ratio=stat(lambda r: r["llama.cpp batch 1"] / r[ours(1)])))
     return 0
 
 
