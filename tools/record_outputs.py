@@ -4,6 +4,7 @@
     python tools/record_outputs.py stage2_milestone quickstart
     python tools/record_outputs.py --check         # 重跑并与已提交的输出比较确定性的行
     python tools/record_outputs.py --list
+    python tools/record_outputs.py --lang en       # 英文版讲义用的输出（MINISGL_LANG=en），写到 docs/outputs/en/
 
 示例一律用参考解答运行（``MINISGL_IMPL=solution``），与学员的进度无关。
 
@@ -17,6 +18,9 @@
 ``409 ms``、``104.5 tok/s``、``2.4 GB``）和倍数（``1.7×``、``5 倍``；``请求3×5`` 这种后面紧跟数字的不算倍数）——
 遮住后整行必须与已提交的一致；所以 token 数、分块、页数、生成的 token 这类数字都要逐字相等。个别示例还可以用
 ``volatile`` 正则整行跳过（例如打印设备名、线程数的行）。
+
+英文版（``--lang en``）是同一批示例在 ``MINISGL_LANG=en`` 下的输出。CI 不再重跑一遍英文：
+:func:`same_numbers` 要求英文录制里确定性的数字与中文录制的逐个相同（中文录制由 ``--check`` 重跑核对）。
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 from minisgl.paths import REPO_ROOT as REPO
 
 OUTPUTS = REPO / "docs" / "outputs"
+LANG_DIRS = {"zh": OUTPUTS, "en": OUTPUTS / "en"}  # 每种语言的录制放在哪里
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,17 @@ def mask(line: str) -> str:
 def deterministic_lines(text: str, ex: Example) -> list[str]:
     pats = [re.compile(p) for p in ex.volatile]
     return [mask(l) for l in text.splitlines() if not any(p.search(l) for p in pats)]
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def same_numbers(zh_text: str, en_text: str, ex: Example) -> bool:
+    """两种语言的录制是否是同一批结果：遮住计时之后逐行比较，每行的整数（语序不同，按大小排好）必须一样。"""
+    def numbers(text: str) -> list[list[int]]:
+        return [sorted(map(int, _NUMBER.findall(line))) for line in deterministic_lines(text, ex)]
+
+    return numbers(zh_text) == numbers(en_text)
 
 
 def command_line(ex: Example) -> str:
@@ -212,10 +228,11 @@ def wait_until_quiet(quiet: Quiet, *, check_load: bool) -> None:
 # ---------------------------------------------------------------- 运行示例
 
 
-def run(name: str, ex: Example, quiet: Quiet | None = None) -> tuple[str, list[str]]:
-    """运行一个示例（参考解答），返回要写进文件的文本（第一行是命令，后面是标准输出），以及运行期间抢 CPU 的
-    别的进程（``quiet`` 为 None 时不看，返回空列表）。"""
-    env = {**os.environ, "MINISGL_IMPL": "solution", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
+def run(name: str, ex: Example, quiet: Quiet | None = None, language: str = "zh") -> tuple[str, list[str]]:
+    """运行一个示例（参考解答，``language`` 语言），返回要写进文件的文本（第一行是命令，后面是标准输出），
+    以及运行期间抢 CPU 的别的进程（``quiet`` 为 None 时不看，返回空列表）。"""
+    env = {**os.environ, "MINISGL_IMPL": "solution", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
+           "MINISGL_LANG": language}
     env.pop("MINISGL_WORKSPACE", None)
     env.pop("MINISGL_SOLUTIONS", None)
     proc = subprocess.Popen(
@@ -254,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-load", type=float, default=default_max_load(), help="1 分钟平均负载的上限（默认按核数）")
     parser.add_argument("--busy-cpu", type=float, default=50.0, help="别的进程占用超过一个核的百分之几算忙（默认 50）")
     parser.add_argument("--wait", type=float, default=600.0, help="机器忙时最多等多少秒（默认 600）")
+    parser.add_argument("--lang", choices=tuple(LANG_DIRS), default="zh", help="用哪种语言运行、录到哪里（默认 zh）")
     args = parser.parse_args(argv)
+    outputs = LANG_DIRS[args.lang]
 
     unknown = [n for n in args.names if n not in EXAMPLES]
     if unknown:
@@ -265,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for name in names:
             ex = EXAMPLES[name]
-            state = "已录制" if (OUTPUTS / f"{name}.txt").is_file() else "未录制"
+            state = "已录制" if (outputs / f"{name}.txt").is_file() else "未录制"
             exists = "" if (REPO / ex.script).is_file() else "（脚本还不存在）"
             print(f"{name:22} {command_line(ex)[len('python '):]}{exists}  {state}")
         return 0
@@ -283,12 +302,12 @@ def main(argv: list[str] | None = None) -> int:
                   "请等别的任务结束再录（或用 --wait 等更久）；只要非计时的行时可以加 --force。", file=sys.stderr)
             return 3
 
-    OUTPUTS.mkdir(parents=True, exist_ok=True)
+    outputs.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
     missing: list[str] = []
     for name in names:
         ex = EXAMPLES[name]
-        out_file = OUTPUTS / f"{name}.txt"
+        out_file = outputs / f"{name}.txt"
         if not (REPO / ex.script).is_file():
             print(f"[缺少] {name}：{ex.script} 还不存在，没有录制", flush=True)
             missing.append(name)
@@ -298,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             for attempt in range(3):
                 if quiet is not None and attempt:  # 上一次录制期间有别的进程抢 CPU：等安静了重录
                     wait_until_quiet(quiet, check_load=False)
-                text, intruders = run(name, ex, quiet)
+                text, intruders = run(name, ex, quiet, args.lang)
                 if not intruders:
                     break
                 print(f"[作废] {name}：录制期间有别的进程抢 CPU（{'；'.join(intruders)}），计时不可信", flush=True)
@@ -321,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[已录制] {name} → {out_file.relative_to(REPO)}（{took}）", flush=True)
             continue
         if not out_file.is_file():
-            print(f"[未录制] {name}：没有 {out_file.relative_to(REPO)}，请运行 python tools/record_outputs.py {name}")
+            print(f"[未录制] {name}：没有 {out_file.relative_to(REPO)}，请运行 python tools/record_outputs.py {name} --lang {args.lang}")
             failed.append(name)
             continue
         old = deterministic_lines(out_file.read_text(encoding="utf-8"), ex)
@@ -333,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[不一致] {name}：确定性的行与已提交的 {out_file.relative_to(REPO)} 不同（与机器有关的数字已遮住）：")
         diff = difflib.unified_diff(old, new, "已提交", "本次运行", lineterm="", n=1)
         print("\n".join(diff), flush=True)
-        print(f"如果改动是有意的，运行 python tools/record_outputs.py {name} 重新录制并提交。", flush=True)
+        print(f"如果改动是有意的，运行 python tools/record_outputs.py {name} --lang {args.lang} 重新录制并提交"
+              "（两种语言都要重录）。", flush=True)
 
     if missing:
         print(f"还没有脚本的示例：{', '.join(missing)}")

@@ -207,9 +207,25 @@ def test_outputs_are_from_the_tool() -> None:
     used = {name for text in _all_pages().values() for name in OUTPUT.findall(text)}
     unknown = sorted(used - set(record_outputs.EXAMPLES))
     assert not unknown, f"这些输出不在 tools/record_outputs.py 的 EXAMPLES 表里（不能手写）：{unknown}"
-    files = {p.stem for p in (DOCS / "outputs").glob("*.txt")}
-    orphans = sorted(files - set(record_outputs.EXAMPLES))
-    assert not orphans, f"docs/outputs/ 里有不是工具录制的文件：{orphans}"
+    for folder in record_outputs.LANG_DIRS.values():
+        files = {p.stem for p in folder.glob("*.txt")}
+        orphans = sorted(files - set(record_outputs.EXAMPLES))
+        assert not orphans, f"{folder.relative_to(REPO)} 里有不是工具录制的文件：{orphans}"
+
+
+@pytest.mark.parametrize("name", sorted(record_outputs.EXAMPLES))
+def test_english_outputs_match_chinese(name: str) -> None:
+    """英文版讲义引用的输出 docs/outputs/en/<名字>.txt 与中文录制是同一批结果：确定性的数字逐个相同
+    （中文录制由 test_recorded_outputs_still_hold 重跑核对，英文这里只比数字，不再重跑一遍）。"""
+    ex = record_outputs.EXAMPLES[name]
+    zh_file, en_file = record_outputs.LANG_DIRS["zh"] / f"{name}.txt", record_outputs.LANG_DIRS["en"] / f"{name}.txt"
+    assert en_file.is_file(), f"没有英文录制 {en_file.relative_to(REPO)}：运行 python tools/record_outputs.py {name} --lang en"
+    zh, en = zh_file.read_text(encoding="utf-8"), en_file.read_text(encoding="utf-8")
+    assert record_outputs.same_numbers(zh, en, ex), (
+        f"{en_file.relative_to(REPO)} 与 {zh_file.relative_to(REPO)} 的数字对不上：两种语言要用同一版代码重录"
+    )
+    chinese = [line for line in en.splitlines() if CJK.search(re.sub(r"'(?:[^'\\]|\\.)*'", "", line))]
+    assert not chinese, f"{en_file.relative_to(REPO)} 里有中文（引号里随机权重生成的文字除外）：{chinese[:3]}"
 
 
 @pytest.mark.timeout(2400)  # 重跑全部示例（含两次 0.6B 形状模型的里程碑）：比默认的 900 s 长

@@ -38,7 +38,6 @@ log = logging.getLogger("mkdocs.plugins.minisgl_docs")
 
 DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)\[\[(?P<kind>[a-z]+)(?: (?P<arg>[^\]]+?))?\]\]\s*$")
 FENCE = re.compile(r"^[ \t]*(```|~~~)")
-OUTPUTS = REPO / "docs" / "outputs"
 
 
 class DocsError(Exception):
@@ -172,11 +171,13 @@ def code_block(path: str, symbol: str | None, *, signature: bool = False, title:
 
 
 def output_block(name: str, language: str) -> list[str]:
-    path = OUTPUTS / f"{name}.txt"
+    """录制的输出：中文页用 docs/outputs/<名字>.txt，英文页用 docs/outputs/en/<名字>.txt（同一批示例在英文下的输出）。"""
+    rel = f"outputs/{name}.txt" if language == "zh" else f"outputs/{language}/{name}.txt"
+    path = REPO / "docs" / rel
     if not path.is_file():
-        raise DocsError(f"没有录制的输出 docs/outputs/{name}.txt：运行 python tools/record_outputs.py {name}")
+        raise DocsError(f"没有录制的输出 docs/{rel}：运行 python tools/record_outputs.py {name} --lang {language}")
     text = path.read_text(encoding="utf-8").rstrip("\n").splitlines()
-    title = tr("Output (docs/outputs/{name}.txt, recorded by tools/record_outputs.py)", language=language, name=name)
+    title = tr("Output (docs/{path}, recorded by tools/record_outputs.py)", language=language, path=rel)
     return [f'```` {{ .text .recorded-output title="{title}" }}', *text, "````"]
 
 

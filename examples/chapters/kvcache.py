@@ -35,7 +35,7 @@ out_loc = page_table[1, :3]
 k = torch.arange(1, 7, dtype=torch.float32).view(3, 1, 2)
 cache.store_kv(k, -k, out_loc, layer_id=1)
 written = (cache.k_cache(1) != 0).any(dim=-1).flatten().nonzero().flatten().tolist()
-print(tr("After writing out_loc={out_loc}, nonzero slots in layer 1: {written}; layer 0 still all zeros: {zeros}",
+print(tr("After writing out_loc={out_loc}, nonzero slots in layer 1: {written}; layer 0 is still all 0: {zeros}",
          out_loc=out_loc.tolist(), written=written, zeros=bool((cache.k_cache(0) == 0).all())))
 print(tr("K of request B read back through the page table: {k}",
          k=cache.k_cache(1)[page_table[1, :3].long()].flatten().tolist()))
