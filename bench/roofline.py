@@ -13,6 +13,7 @@
     python bench/roofline.py                 # 默认 3 轮（另加 1 轮预热）
     python bench/roofline.py --repeats 5 --model models/SmolLM2-135M-Instruct
     python bench/roofline.py --llamacpp      # SmolLM2，另加 llama.cpp 一个请求的一步（要先装 llama-cpp-python）
+    python bench/roofline.py --dtype bf16    # 权重用 bf16（我们和 HF 都是）：每步少读一半字节
 
 ``--llamacpp`` 时先确认 llama.cpp 与我们的贪心输出逐 token 相同（同一份权重），再计时。
 """
@@ -93,7 +94,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--llamacpp", action="store_true",
                         help=tr("SmolLM2, plus llama.cpp's batch-1 decode step on the same fp32 weights"))
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help=tr("weight dtype for ours and HF (default fp32; --llamacpp needs fp32)"))
     args = parser.parse_args()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    if args.llamacpp and args.dtype != "fp32":
+        parser.error(tr("--llamacpp compares fp32 weights: leave --dtype at fp32"))
     if args.llamacpp:
         import llamacpp
 
@@ -104,10 +110,10 @@ def main() -> int:
             print(err, file=sys.stderr)
             return 2
     model = Path(args.model) if args.model else default_model()
-    print(tr("Model: {name} (fp32, {threads} threads), {repeats} interleaved rounds (plus 1 warm-up round)",
-             name=model.name, threads=torch.get_num_threads(), repeats=args.repeats))
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    llm = LLM(model, dtype=torch.float32, max_running_req=8, num_page_override=1024, max_seq_len_override=256)
+    print(tr("Model: {name} ({dtype}, {threads} threads), {repeats} interleaved rounds (plus 1 warm-up round)",
+             name=model.name, dtype=args.dtype, threads=torch.get_num_threads(), repeats=args.repeats))
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval()
+    llm = LLM(model, dtype=dtype, max_running_req=8, num_page_override=1024, max_seq_len_override=256)
     nbytes = weight_bytes(hf)
     buf = torch.ones(1 << 28)  # 1 GiB
     saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
