@@ -12,6 +12,7 @@ in the source (``tr``) and translated to Chinese in the TOML catalogue, gettext 
 from __future__ import annotations
 
 import os
+import re
 import string
 import sys
 from functools import lru_cache
@@ -23,6 +24,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 LANGS = ("zh", "en")
+#: 中日韩文字和全角标点：检查“英文输出里没有中文”、提示是不是中文，都用这一个。
+CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
 LOCALE_DIR = Path(__file__).with_name("locale")
 
 

@@ -35,7 +35,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from minisgl.course.registry import BUILTIN_CHAPTERS
+from minisgl.course.registry import BUILTIN_CHAPTERS, notebook_edition
+from minisgl.i18n import CJK
 from minisgl.paths import REPO_ROOT
 
 SRC_DIR = "notebooks/src"
@@ -45,9 +46,7 @@ SKIP_TAG = "skip-execution"
 RANDOM_TEXT_TAG = "random-text"
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 LANGS = ("zh", "en")  # zh first: the default edition
-EDITION_DIR = {"zh": "notebooks", "en": "notebooks/en"}
 LANG_TAGS = {f"lang-{lang}": lang for lang in LANGS}
-CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def pairs(lang: str = "zh") -> list[Pair]:
         raise ValueError(f"unknown language {lang!r}; known: {', '.join(LANGS)}")
 
     def at(path: str) -> str:
-        return f"{EDITION_DIR[lang]}/{path.removeprefix('notebooks/')}"
+        return notebook_edition(path, lang)
 
     out = [Pair("step0", f"{SRC_DIR}/step0.py", at("notebooks/step0.ipynb"), None, lang)]
     stages = sorted({c.stage for c in BUILTIN_CHAPTERS})

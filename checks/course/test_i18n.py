@@ -20,10 +20,9 @@ import pytest
 
 from minisgl.course.registry import CHAPTERS
 from minisgl.course.skeleton import parse_tasks
-from minisgl.i18n import LANGS, catalogue, lang, placeholders, tr
+from minisgl.i18n import CJK, LANGS, catalogue, lang, placeholders, tr
 from minisgl.paths import REPO_ROOT as REPO
 
-CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 
 #: Every Python source that may call ``tr``.
 SOURCES = ["minisgl", "checks", "examples", "solutions", "stage1", "stage2", "tools", "bench", "docs/hooks", "notebooks/src"]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -14,11 +13,11 @@ import pytest
 
 from minisgl.course.registry import Chapter, chapters_json
 from minisgl.course.skeleton import MarkerError, TaskNotDone, make_skeleton, parse_tasks
+from minisgl.i18n import CJK
 from minisgl.paths import REPO_ROOT
 
 ALPHA = Chapter("alpha", 1, 1, "演示章节一", "Demo chapter one")
 BETA = Chapter("beta", 1, 2, "演示章节二", "Demo chapter two")
-CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 
 ALPHA_SOLUTION = textwrap.dedent('''
     """演示：一个要学员写的函数。"""

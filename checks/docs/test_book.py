@@ -15,6 +15,7 @@ import pytest
 
 from minisgl.course.registry import CHAPTERS, Chapter
 from minisgl.course.skeleton import parse_tasks
+from minisgl.i18n import CJK
 from minisgl.paths import REPO_ROOT as REPO
 
 DOCS = REPO / "docs"
@@ -144,11 +145,10 @@ def test_task_hints_render_literally(built_site: Path, language: str) -> None:
             assert m, f"{ch.docs_page}（{language}）构建后找不到任务 {t.name} 的提示"
             assert "\\&lt;" not in m.group(1), f"{ch.docs_page} 任务 {t.name} 的提示里出现了字面的 \\<"
             shown = html_lib.unescape(re.sub(r"<[^>]+>", "", m.group(1)))
-            want = t.hint_en if language == "en" else t.hint
+            want = t.hint_for(language)
             assert shown == want, f"{ch.docs_page}（{language}）任务 {t.name} 的提示显示成了 {shown!r}，应是 {want!r}"
 
 
-CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 DIRECTIVE = re.compile(r"^[ \t]*\[\[[a-z]+(?: [^\]]+)?\]\][ \t]*$", re.M)
 FENCED = re.compile(r"^([ \t]*)(```+|~~~+).*?^\1\2[ \t]*$", re.M | re.S)
 

@@ -29,7 +29,7 @@ import textwrap
 from functools import lru_cache
 from pathlib import Path
 
-from minisgl.course.registry import CHAPTERS, Chapter
+from minisgl.course.registry import CHAPTERS, Chapter, notebook_edition
 from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message
 from minisgl.i18n import tr
 from minisgl.paths import REPO_ROOT as REPO
@@ -213,7 +213,7 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
     symbol = qualname_at(tree, task.line)
     if not symbol:
         raise DocsError(f"{sol_path}:{task.line}: 任务 {name} 不在任何函数里")
-    hint = task.hint_en if language == "en" else task.hint
+    hint = task.hint_for(language)
     message = todo_message(chapter, name, hint, language=language)
     skeleton = make_skeleton(source, chapter)
     out = [
@@ -238,7 +238,7 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
 
 
 def practice_block(ch: Chapter, language: str) -> list[str]:
-    notebook = ch.notebook if language == "zh" else ch.notebook.replace("notebooks/", "notebooks/en/", 1)
+    notebook = notebook_edition(ch.notebook, language)
     items = [
         tr("Your file: `{path}` (the skeleton, start here); reference solution: `solutions/{path}`", language=language,
            path=ch.relpath),

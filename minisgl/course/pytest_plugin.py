@@ -31,10 +31,7 @@ from minisgl.course import integrity, select
 from minisgl.course.registry import CHAPTERS, Chapter, chapter_for_check_file, get_chapter, milestone_stage
 from minisgl.i18n import lang, tr
 
-#: 实现名（键固定，值按当前语言）。
-IMPL_NAMES = select.LocalNames(
-    lambda: {"learner": tr("learner code"), "solution": tr("reference solution"), "skeleton": tr("skeleton")}
-)
+IMPL_NAMES = select.IMPL_NAMES
 _PLAN = pytest.StashKey["Plan"]()
 
 

@@ -64,6 +64,11 @@ class Chapter:
         return f"checks/stage{self.stage}/test_{self.id}.py"
 
 
+def notebook_edition(path: str, language: str) -> str:
+    """笔记本 ``notebooks/...`` 在某种语言下的路径：中文就是它本身，英文在 ``notebooks/en/`` 下的同样相对路径。"""
+    return path if language == "zh" else f"notebooks/{language}/{path.removeprefix('notebooks/')}"
+
+
 #: 内置章节：中文标题和英文标题并排写在这里（双语数据，不走 tr 的目录）。
 BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
     Chapter("core", 1, 1, "核心数据结构：SamplingParams、Req、Batch、Context", "Core data structures: SamplingParams, Req, Batch, Context"),

@@ -53,6 +53,8 @@ class LocalNames(Mapping[str, str]):
         return len(self._make())
 
 
+#: 实现名（status、检查的表头、笔记本）。
+IMPL_NAMES = LocalNames(lambda: {"learner": tr("learner code"), "solution": tr("reference solution"), "skeleton": tr("skeleton")})
 #: 给学员看的实现名（示例打印、status 里的结果备注）。
 SHORT_NAMES = LocalNames(lambda: {"learner": tr("your code"), "solution": tr("reference solution"), "skeleton": tr("skeleton")})
 
@@ -60,6 +62,8 @@ SHORT_NAMES = LocalNames(lambda: {"learner": tr("your code"), "solution": tr("re
 def enumerate_names(items: list[str]) -> str:
     """并列的名字：中文用顿号（``core、scheduler``），英文用逗号。"""
     return reduce(lambda a, b: tr("{a}, {b}", a=a, b=b), items) if items else ""
+
+
 ENV_IMPL = "MINISGL_IMPL"
 ENV_WORKSPACE = "MINISGL_WORKSPACE"
 ENV_SOLUTIONS = "MINISGL_SOLUTIONS"

@@ -22,13 +22,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from minisgl.course.registry import COURSE_ROOT, Chapter, find_chapter
-from minisgl.i18n import lang, tr
+from minisgl.i18n import CJK, lang, tr
 
 _BEGIN = re.compile(r"^(?P<indent>[ \t]*)# >>> TASK (?P<name>[A-Za-z_][A-Za-z0-9_.]*)\s*[:\uff1a]\s*(?P<hint>\S.*?)\s*$")
 _EN = re.compile(r"^(?P<indent>[ \t]*)# en:\s*(?P<hint>\S.*?)\s*$")
 _END = re.compile(r"^[ \t]*# <<< TASK\s*$")
 _ANY_MARKER = re.compile(r"#\s*(>>>|<<<)\s*TASK")
-_CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef]")
 
 #: 骨架导入 TaskNotDone 的那一行（评分的诚信扫描允许这一个来自课程机制的导入）。
 IMPORT_LINE = "from minisgl.course.skeleton import TaskNotDone\n"
@@ -44,6 +43,10 @@ class Task:
     hint: str  # 中文提示
     line: int  # 1-based line of the BEGIN marker in the solution
     hint_en: str = ""  # English hint (the ``# en:`` line right after the BEGIN marker)
+
+    def hint_for(self, language: str | None = None) -> str:
+        """这一语言（默认当前语言）的提示。"""
+        return self.hint_en if (language or lang()) == "en" else self.hint
 
 
 def docs_page(chapter: Chapter, language: str | None = None) -> str:
@@ -80,7 +83,7 @@ def parse_tasks(source: str, origin: str = "<solution>") -> list[Task]:
                 raise MarkerError(tr("{origin}:{lineno}: task {name} needs its English hint on the next line, "
                                      "with the same indent: '# en: hint'", origin=origin, lineno=lineno + 1,
                                      name=begin["name"]))  # fmt: skip
-            if _CJK.search(en["hint"]):
+            if CJK.search(en["hint"]):
                 raise MarkerError(tr("{origin}:{lineno}: the English hint of task {name} contains Chinese: {hint!r}",
                                      origin=origin, lineno=lineno + 1, name=begin["name"], hint=en["hint"]))  # fmt: skip
             open_task = Task(begin["name"], begin["hint"], lineno, en["hint"])
@@ -175,7 +178,7 @@ class TaskNotDone(NotImplementedError):
             ch, info = task_info(chapter_id, task)
             if ch is None:
                 return tr("Task '{task}' of chapter {id} is not implemented yet.", task=task, id=chapter_id)
-            hint = "" if info is None else (info.hint_en if lang() == "en" else info.hint)
+            hint = "" if info is None else info.hint_for()
             return todo_message(ch, task, hint)
         except Exception:  # noqa: BLE001 - a broken message must never hide the real "not done yet"
             return f"{chapter_id}: {task} (TaskNotDone)"

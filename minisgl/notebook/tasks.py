@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from minisgl.i18n import lang, tr
+from minisgl.i18n import tr
 from minisgl.paths import REPO_ROOT
 
 __all__ = ["show_tasks", "run_chapter_checks", "run_milestone_checks"]
@@ -37,27 +37,6 @@ def _enclosing(tree: ast.Module, line: int) -> str:
     return best
 
 
-def _impl_name(impl: str) -> str:
-    return {"learner": tr("learner code"), "solution": tr("reference solution"), "skeleton": tr("skeleton")}.get(impl, impl)
-
-
-def _hint(task) -> str:  # noqa: ANN001 - minisgl.course.skeleton.Task
-    """任务提示按当前语言：英文用 ``Task.hint_en``（没有这个字段或为空时退回 ``hint``）。"""
-    if lang() == "en":
-        return getattr(task, "hint_en", None) or task.hint
-    return task.hint
-
-
-def _docs_page(ch) -> str:  # noqa: ANN001 - Chapter
-    """本章讲义的路径；英文用 ``.en.md``（存在时）。"""
-    page = ch.docs_page
-    if lang() == "en":
-        en_page = page.removesuffix(".md") + ".en.md"
-        if (REPO_ROOT / en_page).is_file():
-            return en_page
-    return page
-
-
 def show_tasks(chapter_id: str) -> None:
     """列出本章要写的任务（与骨架里的 TODO 一一对应），以及笔记本现在用的是哪份实现。"""
     from minisgl.course import select
@@ -70,17 +49,13 @@ def show_tasks(chapter_id: str) -> None:
     source = select.shipped_solution(ch).read_text(encoding="utf-8")
     tree = ast.parse(source)
     tasks = parse_tasks(source, ch.relpath)
-    title = ch.title if lang() == "zh" else getattr(ch, "title_en", "")
-    if title:
-        head = tr("Chapter {label} “{title}”: complete {n_tasks} tasks in {relpath}", label=ch.label, title=title, n_tasks=len(tasks), relpath=ch.relpath)
-    else:
-        head = tr("Chapter {label} {id}: complete {n_tasks} tasks in {relpath}", label=ch.label, id=ch.id, n_tasks=len(tasks), relpath=ch.relpath)
-    print(head)
+    print(tr("Chapter {label} “{title}”: complete {n_tasks} tasks in {relpath}",
+             label=ch.label, title=ch.display_title, n_tasks=len(tasks), relpath=ch.relpath))
     for i, t in enumerate(tasks, 1):
         where = _enclosing(tree, t.line)
-        print(f"  {i:>2}. " + tr("{name} ({where}): {hint}", name=t.name, where=where, hint=_hint(t)))
+        print(f"  {i:>2}. " + tr("{name} ({where}): {hint}", name=t.name, where=where, hint=t.hint_for()))
     choice = select.choose(ch)
-    impl = _impl_name(choice.impl)
+    impl = select.IMPL_NAMES[choice.impl]
     print(tr("In this notebook {module} is: {impl} ({reason})", module=ch.public_module, impl=impl, reason=choice.reason))
 
 
@@ -101,6 +76,7 @@ def run_chapter_checks(chapter_id: str, tail: int = 40) -> bool:
     print(text)
     print()
     from minisgl.course import select
+    from minisgl.course.skeleton import docs_page
 
     if not select.is_started(ch):
         print(tr("This chapter has not been started: {relpath} is still the skeleton. Write the first task, then run this cell again.", relpath=ch.relpath))
@@ -108,7 +84,7 @@ def run_chapter_checks(chapter_id: str, tail: int = 40) -> bool:
     if code == 0:
         print(tr("Chapter {label} {id}: all checks pass ✔", label=ch.label, id=ch.id))
         return True
-    page = _docs_page(ch)
+    page = docs_page(ch)
     print(tr("Chapter {label} {id}: some checks still fail ✘ — read the failures above, against {docs_page}.", label=ch.label, id=ch.id, docs_page=page))
     return False
 
