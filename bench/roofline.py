@@ -1,19 +1,25 @@
-"""离极限还有多远（基准，不是测试）：一步解码与“把权重读一遍”的时间下限之比，在同一次运行里测。
+"""离极限还有多远（基准，不是测试）：一步解码与这台机器的“屋顶”之比，在同一次运行里测。
 
-小批次解码几乎不做计算，时间花在把全部权重从内存读一遍上：0.6B 形状的模型 fp32 一步要读约 2.4 GB
-（绑定的 LM head 会把 151,936 × 1,024 的词表矩阵整个读一遍）。所以一步的下限 ≈ 权重字节数 ÷ 内存读带宽。
-这里每一轮依次测：
+小批次解码的一步至少要做两件事：把全部权重从内存读一遍（0.6B 形状的模型 fp32 约 2.4 GB，绑定的 LM head 会把
+151,936 × 1,024 的词表矩阵整个读一遍），以及做 2 × 批大小 × 参数个数次浮点运算。所以一步的下限是两者中较大的：
 
-1. 内存读带宽：对一个 1 GiB 的 fp32 张量求和（所有线程一起读）；
-2. 我们的一步解码（batch 1 和 batch 8，关掉重叠，取每步的前向时间）；
-3. Hugging Face 的一步解码（同样的 batch，带 KV 缓存逐 token 前向）；
+- 读的下限 = 权重字节数 ÷ 内存读带宽（batch 1 时总是它）；
+- 算的下限 = 2 × batch × 线性层参数个数 ÷ 乘加峰值（CPU 核少、向量窄时，batch 8 就可能轮到它）。
 
-然后用同一轮的带宽算下限，报每一步是下限的几倍、我们对 HF 的 token/s 倍数，都给中位数（最小 – 最大）。
+每一轮依次测：
+
+1. 内存读带宽：对一个 1 GiB 的 fp32 张量求和（所有线程一起读），取三次里最快的；
+2. 乘加峰值：一个放得进缓存的矩阵乘（256 × 1024 乘 1024 × 1024，oneDNN），取五次里最快的；
+3. 我们的一步解码（batch 1 和 batch 8，关掉重叠，取每步的前向时间）；
+4. Hugging Face 的一步解码（同样的 batch，带 KV 缓存逐 token 前向）；
+
+然后用同一轮的带宽和峰值算下限，报每一步是下限的几倍、我们对 HF 的 token/s 倍数，都给中位数（最小 – 最大）。
 
     python bench/roofline.py                 # 默认 3 轮（另加 1 轮预热）
     python bench/roofline.py --repeats 5 --model models/SmolLM2-135M-Instruct
     python bench/roofline.py --llamacpp      # SmolLM2，另加 llama.cpp 一个请求的一步（要先装 llama-cpp-python）
     python bench/roofline.py --dtype bf16    # 权重用 bf16（我们和 HF 都是）：每步少读一半字节
+    python bench/roofline.py --plot docs/assets/plots/roofline.svg   # 另把结果画成图（标注用当前语言）
 
 ``--llamacpp`` 时先确认 llama.cpp 与我们的贪心输出逐 token 相同（同一份权重），再计时。
 """
@@ -21,8 +27,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -42,11 +51,26 @@ DECODE_STEPS = 16
 PROMPTS = [[100 + 7 * i + j for j in range(PROMPT_LEN)] for i in range(8)]  # token ids：各模型的词表都有
 
 
+def best_seconds(fn: Callable[[], object], times: int) -> float:
+    """跑 ``times`` 次，取最快的一次（秒）：探针要测的是机器能做到多快，偶尔被打断的那次不算。"""
+    best = float("inf")
+    for _ in range(times):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def read_bandwidth(buf: torch.Tensor) -> float:
-    """GB/s：把 ``buf`` 整个读一遍（求和）。"""
-    start = time.perf_counter()
-    buf.sum()
-    return buf.numel() * buf.element_size() / (time.perf_counter() - start) / 1e9
+    """GB/s：把 ``buf`` 整个读一遍（求和），三次里最快的。"""
+    return buf.numel() * buf.element_size() / best_seconds(buf.sum, 3) / 1e9
+
+
+def peak_gflops(x: torch.Tensor, packed: torch.Tensor) -> float:
+    """GFLOP/s：放得进缓存的 oneDNN 矩阵乘（权重已打包），五次里最快的。"""
+    flops = 2 * x.shape[0] * x.shape[1] * packed.shape[0]
+    run = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # noqa: E731
+    return flops / best_seconds(run, 5) / 1e9
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -54,6 +78,12 @@ def weight_bytes(model: torch.nn.Module) -> int:
     seen: dict[int, int] = {}
     for p in model.parameters():
         seen[p.untyped_storage().data_ptr()] = p.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def linear_params(model: torch.nn.Module) -> int:
+    """线性层（含 LM head）的参数个数：一步 batch-B 解码约做 2 × B × 这么多次浮点运算（注意力在短序列上可以忽略）。"""
+    seen = {m.weight.data_ptr(): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
     return sum(seen.values())
 
 
@@ -88,6 +118,20 @@ def hf_step_ms(hf: torch.nn.Module, bs: int) -> float:
     return statistics.median(times)
 
 
+def fixed_cost_model(model: Path, out: Path) -> Path:
+    """同样的层数、同样的算子，只是每个矩阵都缩窄到每个头 8 维（随机权重）：它的一步几乎不读权重、不做计算，
+    量出来的就是“每一步固定要花的时间”——Python 逐层调用、几十个小算子的分派。"""
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    width = 8 * config["num_attention_heads"]  # HF 要求隐藏维是头数的倍数
+    config.update(hidden_size=width, intermediate_size=width, head_dim=8)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    for f in model.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
@@ -96,6 +140,7 @@ def main() -> int:
                         help=tr("SmolLM2, plus llama.cpp's batch-1 decode step on the same fp32 weights"))
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help=tr("weight dtype for ours and HF (default fp32; --llamacpp needs fp32)"))
+    parser.add_argument("--plot", default=None, help=tr("also draw the result into this image file (svg or png; the English one goes beside it as X.en.svg)"))
     args = parser.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     if args.llamacpp and args.dtype != "fp32":
@@ -114,20 +159,28 @@ def main() -> int:
              name=model.name, dtype=args.dtype, threads=torch.get_num_threads(), repeats=args.repeats))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval()
     llm = LLM(model, dtype=dtype, max_running_req=8, num_page_override=1024, max_seq_len_override=256)
-    nbytes = weight_bytes(hf)
+    print(tr("Our linear layers: {kind}", kind=llm.engine.linear_kind))
+    scratch = tempfile.TemporaryDirectory()
+    small = LLM(fixed_cost_model(model, Path(scratch.name)), dtype=dtype, use_dummy_weight=True, max_running_req=8,
+                num_page_override=1024, max_seq_len_override=256)
+    nbytes, params = weight_bytes(hf), linear_params(hf)
     buf = torch.ones(1 << 28)  # 1 GiB
+    hot_x = torch.randn(256, 1024)
+    hot_w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(1024, 1024), None)
     saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # 逐步计时：不让主线程的活儿和前向抢 CPU
 
-    def ours(bs: int) -> str:  # 表格的行名
-        return tr("ours batch {bs}", bs=bs)
-
-    measures: dict[str, Callable[[], float]] = {
+    probes: dict[str, Callable[[], float]] = {
         "bandwidth": lambda: read_bandwidth(buf),
-        ours(1): lambda: our_step_ms(llm, 1),
-        ours(8): lambda: our_step_ms(llm, 8),
-        "HF batch 1": lambda: hf_step_ms(hf, 1),
-        "HF batch 8": lambda: hf_step_ms(hf, 8),
+        "peak": lambda: peak_gflops(hot_x, hot_w),
+    }
+    steps: dict[str, tuple[int, Callable[[], float]]] = {  # 行名（英文，显示时翻译）→ (批大小, 测一轮)
+        "ours batch 1": (1, lambda: our_step_ms(llm, 1)),
+        "ours batch 1, narrow": (1, lambda: our_step_ms(small, 1)),
+        "ours batch 8": (8, lambda: our_step_ms(llm, 8)),
+        "ours batch 8, narrow": (8, lambda: our_step_ms(small, 8)),
+        "HF batch 1": (1, lambda: hf_step_ms(hf, 1)),
+        "HF batch 8": (8, lambda: hf_step_ms(hf, 8)),
     }
     if args.llamacpp:
         prompt = PROMPTS[0]
@@ -135,7 +188,8 @@ def main() -> int:
         theirs = llamacpp.greedy(llama, prompt, DECODE_STEPS)
         same = sum(a == b for a, b in zip(ours_tokens, theirs))
         print(tr("llama.cpp and ours, greedy on the same weights: {same}/{n} tokens equal", same=same, n=DECODE_STEPS))
-        measures["llama.cpp batch 1"] = lambda: llamacpp.step_ms(llama, prompt, DECODE_STEPS)
+        steps["llama.cpp batch 1"] = (1, lambda: llamacpp.step_ms(llama, prompt, DECODE_STEPS))
+    measures = {**probes, **{name: fn for name, (_, fn) in steps.items()}}
     rounds: list[dict[str, float]] = []
     try:
         for r in range(1 + args.repeats):
@@ -145,27 +199,103 @@ def main() -> int:
     finally:
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
         llm.shutdown()
+        small.shutdown()
+        scratch.cleanup()
     rounds = rounds[1:]
 
     def stat(fn: Callable[[dict[str, float]], float]) -> Stats:
         return Stats.of([fn(r) for r in rounds])
 
-    def bound_ms(r: dict[str, float]) -> float:
+    def read_ms(r: dict[str, float]) -> float:
         return nbytes / (r["bandwidth"] * 1e9) * 1000
+
+    def compute_ms(r: dict[str, float], bs: int) -> float:
+        return 2 * bs * params / (r["peak"] * 1e9) * 1000
+
+    def bound_ms(r: dict[str, float], bs: int) -> float:
+        return max(read_ms(r), compute_ms(r, bs))
 
     print(tr("\nWeights read per step: {gb:.2f} GB; memory read bandwidth {bandwidth} GB/s",
              gb=nbytes / 1e9, bandwidth=stat(lambda r: r["bandwidth"])))
-    print(tr("Lower bound (weights ÷ bandwidth): {bound} ms\n", bound=stat(bound_ms)))
-    print(f"{'':17}" + tr("  step (ms): median (min – max)    × the lower bound"))
-    for name in [n for n in measures if n != "bandwidth"]:
-        print(f"{name:17}  {stat(lambda r: r[name])}    {stat(lambda r: r[name] / bound_ms(r))}×")
+    print(tr("Linear-layer parameters: {m:.0f} M; fp32 multiply-add peak {peak} GFLOP/s",
+             m=params / 1e6, peak=stat(lambda r: r["peak"])))
+    print(tr("Reading bound (weights ÷ bandwidth): {bound} ms", bound=stat(read_ms)))
+    for bs in (1, 8):
+        print(tr("Compute bound at batch {bs} (2 × {bs} × parameters ÷ peak): {bound} ms",
+                 bs=bs, bound=stat(lambda r: compute_ms(r, bs))))
+    print(tr("The bound of a step is the larger of the two.\n"))
+    print(tr("\"narrow\": the same layers and operators with every matrix shrunk to 8 dimensions per head, random weights: "
+             "what a step costs without reading weights or computing (Python calls per layer, dispatching dozens of small "
+             "operators)\n"))
+    print(f"{'':22}" + tr("  step (ms): median (min – max)    × the bound"))
+    for name, (bs, _) in steps.items():
+        print(f"{row_label(name):22}  {stat(lambda r: r[name])}    {stat(lambda r: r[name] / bound_ms(r, bs))}×")
     for bs in (1, 8):
         print(tr("batch {bs}: ours / HF token/s (per-round ratio): {ratio}×",
-                 bs=bs, ratio=stat(lambda r: r[f'HF batch {bs}'] / r[ours(bs)])))
+                 bs=bs, ratio=stat(lambda r: r[f'HF batch {bs}'] / r[f'ours batch {bs}'])))
     if args.llamacpp:
         print(tr("batch 1: ours / llama.cpp token/s (per-round ratio): {ratio}×",
-                 ratio=stat(lambda r: r["llama.cpp batch 1"] / r[ours(1)])))
+                 ratio=stat(lambda r: r["llama.cpp batch 1"] / r["ours batch 1"])))
+    if args.plot:
+        bounds = {bs: stat(lambda r: bound_ms(r, bs)) for bs in (1, 8)}
+        measured = {name: (bs, stat(lambda r: r[name])) for name, (bs, _) in steps.items()}
+        for language, path in plot_paths(Path(args.plot)).items():
+            plot(path, language, model.name, args.dtype, bounds, measured)
+            print(tr("Plot written to {path}", path=path))
     return 0
+
+
+def row_label(name: str, language: str | None = None) -> str:
+    """表格和图里的行名：我们的行要翻译，HF 和 llama.cpp 是专名。"""
+    if name.startswith("ours batch "):
+        bs, _, wide = name.removeprefix("ours batch ").partition(",")
+        if wide:
+            return tr("ours batch {bs}, narrow", bs=bs, language=language)
+        return tr("ours batch {bs}", bs=bs, language=language)
+    return name
+
+
+def row_color(name: str) -> str:
+    if name.startswith("ours"):
+        return "#9fa8da" if "narrow" in name else "#3f51b5"
+    return "#ff7043"
+
+
+def plot_paths(path: Path) -> dict[str, Path]:
+    """一次运行画两张图：``X.svg`` 是中文的，旁边的 ``X.en.svg`` 是英文的（讲义的英文版用它）。"""
+    return {"zh": path, "en": path.with_suffix(".en" + path.suffix)}
+
+
+def plot(path: Path, language: str, model: str, dtype: str, bounds: dict[int, Stats],
+         steps: dict[str, tuple[int, Stats]]) -> None:
+    """横条图：每个批大小一组，下限在最上面，各实现的一步（中位数，细线是最小 – 最大）。"""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from minisgl.notebook.setup import setup_matplotlib
+
+    setup_matplotlib(chinese=True)  # 中文字体也带拉丁字母：两种语言的图用同一个字体
+    rows: list[tuple[str, Stats, str]] = []
+    for bs in bounds:
+        rows.append((tr("bound, batch {bs}", bs=bs, language=language), bounds[bs], "#9e9e9e"))
+        rows += [(row_label(name, language), st, row_color(name)) for name, (b, st) in steps.items() if b == bs]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    y = list(range(len(rows)))[::-1]
+    meds = [st.median for _, st, _ in rows]
+    err = [[st.median - st.min for _, st, _ in rows], [st.max - st.median for _, st, _ in rows]]
+    ax.barh(y, meds, xerr=err, color=[c for *_, c in rows], capsize=3)
+    for yi, (_, st, _) in zip(y, rows):
+        ax.text(st.max + max(meds) * 0.01, yi, f"{st.median:.0f} ms", va="center", fontsize=9)
+    ax.set_yticks(y, [name for name, *_ in rows])
+    ax.set_xlabel(tr("one decode step (ms), median; whiskers: min – max", language=language))
+    ax.set_title(tr("How far from the limit: {model}, {dtype}, this machine", model=model, dtype=dtype, language=language))
+    ax.set_xlim(0, max(st.max for _, st, _ in rows) * 1.15)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, metadata={"Date": None} if path.suffix == ".svg" else None)  # svg 里不写日期：重画时没有无谓的改动
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from minisgl import kernel
 from minisgl.i18n import tr
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, SamplingParams, set_global_ctx
@@ -153,7 +154,8 @@ class EngineConfig:
     memory_ratio: float | None = None  # 可用内存里给模型 + KV 的比例；None：CUDA 0.9，CPU 0.3（CPU 内存还要留给别的进程）
     seed: int = 0
     use_dummy_weight: bool = False  # 不读权重文件，填随机数（只测速度）
-    cpu_fast_linear: bool = True  # CPU 上把线性层权重重排成 oneDNN 布局；False 则一律走参考路径 F.linear
+    cpu_fast_linear: bool = True  # CPU 上线性层走快速路径（见 cpu_kernel）；False 则一律走参考路径 F.linear
+    cpu_kernel: bool = True  # 快速路径优先用 minisgl.kernel 的小批量内核（fp32，要有 C 编译器）；False 或编不出来时用 oneDNN
     cuda_graph: str = "auto"  # 解码的 CUDA 图（见 minisgl/graph.py）：auto（CUDA 上开）| off | eager（CPU 上检查图路径）| cuda
     cuda_graph_max_bs: int = 64  # 录制到多大的批；更大的解码批次照常前向
 
@@ -183,8 +185,11 @@ class Engine:
         else:
             load_weights(self.model, config.model_path)
         self.fast_linear = config.cpu_fast_linear and fast_linear_supported(self.device, self.dtype)
+        self.linear_kind = "torch"  # 线性层实际走哪条路径：torch（F.linear）| onednn | kernel
         if self.fast_linear:
-            pack_linear_weights(self.model)
+            use_kernel = config.cpu_kernel and self.dtype == torch.float32 and kernel.available()
+            self.linear_kind = "kernel" if use_kernel else "onednn"
+            pack_linear_weights(self.model, self.linear_kind)
 
         # KV 池、页表、token 池（开 CUDA 图时 KV 池多一页，给补齐批次的假请求写 K/V，不分给任何请求）
         self.num_pages = self._determine_num_pages(free_before)

@@ -173,9 +173,9 @@ def plot(rows: list[dict], path: Path, warmup: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from minisgl.notebook.setup import _setup_matplotlib
+    from minisgl.notebook.setup import setup_matplotlib
 
-    _setup_matplotlib()
+    setup_matplotlib()
     waves = [r["wave"] for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.4), constrained_layout=True)
     ax[0].plot(waves, [r["rss_mb"] for r in rows], marker="o", label="进程常驻内存 RSS")

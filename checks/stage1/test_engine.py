@@ -201,20 +201,25 @@ def test_exactly_one_page_is_enough_and_zero_is_refused(tiny_path: str, monkeypa
 
 
 def test_fast_linear_agrees_with_reference(tiny_path: str, hand) -> None:  # noqa: ANN001
-    """CPU 快速路径（oneDNN 重排的权重）与参考路径 F.linear 的 logits 一致。"""
-    logits = []
-    for fast in (True, False):
-        engine = tiny_engine(tiny_path, cpu_fast_linear=fast)
-        assert engine.fast_linear == fast
+    """CPU 的两条快速路径（小批量内核、oneDNN 重排的权重）与参考路径 F.linear 的 logits 一致。"""
+    logits = {}
+    for fast, use_kernel, kind in ((True, True, "kernel"), (True, False, "onednn"), (False, True, "torch")):
+        engine = tiny_engine(tiny_path, cpu_fast_linear=fast, cpu_kernel=use_kernel)
+        assert (engine.fast_linear, engine.linear_kind) == (fast, kind), tr(
+            "cpu_fast_linear={fast}, cpu_kernel={use_kernel}: expected linear_kind {kind!r}, got {got!r}",
+            fast=fast, use_kernel=use_kernel, kind=kind, got=engine.linear_kind,
+        )
         hand.assign_pages(engine, 0)
         req = Req(torch.tensor([3, 1, 4, 1, 5], dtype=torch.int32), 0, 0, 2, 0, SamplingParams())
         batch = Batch([req], "prefill")
         hand.fill_batch(engine, batch)
         with torch.inference_mode(), engine.ctx.forward_batch(batch):
-            logits.append(engine.model.forward())
+            logits[kind] = engine.model.forward()
         engine.forward_batch(batch, engine.sampler.prepare(batch))
         engine.shutdown()
-    assert_close_zh(logits[0], logits[1], tr("The oneDNN path and the F.linear path disagree"), atol=1e-5, rtol=1e-4)
+    for kind in ("kernel", "onednn"):
+        assert_close_zh(logits[kind], logits["torch"], tr("The {kind} path and the F.linear path disagree", kind=kind),
+                        atol=1e-5, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ def setup_notebook(seed: int = 0) -> None:
     import torch
 
     torch.manual_seed(seed)
-    _setup_matplotlib()
+    setup_matplotlib()
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -67,14 +67,14 @@ _CJK_FONTS = (
 )
 
 
-def _setup_matplotlib() -> None:
-    """画图的统一设置。中文（默认）时找一个中文字体；英文时图里没有汉字，用 matplotlib 自带的字体，不需要中文字体。"""
+def setup_matplotlib(chinese: bool | None = None) -> None:
+    """画图的统一设置。中文（默认跟随当前语言）时找一个中文字体；英文时图里没有汉字，用 matplotlib 自带的字体。"""
     import matplotlib
     from matplotlib import font_manager
 
     from minisgl.i18n import lang
 
-    chinese = lang() == "zh"
+    chinese = lang() == "zh" if chinese is None else chinese
     names = {f.name for f in font_manager.fontManager.ttflist} if chinese else set()
     found = next((n for n in _CJK_FONTS if n in names), None)
     if found is None and chinese:

@@ -186,11 +186,16 @@ class SDPAAttnBackend(BaseAttnBackend):
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         md: PaddedMetadata = batch.attn_metadata
         bs, max_q = md.q_index.shape
-        q_pad = q[md.q_index].transpose(1, 2)  # [B, Hq, max_q, D]
-        k_pad = self.kv_cache.k_cache(layer_id)[md.kv_slots].transpose(1, 2)  # [B, Hkv, max_k, D]
-        v_pad = self.kv_cache.v_cache(layer_id)[md.kv_slots].transpose(1, 2)
+        q_pad = take_rows(q, md.q_index).transpose(1, 2)  # [B, Hq, max_q, D]
+        k_pad = take_rows(self.kv_cache.k_cache(layer_id), md.kv_slots).transpose(1, 2)  # [B, Hkv, max_k, D]
+        v_pad = take_rows(self.kv_cache.v_cache(layer_id), md.kv_slots).transpose(1, 2)
         o = F.scaled_dot_product_attention(q_pad, k_pad, v_pad, attn_mask=md.mask, enable_gqa=True)
-        return o.transpose(1, 2).reshape(bs * max_q, q.shape[1], q.shape[2])[md.out_index]
+        return take_rows(o.transpose(1, 2).reshape(bs * max_q, q.shape[1], q.shape[2]), md.out_index)
+
+
+def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[index]``（按第 0 维取行），用 ``index_select`` 实现：CPU 上比高级索引快几倍（整行拷贝，不逐元素算地址）。"""
+    return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
 
 
 # ----------------------------------------------------------------------------- CUDA 上的可选后端

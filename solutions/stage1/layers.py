@@ -4,8 +4,9 @@
 算子自己知道权重的形状和怎样从检查点里装载——合并线性层把 HF 的 q/k/v（或 gate/up）
 几个张量按行拼进同一块权重，一次矩阵乘法算完。没有 autograd、没有 hook，推理只要这些。
 
-线性层有两条路径：``F.linear`` 是易读的参考实现；在 CPU 上，加载完权重后可以把权重一次性
-重排成 oneDNN 喜欢的布局（:func:`pack_linear_weights`），之后每步解码快好几倍。
+线性层有一条参考路径和两条 CPU 快速路径：``F.linear`` 是易读的参考实现；在 CPU 上，加载完权重后可以把
+权重一次性重排成 oneDNN 喜欢的布局，或者交给本项目自己的小批量内核（:func:`pack_linear_weights`），之后每步解码
+快好几倍。
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
+from minisgl import kernel
 from minisgl.i18n import tr
 from minisgl.core import get_global_ctx
 
@@ -125,6 +127,7 @@ class Linear(BaseOP):
         self.bias = torch.empty(out, dtype=dtype, device=device) if bias else None
         self._shard_names = shard_names
         self._packed: torch.Tensor | None = None  # oneDNN 布局的权重（不透明张量，不能切片）
+        self._kernel = False  # 前向走 minisgl.kernel 的小批量内核（权重原样不动）
 
     def own_slots(self, prefix: str) -> dict[str, WeightSlot]:
         if self._shard_names is None:
@@ -146,26 +149,35 @@ class Linear(BaseOP):
         target.copy_(tensor)
         # <<< TASK
 
-    def pack(self) -> None:
-        """把权重重排成 oneDNN 的布局（只做一次），重排后的副本取代原权重以省内存。
+    def pack(self, kind: str = "onednn") -> None:
+        """为 CPU 换一条更快的路径（只做一次）。
 
-        批大小提示传 ``None``：传 1 会得到一个批大于 1 时很慢的布局。
+        ``onednn``：把权重重排成 oneDNN 的布局，重排后的副本取代原权重以省内存（批大小提示传 ``None``：
+        传 1 会得到一个批大于 1 时很慢的布局）。``kernel``：权重原样不动，前向交给 ``minisgl.kernel``
+        的小批量内核（它不认的权重形状照旧用 oneDNN）。
         """
-        if self.weight is not None:
+        if self.weight is None:
+            return
+        if kind == "kernel" and kernel.supports(self.weight):
+            self._kernel = True
+        else:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._kernel:
+            return kernel.cpu_linear(x, self.weight, self.bias)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
-def pack_linear_weights(root: BaseOP) -> int:
-    """把 ``root`` 下所有线性层（含 LM head）换成 CPU 快速布局，返回换了几个。加载完权重后调用一次。"""
+def pack_linear_weights(root: BaseOP, kind: str = "onednn") -> int:
+    """把 ``root`` 下所有线性层（含 LM head）换成 CPU 快速路径（``onednn`` 或 ``kernel``，见 :meth:`Linear.pack`），
+    返回换了几个。加载完权重后调用一次。"""
     ops = [op for _, op in root.named_ops() if isinstance(op, Linear)]
     for op in ops:
-        op.pack()
+        op.pack(kind)
     return len(ops)
 
 
