@@ -19,6 +19,7 @@
     python bench/roofline.py --repeats 5 --model models/SmolLM2-135M-Instruct
     python bench/roofline.py --llamacpp      # SmolLM2，另加 llama.cpp 一个请求的一步（要先装 llama-cpp-python）
     python bench/roofline.py --dtype bf16    # 权重用 bf16（我们和 HF 都是）：每步少读一半字节
+    python bench/roofline.py --linear onednn # 我们的线性层换成 oneDNN（或 torch：F.linear），看内核省了多少
     python bench/roofline.py --plot docs/assets/plots/roofline.svg   # 另把结果画成图（标注用当前语言）
 
 ``--llamacpp`` 时先确认 llama.cpp 与我们的贪心输出逐 token 相同（同一份权重），再计时。
@@ -140,6 +141,8 @@ def main() -> int:
                         help=tr("SmolLM2, plus llama.cpp's batch-1 decode step on the same fp32 weights"))
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help=tr("weight dtype for ours and HF (default fp32; --llamacpp needs fp32)"))
+    parser.add_argument("--linear", choices=("kernel", "onednn", "torch"), default="kernel",
+                        help=tr("our linear layers: the small-batch kernel (default), oneDNN, or plain F.linear"))
     parser.add_argument("--plot", default=None, help=tr("also draw the result into this image file (svg or png; the English one goes beside it as X.en.svg)"))
     args = parser.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -158,7 +161,8 @@ def main() -> int:
     print(tr("Model: {name} ({dtype}, {threads} threads), {repeats} interleaved rounds (plus 1 warm-up round)",
              name=model.name, dtype=args.dtype, threads=torch.get_num_threads(), repeats=args.repeats))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval()
-    llm = LLM(model, dtype=dtype, max_running_req=8, num_page_override=1024, max_seq_len_override=256)
+    linear = {"cpu_fast_linear": args.linear != "torch", "cpu_kernel": args.linear == "kernel"}
+    llm = LLM(model, dtype=dtype, max_running_req=8, num_page_override=1024, max_seq_len_override=256, **linear)
     print(tr("Our linear layers: {kind}", kind=llm.engine.linear_kind))
     scratch = tempfile.TemporaryDirectory()
     small = LLM(fixed_cost_model(model, Path(scratch.name)), dtype=dtype, use_dummy_weight=True, max_running_req=8,

@@ -171,7 +171,7 @@ explorer.run(page_size=8, num_reqs=2, max_tokens=4)
 # <details><summary>答案</summary>
 #
 # 预先分配的 KV 池不再每步拷贝整个缓存；多个请求放进同一次矩阵乘法（批次越大，每个 token 分摊的权重读取越少）；
-# CPU 上线性层权重一次性重排成 oneDNN 布局；LM head 只算每个请求的最后一个 token。
+# CPU 上线性层走快速路径（第 1.2 章：oneDNN 布局，或引擎默认的小批量内核）；LM head 只算每个请求的最后一个 token。
 # </details>
 
 # %% [markdown] tags=["lang-en"]
@@ -199,8 +199,9 @@ explorer.run(page_size=8, num_reqs=2, max_tokens=4)
 # <details><summary>Answer</summary>
 #
 # The preallocated KV pool no longer copies the whole cache at every step; several requests share one matrix
-# multiplication (the larger the batch, the less weight reading per token); on the CPU the linear layers' weights are
-# reordered once into the oneDNN layout; the LM head computes only the last token of each request.
+# multiplication (the larger the batch, the less weight reading per token); on the CPU the linear layers take a fast
+# path (chapter 1.2: the oneDNN layout, or the engine's default small-batch kernel); the LM head computes only the last
+# token of each request.
 # </details>
 
 # %% [markdown] tags=["lang-zh"]
