@@ -3,7 +3,8 @@
 小批次解码每步要把全部权重从内存读一遍，线性层几乎只是在搬数据。PyTorch 在 CPU 上现成的两条路在这里都吃亏
 （数字见 ``bench/README.md``）：MKL 的 ``F.linear`` 在 M = 1 时只用一个线程、在 AMD 处理器上 M = 8 时更慢；
 oneDNN 打包后的线性层只用到读带宽的六七成。这个几十行的 C 内核把 4 行权重读进来一次、同时乘 3 行输入，
-M = 1 时接近读带宽，M = 8 时接近乘加的峰值；对任意 M 都对（预填充也走它）。
+M = 1 时接近读带宽，M = 8 时接近乘加的峰值。它不给输入分块：输入超过 :data:`MAX_ROWS` 行（长提示词的预填充）
+时每块权重都要把整个输入重读一遍，这时交给 ``F.linear``（MKL 分块的矩阵乘）更快。
 
 第一次用到时用系统的 C 编译器（``cc``，可以用环境变量 ``CC`` 换）现编一次，结果按源码、编译选项和机器缓存在
 ``~/.cache/minisgl/kernels``（``MINISGL_KERNEL_CACHE`` 可以换位置），之后直接加载。没有编译器、编译失败或不是
@@ -24,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from minisgl.i18n import tr
 
@@ -31,6 +33,7 @@ __all__ = ["SOURCE", "available", "cpu_linear", "supports"]
 
 SOURCE = Path(__file__).with_name("cpu_linear.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
+MAX_ROWS = 256  # 更多行时 F.linear 更快（0.6B 的各层形状，M = 1024 时内核约慢三成）
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -40,9 +43,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minisgl" / "kernels"
 
 
+def _cpu_id() -> str:
+    """这颗 CPU 的型号和指令集：``-march=native`` 编出来的库只能在同样的 CPU 上用（家目录可能被几台机器共用）。"""
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        lines = info.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags", "Features", "CPU part"))}))
+    return platform.processor()
+
+
 def _build(compiler: str) -> Path:
     """编译（已有同一份就直接用）。先写到临时文件再改名：几个进程同时编也不会读到半个文件。"""
-    key = "\n".join([SOURCE.read_text(encoding="utf-8"), compiler, *FLAGS, platform.machine(), platform.processor()])
+    key = "\n".join([SOURCE.read_text(encoding="utf-8"), compiler, *FLAGS, platform.machine(), _cpu_id()])
     target = cache_dir() / f"cpu_linear-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
     if target.is_file():
         return target
@@ -98,6 +110,8 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     m = x2.shape[0]
+    if m > MAX_ROWS:
+        return F.linear(x, weight, bias)
     y = torch.empty((m, n), dtype=torch.float32)
     if m:
         _library().cpu_linear(x2.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),

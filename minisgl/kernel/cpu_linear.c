@@ -1,11 +1,10 @@
-/* y = x Wᵀ + b on the CPU, fp32, row-major W [N, K], x [M, K], y [M, N].
+/* CPU 上的 y = x Wᵀ + b：fp32，行优先，W [N, K]，x [M, K]，y [M, N]。
  *
- * Small-batch decode reads every weight once per step; this kernel makes that one pass count:
- * a tile of 4 weight rows is read from memory once and multiplied against the x rows three at a time
- * (4 × 3 accumulators of 8 lanes stay in registers), so at M = 1 it streams at the memory bandwidth and
- * at M = 8 it runs near the FMA peak. Threads split the output rows (OpenMP: the same thread pool as
- * PyTorch, which loaded libgomp first). Each output is summed by one thread in a fixed order: the result
- * does not depend on the thread count.
+ * 小批次解码每步把每个权重读一遍；这个内核让这一遍读得值：4 行权重从内存里读进来一次，每次同时乘 3 行 x
+ * （4 × 3 个 8 路累加器都留在寄存器里），所以 M = 1 时按读带宽流过权重，M = 8 时接近乘加峰值。
+ * x 不分块：M 很大（长提示词的预填充）时 Python 那边改用 F.linear。
+ * 线程按输出行分工（OpenMP：与 PyTorch 同一个线程池，libgomp 已由 PyTorch 先加载）。每个输出由一个线程
+ * 按固定顺序求和：结果与线程数无关。
  */
 #include <stdint.h>
 #include <string.h>
@@ -24,7 +23,7 @@ static inline float hsum(v8f v) {
     return s;
 }
 
-/* rw weight rows starting at r times rx x rows starting at m; rw, rx are constants after inlining. */
+/* 从第 r 行起的 rw 行权重 × 从第 m 行起的 rx 行 x；内联后 rw、rx 都是常数，循环全部展开。 */
 static inline __attribute__((always_inline)) void tile(const float *w, const float *x, const float *b, float *y,
                                                        int64_t K, int64_t N, int64_t r, int64_t m, int rw, int rx) {
     v8f acc[4][3] = {{{0}}};
@@ -48,7 +47,7 @@ static inline __attribute__((always_inline)) void rows(const float *w, const flo
     if (M - m == 1) tile(w, x, b, y, K, N, r, m, rw, 1);
 }
 
-/* K must be a multiple of 8 (the Python side checks). b may be NULL. */
+/* K 必须是 8 的倍数（Python 那边检查过）；b 可以是 NULL。 */
 void cpu_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t K, int64_t N) {
     int64_t tiles = N / 4;
 #pragma omp parallel for schedule(static)

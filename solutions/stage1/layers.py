@@ -165,10 +165,10 @@ class Linear(BaseOP):
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._kernel:
-            return kernel.cpu_linear(x, self.weight, self.bias)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        if self._kernel:
+            return kernel.cpu_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
