@@ -74,26 +74,26 @@ def main() -> None:
         with torch.inference_mode():
             return timed(lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False))
 
-    def variant(overlap: bool, threads: int) -> float:
-        """里程碑负载，换一种重叠 / 线程设置：2 个核上，主线程排调度和前向的计算线程抢的是同一对核。
+    def without_overlap(threads: int) -> float:
+        """里程碑负载，关掉重叠调度、用 ``threads`` 个计算线程：2 个核上，主线程排调度和前向的计算线程抢的是同一对核。
 
         线程数只在不重叠时有意义：``torch.set_num_threads`` 只改调用它的线程，重叠调度的前向跑在另一个线程里。
         """
-        saved = ENV.DISABLE_OVERLAP_SCHEDULING.value, torch.get_num_threads()
-        ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+        saved_overlap, saved_threads = ENV.DISABLE_OVERLAP_SCHEDULING.value, torch.get_num_threads()
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = True
         torch.set_num_threads(threads)
         try:
             return timed(lambda: radix.generate(enc, sp8))
         finally:
-            ENV.DISABLE_OVERLAP_SCHEDULING.value, _ = saved
-            torch.set_num_threads(saved[1])
+            ENV.DISABLE_OVERLAP_SCHEDULING.value = saved_overlap
+            torch.set_num_threads(saved_threads)
 
     no_overlap, one_thread = tr("LLM, no overlap ×8"), tr("LLM, no overlap, 1 thread ×8")  # 表格的行名
     cases = [
         Case("HF generate ×8", lambda: hf_generate(hf_ids, hf_mask, n), 8 * n),
         Case("LLM.generate ×8", lambda: timed(lambda: radix.generate(enc, sp8)), 8 * n),
-        Case(no_overlap, lambda: variant(overlap=False, threads=torch.get_num_threads()), 8 * n),
-        Case(one_thread, lambda: variant(overlap=False, threads=1), 8 * n),
+        Case(no_overlap, lambda: without_overlap(torch.get_num_threads()), 8 * n),
+        Case(one_thread, lambda: without_overlap(1), 8 * n),
     ]
     print(tr("\n[1] milestone workload: 8 requests × {n} tokens", n=n))
     s1 = interleaved(cases, args.repeats)
