@@ -11,7 +11,8 @@
 1. 内存读带宽：对一个 1 GiB 的 fp32 张量求和（所有线程一起读），取三次里最快的；
 2. 乘加峰值：一个放得进缓存的矩阵乘（256 × 1024 乘 1024 × 1024，oneDNN），取五次里最快的；
 3. 我们的一步解码（batch 1 和 batch 8，关掉重叠，取每步的前向时间）；
-4. Hugging Face 的一步解码（同样的 batch，带 KV 缓存逐 token 前向）；
+4. 我们的一步解码，解码层整个交给 C 函数（``cpu_fused_decode``，见 ``minisgl/fused.py``；只在 fp32、内核线性层时）；
+5. Hugging Face 的一步解码（同样的 batch，带 KV 缓存逐 token 前向）；
 
 然后用同一轮的带宽和峰值算下限，报每一步是下限的几倍、我们对 HF 的 token/s 倍数，都给中位数（最小 – 最大）。
 
@@ -164,6 +165,10 @@ def main() -> int:
     linear = {"cpu_fast_linear": args.linear != "torch", "cpu_kernel": args.linear == "kernel"}
     llm = LLM(model, dtype=dtype, max_running_req=8, num_page_override=1024, max_seq_len_override=256, **linear)
     print(tr("Our linear layers: {kind}", kind=llm.engine.linear_kind))
+    fused = None
+    if llm.engine.linear_kind == "kernel" and dtype == torch.float32:
+        fused = LLM(model, dtype=dtype, max_running_req=8, num_page_override=1024, max_seq_len_override=256,
+                    cpu_fused_decode=True)
     scratch = tempfile.TemporaryDirectory()
     small = LLM(fixed_cost_model(model, Path(scratch.name)), dtype=dtype, use_dummy_weight=True, max_running_req=8,
                 num_page_override=1024, max_seq_len_override=256)
@@ -183,6 +188,10 @@ def main() -> int:
         "ours batch 1, narrow": (1, lambda: our_step_ms(small, 1)),
         "ours batch 8": (8, lambda: our_step_ms(llm, 8)),
         "ours batch 8, narrow": (8, lambda: our_step_ms(small, 8)),
+        **({} if fused is None else {
+            "ours batch 1, fused": (1, lambda: our_step_ms(fused, 1)),
+            "ours batch 8, fused": (8, lambda: our_step_ms(fused, 8)),
+        }),
         "HF batch 1": (1, lambda: hf_step_ms(hf, 1)),
         "HF batch 8": (8, lambda: hf_step_ms(hf, 8)),
     }
@@ -202,8 +211,9 @@ def main() -> int:
             print(tr("  round {done}/{total} done", done=r + 1, total=1 + args.repeats) + warm)
     finally:
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
-        llm.shutdown()
-        small.shutdown()
+        for engine in (llm, small, fused):
+            if engine is not None:
+                engine.shutdown()
         scratch.cleanup()
     rounds = rounds[1:]
 
@@ -234,12 +244,15 @@ def main() -> int:
     print(f"{'':22}" + tr("  step (ms): median (min – max)    × the bound"))
     for name, (bs, _) in steps.items():
         print(f"{row_label(name):22}  {stat(lambda r: r[name])}    {stat(lambda r: r[name] / bound_ms(r, bs))}×")
+    variants = ["ours batch {bs}"] + ([] if fused is None else ["ours batch {bs}, fused"])
     for bs in (1, 8):
-        print(tr("batch {bs}: ours / HF token/s (per-round ratio): {ratio}×",
-                 bs=bs, ratio=stat(lambda r: r[f'HF batch {bs}'] / r[f'ours batch {bs}'])))
+        for v in variants:
+            print(tr("batch {bs}: {row} / HF token/s (per-round ratio): {ratio}×", bs=bs, row=row_label(v.format(bs=bs)),
+                     ratio=stat(lambda r: r[f'HF batch {bs}'] / r[v.format(bs=bs)])))
     if args.llamacpp:
-        print(tr("batch 1: ours / llama.cpp token/s (per-round ratio): {ratio}×",
-                 ratio=stat(lambda r: r["llama.cpp batch 1"] / r["ours batch 1"])))
+        for v in variants:
+            print(tr("batch 1: {row} / llama.cpp token/s (per-round ratio): {ratio}×", row=row_label(v.format(bs=1)),
+                     ratio=stat(lambda r: r["llama.cpp batch 1"] / r[v.format(bs=1)])))
     if args.plot:
         bounds = {bs: stat(lambda r: bound_ms(r, bs)) for bs in (1, 8)}
         measured = {name: (bs, stat(lambda r: r[name])) for name, (bs, _) in steps.items()}
@@ -252,16 +265,18 @@ def main() -> int:
 def row_label(name: str, language: str | None = None) -> str:
     """表格和图里的行名：我们的行要翻译，HF 和 llama.cpp 是专名。"""
     if name.startswith("ours batch "):
-        bs, _, wide = name.removeprefix("ours batch ").partition(",")
-        if wide:
+        bs, _, variant = name.removeprefix("ours batch ").partition(", ")
+        if variant == "narrow":
             return tr("ours batch {bs}, narrow", bs=bs, language=language)
+        if variant == "fused":
+            return tr("ours batch {bs}, fused decode", bs=bs, language=language)
         return tr("ours batch {bs}", bs=bs, language=language)
     return name
 
 
 def row_color(name: str) -> str:
     if name.startswith("ours"):
-        return "#9fa8da" if "narrow" in name else "#3f51b5"
+        return "#9fa8da" if "narrow" in name else "#1a237e" if "fused" in name else "#3f51b5"
     return "#ff7043"
 
 

@@ -23,6 +23,7 @@ from minisgl import kernel
 from minisgl.i18n import tr
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, SamplingParams, set_global_ctx
+from minisgl.fused import FusedDecoder
 from minisgl.graph import GraphRunner, resolve_graph_mode
 from minisgl.kvcache import MHAKVCache, create_page_table
 from minisgl.layers import fast_linear_supported, pack_linear_weights
@@ -158,6 +159,7 @@ class EngineConfig:
     cpu_kernel: bool = True  # 快速路径优先用 minisgl.kernel 的小批量内核（fp32，要有 C 编译器）；False 或编不出来时用 oneDNN
     cuda_graph: str = "auto"  # 解码的 CUDA 图（见 minisgl/graph.py）：auto（CUDA 上开）| off | eager（CPU 上检查图路径）| cuda
     cuda_graph_max_bs: int = 64  # 录制到多大的批；更大的解码批次照常前向
+    cpu_fused_decode: bool = False  # CPU 上解码批次的全部解码层交给一个 C 函数（见 minisgl/fused.py）；学习时别开
 
 
 class ForwardOutput(NamedTuple):
@@ -209,6 +211,7 @@ class Engine:
         )
         self.sampler = Sampler(self.device, c.vocab_size, config.seed)
         self.graph_runner = None if self.graph_mode == "off" else GraphRunner(self, self.graph_mode, config.cuda_graph_max_bs)
+        self.fused_decoder = FusedDecoder(self) if config.cpu_fused_decode else None
 
     def _determine_num_pages(self, free_before: int) -> int:
         """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。"""

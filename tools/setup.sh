@@ -7,7 +7,9 @@ PY="${PYTHON:-$(command -v python || command -v python3)}"
 mkdir -p .minisgl
 stamp=.minisgl/setup.stamp
 want="$(cat pyproject.toml tools/setup.sh | sha256sum | cut -c1-16) $("$PY" -c 'import sys; print(sys.prefix)')"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c "import minisgl, torch, transformers, gguf, pathlib, sys; sys.exit(pathlib.Path(minisgl.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null; then
+# 在仓库外检查导入：在仓库里 ``python -c`` 总能从当前目录导入 minisgl，即使可编辑安装指向的是别处（搬过的旧克隆）。
+repo="$(pwd -P)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! (cd / && "$PY" -c "import minisgl, torch, transformers, gguf, pathlib, sys; sys.exit(str(pathlib.Path(minisgl.__file__).resolve().parents[1]) != sys.argv[1])" "$repo") 2>/dev/null; then
     if ! "$PY" -c "import torch" 2>/dev/null; then
         # 这里给出一个确切版本：在课程的机器上它是本地磁盘上的 CPU 版；别处则是 PyPI 上的普通 torch。
         "$PY" -m pip install "torch==${MINISGL_TORCH_VERSION:-2.13.0}" || {

@@ -31,7 +31,7 @@ SOURCES = ["minisgl", "checks", "examples", "solutions", "stage1", "stage2", "to
 LEARNER_FACING = [
     "checks/stage1", "checks/stage2", "checks/hf_reference.py", "minisgl/course", "minisgl/notebook", "minisgl/i18n.py",
     "minisgl/validation.py", "minisgl/llm.py", "minisgl/model_zoo.py", "minisgl/trace.py", "minisgl/scheduling.py",
-    "minisgl/env.py", "minisgl/graph.py", "minisgl/kernel", "examples", "solutions", "stage1", "stage2",
+    "minisgl/env.py", "minisgl/graph.py", "minisgl/fused.py", "minisgl/kernel", "examples", "solutions", "stage1", "stage2",
     "tools/make_diagrams.py",
 ]
 

@@ -17,17 +17,17 @@ from minisgl.layers import Linear
 def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """另一个缓存目录、清掉已加载的库：这个测试里重新编一次。"""
     monkeypatch.setenv("MINISGL_KERNEL_CACHE", str(tmp_path))
-    kernel._library.cache_clear()
+    kernel.library.cache_clear()
     yield tmp_path
-    kernel._library.cache_clear()
+    kernel.library.cache_clear()
 
 
 def test_builds_once_and_is_cached(fresh_build: Path) -> None:
     assert kernel.available(), "the CI machine has a C compiler: the kernel must build"
-    built = list(fresh_build.glob("cpu_linear-*.so"))
+    built = list(fresh_build.glob("cpu_kernels-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    kernel._library.cache_clear()
+    kernel.library.cache_clear()
     assert kernel.available() and built[0].stat().st_mtime_ns == stamp, "a second load must reuse the cached build"
 
 

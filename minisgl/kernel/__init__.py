@@ -1,4 +1,5 @@
-"""CPU 上小批量的线性层内核（``cpu_linear.c``）：不是某一章的内容，而是引擎的一个选项（``EngineConfig.cpu_kernel``）。
+"""CPU 上的 C 内核：小批量的线性层（``cpu_linear.c``，引擎选项 ``EngineConfig.cpu_kernel``）和一整步解码的
+全部解码层（``cpu_decode.c``，引擎选项 ``EngineConfig.cpu_fused_decode``，见 ``minisgl/fused.py``）。都不是某一章的内容。
 
 小批次解码每步要把全部权重从内存读一遍，线性层几乎只是在搬数据。PyTorch 在 CPU 上现成的两条路在这里都吃亏
 （数字见 ``bench/README.md``）：MKL 的 ``F.linear`` 在 M = 1 时只用一个线程、在 AMD 处理器上 M = 8 时更慢；
@@ -29,9 +30,9 @@ import torch.nn.functional as F
 
 from minisgl.i18n import tr
 
-__all__ = ["SOURCE", "available", "cpu_linear", "supports"]
+__all__ = ["SOURCES", "available", "cpu_linear", "library", "supports"]
 
-SOURCE = Path(__file__).with_name("cpu_linear.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_decode.c")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
 MAX_ROWS = 256  # 更多行时 F.linear 更快（0.6B 的各层形状，M = 1024 时内核约慢三成）
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -54,15 +55,16 @@ def _cpu_id() -> str:
 
 def _build(compiler: str) -> Path:
     """编译（已有同一份就直接用）。先写到临时文件再改名：几个进程同时编也不会读到半个文件。"""
-    key = "\n".join([SOURCE.read_text(encoding="utf-8"), compiler, *FLAGS, platform.machine(), _cpu_id()])
-    target = cache_dir() / f"cpu_linear-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    sources = [src.read_text(encoding="utf-8") for src in SOURCES]
+    key = "\n".join([*sources, compiler, *FLAGS, platform.machine(), _cpu_id()])
+    target = cache_dir() / f"cpu_kernels-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
+        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"], check=True, capture_output=True, text=True)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -71,7 +73,8 @@ def _build(compiler: str) -> Path:
 
 
 @lru_cache(maxsize=1)
-def _library() -> ctypes.CDLL | None:
+def library() -> ctypes.CDLL | None:
+    """编好的库（第一次调用时编译）；编不出来时返回 None。"""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None or platform.machine().lower() not in ("x86_64", "amd64", "aarch64", "arm64"):
         return None
@@ -84,12 +87,14 @@ def _library() -> ctypes.CDLL | None:
         return None
     lib.cpu_linear.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
     lib.cpu_linear.restype = None
+    lib.cpu_decode.argtypes = [_PTR] * 8 + [_I64, _PTR, _PTR, _I64, _PTR]  # 各参数见 cpu_decode.c
+    lib.cpu_decode.restype = None
     return lib
 
 
 def available() -> bool:
     """内核能用吗（第一次调用时编译，可能要一两秒）。"""
-    return _library() is not None
+    return library() is not None
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -114,6 +119,6 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         return F.linear(x, weight, bias)
     y = torch.empty((m, n), dtype=torch.float32)
     if m:
-        _library().cpu_linear(x2.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+        library().cpu_linear(x2.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
                               y.data_ptr(), m, k, n)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)

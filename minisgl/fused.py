@@ -1,0 +1,101 @@
+"""CPU 上一步解码的全部解码层一次算完（``minisgl/kernel/cpu_decode.c``）：CUDA 图在 CPU 上的对应物。
+
+Python 逐层发算子，每层几十个小算子（归一化、RoPE、切分、拷贝、注意力……），每个都有几微秒的固定开销。
+小模型的一步解码里，这些开销比把权重读一遍还费时（``docs/roofline.md`` 里“窄模型”那一行量的就是它）。
+CUDA 图靠“录一次、回放”消掉它；CPU 上没有图可录，于是把同样的计算写成一个 C 函数，每步只调用一次。
+
+不是某一章的内容，而是引擎的一个选项（``EngineConfig.cpu_fused_decode``，缺省关）：打开后解码批次绕过
+第 1.2–1.5 章的 Python 代码，所以学习时保持关闭，让自己写的每一层都真正跑起来。预填充照常走 Python。
+要求：CPU、fp32、线性层走 ``minisgl.kernel`` 的内核（``cpu_kernel=True``，权重是原样的连续张量）。
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING
+
+import torch
+
+from minisgl import kernel
+from minisgl.i18n import tr
+from minisgl.layers import Linear
+
+if TYPE_CHECKING:
+    from minisgl.engine import Engine
+
+__all__ = ["FusedDecoder"]
+
+_I64, _F32 = ctypes.c_int64, ctypes.c_float
+
+
+class _Shape(ctypes.Structure):
+    """与 ``cpu_decode.c`` 里的 ``Shape`` 一一对应。"""
+
+    _fields_ = [(name, _I64) for name in
+                ("batch", "hidden", "q_heads", "kv_heads", "head_dim", "intermediate", "layers")] + [("eps", _F32)]
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+class FusedDecoder:
+    """装上以后 ``engine.model.forward`` 先经过这里：解码批次交给 C 函数，其余照常前向。"""
+
+    def __init__(self, engine: Engine) -> None:
+        if engine.device.type != "cpu" or engine.dtype != torch.float32:
+            raise ValueError(tr("cpu_fused_decode works only on the CPU in float32"))
+        if engine.linear_kind != "kernel":
+            raise ValueError(tr("cpu_fused_decode needs the CPU kernel (cpu_kernel=True and a C compiler)"))
+        if engine.graph_mode != "off":
+            raise ValueError(tr("cpu_fused_decode and cuda_graph cannot be used together"))
+        c, model = engine.model_config, engine.model
+        self.ctx, self.page_table, self.model = engine.ctx, engine.page_table, model
+        self.shape = _Shape(0, c.hidden_size, c.num_qo_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                            c.num_layers, c.rms_norm_eps)
+        rows = []
+        for i, layer in enumerate(model.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if not all(op._kernel for op in linears):
+                raise ValueError(tr("cpu_fused_decode: a linear layer of this model does not fit the CPU kernel"))
+            rows.append([
+                _ptr(layer.input_layernorm.weight), _ptr(attn.qkv_proj.weight), _ptr(attn.qkv_proj.bias),
+                _ptr(attn.q_norm and attn.q_norm.weight), _ptr(attn.k_norm and attn.k_norm.weight),
+                _ptr(attn.o_proj.weight), _ptr(attn.o_proj.bias), _ptr(layer.post_attention_layernorm.weight),
+                _ptr(mlp.gate_up_proj.weight), _ptr(mlp.gate_up_proj.bias), _ptr(mlp.down_proj.weight),
+                _ptr(mlp.down_proj.bias), _ptr(engine.kv_cache.k_cache(i)), _ptr(engine.kv_cache.v_cache(i)),
+            ])
+        self.pointers = torch.tensor(rows, dtype=torch.int64)  # 权重不会再搬家：指针表只做一次
+        rotary = model.model.layers[0].self_attn.attn._rotary
+        self.cos, self.sin = rotary._cos.contiguous(), rotary._sin.contiguous()
+        self.decode_steps = 0
+        self._model_forward = model.forward
+        model.forward = self.forward
+
+    def _work_floats(self, bs: int, max_len: int) -> int:
+        """C 函数要的草稿大小（与 ``cpu_decode`` 里的切分一致）。"""
+        s = self.shape
+        qkv = (s.q_heads + 2 * s.kv_heads) * s.head_dim
+        return bs * (2 * s.hidden + qkv + s.q_heads * s.head_dim + 3 * s.intermediate + s.q_heads * max_len)
+
+    def forward(self) -> torch.Tensor:
+        batch = self.ctx.batch
+        if not batch.is_decode:
+            return self._model_forward()
+        md, model, bs = batch.attn_metadata, self.model, batch.size
+        x = model.model.embed_tokens.forward(batch.input_ids).contiguous()
+        ints = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
+        positions, out_loc = ints(batch.positions), ints(batch.out_loc)
+        table_idx = torch.tensor(md.table_idx, dtype=torch.int32)
+        seq_lens = torch.tensor(md.seq_lens, dtype=torch.int32)
+        max_len = max(md.seq_lens)
+        work = torch.empty(self._work_floats(bs, max_len), dtype=torch.float32)
+        self.shape.batch = bs
+        kernel.library().cpu_decode(
+            ctypes.addressof(self.shape), _ptr(self.pointers), _ptr(x), _ptr(self.cos), _ptr(self.sin),
+            _ptr(positions), _ptr(out_loc), _ptr(self.page_table), self.page_table.shape[1],
+            _ptr(table_idx), _ptr(seq_lens), max_len, _ptr(work),
+        )
+        self.decode_steps += 1
+        return Linear.forward(model.lm_head, model.model.norm.forward(x))  # 解码时每行都是本请求的最后一个 token
