@@ -39,6 +39,10 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.int32).contiguous()
+
+
 class FusedDecoder:
     """装上以后 ``engine.model.forward`` 先经过这里：解码批次交给 C 函数，其余照常前向。"""
 
@@ -81,15 +85,15 @@ class FusedDecoder:
 
     def forward(self) -> torch.Tensor:
         batch = self.ctx.batch
-        if not batch.is_decode:
+        # 预填充照常前向；位置超出 RoPE 表时也走 Python 那条路（由它报错），C 里不越界读
+        if not batch.is_decode or max(batch.attn_metadata.seq_lens) > self.cos.shape[0]:
             return self._model_forward()
         md, model, bs = batch.attn_metadata, self.model, batch.size
+        max_len = max(md.seq_lens)
         x = model.model.embed_tokens.forward(batch.input_ids).contiguous()
-        ints = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
-        positions, out_loc = ints(batch.positions), ints(batch.out_loc)
+        positions, out_loc = _int32(batch.positions), _int32(batch.out_loc)
         table_idx = torch.tensor(md.table_idx, dtype=torch.int32)
         seq_lens = torch.tensor(md.seq_lens, dtype=torch.int32)
-        max_len = max(md.seq_lens)
         work = torch.empty(self._work_floats(bs, max_len), dtype=torch.float32)
         self.shape.batch = bs
         kernel.library().cpu_decode(

@@ -3,8 +3,8 @@
 """第 1.6 章 engine：把前五章拼成一个引擎，再加上批量采样器。
 
 ``Engine`` 按顺序初始化：设备与 dtype → 全局上下文 → 模型与权重 → 由剩余内存定出 KV 页数 →
-KV 池 → 页表与 token 池 → 注意力后端 → 采样器 →（CUDA 上）录制解码的 CUDA 图（``minisgl/graph.py``，
-不在本章的任务里）。``forward_batch`` 跑一次前向、为每个请求采样一个 token 并拷回主机；推进请求的长度记账（``complete_one``）由发出这一步的调用者来做。
+KV 池 → 页表与 token 池 → 注意力后端 → 采样器 →（CUDA 上）录制解码的 CUDA 图（``minisgl/graph.py``），或（CPU 上，
+可选）装上融合解码（``minisgl/fused.py``）；这两样都不在本章的任务里。``forward_batch`` 跑一次前向、为每个请求采样一个 token 并拷回主机；推进请求的长度记账（``complete_one``）由发出这一步的调用者来做。
 
 与 CUDA 有关的东西（设备、空闲显存、异步拷回主机）都收在几个小函数里，CPU 上有对应的做法。
 """
