@@ -77,27 +77,23 @@ class FusedDecoder:
         self._model_forward = model.forward
         model.forward = self.forward
 
-    def _work_floats(self, bs: int, max_len: int) -> int:
-        """C 函数要的草稿大小（与 ``cpu_decode`` 里的切分一致）。"""
-        s = self.shape
-        qkv = (s.q_heads + 2 * s.kv_heads) * s.head_dim
-        return bs * (2 * s.hidden + qkv + s.q_heads * s.head_dim + 3 * s.intermediate + s.q_heads * max_len)
-
     def forward(self) -> torch.Tensor:
         batch = self.ctx.batch
-        # 预填充照常前向；位置超出 RoPE 表时也走 Python 那条路（由它报错），C 里不越界读
-        if not batch.is_decode or max(batch.attn_metadata.seq_lens) > self.cos.shape[0]:
+        if not batch.is_decode:
             return self._model_forward()
-        md, model, bs = batch.attn_metadata, self.model, batch.size
+        md, model = batch.attn_metadata, self.model
         max_len = max(md.seq_lens)
+        if max_len > self.cos.shape[0]:  # 位置超出 RoPE 表：走 Python 那条路（由它报错），C 里不越界读
+            return self._model_forward()
         x = model.model.embed_tokens.forward(batch.input_ids).contiguous()
         positions, out_loc = _int32(batch.positions), _int32(batch.out_loc)
         table_idx = torch.tensor(md.table_idx, dtype=torch.int32)
         seq_lens = torch.tensor(md.seq_lens, dtype=torch.int32)
-        work = torch.empty(self._work_floats(bs, max_len), dtype=torch.float32)
-        self.shape.batch = bs
-        kernel.library().cpu_decode(
-            ctypes.addressof(self.shape), _ptr(self.pointers), _ptr(x), _ptr(self.cos), _ptr(self.sin),
+        lib, shape = kernel.library(), ctypes.addressof(self.shape)
+        self.shape.batch = batch.size
+        work = torch.empty(lib.cpu_decode_work_floats(shape, max_len), dtype=torch.float32)
+        lib.cpu_decode(
+            shape, _ptr(self.pointers), _ptr(x), _ptr(self.cos), _ptr(self.sin),
             _ptr(positions), _ptr(out_loc), _ptr(self.page_table), self.page_table.shape[1],
             _ptr(table_idx), _ptr(seq_lens), max_len, _ptr(work),
         )

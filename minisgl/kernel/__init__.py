@@ -89,6 +89,8 @@ def library() -> ctypes.CDLL | None:
     lib.cpu_linear.restype = None
     lib.cpu_decode.argtypes = [_PTR] * 8 + [_I64, _PTR, _PTR, _I64, _PTR]  # 各参数见 cpu_decode.c
     lib.cpu_decode.restype = None
+    lib.cpu_decode_work_floats.argtypes = [_PTR, _I64]
+    lib.cpu_decode_work_floats.restype = _I64
     return lib
 
 

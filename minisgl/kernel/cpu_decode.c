@@ -63,8 +63,15 @@ static void attend_one(const float *q, const float *kc, const float *vc, const i
     }
 }
 
+/* 草稿要多少个 float：h、qkv、attn、gate_up、act、proj 各一块，再加每个（请求, 头）max_len 个注意力分数。
+ * 下面 cpu_decode 按同样的顺序切分；Python 那边问这个函数，不自己再算一遍。 */
+int64_t cpu_decode_work_floats(const Shape *s, int64_t max_len) {
+    const int64_t QKV = (s->q_heads + 2 * s->kv_heads) * s->head_dim;
+    return s->batch * (2 * s->hidden + QKV + s->q_heads * s->head_dim + 3 * s->intermediate + s->q_heads * max_len);
+}
+
 /* x: [B, hidden] 残差流（原地更新）。positions / out_loc / table_idx / seq_lens: 每个请求一个 int32。
- * page_table: [行数, table_width] int32。work: 草稿，至少 decode_work_floats(...) 个 float。 */
+ * page_table: [行数, table_width] int32。work: 草稿，至少 cpu_decode_work_floats(s, max_len) 个 float。 */
 void cpu_decode(const Shape *s, const int64_t *ptrs, float *x, const float *cos_table, const float *sin_table,
                 const int32_t *positions, const int32_t *out_loc, const int32_t *page_table, int64_t table_width,
                 const int32_t *table_idx, const int32_t *seq_lens, int64_t max_len, float *work) {
