@@ -11,6 +11,20 @@
 - **前缀缓存接口**：缓存管理器通过一个前缀缓存对象决定哪些页面可以复用。本章的 ``naive``
   缓存什么都不缓存；第 2.3 章的 radix 缓存实现同一套接口；
 - **完整性检查**：空闲时，空闲页 + 缓存里的页 == 总页数，而且没有残留的锁。
+
+en: Chapter 2.2 cache_manager: a ``CacheManager`` that allocates KV pages on demand.
+
+Chapter 2.1 gave each request slot a fixed range of pages: a short request leaves part of it unused, and a long one
+cannot borrow from others. This chapter changes that:
+
+- **allocation on demand**: each step allocates pages only for the positions it writes (``page_size`` tokens per page,
+  whole pages);
+- **reclaiming**: when a request finishes, its pages go back to the free pool;
+- **reservation at admission**: a new request is admitted only if it still fits after the pages that running requests
+  will need are reserved; otherwise it waits (no deadlock: running requests can always finish and free their pages);
+- **the prefix-cache interface**: the cache manager asks a prefix-cache object which pages can be reused. This chapter's
+  ``naive`` cache caches nothing; the radix cache of chapter 2.3 implements the same interface;
+- **integrity check**: when idle, free pages + cached pages == total pages, and no lock is left.
 """
 
 from __future__ import annotations
@@ -31,21 +45,31 @@ from minisgl.scheduling import PendingReq, div_ceil
 
 
 # ---------------------------------------------------------------------------- 前缀缓存的接口
+# en: ---------------------------------------------------------------------------- the prefix cache's interface
 
 
 @dataclass(frozen=True)
 class BaseCacheHandle:
-    """前缀缓存命中（或插入）的结果：前 ``cached_len`` 个 token 的 K/V 已在缓存里。"""
+    """前缀缓存命中（或插入）的结果：前 ``cached_len`` 个 token 的 K/V 已在缓存里。
+
+    en: The result of a prefix-cache hit (or insert): the K/V of the first ``cached_len`` tokens are in the cache.
+    """
 
     cached_len: int
 
     def get_matched_indices(self) -> torch.Tensor:
-        """命中部分的 token 级槽位（``cached_len`` 个），可以直接写进页表。"""
+        """命中部分的 token 级槽位（``cached_len`` 个），可以直接写进页表。
+
+        en: The token-level slots of the hit part (``cached_len`` of them), ready to write into the page table.
+        """
         raise NotImplementedError
 
 
 class SizeInfo(NamedTuple):
-    """前缀缓存占着的 token 数：没人用、可以驱逐的 + 正被请求锁着的。"""
+    """前缀缓存占着的 token 数：没人用、可以驱逐的 + 正被请求锁着的。
+
+    en: Tokens held by the prefix cache: unused and evictable + locked by running requests.
+    """
 
     evictable_size: int
     protected_size: int
@@ -56,28 +80,47 @@ class SizeInfo(NamedTuple):
 
 
 class InsertResult(NamedTuple):
-    cached_len: int  # 插入前缓存里就已经有的长度（这部分请求自己的页面是重复的，要释放）
-    handle: BaseCacheHandle  # 插入后覆盖整段前缀的句柄
+    # 插入前缓存里就已经有的长度（这部分请求自己的页面是重复的，要释放）
+    # en: the length already cached before the insert (the request's own pages for this part are duplicates and must be
+    # en: freed)
+    cached_len: int
+    handle: BaseCacheHandle  # 插入后覆盖整段前缀的句柄 | en: a handle covering the whole prefix after the insert
 
 
 class BasePrefixCache(ABC):
-    """前缀缓存：记住算过的前缀用的是哪些槽位，下次同样的前缀直接复用。"""
+    """前缀缓存：记住算过的前缀用的是哪些槽位，下次同样的前缀直接复用。
+
+    en: Prefix cache: remembers which slots a computed prefix uses, so the same prefix can reuse them next time.
+    """
 
     @abstractmethod
     def match_prefix(self, input_ids: torch.Tensor) -> BaseCacheHandle:
-        """最长的已缓存前缀。返回的槽位只在句柄被锁住时才安全（否则可能被驱逐）。"""
+        """最长的已缓存前缀。返回的槽位只在句柄被锁住时才安全（否则可能被驱逐）。
+
+        en: The longest cached prefix. The slots it returns are safe only while the handle is locked (otherwise they may
+        be evicted).
+        """
 
     @abstractmethod
     def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> InsertResult:
-        """把 ``input_ids`` 这段前缀及其槽位 ``indices`` 放进缓存（只放整页）。"""
+        """把 ``input_ids`` 这段前缀及其槽位 ``indices`` 放进缓存（只放整页）。
+
+        en: Put the prefix ``input_ids`` and its slots ``indices`` into the cache (whole pages only).
+        """
 
     @abstractmethod
     def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
-        """锁住（或解锁）句柄覆盖的前缀：锁着的不会被驱逐。"""
+        """锁住（或解锁）句柄覆盖的前缀：锁着的不会被驱逐。
+
+        en: Lock (or unlock) the prefix a handle covers: a locked prefix is never evicted.
+        """
 
     @abstractmethod
     def evict(self, size: int) -> torch.Tensor:
-        """驱逐至少 ``size`` 个 token（整页），返回腾出来的槽位。"""
+        """驱逐至少 ``size`` 个 token（整页），返回腾出来的槽位。
+
+        en: Evict at least ``size`` tokens (whole pages) and return the freed slots.
+        """
 
     @property
     @abstractmethod
@@ -85,7 +128,10 @@ class BasePrefixCache(ABC):
 
     @abstractmethod
     def check_integrity(self) -> None:
-        """重新清点缓存，账目不对就抛 RuntimeError。"""
+        """重新清点缓存，账目不对就抛 RuntimeError。
+
+        en: Count the cache again; raise RuntimeError if the totals do not match.
+        """
 
 
 @dataclass(frozen=True)
@@ -97,7 +143,10 @@ class NaiveCacheHandle(BaseCacheHandle):
 
 
 class NaivePrefixCache(BasePrefixCache):
-    """什么都不缓存：每个请求都从头算，页面用完就还。"""
+    """什么都不缓存：每个请求都从头算，页面用完就还。
+
+    en: Caches nothing: every request computes from scratch, and its pages go back once it is done.
+    """
 
     def match_prefix(self, input_ids: torch.Tensor) -> BaseCacheHandle:
         return NaiveCacheHandle()
@@ -125,12 +174,19 @@ class NaivePrefixCache(BasePrefixCache):
 
 
 # ---------------------------------------------------------------------------- 缓存管理器
+# en: ---------------------------------------------------------------------------- the cache manager
 
 
 class CacheManager:
     """管理 KV 池里的页面：空闲页、按需分配、请求结束时交给前缀缓存或回收。
 
     ``free_slots`` 存每个空闲页的第一个槽位（页号 * page_size），页表里存的则是 token 级槽位。
+
+    en: Manages the pages of the KV pool: the free pages, allocation on demand, and handing a finished request's pages
+    to the prefix cache or back to the pool.
+
+    ``free_slots`` holds the first slot of each free page (page number * page_size); the page table holds token-level
+    slots.
     """
 
     def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, prefix_cache: BasePrefixCache):
@@ -143,18 +199,30 @@ class CacheManager:
         self.max_req_tokens = num_pages * page_size
 
     # ---------------------------------------------------------------- 查询与加锁
+    # en: ---------------------------------------------------------------- lookup and locking
 
     @property
     def available_size(self) -> int:
-        """现在最多能腾出多少个 token 的位置：空闲页 + 可驱逐的缓存。"""
+        """现在最多能腾出多少个 token 的位置：空闲页 + 可驱逐的缓存。
+
+        en: How many token positions can be made available now: free pages + the evictable part of the cache.
+        """
         return len(self.free_slots) * self.page_size + self.prefix_cache.size_info.evictable_size
 
     def tokens_needed(self, total_len: int, cached_len: int) -> int:
-        """长度从 ``cached_len`` 长到 ``total_len`` 还要新分配多少个 token 的位置（按整页算）。"""
+        """长度从 ``cached_len`` 长到 ``total_len`` 还要新分配多少个 token 的位置（按整页算）。
+
+        en: How many token positions must be newly allocated to grow from ``cached_len`` to ``total_len`` (in whole
+        pages).
+        """
         return (div_ceil(total_len, self.page_size) - div_ceil(cached_len, self.page_size)) * self.page_size
 
     def match_req(self, pending: PendingReq) -> BaseCacheHandle:
-        """最多匹配到倒数第二个 token：最后一个 token 总要算一遍，才有 logits 可以采样。"""
+        """最多匹配到倒数第二个 token：最后一个 token 总要算一遍，才有 logits 可以采样。
+
+        en: Match at most up to the second-to-last token: the last token must always be computed, to have logits to
+        sample from.
+        """
         return self.prefix_cache.match_prefix(pending.input_ids[: pending.input_len - 1])
 
     def lock(self, handle: BaseCacheHandle) -> None:
@@ -164,20 +232,31 @@ class CacheManager:
         self.prefix_cache.lock_handle(handle, unlock=True)
 
     # ---------------------------------------------------------------- 分配与释放
+    # en: ---------------------------------------------------------------- allocating and freeing
 
     def _allocate(self, num_pages: int) -> torch.Tensor:
-        """取出 ``num_pages`` 个空闲页（返回各页第一个槽位）；空闲页不够就先从前缀缓存驱逐。"""
+        """取出 ``num_pages`` 个空闲页（返回各页第一个槽位）；空闲页不够就先从前缀缓存驱逐。
+
+        en: Take ``num_pages`` free pages (returns the first slot of each); if there are not enough, evict from the
+        prefix cache first.
+        """
         # TODO 任务 allocate_pages：空闲页不够时 evict 差额（按 token 数：缺的页数 × page_size），它返回 token 级槽位，每页取第一个并进 free_slots（同 _free）；再从 free_slots 头部切出 num_pages 个
         # TODO task allocate_pages: if there are not enough free pages, evict the shortfall (in tokens: missing pages × page_size); it returns token-level slots, take the first of each page and add them to free_slots (as _free does); then cut num_pages from the front of free_slots
         raise TaskNotDone("cache_manager", "allocate_pages")
 
     def _free(self, indices: torch.Tensor) -> None:
-        """归还一段页对齐的 token 级槽位（取每页的第一个槽位放回空闲池）。"""
+        """归还一段页对齐的 token 级槽位（取每页的第一个槽位放回空闲池）。
+
+        en: Give back page-aligned token-level slots (the first slot of each page goes back to the free pool).
+        """
         if len(indices) > 0:
             self.free_slots = torch.cat([self.free_slots, indices[:: self.page_size].to(self.free_slots)])
 
     def _page_to_token(self, pages: torch.Tensor) -> torch.Tensor:
-        """各页第一个槽位 → 这些页里的全部槽位。"""
+        """各页第一个槽位 → 这些页里的全部槽位。
+
+        en: First slot of each page -> every slot of those pages.
+        """
         if self.page_size == 1:
             return pages
         offsets = torch.arange(self.page_size, dtype=pages.dtype, device=pages.device)
@@ -187,6 +266,12 @@ class CacheManager:
         """为这一步要写 K/V 的位置 ``[cached_len, device_len)`` 补齐页面，并写进页表。
 
         已经分到的页是前 ``div_ceil(cached_len, page_size)`` 页；要一直分到第 ``div_ceil(device_len, page_size)`` 页。
+
+        en: Allocate the missing pages for the positions ``[cached_len, device_len)`` this step writes K/V to, and write
+        them into the page table.
+
+        The pages already allocated are the first ``div_ceil(cached_len, page_size)``; allocation goes up to page
+        ``div_ceil(device_len, page_size)``.
         """
         # TODO 任务 allocate_paged：算出每个请求缺的页（first=div_ceil(cached_len)，last=div_ceil(device_len)），一次 _allocate 全部，再把槽位写进页表对应的行与列
         # TODO task allocate_paged: work out the pages each request is missing (first=div_ceil(cached_len), last=div_ceil(device_len)), _allocate them all at once, then write the slots into the matching rows and columns of the page table
@@ -198,35 +283,56 @@ class CacheManager:
         插入时缓存里可能已经有别的请求放进去的同一段前缀（``[旧句柄长度, 已有长度)``）：
         那段请求自己的页面是重复的——先把页表这一行改指向缓存里的页面，再释放重复的页，
         否则请求接着解码时会读到被别人重新分走的页面。
+
+        en: Hand the request's computed prefix ``[0, cached_len)`` to the prefix cache; when ``finished``, free the
+        other pages.
+
+        The cache may already hold the same prefix, put there by another request (``[old handle's length, length already
+        cached)``): the request's own pages for that part are duplicates. First point this page-table row at the cache's
+        pages, then free the duplicates; otherwise the request, as it keeps decoding, would read pages that were handed
+        to someone else.
         """
         # TODO 任务 cache_req：insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并 _free 尾巴——页表这行的 [新句柄.cached_len, req.cached_len)（分到的页只到 cached_len 所在的页为止，再往后从没分配过，不能还）；否则锁新句柄、解锁旧句柄、换上新句柄
         # TODO task cache_req: insert_prefix(input_ids[:cached_len], this page-table row[:cached_len]); for the duplicated part, point the row at the cached slots first, then _free the duplicates; if finished, unlock the old handle and _free the tail — this row's [new_handle.cached_len, req.cached_len) (pages were allocated only up to the page holding cached_len, beyond it nothing was ever allocated, so do not free it); otherwise lock the new handle, unlock the old one and switch to the new handle
         raise TaskNotDone("cache_manager", "cache_req")
 
     # ---------------------------------------------------------------- 检查
+    # en: ---------------------------------------------------------------- checks
 
     def check_integrity(self) -> None:
-        """空闲时调用：前缀缓存自查；没有残留的锁；空闲页不重复、页对齐；空闲页 + 缓存页 == 总页数。"""
+        """空闲时调用：前缀缓存自查；没有残留的锁；空闲页不重复、页对齐；空闲页 + 缓存页 == 总页数。
+
+        en: Call when idle: the prefix cache checks itself; no lock is left; free pages are unique and page-aligned;
+        free pages + cached pages == total pages.
+        """
         self.prefix_cache.check_integrity()
-        # TODO 任务 check_integrity：protected_size 必须为 0；free_slots 不重复、都是 page_size 的倍数且在范围内；空闲页数 + total_size/page_size == num_pages；不满足就抛 RuntimeError
-        # TODO task check_integrity: protected_size must be 0; free_slots has no duplicates, all multiples of page_size and in range; free pages + total_size/page_size == num_pages; raise RuntimeError otherwise
+        # TODO 任务 check_integrity：protected_size 必须为 0；free_slots 不重复、都是 page_size 的倍数且在 [0, num_pages * page_size) 之内；空闲页数 + total_size/page_size == num_pages；不满足就抛 RuntimeError
+        # TODO task check_integrity: protected_size must be 0; free_slots has no duplicates, and each is a multiple of page_size within [0, num_pages * page_size); free pages + total_size/page_size == num_pages; raise RuntimeError otherwise
         raise TaskNotDone("cache_manager", "check_integrity")
 
 
 # ---------------------------------------------------------------------------- 接入调度器
+# en: ---------------------------------------------------------------------------- wiring into the scheduler
 
 
 class ReservingPrefillAdder(PrefillAdder):
-    """准入时除了请求槽，还要预留 KV 页面：运行中的请求将来要的（``reserved_size``）先留着，剩下的放得下才接纳。"""
+    """准入时除了请求槽，还要预留 KV 页面：运行中的请求将来要的（``reserved_size``）先留着，剩下的放得下才接纳。
+
+    en: Admission needs KV pages as well as a request slot: what running requests will still need (``reserved_size``) is
+    set aside first, and a request is admitted only if it fits in the rest.
+    """
 
     def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
-        # TODO 任务 reserve：有空槽；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]
-        # TODO task reserve: a free slot exists; match_req gives the handle; tokens needed = tokens_needed(prompt + output, cached); return None if that plus reserved_size exceeds available_size; check again after locking the handle, and if it fails this time, unlock the handle before returning None (otherwise that prefix stays locked forever); once it passes, add the tokens needed to reserved_size, allocate a slot and write the matched slots into [:cached] of this page-table row
+        # TODO 任务 reserve：没有空的请求槽就返回 None；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]
+        # TODO task reserve: return None when no request slot is free; match_req gives the handle; tokens needed = tokens_needed(prompt + output, cached); return None if that plus reserved_size exceeds available_size; check again after locking the handle, and if it fails this time, unlock the handle before returning None (otherwise that prefix stays locked forever); once it passes, add the tokens needed to reserved_size, allocate a slot and write the matched slots into [:cached] of this page-table row
         raise TaskNotDone("cache_manager", "reserve")
 
 
 class Scheduler(_Scheduler):
-    """第 2.2 章的调度器：按需分配页面，准入时预留，``naive`` 前缀缓存。"""
+    """第 2.2 章的调度器：按需分配页面，准入时预留，``naive`` 前缀缓存。
+
+    en: The chapter 2.2 scheduler: pages on demand, reservation at admission, the ``naive`` prefix cache.
+    """
 
     supported_cache_types = ("naive",)
     prefill_adder_cls = ReservingPrefillAdder
@@ -238,14 +344,23 @@ class Scheduler(_Scheduler):
         return CacheManager(self.engine.num_pages, self.page_size, self.page_table, self._make_prefix_cache())
 
     def reserved_tokens(self) -> int:
-        """运行中的请求将来还要新分配的 token 位置总数（按提示词 + ``max_tokens`` 算到底）。"""
+        """运行中的请求将来还要新分配的 token 位置总数（按提示词 + ``max_tokens`` 算到底）。
+
+        en: Total token positions the running requests will still need allocated (counting up to prompt +
+        ``max_tokens``).
+        """
         cm = self.cache_manager
         return sum(cm.tokens_needed(r.max_device_len, r.cached_len) for r in self.decode_manager.running_reqs)
 
     def pages_in_use(self) -> int:
-        """按需分配以后，被占用的就是不在空闲池里的页（请求正用着的 + 前缀缓存占着的）。"""
+        """按需分配以后，被占用的就是不在空闲池里的页（请求正用着的 + 前缀缓存占着的）。
+
+        en: With allocation on demand, the pages in use are those not in the free pool (used by requests + held by the
+        prefix cache).
+        """
         return self.cache_manager.num_pages - len(self.cache_manager.free_slots)
 
 
 #: 离线接口：本章的调度器。
+#: en: Offline interface: this chapter's scheduler.
 LLM = Scheduler

@@ -14,6 +14,24 @@
 
 每一步的预填充都不超过预算；算完一块之后，正在解码的请求先走一步，再算下一块——
 长提示词不会把别人的解码卡住。
+
+en: Chapter 2.4 chunked_prefill: chunked prefill.
+
+Prefilling a very long prompt in one go makes that step slow, and every other request's decoding is stuck behind it (a
+latency spike); activation memory also grows with the length. Chunked prefill caps the tokens prefilled per step at
+``max_extend_tokens``:
+
+- when a request is admitted with only ``b`` tokens of budget left and ``r > b`` tokens of its prompt still to compute,
+  only the first ``b`` are computed; the request becomes a **chunked request** (:class:`ChunkedReq`), stays at the front
+  of the waiting queue and continues next step;
+- a chunked request keeps its request slot and pages, so the next chunk needs no new match or reservation;
+- the last chunk is an ordinary ``Req``: it finishes the prompt and samples the first output token;
+- the token sampled for an earlier chunk is a prediction of the prompt's next token, **not output**: it is not recorded
+  in the result, and it must not be written into the token pool over the prompt's next token (it goes to a scratch row
+  that belongs to no request).
+
+No step prefills more than the budget; after each chunk, the decoding requests take a step before the next chunk, so a
+long prompt does not hold up anyone's decoding.
 """
 
 from __future__ import annotations
@@ -32,7 +50,11 @@ from minisgl.scheduling import ForwardInput, PendingReq
 
 
 class ChunkedReq(Req):
-    """提示词只算了一部分的请求：它不能解码，这一步采样的 token 也不是输出。"""
+    """提示词只算了一部分的请求：它不能解码，这一步采样的 token 也不是输出。
+
+    en: A request whose prompt is only partly computed: it cannot decode, and the token sampled for it this step is not
+    output.
+    """
 
     @property
     def can_decode(self) -> bool:
@@ -45,7 +67,11 @@ class ChunkedReq(Req):
 
 
 class ChunkedPrefillAdder(ReservingPrefillAdder):
-    """预算不够时把提示词切块；上一步没算完的分块请求直接接着算。"""
+    """预算不够时把提示词切块；上一步没算完的分块请求直接接着算。
+
+    en: Cuts the prompt into chunks when the budget is short; a chunked request left unfinished by the previous step
+    simply continues.
+    """
 
     def try_add_one(self, pending: PendingReq) -> Req | None:
         if self.token_budget <= 0:
@@ -58,20 +84,32 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
     def _add_one_req(
         self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int, req_cls: type[Req] = Req, end: int | None = None
     ) -> Req:
-        """预算够算完剩下的提示词就照常接纳；不够就只接纳 ``token_budget`` 个 token，做成 ``ChunkedReq``。"""
+        """预算够算完剩下的提示词就照常接纳；不够就只接纳 ``token_budget`` 个 token，做成 ``ChunkedReq``。
+
+        en: If the budget covers the rest of the prompt, admit it as usual; otherwise admit only ``token_budget``
+        tokens, as a ``ChunkedReq``.
+        """
         # TODO 任务 take_chunk：剩余 r = input_len - cached_len；r <= 预算就清掉 pending.chunked_req、照常交给父类；否则让父类只接纳到 cached_len + 预算（req_cls=ChunkedReq），记到 pending.chunked_req 再返回
         # TODO task take_chunk: remaining r = input_len - cached_len; if r <= budget, clear pending.chunked_req and hand over to the parent as usual; otherwise let the parent admit only up to cached_len + budget (req_cls=ChunkedReq), store it in pending.chunked_req and return it
         raise TaskNotDone("chunked_prefill", "take_chunk")
 
 
 class Scheduler(_Scheduler):
-    """第 2.4 章的调度器：每步预填充不超过 ``max_extend_tokens`` 个 token，长提示词分块算。"""
+    """第 2.4 章的调度器：每步预填充不超过 ``max_extend_tokens`` 个 token，长提示词分块算。
+
+    en: The chapter 2.4 scheduler: no step prefills more than ``max_extend_tokens`` tokens; long prompts are computed in
+    chunks.
+    """
 
     prefill_adder_cls = ChunkedPrefillAdder
-    _yield_to_decode = False  # 上一步算了一个中途的分块
+    _yield_to_decode = False  # 上一步算了一个中途的分块 | en: the previous step computed an unfinished chunk
 
     def _schedule_next_batch(self) -> ForwardInput | None:
-        """分块请求算完一块后，如果有请求在解码，先让它们走一步，再算下一块：长提示词不会把解码卡住。"""
+        """分块请求算完一块后，如果有请求在解码，先让它们走一步，再算下一块：长提示词不会把解码卡住。
+
+        en: After a chunk, if any request is decoding, let it take a step before the next chunk: a long prompt does not
+        hold up decoding.
+        """
         # TODO 任务 interleave：上一步有中途的分块且有请求在解码，就先调度一步解码；否则照常（预填充优先）；记下这一步是否含中途的分块
         # TODO task interleave: if the previous step had an unfinished chunk and some request is decoding, schedule a decode step first; otherwise as usual (prefill first); record whether this step contains an unfinished chunk
         raise TaskNotDone("chunked_prefill", "interleave")
@@ -80,7 +118,11 @@ class Scheduler(_Scheduler):
         return not isinstance(req, ChunkedReq)
 
     def reserved_tokens(self) -> int:
-        """算了一半的分块请求也占着槽位，它将来要的页面（完整的提示词 + 输出）也要预留。"""
+        """算了一半的分块请求也占着槽位，它将来要的页面（完整的提示词 + 输出）也要预留。
+
+        en: A half-computed chunked request also holds a slot, and the pages it will need (the whole prompt + output)
+        must be reserved too.
+        """
         cm = self.cache_manager
         chunked = [p for p in self.prefill_manager.pending_list if p.chunked_req is not None]
         return super().reserved_tokens() + sum(
@@ -88,7 +130,10 @@ class Scheduler(_Scheduler):
         )
 
     def abort(self, uid: int) -> None:
-        """取消还在分块的请求时，已经算过的那几块占着的槽位和页面也要还。"""
+        """取消还在分块的请求时，已经算过的那几块占着的槽位和页面也要还。
+
+        en: Cancelling a request still in chunks must also give back the slot and pages its computed chunks hold.
+        """
         pending = next((p for p in self.prefill_manager.pending_list if p.uid == uid), None)
         super().abort(uid)
         if pending is not None and pending.chunked_req is not None:
@@ -96,4 +141,5 @@ class Scheduler(_Scheduler):
 
 
 #: 离线接口：本章的调度器。
+#: en: Offline interface: this chapter's scheduler.
 LLM = Scheduler

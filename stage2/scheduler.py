@@ -23,6 +23,38 @@
 - 第 2.3 章：``supported_cache_types``；
 - 第 2.4 章：``PendingReq.chunked_req``、``PrefillAdder._add_one_req`` 的 ``req_cls`` / ``end`` 参数、``_samples_output``；
 - 第 2.5 章：``_release_req`` / ``_free_req_resources``（延后归还）、``_drain``、结果处理里跳过已结束的请求。
+
+en: Chapter 2.1 scheduler: the scheduler's skeleton and the offline interface ``LLM.generate``.
+
+At the end of stage 1 you filled in by hand which requests a batch holds, each token's position and the slot its K/V
+goes to. The scheduler automates this and lets requests come and go:
+
+- **main loop**: receive new requests -> pick the next batch -> prepare inputs (positions, input mapping, ``out_loc``)
+  -> forward -> process results;
+- **prefill first**: if requests are waiting, prefill them first; otherwise every running request decodes one step
+  together;
+- **admission control**: there are only ``max_running_req`` request slots (rows of the page table); one prefill step has
+  a budget of ``max_extend_tokens`` tokens, and once it is spent no new request is admitted;
+- **continuous batching**: a request leaves and returns its slot as soon as it finishes, and a waiting request can join
+  the next step without waiting for the whole batch to end;
+- **result processing**: append the sampled token to its request and decide whether the request is finished
+  (``max_tokens``, or EOS when ``ignore_eos`` is not set).
+
+KV pages are still allocated statically in this chapter: every request slot gets the same number of pages (stage 1's
+hand-filled page table, automated).
+
+To see what each step did, use ``llm.add_step_listener(fn)`` (see :mod:`minisgl.trace`) rather than wrapping private
+methods.
+
+Each later chapter derives from this chapter's ``Scheduler`` and changes only the places its new feature touches. The
+hooks left for them:
+
+- chapter 2.2: ``_make_cache_manager``, ``prefill_adder_cls``, ``reserved_tokens``, ``pages_in_use``;
+- chapter 2.3: ``supported_cache_types``;
+- chapter 2.4: ``PendingReq.chunked_req``, the ``req_cls`` / ``end`` parameters of ``PrefillAdder._add_one_req``,
+  ``_samples_output``;
+- chapter 2.5: ``_release_req`` / ``_free_req_resources`` (deferred freeing), ``_drain``, skipping finished requests in
+  result processing.
 """
 
 from __future__ import annotations
@@ -49,6 +81,12 @@ class StaticCacheManager:
 
     这样每个请求最多只能放 ``max_req_tokens`` 个 token（提示词 + 输出），哪怕别的槽位空着也借不到；
     第 2.2 章的 :class:`CacheManager` 改成按需分配来解决这个问题。
+
+    en: This chapter's KV allocation: each request slot gets a fixed ``num_pages // max_running_req`` pages, written
+    into the page table once at start-up.
+
+    So a request holds at most ``max_req_tokens`` tokens (prompt + output), and cannot borrow from other slots even when
+    they are empty; chapter 2.2's :class:`CacheManager` solves this by allocating on demand.
     """
 
     def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, max_running_req: int) -> None:
@@ -71,10 +109,16 @@ class StaticCacheManager:
         self._static = page_table[:max_running_req, :width].clone()
 
     def allocate_paged(self, reqs: Sequence[Req]) -> None:
-        """静态分配：页表早就填好了，每步什么也不用做。"""
+        """静态分配：页表早就填好了，每步什么也不用做。
+
+        en: Static allocation: the page table was filled in long ago, so there is nothing to do each step.
+        """
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
-        """静态分配：请求结束时页面随槽位一起归还，不用做任何事。"""
+        """静态分配：请求结束时页面随槽位一起归还，不用做任何事。
+
+        en: Static allocation: a finished request's pages go back with its slot, so there is nothing to do.
+        """
 
     def check_integrity(self) -> None:
         width = self._static.shape[1]
@@ -87,16 +131,30 @@ class PrefillAdder:
     """一步预填充的“装车员”：按顺序尝试接纳等待的请求，直到槽位、页面或预算用完。
 
     它要用的东西都写在字段里：预算、已预留的 token 数、两个管理器和 token 池；调度器每步新建一个。
+
+    en: The loader of one prefill step: tries to admit waiting requests in order until slots, pages or the budget run
+    out.
+
+    Everything it needs is in its fields: the budget, the tokens reserved so far, the two managers and the token pool;
+    the scheduler makes a new one each step.
     """
 
-    token_budget: int  # 这一步还能预填充多少个 token
-    reserved_size: int  # 运行中的请求将来还要的 token 位置（第 2.2 章用来做准入）
+    token_budget: int  # 这一步还能预填充多少个 token | en: how many more tokens this step can prefill
+    # 运行中的请求将来还要的 token 位置（第 2.2 章用来做准入）
+    # en: token positions the running requests will still need (used for admission from chapter 2.2 on)
+    reserved_size: int
     table_manager: TableManager
-    cache_manager: Any  # StaticCacheManager，或第 2.2 章的 CacheManager
+    # StaticCacheManager，或第 2.2 章的 CacheManager
+    # en: StaticCacheManager, or chapter 2.2's CacheManager
+    cache_manager: Any
     token_pool: torch.Tensor
 
     def try_add_one(self, pending: PendingReq) -> Req | None:
-        """能接纳就返回新建的 ``Req``，否则返回 None（调用者就此停下，保持先来先服务）。"""
+        """能接纳就返回新建的 ``Req``，否则返回 None（调用者就此停下，保持先来先服务）。
+
+        en: Return the new ``Req`` if the request can be admitted, otherwise None (the caller stops there, keeping first
+        come, first served).
+        """
         if self.token_budget <= 0:
             return None
         resource = self._try_allocate_one(pending)
@@ -106,7 +164,11 @@ class PrefillAdder:
         return self._add_one_req(pending, cache_handle, table_idx, cached_len)
 
     def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
-        """给请求找资源：一个请求槽。返回 ``(缓存句柄, 槽号, 已缓存长度)``；本章没有前缀缓存。"""
+        """给请求找资源：一个请求槽。返回 ``(缓存句柄, 槽号, 已缓存长度)``；本章没有前缀缓存。
+
+        en: Find resources for a request: one request slot. Returns ``(cache handle, slot number, cached length)``; this
+        chapter has no prefix cache.
+        """
         if self.table_manager.available_size == 0:
             return None
         return None, self.table_manager.allocate(), 0
@@ -118,6 +180,12 @@ class PrefillAdder:
 
         没有分块时，最后一个请求可以超出剩余预算（否则比预算长的提示词永远进不来）。
         第 2.4 章切块时传入更小的 ``end`` 和 ``req_cls=ChunkedReq``。
+
+        en: Admit the span ``[cached_len, end)`` of the prompt (``end`` defaults to the whole prompt): write it into the
+        token pool, charge the budget, build the request.
+
+        Without chunking, the last request may go over the remaining budget (otherwise a prompt longer than the budget
+        could never get in). Chapter 2.4 passes a smaller ``end`` and ``req_cls=ChunkedReq`` when it cuts chunks.
         """
         end = pending.input_len if end is None else end
         # TODO 任务 add_one_req：把 input_ids[cached_len:end] 写进 token_pool 第 table_idx 行的同样位置；预算减去这段的长度；返回 req_cls(input_ids=input_ids[:end], ...)
@@ -126,7 +194,10 @@ class PrefillAdder:
 
 
 class PrefillManager:
-    """等待队列：先来先服务，预填充一步接纳尽量多的请求。"""
+    """等待队列：先来先服务，预填充一步接纳尽量多的请求。
+
+    en: The waiting queue: first come, first served; one prefill step admits as many requests as it can.
+    """
 
     def __init__(self) -> None:
         self.pending_list: list[PendingReq] = []
@@ -142,6 +213,12 @@ class PrefillManager:
         """从队首开始让 ``adder`` 接纳请求，第一个接纳不了的就停下；一个都没有就返回 None。
 
         接纳了但提示词没算完的请求（第 2.4 章的分块）留在队首，下一步接着算。
+
+        en: Let ``adder`` admit requests from the front of the queue, stopping at the first it cannot admit; return None
+        if none was admitted.
+
+        An admitted request whose prompt is not finished yet (chapter 2.4's chunks) stays at the front of the queue and
+        continues next step.
         """
         # TODO 任务 schedule_prefill：依次 adder.try_add_one(队列里的请求)，遇到 None 就停；更新队列（没算完提示词的留在队首）；返回预填充批次
         # TODO task schedule_prefill: call adder.try_add_one(request in the queue) in order, stop at the first None; update the queue (requests whose prompt is not finished stay at the front); return the prefill batch
@@ -158,9 +235,16 @@ class Scheduler:
     """调度器兼离线接口：``Scheduler(model_path, dtype=..., **配置)``，然后 ``generate(prompts, sampling_params)``。
 
     每一章在上一章的 ``Scheduler`` 上派生，只改它新增能力的那几个方法；``LLM`` 就是本章的调度器。
+
+    en: The scheduler and offline interface: ``Scheduler(model_path, dtype=..., **config)``, then ``generate(prompts,
+    sampling_params)``.
+
+    Each chapter derives from the previous chapter's ``Scheduler`` and changes only the methods of its new feature;
+    ``LLM`` is this chapter's scheduler.
     """
 
     #: 本章支持的前缀缓存种类，第一个是默认值。
+    #: en: The prefix-cache kinds this chapter supports; the first is the default.
     supported_cache_types: tuple[str, ...] = ("naive",)
     prefill_adder_cls: type[PrefillAdder] = PrefillAdder
 
@@ -176,7 +260,9 @@ class Scheduler:
         self.page_table: torch.Tensor = self.engine.page_table
         self.token_pool: torch.Tensor = self.engine.token_pool
         self.max_running_req = config.max_running_req
-        self.scratch_row = self.max_running_req  # 页表 / token 池的最后一行：不属于任何请求，写了也无妨
+        # 页表 / token 池的最后一行：不属于任何请求，写了也无妨
+        # en: the last row of the page table / token pool: it belongs to no request, so writing there is harmless
+        self.scratch_row = self.max_running_req
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.table_manager = TableManager(self.max_running_req)
@@ -189,10 +275,15 @@ class Scheduler:
         self._uid_counter = 0
 
     def add_step_listener(self, fn: StepListener) -> Callable[[], None]:
-        """每一步的结果处理完，就调用 ``fn(trace)``（:class:`~minisgl.trace.StepTrace`）。返回取消监听的函数。"""
+        """每一步的结果处理完，就调用 ``fn(trace)``（:class:`~minisgl.trace.StepTrace`）。返回取消监听的函数。
+
+        en: Call ``fn(trace)`` (a :class:`~minisgl.trace.StepTrace`) after each step's results are processed. Returns a
+        function that removes the listener.
+        """
         return self.tracer.add_listener(fn)
 
     # ------------------------------------------------------------------ 后面几章换掉的部件
+    # en: ------------------------------------------------------------------ parts that later chapters replace
 
     def _resolve_cache_type(self, cache_type: str | None) -> str:
         if cache_type is None:
@@ -221,27 +312,46 @@ class Scheduler:
         )
 
     def reserved_tokens(self) -> int:
-        """运行中的请求将来还要新分配的 token 位置。静态分配时它们的页早就分好了：0。"""
+        """运行中的请求将来还要新分配的 token 位置。静态分配时它们的页早就分好了：0。
+
+        en: Token positions the running requests will still need allocated. With static allocation their pages were
+        allocated long ago: 0.
+        """
         return 0
 
     def pages_in_use(self) -> int:
-        """KV 池里正被占用的页数。本章：每个占用中的请求槽静态分到的那些页。"""
+        """KV 池里正被占用的页数。本章：每个占用中的请求槽静态分到的那些页。
+
+        en: Pages of the KV pool in use. In this chapter: the pages statically given to each occupied request slot.
+        """
         busy = self.max_running_req - self.table_manager.available_size
         return busy * self.cache_manager.slot_tokens // self.page_size
 
     @property
     def max_seq_len(self) -> int:
-        """一个请求最多有多少个 token（提示词 + 输出）：受页表宽度和静态分到的页面两重限制。"""
+        """一个请求最多有多少个 token（提示词 + 输出）：受页表宽度和静态分到的页面两重限制。
+
+        en: The most tokens one request can hold (prompt + output): limited both by the page table's width and by the
+        pages statically given to a slot.
+        """
         return min(self.engine.max_seq_len, self.cache_manager.max_req_tokens)
 
     def _samples_output(self, req: Req) -> bool:
-        """这一步为 ``req`` 采样的 token 是否是真正的输出。本章总是；第 2.4 章的分块请求不是。"""
+        """这一步为 ``req`` 采样的 token 是否是真正的输出。本章总是；第 2.4 章的分块请求不是。
+
+        en: Whether the token sampled for ``req`` this step is real output. Always in this chapter; not for chapter
+        2.4's chunked requests.
+        """
         return True
 
     # ------------------------------------------------------------------ 接收请求
+    # en: ------------------------------------------------------------------ receiving requests
 
     def add_request(self, input_ids: torch.Tensor | Sequence[int], sampling_params: SamplingParams) -> int:
-        """提交一个已经校验过的请求（token id），返回它的 uid。"""
+        """提交一个已经校验过的请求（token id），返回它的 uid。
+
+        en: Submit a request that has been validated (token ids); returns its uid.
+        """
         input_ids = torch.as_tensor(input_ids, dtype=torch.int32).reshape(-1).cpu()
         uid = self._uid_counter
         self._uid_counter += 1
@@ -250,7 +360,10 @@ class Scheduler:
         return uid
 
     def abort(self, uid: int) -> None:
-        """取消一个请求：它不再输出任何 token，占用的槽位和页面全部归还（恰好一次）。"""
+        """取消一个请求：它不再输出任何 token，占用的槽位和页面全部归还（恰好一次）。
+
+        en: Cancel a request: it outputs no more tokens, and its slot and pages are all given back (exactly once).
+        """
         status = self.status[uid]
         if status.finished or status.aborted:
             return
@@ -259,15 +372,24 @@ class Scheduler:
             self._release_req(req)
 
     # ------------------------------------------------------------------ 调度与准备
+    # en: ------------------------------------------------------------------ scheduling and preparing
 
     def _schedule_next_batch(self) -> ForwardInput | None:
-        """预填充优先：有能接纳的等待请求就做预填充，否则所有运行中的请求解码一步。"""
+        """预填充优先：有能接纳的等待请求就做预填充，否则所有运行中的请求解码一步。
+
+        en: Prefill first: prefill if a waiting request can be admitted, otherwise every running request decodes one
+        step.
+        """
         # TODO 任务 prefill_first：先试 prefill_manager.schedule_next_batch(新的 adder)，没有再试 decode_manager；有批次就 _prepare_batch
         # TODO task prefill_first: try prefill_manager.schedule_next_batch(a new adder) first, then decode_manager; _prepare_batch if there is a batch
         raise TaskNotDone("scheduler", "prefill_first")
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
-        """算出这一步的 positions、输入映射、``out_loc`` 和新 token 的写回位置，并准备注意力与采样。"""
+        """算出这一步的 positions、输入映射、``out_loc`` 和新 token 的写回位置，并准备注意力与采样。
+
+        en: Work out this step's positions, input mapping, ``out_loc`` and where the new tokens are written back, and
+        prepare attention and sampling.
+        """
         started = time.perf_counter()
         self.cache_manager.allocate_paged(batch.reqs)
         # TODO 任务 prepare_batch：positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc
@@ -285,11 +407,18 @@ class Scheduler:
         return host.pin_memory().to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------ 前向
+    # en: ------------------------------------------------------------------ forward
 
     def _forward(self, fi: ForwardInput) -> ForwardOutput:
         """发出一步：在设备上算它，推进每个请求的长度记账，再更新运行中的请求（刚预填充完的加入，生成够了的离开）。
 
         ``complete_one()`` 在发出时就调用，所以要读这一步的 ``extend_len``，得在调用本函数之前。
+
+        en: Launch a step: compute it on the device, advance each request's length bookkeeping, then update the running
+        requests (those just prefilled join, those done generating leave).
+
+        ``complete_one()`` is called at launch, so anything that reads this step's ``extend_len`` must do so before
+        calling this function.
         """
         output = self._run_batch(fi)
         for req in fi.batch.reqs:
@@ -297,9 +426,15 @@ class Scheduler:
         self.decode_manager.filter_reqs(fi.batch.reqs)
         return output
 
-    @torch.inference_mode()  # 推理模式是线程局部的：第 2.5 章在后台线程里调用它，也要在这里进入
+    # 推理模式是线程局部的：第 2.5 章在后台线程里调用它，也要在这里进入
+    # en: inference mode is per thread: chapter 2.5 calls this on a background thread, so enter it here as well
+    @torch.inference_mode()
     def _run_batch(self, fi: ForwardInput) -> ForwardOutput:
-        """在设备上跑一步：从 token 池取输入 → 引擎前向并采样 → 新 token 按 ``write_mapping`` 写回 token 池。"""
+        """在设备上跑一步：从 token 池取输入 → 引擎前向并采样 → 新 token 按 ``write_mapping`` 写回 token 池。
+
+        en: Run one step on the device: take the inputs from the token pool -> the engine's forward and sampling ->
+        write the new tokens back into the token pool by ``write_mapping``.
+        """
         started = self.tracer.forward_started(fi.trace)
         fi.batch.input_ids = self.token_pool[fi.input_mapping]
         output = self.engine.forward_batch(fi.batch, fi.sample_args)
@@ -308,9 +443,14 @@ class Scheduler:
         return output
 
     # ------------------------------------------------------------------ 处理结果
+    # en: ------------------------------------------------------------------ processing results
 
     def _process_last_data(self, last_data: tuple[ForwardInput, ForwardOutput] | None) -> None:
-        """把一步的采样结果交给各个请求：记下输出、判断结束、归还资源。"""
+        """把一步的采样结果交给各个请求：记下输出、判断结束、归还资源。
+
+        en: Hand a step's sampled tokens to their requests: record the output, decide which requests are finished, free
+        resources.
+        """
         if last_data is None:
             return
         fi, output = last_data
@@ -322,7 +462,9 @@ class Scheduler:
             status = self.status[req.uid]
             if not self._samples_output(req) or status.aborted:
                 continue
-            if status.finished:  # 第 2.5 章：请求已经结束，这是它结束后多算的一步，丢掉
+            # 第 2.5 章：请求已经结束，这是它结束后多算的一步，丢掉
+            # en: chapter 2.5: the request has already finished; this is an extra step computed after its end, drop it
+            if status.finished:
                 continue
             # TODO 任务 process_results：req.append_host(token)（input_ids 要跟着 device_len 长，第 2.3 章按它插前缀）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：status.finished、从 decode_manager 移除（EOS 提前结束的它不会自己离开）、_release_req；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)
             # TODO task process_results: req.append_host(token) (input_ids must grow with device_len: chapter 2.3 inserts prefixes by it); record it in status.output_ids (not on EOS unless ignore_eos is set); finish once max_tokens are generated, or on EOS without ignore_eos: status.finished, remove from decode_manager (a request ended early by EOS does not leave by itself), _release_req; a request that finished prefill but not generation goes to cache_manager.cache_req(finished=False)
@@ -330,7 +472,11 @@ class Scheduler:
         self.tracer.finish(fi.trace, started)
 
     def _release_req(self, req: Req) -> None:
-        """请求结束或被取消：归还资源（第 2.5 章要等用到它的批次都算完才能还）。"""
+        """请求结束或被取消：归还资源（第 2.5 章要等用到它的批次都算完才能还）。
+
+        en: A request finished or was cancelled: free its resources (chapter 2.5 must wait until every batch using them
+        is computed).
+        """
         self._free_req_resources(req)
 
     def _free_req_resources(self, req: Req) -> None:
@@ -338,24 +484,34 @@ class Scheduler:
         self.cache_manager.cache_req(req, finished=True)
 
     # ------------------------------------------------------------------ 主循环
+    # en: ------------------------------------------------------------------ main loop
 
     @property
     def busy(self) -> bool:
         return self.prefill_manager.runnable or self.decode_manager.runnable
 
     def step(self) -> bool:
-        """主循环的一次迭代。没事可做时返回 False。"""
+        """主循环的一次迭代。没事可做时返回 False。
+
+        en: One iteration of the main loop. Returns False when there is nothing to do.
+        """
         return self.normal_loop()
 
     def normal_loop(self) -> bool:
-        """调度 → 准备 → 前向 → 处理结果，一步一步地来。"""
+        """调度 → 准备 → 前向 → 处理结果，一步一步地来。
+
+        en: Schedule -> prepare -> forward -> process results, one step at a time.
+        """
         # TODO 任务 normal_loop：调度出下一步（没有就返回 False），_forward 它，再 _process_last_data((fi, 输出))，返回 True
         # TODO task normal_loop: schedule the next step (return False if there is none), _forward it, then _process_last_data((fi, output)) and return True
         raise TaskNotDone("scheduler", "normal_loop")
 
     @torch.inference_mode()
     def run_until_idle(self) -> None:
-        """一直迭代到所有请求都结束。"""
+        """一直迭代到所有请求都结束。
+
+        en: Iterate until every request is finished.
+        """
         while self.busy:
             if not self.step() and self.busy:
                 raise RuntimeError(
@@ -367,16 +523,23 @@ class Scheduler:
         self._drain()
 
     def _drain(self) -> None:
-        """等在途的计算都结束（第 2.5 章用）。"""
+        """等在途的计算都结束（第 2.5 章用）。
+
+        en: Wait for computations in flight to finish (used by chapter 2.5).
+        """
 
     def check_integrity(self) -> None:
-        """空闲时调用：请求槽全部归还，缓存管理器的账目对得上。"""
+        """空闲时调用：请求槽全部归还，缓存管理器的账目对得上。
+
+        en: Call when idle: every request slot is back, and the cache manager's totals match.
+        """
         if self.busy:
             raise RuntimeError(tr("Some requests have not finished yet; the integrity check cannot run"))
         self.table_manager.check_integrity()
         self.cache_manager.check_integrity()
 
     # ------------------------------------------------------------------ 离线接口
+    # en: ------------------------------------------------------------------ offline interface
 
     def generate(
         self,
@@ -386,6 +549,10 @@ class Scheduler:
         """为每个提示词生成文本，按输入顺序返回 ``{"text": ..., "token_ids": [...]}``（不含 EOS）。
 
         先校验全部请求，有任何一个不合法就抛错，一个 token 也不算。
+
+        en: Generate text for each prompt; returns ``{"text": ..., "token_ids": [...]}`` in input order (without EOS).
+
+        All requests are validated first: if any is invalid, it raises before a single token is computed.
         """
         requests = validate_requests(
             prompts,
@@ -408,4 +575,5 @@ class Scheduler:
 
 
 #: 离线接口：本章的调度器本身就提供 ``generate``。
+#: en: Offline interface: this chapter's scheduler itself provides ``generate``.
 LLM = Scheduler

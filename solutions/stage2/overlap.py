@@ -24,6 +24,40 @@
 
 发出的一步是一个 ``Future``：CPU 上由后台线程完成；GPU 上内核已经排进流里，``Future`` 当场就有结果，
 真正的等待在 ``copy_done_event.synchronize()``。处理结果前先 ``result()`` 拿到 ``ForwardOutput``。
+
+en: Chapter 2.5 overlap: overlap scheduling. While the device computes step N, the host processes the results of step
+N-1 and prepares step N+1.
+
+In the plain main loop, the device waits for the host after every step: copying results back, bookkeeping, scheduling,
+preparing the next step's inputs. That host work can take a millisecond or two per step, with the device idle. Overlap
+scheduling turns the loop into:
+
+    launch step N+1  ->  process the results of step N (the device is computing N+1 meanwhile)  ->  launch step N+2 ...
+
+This works because ``complete_one()`` advances the request's length bookkeeping at launch, and the next step's input
+tokens never pass through the host: the token sampled by one step is written straight into the token pool on the device,
+where the next step reads it.
+
+- on a GPU: the forward runs on the engine's own CUDA stream, which waits for the scheduler's stream before launching;
+  an event tells the host when results are ready;
+- on the CPU: the forward goes to a background thread (PyTorch releases the GIL while an operator runs), and the main
+  thread schedules meanwhile.
+
+Some traps (all checked):
+
+- decide that a request is finished by the tokens the host has received (see chapter 2.1), not by ``can_decode``: that
+  one was already advanced at launch and would report the end one token early;
+- a request that hit EOS may already be in the next step: the token computed for it there must be dropped;
+- a finished or cancelled request gives back its slot and pages only once every batch using it is computed; otherwise
+  new requests would overwrite them;
+- the prefix insert after a prefill happens one iteration later.
+
+``ENV.DISABLE_OVERLAP_SCHEDULING.value = True`` (or the environment variable ``MINISGL_DISABLE_OVERLAP_SCHEDULING=1``)
+turns overlap off and goes back to the plain main loop; both loops give exactly the same output.
+
+A launched step is a ``Future``: on the CPU the background thread completes it; on a GPU the kernels are already queued
+on the stream and the ``Future`` has its result at once, the real wait being ``copy_done_event.synchronize()``. Call
+``result()`` to get the ``ForwardOutput`` before processing results.
 """
 
 from __future__ import annotations
@@ -43,13 +77,20 @@ InFlight = tuple[ForwardInput, "Future[ForwardOutput]"]
 
 
 class Scheduler(_Scheduler):
-    """第 2.5 章的调度器：重叠调度（默认开启）。"""
+    """第 2.5 章的调度器：重叠调度（默认开启）。
+
+    en: The chapter 2.5 scheduler: overlap scheduling (on by default).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._last_data: InFlight | None = None  # 已发出、结果还没处理的一步
-        self._in_flight: set[Req] = set()  # 可能还在被设备使用的请求
-        self._deferred: list[Req] = []  # 已结束 / 取消、等在途批次算完才能归还资源的请求
+        # 已发出、结果还没处理的一步
+        # en: the step launched whose results are not processed yet
+        self._last_data: InFlight | None = None
+        self._in_flight: set[Req] = set()  # 可能还在被设备使用的请求 | en: requests the device may still be using
+        # 已结束 / 取消、等在途批次算完才能归还资源的请求
+        # en: finished / cancelled requests whose resources wait until the batches in flight are computed
+        self._deferred: list[Req] = []
         if self.device.type == "cuda":
             self.engine_stream = torch.cuda.Stream(self.device)
         else:
@@ -64,9 +105,14 @@ class Scheduler(_Scheduler):
         return super().busy or self._last_data is not None
 
     # ------------------------------------------------------------------ 发出前向
+    # en: ------------------------------------------------------------------ launching the forward
 
     def _launch(self, fi: ForwardInput) -> Future[ForwardOutput]:
-        """让设备开始算这一步，不等它算完。CPU：交给后台线程；GPU：在引擎自己的流上排队。"""
+        """让设备开始算这一步，不等它算完。CPU：交给后台线程；GPU：在引擎自己的流上排队。
+
+        en: Start the device on this step without waiting for it to finish. CPU: hand it to the background thread; GPU:
+        queue it on the engine's own stream.
+        """
         if self.device.type == "cuda":
             with torch.cuda.stream(self.engine_stream):
                 self.engine_stream.wait_stream(torch.cuda.default_stream(self.device))
@@ -79,6 +125,11 @@ class Scheduler(_Scheduler):
         """重叠时，发出一步并立刻返回 ``Future``：请求在主线程、发出时就推进，下一步马上可以用新的长度调度。
 
         关掉重叠时照旧（同步算完，返回 ``ForwardOutput``）。
+
+        en: With overlap, launch a step and return a ``Future`` at once: the requests are advanced on the main thread at
+        launch, so the next step can be scheduled with the new lengths right away.
+
+        With overlap off, as before (computed synchronously, returns a ``ForwardOutput``).
         """
         if not self.overlap:
             return super()._forward(fi)
@@ -92,12 +143,16 @@ class Scheduler(_Scheduler):
         # <<< TASK
 
     def _finish(self, last: InFlight | None) -> None:
-        """等发出的那一步算完，处理它的结果。"""
+        """等发出的那一步算完，处理它的结果。
+
+        en: Wait for the launched step to finish and process its results.
+        """
         if last is not None:
             fi, launched = last
             self._process_last_data((fi, launched.result()))
 
     # ------------------------------------------------------------------ 主循环
+    # en: ------------------------------------------------------------------ main loop
 
     def step(self) -> bool:
         if not self.overlap:
@@ -106,7 +161,10 @@ class Scheduler(_Scheduler):
         return self.overlap_loop()
 
     def overlap_loop(self) -> bool:
-        """发出第 N+1 步，再处理第 N 步的结果：设备算的时候，主机在干活。"""
+        """发出第 N+1 步，再处理第 N 步的结果：设备算的时候，主机在干活。
+
+        en: Launch step N+1, then process the results of step N: the host works while the device computes.
+        """
         # >>> TASK overlap_loop: 调度并 _forward 下一步，_in_flight 换成这一步批次里的请求（不是累加；没有下一步就清空）；再 _finish 上一步（先把 _last_data 取出来）；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
         # en: schedule and _forward the next step, and set _in_flight to the requests of this step's batch (replace, do not accumulate; clear it when there is no next step); then _finish the previous step (take _last_data out first); release the resources of requests no longer in flight; this step becomes the "previous step"; return True if anything was launched or processed
         fi = self._schedule_next_batch()
@@ -119,7 +177,10 @@ class Scheduler(_Scheduler):
         # <<< TASK
 
     def _release_req(self, req: Req) -> None:
-        """还在途的请求先记下来，等用到它的批次算完再归还资源。"""
+        """还在途的请求先记下来，等用到它的批次算完再归还资源。
+
+        en: Note a request still in flight, and free its resources once the batches using it are computed.
+        """
         # >>> TASK deferred_free: req 在 _in_flight 里就放进 _deferred，否则立刻 _free_req_resources
         # en: if req is in _in_flight, put it in _deferred; otherwise _free_req_resources right away
         if req in self._in_flight:
@@ -138,7 +199,11 @@ class Scheduler(_Scheduler):
         self._deferred = still
 
     def abort(self, uid: int) -> None:
-        """最后一步已经发出的请求，发出时就离开了运行队列，也不在等待队列里：要在在途的批次里找到它来归还。"""
+        """最后一步已经发出的请求，发出时就离开了运行队列，也不在等待队列里：要在在途的批次里找到它来归还。
+
+        en: A request whose last step is already launched left the running queue at launch and is not in the waiting
+        queue either: find it in the batch in flight to free it.
+        """
         status = self.status[uid]
         if status.finished or status.aborted:
             return
@@ -148,7 +213,10 @@ class Scheduler(_Scheduler):
             self._release_req(req)
 
     def _drain(self) -> None:
-        """等在途的一步算完并处理它的结果，然后归还所有延后的资源。"""
+        """等在途的一步算完并处理它的结果，然后归还所有延后的资源。
+
+        en: Wait for the step in flight to finish and process its results, then free every deferred resource.
+        """
         last, self._last_data = self._last_data, None
         self._in_flight = set()
         self._finish(last)
@@ -161,4 +229,5 @@ class Scheduler(_Scheduler):
 
 
 #: 离线接口：本章的调度器，也是最终的 ``minisgl.llm.LLM``。
+#: en: Offline interface: this chapter's scheduler, which is also the final ``minisgl.llm.LLM``.
 LLM = Scheduler

@@ -1,7 +1,7 @@
 """第 2.3 章 radix_cache：用基数树（radix tree）复用相同前缀的 K/V。
 
 很多请求共用同一段开头（系统提示词、多轮对话的历史）。这段前缀的 K/V 算一次就够了：
-请求结束时把它算过的 token 和对应的槽位插进一棵基数树，后来的请求先在树里找最长的相同前缀，
+请求预填充完就把算过的 token 和对应的槽位插进一棵基数树，后来的请求先在树里找最长的相同前缀，
 命中的部分直接把槽位写进自己的页表，只算剩下的。
 
 - **匹配**：最多匹配到提示词的倒数第二个 token（最后一个总要算，才有 logits）；
@@ -10,6 +10,22 @@
 - **引用计数**：请求用着的前缀沿路径加锁（``ref_count``），锁着的节点不能驱逐；
 - **驱逐**：空间不够时按最近最少使用（LRU）驱逐没上锁的叶子，整页地还回去；
 - **完整性检查**：重新数一遍整棵树，核对可驱逐 / 受保护的 token 数。
+
+en: Chapter 2.3 radix_cache: reuse the K/V of shared prefixes with a radix tree.
+
+Many requests start with the same text (a system prompt, the history of a multi-turn conversation), and the K/V of such
+a prefix only needs computing once: after its prefill, a request inserts the tokens it computed and their slots into a
+radix tree; a later request first looks for the longest matching prefix in the tree, writes the slots of the hit part
+straight into its own page table, and computes only the rest.
+
+- **match**: at most up to the second-to-last token of the prompt (the last one is always computed, to get logits);
+- **insert**: whole pages only; a part already in the tree is not inserted again, and the caller is told it is a
+  duplicate;
+- **split**: when a match ends inside a node, the node is split in two;
+- **reference counts**: the prefix a request uses is locked along its path (``ref_count``); locked nodes cannot be
+  evicted;
+- **eviction**: when space runs out, unlocked leaves go back, whole pages at a time, least recently used first (LRU);
+- **integrity check**: count the whole tree again and compare the evictable / protected token counts.
 """
 
 from __future__ import annotations
@@ -26,7 +42,10 @@ from minisgl.cache_manager import Scheduler as _Scheduler
 
 
 def _match_len(key: torch.Tensor, input_ids: torch.Tensor) -> int:
-    """两段 token 从头开始有多少个相同。"""
+    """两段 token 从头开始有多少个相同。
+
+    en: How many tokens two sequences share from the start.
+    """
     n = min(len(key), len(input_ids))
     diff = torch.nonzero(key[:n] != input_ids[:n])
     return int(diff[0, 0]) if len(diff) > 0 else n
@@ -36,6 +55,11 @@ class RadixTreeNode:
     """树上的一个节点：一段 token（``key``）和它们的 K/V 槽位（``value``，是拷贝，不是页表的视图）。
 
     子节点按“第一页的 token”索引：同一个父节点下，两个子节点的第一页一定不同。
+
+    en: A node of the tree: a run of tokens (``key``) and their K/V slots (``value``, a copy, not a view of the page
+    table).
+
+    Children are indexed by the tokens of their first page: two children of one parent never share a first page.
     """
 
     _counter = 0
@@ -73,20 +97,30 @@ class RadixTreeNode:
         """在第 ``pos`` 个 token 处一分为二，返回新的上半段节点（它接替本节点在父节点下的位置）。
 
         新节点继承本节点的引用计数和时间戳：锁过本节点的句柄也锁过它所在的整条路径。
+
+        en: Split in two at token ``pos`` and return the new node holding the first part (it takes this node's place
+        under the parent).
+
+        The new node inherits this node's reference count and timestamp: a handle that locked this node also locked
+        every node on its path.
         """
         # >>> TASK split_node: 新节点拿 key/value 的前 pos 个、挂到原父节点下、继承 ref_count 与 timestamp；本节点留下后半段并改挂到新节点下
-        # en: the new node takes the first pos entries of key/value, hangs under the original parent and inherits ref_count and timestamp; this node keeps the second half and is re-attached under the new node
+        # en: the new node takes the first pos entries of key/value, takes this node's place under its parent and inherits ref_count and timestamp; this node keeps the rest and becomes the new node's child
         assert 0 < pos < self.length and self.parent is not None
         new_node = RadixTreeNode(self.key_fn, self.timestamp)
         new_node.set_key_value(self.key[:pos], self.value[:pos])
         new_node.ref_count = self.ref_count
-        new_node.set_parent(self.parent)  # 与本节点第一页相同，正好替换父节点里的这一项
+        # 与本节点第一页相同，正好替换父节点里的这一项
+        # en: same first page as this node, so it replaces this node's entry in the parent
+        new_node.set_parent(self.parent)
         self.set_key_value(self.key[pos:], self.value[pos:])
         self.set_parent(new_node)
         return new_node
         # <<< TASK
 
-    def __lt__(self, other: RadixTreeNode) -> bool:  # 给 heapq 用：越久没用的越先驱逐
+    # 给 heapq 用：越久没用的越先驱逐
+    # en: for heapq: the longest unused is evicted first
+    def __lt__(self, other: RadixTreeNode) -> bool:
         return (self.timestamp, self.uid) < (other.timestamp, other.uid)
 
     def __repr__(self) -> str:
@@ -95,7 +129,10 @@ class RadixTreeNode:
 
 @dataclass(frozen=True)
 class RadixCacheHandle(BaseCacheHandle):
-    """命中到 ``node`` 为止：从根到 ``node`` 的路径上一共 ``cached_len`` 个 token。"""
+    """命中到 ``node`` 为止：从根到 ``node`` 的路径上一共 ``cached_len`` 个 token。
+
+    en: A hit that ends at ``node``: the path from the root to ``node`` holds ``cached_len`` tokens.
+    """
 
     node: RadixTreeNode
 
@@ -110,7 +147,11 @@ class RadixCacheHandle(BaseCacheHandle):
 
 
 class RadixPrefixCache(BasePrefixCache):
-    """基数树前缀缓存。``page_size > 1`` 时只缓存整页，匹配长度也按页向下取整。"""
+    """基数树前缀缓存。``page_size > 1`` 时只缓存整页，匹配长度也按页向下取整。
+
+    en: Radix-tree prefix cache. With ``page_size > 1`` it caches whole pages only, and match lengths are rounded down
+    to whole pages.
+    """
 
     def __init__(self, page_size: int = 1, device: torch.device | str = "cpu") -> None:
         self.page_size = page_size
@@ -120,7 +161,7 @@ class RadixPrefixCache(BasePrefixCache):
         else:
             self.key_fn = lambda ids: tuple(ids[:page_size].tolist())
         self.root = RadixTreeNode(self.key_fn)
-        self.root.ref_count = 1  # 根永远受保护
+        self.root.ref_count = 1  # 根永远受保护 | en: the root is always protected
         self.evictable_size = 0
         self.protected_size = 0
         self._clock = 0
@@ -130,11 +171,18 @@ class RadixPrefixCache(BasePrefixCache):
         return self._clock
 
     # ---------------------------------------------------------------- 查找
+    # en: ---------------------------------------------------------------- lookup
 
     def _tree_walk(self, input_ids: torch.Tensor) -> tuple[RadixTreeNode, int]:
         """从根往下走，尽量长地匹配 ``input_ids``（按整页）；走到节点中间就把它分裂。
 
         返回最后一个完全匹配的节点和匹配的长度；用到的节点都刷新时间戳（严格的 LRU：只用到前半段的节点先分裂，只刷新前半段）。
+
+        en: Walk down from the root, matching as much of ``input_ids`` as possible (whole pages); a match that ends
+        inside a node splits it.
+
+        Returns the last fully matched node and the matched length. Every node used gets a fresh timestamp (strict LRU:
+        a node used only in part is split first, and only the first part is refreshed).
         """
         # >>> TASK tree_walk: 一次匹配用同一个 now = self._tick() 作时间戳；剩余不足一页就停；按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续
         # en: use one now = self._tick() as the timestamp for the whole match; stop when less than a page remains; find the child by key_fn(remaining part); round the match length down to page_size; on a partial match, split_at and refresh only the timestamp of the split-off first half and return it (the unused second half keeps its time); on a full match, refresh timestamp and continue
@@ -146,7 +194,10 @@ class RadixPrefixCache(BasePrefixCache):
                 break
             match = _match_len(child.key, input_ids[prefix_len:]) // ps * ps
             prefix_len += match
-            if match < child.length:  # 只用到节点的前半段：只刷新分出来的前半段，没用到的后半段保持原来的时间
+            # 只用到节点的前半段：只刷新分出来的前半段，没用到的后半段保持原来的时间
+            # en: only the first part of the node is used: refresh only the split-off first part; the unused rest keeps
+            # en: its time
+            if match < child.length:
                 head = child.split_at(match)
                 head.timestamp = now
                 return head, prefix_len
@@ -160,11 +211,16 @@ class RadixPrefixCache(BasePrefixCache):
         return RadixCacheHandle(prefix_len, node)
 
     # ---------------------------------------------------------------- 插入
+    # en: ---------------------------------------------------------------- insertion
 
     def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> InsertResult:
-        """插入 ``input_ids`` 的整页部分。返回插入前已有的长度，以及覆盖整段（整页部分）的句柄。"""
-        # >>> TASK insert: 长度按页向下取整；_tree_walk 找已有的部分；剩下的挂一个新叶子（value 要 clone！），计入 evictable_size
-        # en: round the length down to whole pages; _tree_walk finds the existing part; hang the rest as a new leaf (clone the value!) and add it to evictable_size
+        """插入 ``input_ids`` 的整页部分。返回插入前已有的长度，以及覆盖整段（整页部分）的句柄。
+
+        en: Insert the whole-page part of ``input_ids``. Returns the length that was already cached before the insert,
+        and a handle covering the whole inserted part (all of its whole pages).
+        """
+        # >>> TASK insert: 长度按页向下取整；_tree_walk 找已有的部分；剩下的挂一个新叶子（key 和 value 都要 clone！时间戳用这次 _tree_walk 的 self._clock），计入 evictable_size；返回 InsertResult(已有的长度, 指向最后一个节点、长度为整页部分的句柄)
+        # en: round the length down to whole pages; _tree_walk finds the part already there; the rest becomes a new leaf under the node it returned (clone both key and value! its timestamp is this walk's self._clock) and counts towards evictable_size; return InsertResult(length already there, a handle on the last node covering the whole-page part)
         insert_len = len(input_ids) // self.page_size * self.page_size
         input_ids, indices = input_ids[:insert_len], indices[:insert_len]
         node, prefix_len = self._tree_walk(input_ids)
@@ -178,9 +234,15 @@ class RadixPrefixCache(BasePrefixCache):
         # <<< TASK
 
     # ---------------------------------------------------------------- 加锁与驱逐
+    # en: ---------------------------------------------------------------- locking and eviction
 
     def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
-        """从句柄的节点一直到根，每个节点的 ``ref_count`` 加一（解锁减一）；0 与非 0 之间变化时在两本账之间挪长度。"""
+        """从句柄的节点一直到根，每个节点的 ``ref_count`` 加一（解锁减一）；0 与非 0 之间变化时在两本账之间挪长度。
+
+        en: Add one to the ``ref_count`` of every node from the handle's node up to the root (subtract one to unlock);
+        when a count changes between 0 and non-zero, move the node's length between the evictable and the protected
+        total.
+        """
         assert isinstance(handle, RadixCacheHandle)
         # >>> TASK lock: 沿 parent 走到根（根不算）；加锁时 0→1 把长度从 evictable 挪到 protected，解锁时 1→0 挪回去；计数不能为负
         # en: walk along parent to the root (the root excluded); locking 0→1 moves the length from evictable to protected, unlocking 1→0 moves it back; the count must never go negative
@@ -202,7 +264,11 @@ class RadixPrefixCache(BasePrefixCache):
         # <<< TASK
 
     def evict(self, size: int) -> torch.Tensor:
-        """驱逐至少 ``size`` 个 token：每次驱逐最久没用、没上锁的叶子；父节点因此变成无锁叶子就也加入候选。"""
+        """驱逐至少 ``size`` 个 token：每次驱逐最久没用、没上锁的叶子；父节点因此变成无锁叶子就也加入候选。
+
+        en: Evict at least ``size`` tokens: each time the least recently used unlocked leaf; a parent that becomes an
+        unlocked leaf this way joins the candidates.
+        """
         if size <= 0:
             return torch.empty(0, dtype=torch.int32, device=self.device)
         if size > self.evictable_size:
@@ -235,6 +301,7 @@ class RadixPrefixCache(BasePrefixCache):
         # <<< TASK
 
     # ---------------------------------------------------------------- 统计与自查
+    # en: ---------------------------------------------------------------- sizes and self-check
 
     @property
     def size_info(self) -> SizeInfo:
@@ -249,14 +316,21 @@ class RadixPrefixCache(BasePrefixCache):
         return out
 
     def cached_indices(self) -> torch.Tensor:
-        """树里全部的槽位（检查用）。"""
+        """树里全部的槽位（检查用）。
+
+        en: Every slot in the tree (for checks).
+        """
         values = [n.value for n in self._all_nodes() if not n.is_root()]
         return torch.cat(values) if values else torch.empty(0, dtype=torch.int32)
 
     def check_integrity(self) -> None:
-        """重新数一遍：每个节点的结构、整页、引用计数，以及两本账的合计。不对就抛 RuntimeError。"""
-        # >>> TASK check_tree: 遍历全部节点：非根节点非空、长度是 page_size 的倍数、key/value 等长、挂在父节点的正确位置、ref_count >= 0 且不小于子节点之和；按 ref_count 重新累计 evictable/protected 并与记账比较；槽位不重复
-        # en: visit all nodes: non-root nodes are non-empty, their length is a multiple of page_size, key/value have equal length, each hangs at the right place in its parent, ref_count >= 0 and not less than the sum of its children's; recount evictable/protected from ref_count and compare with the bookkeeping; no slot appears twice
+        """重新数一遍：每个节点的结构、整页、引用计数，以及两本账的合计。不对就抛 RuntimeError。
+
+        en: Count everything again: each node's structure, whole pages and reference count, and the evictable and
+        protected totals. Raises RuntimeError on any mismatch.
+        """
+        # >>> TASK check_tree: 遍历全部节点：每个子节点挂在父节点的正确位置；根节点只查这一条（它没有 key，ref_count 永远是 1，不受下面的长度和引用计数规则约束，也不计入记账）；其余节点非空、长度是 page_size 的倍数、key/value 等长、ref_count >= 0 且不小于子节点之和；按 ref_count 重新累计 evictable/protected 并与记账比较；槽位不重复
+        # en: visit every node: each child sits at the right key in its parent; that is the only rule for the root (it has no key and its ref_count stays 1, so the length and ref-count rules below do not apply to it and it is not counted); every other node is non-empty, its length is a multiple of page_size, key and value have equal length, ref_count >= 0 and not less than the sum of its children's; recount evictable/protected from ref_count and compare with the bookkeeping; no slot appears twice
         evictable = protected = 0
         for node in self._all_nodes():
             for k, child in node.children.items():
@@ -295,7 +369,10 @@ class RadixPrefixCache(BasePrefixCache):
 
 
 def create_prefix_cache(cache_type: str, page_size: int, device: torch.device | str) -> BasePrefixCache:
-    """按名字创建前缀缓存：``"radix"`` 或 ``"naive"``。"""
+    """按名字创建前缀缓存：``"radix"`` 或 ``"naive"``。
+
+    en: Create a prefix cache by name: ``"radix"`` or ``"naive"``.
+    """
     if cache_type == "radix":
         return RadixPrefixCache(page_size, device)
     if cache_type == "naive":
@@ -304,7 +381,10 @@ def create_prefix_cache(cache_type: str, page_size: int, device: torch.device | 
 
 
 class Scheduler(_Scheduler):
-    """第 2.3 章的调度器：默认 radix 前缀缓存，``cache_type="naive"`` 可以关掉复用。"""
+    """第 2.3 章的调度器：默认 radix 前缀缓存，``cache_type="naive"`` 可以关掉复用。
+
+    en: The chapter 2.3 scheduler: a radix prefix cache by default; ``cache_type="naive"`` turns reuse off.
+    """
 
     supported_cache_types = ("radix", "naive")
 
@@ -313,4 +393,5 @@ class Scheduler(_Scheduler):
 
 
 #: 离线接口：本章的调度器。
+#: en: Offline interface: this chapter's scheduler.
 LLM = Scheduler
