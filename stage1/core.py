@@ -5,6 +5,13 @@
 这些类本身不做计算，但它们的长度记账决定了后面每一章读写 KV 缓存的位置：
 ``cached_len`` 个 token 的 K/V 已经在缓存里，``device_len`` 个 token 已知（提示词加已生成的），
 本轮要算的就是中间这 ``extend_len`` 个。
+
+en: Chapter 1.1 core: the data passed around everywhere in the engine: sampling parameters, requests, batches, and the
+global context.
+
+These classes compute nothing themselves, but their length bookkeeping decides where every later chapter reads and
+writes the KV cache: the K/V of ``cached_len`` tokens are already in the cache, ``device_len`` tokens are known (the
+prompt plus those generated so far), and this step computes the ``extend_len`` tokens in between.
 """
 
 from __future__ import annotations
@@ -19,34 +26,47 @@ import torch
 
 from minisgl.i18n import tr
 
-if TYPE_CHECKING:  # 只为类型标注；运行时 core 不依赖后面的章节
+# 只为类型标注；运行时 core 不依赖后面的章节
+# en: for type annotations only; at run time core does not depend on later chapters
+if TYPE_CHECKING:
     from minisgl.attention import BaseAttnBackend, BaseAttnMetadata
     from minisgl.kvcache import MHAKVCache
 
 
 @dataclass
 class SamplingParams:
-    """一个请求怎么采样。temperature <= 0 或 top_k == 1 时就是贪心（取 argmax）。"""
+    """一个请求怎么采样。temperature <= 0 或 top_k == 1 时就是贪心（取 argmax）。
+
+    en: How a request samples. With temperature <= 0 or top_k == 1 it is greedy (argmax).
+    """
 
     temperature: float = 0.0
-    top_k: int = -1  # -1：不限制
+    top_k: int = -1  # -1：不限制 | en: -1: no limit
     top_p: float = 1.0
     ignore_eos: bool = False
     max_tokens: int = 1024
-    seed: int | None = None  # 给了种子，这个请求的随机数只由（种子，位置）决定，与同批的其他请求无关
+    # 给了种子，这个请求的随机数只由（种子，位置）决定，与同批的其他请求无关
+    # en: with a seed, this request's random numbers depend only on (seed, position), not on the other requests in the
+    # en: batch
+    seed: int | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
 
     def validate(self) -> None:
-        """把不可能的参数挡在门外，免得到采样时才出现 NaN 或越界。"""
+        """把不可能的参数挡在门外，免得到采样时才出现 NaN 或越界。
+
+        en: Reject impossible parameters here, rather than getting NaN or an out-of-range index at sampling time.
+        """
         # TODO 任务 validate_sampling_params：检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 ValueError
         # TODO task validate_sampling_params: check temperature >= 0, top_k == -1 or >= 1, 0 < top_p <= 1, max_tokens >= 1; raise ValueError otherwise
         raise TaskNotDone("core", "validate_sampling_params")
 
 
-@dataclass(eq=False)  # 请求按身份比较：两个内容相同的请求也是两个请求
+# 请求按身份比较：两个内容相同的请求也是两个请求
+# en: requests compare by identity: two requests with the same content are still two requests
+@dataclass(eq=False)
 class Req:
     """一个正在生成的请求。
 
@@ -58,6 +78,17 @@ class Req:
     - ``max_device_len``：提示词长度 + ``output_len``，请求最多走到这里。
 
     始终满足 ``0 <= cached_len < device_len <= max_device_len``。
+
+    en: A request being generated.
+
+    ``input_ids`` is a 1-D int32 tensor on the CPU: the prompt, with each generated token appended at the end.
+    ``table_idx`` is the row it occupies in the page table / token pool. Length bookkeeping:
+
+    - ``cached_len``: tokens whose K/V are already written into the cache;
+    - ``device_len``: tokens known (prompt + sampled so far), starting at the prompt's length;
+    - ``max_device_len``: prompt length + ``output_len``, the furthest the request goes.
+
+    Always ``0 <= cached_len < device_len <= max_device_len``.
     """
 
     input_ids: torch.Tensor
@@ -66,7 +97,9 @@ class Req:
     output_len: int
     uid: int
     sampling_params: SamplingParams
-    cache_handle: Any = None  # 第 2 阶段的缓存管理器挂在这里的句柄（前缀缓存命中的节点等）
+    # 第 2 阶段的缓存管理器挂在这里的句柄（前缀缓存命中的节点等）
+    # en: the handle stage 2's cache manager keeps here (the prefix-cache node that was hit, and so on)
+    cache_handle: Any = None
 
     def __post_init__(self) -> None:
         # TODO 任务 req_init：检查 input_ids 在 CPU 上；算出 device_len 与 max_device_len；不变式不成立就抛 ValueError
@@ -75,14 +108,20 @@ class Req:
 
     @property
     def extend_len(self) -> int:
-        """本轮要送进模型计算的 token 数（预填充时是整段未缓存的提示词，解码时是 1）。"""
+        """本轮要送进模型计算的 token 数（预填充时是整段未缓存的提示词，解码时是 1）。
+
+        en: Tokens to send through the model this step (the whole uncached prompt for a prefill, 1 for a decode).
+        """
         # TODO 任务 extend_len：本轮要算的 token 数 = device_len - cached_len
         # TODO task extend_len: tokens to compute this step = device_len - cached_len
         raise TaskNotDone("core", "extend_len")
 
     @property
     def remain_len(self) -> int:
-        """还能再生成几个 token。"""
+        """还能再生成几个 token。
+
+        en: How many more tokens can be generated.
+        """
         # TODO 任务 remain_len：还能生成的 token 数 = max_device_len - device_len
         # TODO task remain_len: tokens that can still be generated = max_device_len - device_len
         raise TaskNotDone("core", "remain_len")
@@ -95,13 +134,22 @@ class Req:
         """一次前向发出之后调用：这轮的 token 都进了缓存，并且多了一个（刚采样的）已知 token。
 
         它在前向发出时就推进，而不是等采样结果拷回 CPU，这样调度器可以马上准备下一步。
+
+        en: Call after a forward is launched: this step's tokens are now in the cache, and there is one more known token
+        (the one just sampled).
+
+        It advances at launch rather than when the sampled token is copied back to the CPU, so the scheduler can prepare
+        the next step at once.
         """
         # TODO 任务 complete_one：cached_len 追上 device_len，device_len 加一
         # TODO task complete_one: cached_len catches up with device_len, device_len grows by one
         raise TaskNotDone("core", "complete_one")
 
     def append_host(self, next_token: torch.Tensor) -> None:
-        """把拷回 CPU 的新 token（含 1 个元素的张量）接到 ``input_ids`` 末尾。"""
+        """把拷回 CPU 的新 token（含 1 个元素的张量）接到 ``input_ids`` 末尾。
+
+        en: Append the new token copied back to the CPU (a one-element tensor) to ``input_ids``.
+        """
         # TODO 任务 append_host：用 torch.cat 把 next_token 接到 input_ids 后面（保持 int32、1 维）
         # TODO task append_host: append next_token to input_ids with torch.cat (keep int32, 1-D)
         raise TaskNotDone("core", "append_host")
@@ -124,6 +172,15 @@ class Batch:
     - ``positions``：同形状，每个 token 在自己序列里的位置（从 ``cached_len`` 到 ``device_len - 1``）；
     - ``out_loc``：同形状，每个 token 的 K/V 要写进 KV 池的哪个槽位；
     - ``attn_metadata``：由 ``attn_backend.prepare_metadata(batch)`` 填写。
+
+    en: A batch of requests computed in one forward. ``phase`` is ``"prefill"`` or ``"decode"``.
+
+    The caller (you in stage 1, the scheduler in stage 2) fills in these fields before the forward:
+
+    - ``input_ids``: int32 on the device, ``[sum(extend_len)]``, the requests concatenated in order;
+    - ``positions``: same shape, each token's position in its own sequence (from ``cached_len`` to ``device_len - 1``);
+    - ``out_loc``: same shape, the KV-pool slot each token's K/V is written to;
+    - ``attn_metadata``: filled in by ``attn_backend.prepare_metadata(batch)``.
     """
 
     reqs: list[Req]
@@ -147,6 +204,8 @@ class Batch:
 
     def __repr__(self) -> str:
         # 前向之前才填的字段可能还没有：repr 不能因此出错（报错信息、调试器里都会打印批次）
+        # en: fields filled in just before the forward may be missing yet: repr must not fail because of that (error
+        # en: messages and debuggers print batches)
         def show(name: str) -> str:
             value = getattr(self, name, None)
             if value is None:
@@ -167,6 +226,12 @@ class Context:
 
     ``page_table`` 的每个元素是 token 级的 KV 槽位（页号 * page_size + 页内偏移），
     所以无论 ``page_size`` 多大，查表时都按“每页一个 token”来读。
+
+    en: The engine's global context: during the forward, the model's layers get the current batch, the attention backend
+    and the KV cache from here.
+
+    Each element of ``page_table`` is a token-level KV slot (page number * page_size + offset in the page), so whatever
+    ``page_size`` is, lookups read it as "one token per page".
     """
 
     page_size: int
@@ -185,7 +250,11 @@ class Context:
 
     @contextmanager
     def forward_batch(self, batch: Batch) -> Iterator[None]:
-        """在 with 块里把 ``batch`` 设为当前批次；离开（包括出错）时一定清掉。"""
+        """在 with 块里把 ``batch`` 设为当前批次；离开（包括出错）时一定清掉。
+
+        en: Make ``batch`` the current batch inside the with block; it is always cleared on the way out (errors
+        included).
+        """
         # TODO 任务 ctx_forward_batch：不允许嵌套（已有批次就抛 RuntimeError）；设置 _batch，yield，finally 里清回 None
         # TODO task ctx_forward_batch: no nesting (raise RuntimeError if a batch is already set); set _batch, yield, reset it to None in finally
         raise TaskNotDone("core", "ctx_forward_batch")
@@ -195,7 +264,11 @@ _GLOBAL_CTX: Context | None = None
 
 
 def set_global_ctx(ctx: Context | None) -> None:
-    """设置（或用 None 清除）全局上下文。一个进程里可以先后创建多个引擎，后设置的生效。"""
+    """设置（或用 None 清除）全局上下文。一个进程里可以先后创建多个引擎，后设置的生效。
+
+    en: Set (or clear, with None) the global context. A process may create several engines one after another; the last
+    one set wins.
+    """
     global _GLOBAL_CTX
     _GLOBAL_CTX = ctx
 

@@ -12,6 +12,21 @@
 
 页表按 token 记槽位，所以注意力后端查表时不必关心 ``page_size``；``page_size`` 只决定
 槽位怎样成组地分配出去（第 2 阶段的缓存管理器按页分配和回收）。
+
+en: Chapter 1.4 kvcache: a preallocated paged KV pool, the page table and the token pool.
+
+Step 0 let each request's K/V grow with ``torch.cat``: every step reallocates and copies, and the K/V of different
+requests cannot go into one batch. Here they are replaced by one preallocated pool:
+
+- **KV pool**: one K block and one V block per layer, each with ``num_pages × page_size`` token slots;
+- **page table**: int32 ``[max_running_req + 1, max_seq_len]``; row ``table_idx``, column ``pos`` is the slot holding
+  the K/V of that request's token ``pos`` (page number * page_size + offset in the page);
+- **token pool**: same shape as the page table, holding the token id at each position; decode inputs are taken from it
+  by row and column, on the device.
+
+The page table records slots per token, so the attention backend need not care about ``page_size`` when it looks them
+up; ``page_size`` only decides how slots are handed out in groups (stage 2's cache manager allocates and frees whole
+pages).
 """
 
 from __future__ import annotations
@@ -26,6 +41,11 @@ class MHAKVCache:
 
     用 0 初始化而不是 ``torch.empty``：批量注意力会读到还没写过的槽位（再用掩码屏蔽），
     未初始化内存里可能有 NaN，而 ``0 × NaN`` 仍是 NaN，会污染输出。
+
+    en: The KV pool for multi-head attention: one big ``[2, layers, num_pages, page_size, KV heads, head_dim]`` tensor.
+
+    Zero-initialised rather than ``torch.empty``: batched attention reads slots not written yet (and masks them out),
+    and uninitialised memory may hold NaN; ``0 × NaN`` is still NaN and would spoil the output.
     """
 
     def __init__(
@@ -60,7 +80,10 @@ class MHAKVCache:
         return self._kv_buffer.device
 
     def k_cache(self, layer_id: int) -> torch.Tensor:
-        """第 ``layer_id`` 层的 K，按槽位摊平成 ``[num_pages * page_size, KV 头数, head_dim]`` 的视图。"""
+        """第 ``layer_id`` 层的 K，按槽位摊平成 ``[num_pages * page_size, KV 头数, head_dim]`` 的视图。
+
+        en: The K of layer ``layer_id``, as a view flattened by slot: ``[num_pages * page_size, KV heads, head_dim]``.
+        """
         # TODO 任务 kv_views：取 _kv_buffer[0, layer_id]，view 成 (num_slots, num_kv_heads, head_dim)；不要拷贝
         # TODO task kv_views: take _kv_buffer[0, layer_id] and view it as (num_slots, num_kv_heads, head_dim); no copy
         raise TaskNotDone("kvcache", "kv_views")
@@ -69,7 +92,11 @@ class MHAKVCache:
         return self._kv_buffer[1, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
-        """把本轮算出的 K/V（``[T, KV 头数, head_dim]``）写进第 ``layer_id`` 层的 ``out_loc`` 槽位，别处一个也不碰。"""
+        """把本轮算出的 K/V（``[T, KV 头数, head_dim]``）写进第 ``layer_id`` 层的 ``out_loc`` 槽位，别处一个也不碰。
+
+        en: Write this step's K/V (``[T, KV heads, head_dim]``) into the ``out_loc`` slots of layer ``layer_id``,
+        touching nothing else.
+        """
         # TODO 任务 store_kv：按 out_loc 把 k、v 写进 k_cache(layer_id)、v_cache(layer_id)（原地写，用 index_copy_ 或下标赋值）
         # TODO task store_kv: write k and v into k_cache(layer_id) and v_cache(layer_id) at out_loc (in place, with index_copy_ or index assignment)
         raise TaskNotDone("kvcache", "store_kv")
@@ -78,7 +105,11 @@ class MHAKVCache:
     def bytes_per_page(
         num_kv_heads: int, num_layers: int, head_dim: int, page_size: int, dtype: torch.dtype
     ) -> int:
-        """一页在所有层里占多少字节（K 与 V 都算）；引擎用它从空闲内存推出能放几页。"""
+        """一页在所有层里占多少字节（K 与 V 都算）；引擎用它从空闲内存推出能放几页。
+
+        en: Bytes one page takes across all layers (K and V); the engine uses it to work out how many pages fit in free
+        memory.
+        """
         # TODO 任务 bytes_per_page：2（K 和 V）× 层数 × page_size × KV 头数 × head_dim × 每个元素的字节数
         # TODO task bytes_per_page: 2 (K and V) × layers × page_size × KV heads × head_dim × bytes per element
         raise TaskNotDone("kvcache", "bytes_per_page")
@@ -89,6 +120,12 @@ def pages_to_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
 
     例：``pages=[3, 1]``、``page_size=2`` → ``[6, 7, 2, 3]``。把结果的前 n 个写进页表的一行，
     就给一个 n 个 token 的请求安排好了位置。
+
+    en: Page numbers -> every token slot of those pages, in order: page ``p`` holds slots ``p*page_size ..
+    p*page_size+page_size-1``.
+
+    Example: ``pages=[3, 1]``, ``page_size=2`` -> ``[6, 7, 2, 3]``. Writing the first n of the result into a row of the
+    page table gives an n-token request its places.
     """
     # TODO 任务 pages_to_slots：pages[:, None] * page_size + arange(page_size)，再摊平；保持 pages 的 dtype 和设备
     # TODO task pages_to_slots: pages[:, None] * page_size + arange(page_size), then flatten; keep the dtype and device of pages
@@ -99,6 +136,11 @@ def create_page_table(max_running_req: int, max_seq_len: int, device: torch.devi
     """页表：每个请求槽位一行，另加一行留给填充用的假请求。初值 0 是合法槽位，读到也不会越界。
 
     token 池与它同形同类型（``torch.zeros_like(page_table)``），只是存的是 token id。
+
+    en: The page table: one row per request slot, plus one row for the dummy request used as padding. The initial 0 is a
+    valid slot, so reading it never goes out of range.
+
+    The token pool has the same shape and dtype (``torch.zeros_like(page_table)``), but holds token ids.
     """
     return torch.zeros((max_running_req + 1, max_seq_len), dtype=torch.int32, device=device)
 

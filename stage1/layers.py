@@ -9,6 +9,17 @@
 线性层有一条参考路径和两条 CPU 快速路径：``F.linear`` 是易读的参考实现；在 CPU 上，加载完权重后可以把
 权重一次性重排成 oneDNN 喜欢的布局，或者交给本项目自己的小批量内核（:func:`pack_linear_weights`），之后每步解码
 快好几倍。
+
+en: Chapter 1.2 layers: operator layers without ``nn.Module``.
+
+Each operator is a plain object: its weights are tensor attributes (names not starting with ``_``) and its forward is an
+ordinary method. An operator knows its weights' shapes and how to load them from a checkpoint: a merged linear layer
+stacks HF's q/k/v (or gate/up) tensors row-wise into one weight and computes them in a single matrix multiplication. No
+autograd, no hooks: inference needs only this.
+
+A linear layer has one reference path and two fast CPU paths: ``F.linear`` is the readable reference; on the CPU, once
+the weights are loaded, they can be reordered once into the layout oneDNN prefers, or handed to this project's own
+small-batch kernel (:func:`pack_linear_weights`), after which each decode step is several times faster.
 """
 
 from __future__ import annotations
@@ -32,7 +43,10 @@ def _join(prefix: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class WeightSlot:
-    """检查点里的一个张量该装到哪里：哪个算子的哪个属性，合并权重里的第几片。"""
+    """检查点里的一个张量该装到哪里：哪个算子的哪个属性，合并权重里的第几片。
+
+    en: Where one checkpoint tensor goes: which attribute of which operator, and which shard of a merged weight.
+    """
 
     op: BaseOP
     attr: str
@@ -40,13 +54,20 @@ class WeightSlot:
 
 
 class BaseOP:
-    """算子基类：遍历子算子、列出权重、按检查点名字装载权重。"""
+    """算子基类：遍历子算子、列出权重、按检查点名字装载权重。
+
+    en: Operator base class: walks the child operators, lists the weights, loads weights by checkpoint name.
+    """
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
     def children(self) -> Iterator[tuple[str, BaseOP]]:
-        """子算子：属性里的 BaseOP，或 BaseOP 的列表（如解码层列表），名字不以 ``_`` 开头。"""
+        """子算子：属性里的 BaseOP，或 BaseOP 的列表（如解码层列表），名字不以 ``_`` 开头。
+
+        en: Child operators: attributes that are a BaseOP or a list of BaseOP (such as the list of decoder layers), with
+        names not starting with ``_``.
+        """
         for name, value in vars(self).items():
             if name.startswith("_"):
                 continue
@@ -65,25 +86,41 @@ class BaseOP:
         return {n: v for n, v in vars(self).items() if not n.startswith("_") and isinstance(v, torch.Tensor)}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """全部权重，按本项目自己的名字（合并后的 ``qkv_proj`` 等）。"""
+        """全部权重，按本项目自己的名字（合并后的 ``qkv_proj`` 等）。
+
+        en: All weights, by this project's own names (the merged ``qkv_proj`` and so on).
+        """
         return {_join(p, n): w for p, op in self.named_ops() for n, w in op.own_weights().items()}
 
     def checkpoint_slots(self) -> dict[str, WeightSlot]:
-        """整棵算子树：HF 检查点里的张量名 → 装到哪里。"""
+        """整棵算子树：HF 检查点里的张量名 → 装到哪里。
+
+        en: The whole operator tree: tensor name in the HF checkpoint -> where it goes.
+        """
         return {name: slot for prefix, op in self.named_ops() for name, slot in op.own_slots(prefix).items()}
 
     def own_slots(self, prefix: str) -> dict[str, WeightSlot]:
-        """本算子自己的权重在检查点里叫什么。默认与本项目的名字相同；合并线性层会改写。"""
+        """本算子自己的权重在检查点里叫什么。默认与本项目的名字相同；合并线性层会改写。
+
+        en: What this operator's own weights are called in the checkpoint. By default the same as this project's names;
+        merged linear layers override it.
+        """
         return {_join(prefix, n): WeightSlot(self, n) for n in self.own_weights()}
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        """把检查点里的一个张量拷进自己的权重（形状不对就抛 ValueError）。"""
+        """把检查点里的一个张量拷进自己的权重（形状不对就抛 ValueError）。
+
+        en: Copy one checkpoint tensor into this operator's weight (ValueError on a wrong shape).
+        """
         target = getattr(self, attr)
         check_shape(target, tensor)
         target.copy_(tensor)
 
     def pack(self) -> None:
-        """为当前设备准备更快的权重布局；默认什么也不做（见 :class:`Linear`）。"""
+        """为当前设备准备更快的权重布局；默认什么也不做（见 :class:`Linear`）。
+
+        en: Prepare a faster weight layout for the current device; does nothing by default (see :class:`Linear`).
+        """
 
 
 def check_shape(target: torch.Tensor, tensor: torch.Tensor) -> None:
@@ -95,10 +132,14 @@ def check_shape(target: torch.Tensor, tensor: torch.Tensor) -> None:
 
 
 # ----------------------------------------------------------------------------- 线性层
+# en: ----------------------------------------------------------------------------- linear layers
 
 
 def fast_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """CPU 上的 oneDNN 快速路径是否可用：fp32 总可以，bf16 要 CPU 支持。"""
+    """CPU 上的 oneDNN 快速路径是否可用：fp32 总可以，bf16 要 CPU 支持。
+
+    en: Whether the oneDNN fast path is available on the CPU: always for fp32; bf16 needs CPU support.
+    """
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.bfloat16:
@@ -111,6 +152,12 @@ class Linear(BaseOP):
 
     例如注意力的 ``qkv_proj``：``output_sizes=[q, kv, kv]``、``shard_names=["q_proj", "k_proj", "v_proj"]``，
     检查点里的 ``...self_attn.k_proj.weight`` 就装进 ``qkv_proj.weight`` 的第 q..q+kv 行。
+
+    en: ``y = x Wᵀ + b``. With several ``output_sizes`` it is a merged linear layer, and ``shard_names`` are the parts'
+    names in the HF checkpoint.
+
+    For example attention's ``qkv_proj``: ``output_sizes=[q, kv, kv]``, ``shard_names=["q_proj", "k_proj", "v_proj"]``;
+    the checkpoint's ``...self_attn.k_proj.weight`` goes into rows q..q+kv of ``qkv_proj.weight``.
     """
 
     def __init__(
@@ -130,8 +177,12 @@ class Linear(BaseOP):
         self.weight: torch.Tensor | None = torch.empty(out, input_size, dtype=dtype, device=device)
         self.bias = torch.empty(out, dtype=dtype, device=device) if bias else None
         self._shard_names = shard_names
-        self._packed: torch.Tensor | None = None  # oneDNN 布局的权重（不透明张量，不能切片）
-        self._kernel = False  # 前向走 minisgl.kernel 的小批量内核（权重原样不动）
+        # oneDNN 布局的权重（不透明张量，不能切片）
+        # en: the weight in oneDNN's layout (an opaque tensor that cannot be sliced)
+        self._packed: torch.Tensor | None = None
+        # 前向走 minisgl.kernel 的小批量内核（权重原样不动）
+        # en: the forward uses minisgl.kernel's small-batch kernel (the weight stays as it is)
+        self._kernel = False
 
     def own_slots(self, prefix: str) -> dict[str, WeightSlot]:
         if self._shard_names is None:
@@ -144,7 +195,10 @@ class Linear(BaseOP):
         }
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        """把第 ``shard`` 段的检查点张量拷进合并权重里属于它的那几行。"""
+        """把第 ``shard`` 段的检查点张量拷进合并权重里属于它的那几行。
+
+        en: Copy the checkpoint tensor of part ``shard`` into its rows of the merged weight.
+        """
         # TODO 任务 merged_linear_load：第 shard 段从 sum(output_sizes[:shard]) 行开始、共 output_sizes[shard] 行；先 check_shape 再 copy_
         # TODO task merged_linear_load: shard number shard starts at row sum(output_sizes[:shard]) and spans output_sizes[shard] rows; check_shape first, then copy_
         raise TaskNotDone("layers", "merged_linear_load")
@@ -155,6 +209,13 @@ class Linear(BaseOP):
         ``onednn``：把权重重排成 oneDNN 的布局，重排后的副本取代原权重以省内存（批大小提示传 ``None``：
         传 1 会得到一个批大于 1 时很慢的布局）。``kernel``：权重原样不动，前向交给 ``minisgl.kernel``
         的小批量内核（它不认的权重形状照旧用 oneDNN）。
+
+        en: Switch to a faster path for the CPU (once only).
+
+        ``onednn``: reorder the weight into oneDNN's layout; the reordered copy replaces the original weight to save
+        memory (the batch-size hint is ``None``: passing 1 gives a layout that is slow for batches above 1). ``kernel``:
+        the weight stays as it is and the forward goes to ``minisgl.kernel``'s small-batch kernel (weight shapes it does
+        not handle still use oneDNN).
         """
         if self.weight is None:
             return
@@ -174,7 +235,11 @@ class Linear(BaseOP):
 
 def pack_linear_weights(root: BaseOP, kind: str = "onednn") -> int:
     """把 ``root`` 下所有线性层（含 LM head）换成 CPU 快速路径（``onednn`` 或 ``kernel``，见 :meth:`Linear.pack`），
-    返回换了几个。加载完权重后调用一次。"""
+    返回换了几个。加载完权重后调用一次。
+
+    en: Switch every linear layer under ``root`` (the LM head included) to a fast CPU path (``onednn`` or ``kernel``,
+    see :meth:`Linear.pack`) and return how many were switched. Call once, after the weights are loaded.
+    """
     ops = [op for _, op in root.named_ops() if isinstance(op, Linear)]
     for op in ops:
         op.pack(kind)
@@ -182,10 +247,14 @@ def pack_linear_weights(root: BaseOP, kind: str = "onednn") -> int:
 
 
 # ----------------------------------------------------------------------------- 嵌入与 LM head
+# en: ----------------------------------------------------------------------------- embedding and LM head
 
 
 class VocabEmbedding(BaseOP):
-    """token id → 向量：查表。"""
+    """token id → 向量：查表。
+
+    en: token id -> vector: a table lookup.
+    """
 
     def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype, device: torch.device | str) -> None:
         self.weight = torch.empty(vocab_size, hidden_size, dtype=dtype, device=device)
@@ -200,6 +269,13 @@ class LMHead(Linear):
     预填充一段 100 个 token 的提示词，只有最后一个位置的 logits 用来采样；
     词表有十几万行，把其余 99 个也算出来是白费。``tie_to`` 给出时与嵌入层共用权重
     （检查点里没有 ``lm_head.weight``）；打包成快速布局时另做一份，嵌入层保留自己的原始权重。
+
+    en: Hidden states -> vocabulary logits, for the last token of each request only.
+
+    When a 100-token prompt is prefilled, only the last position's logits are used for sampling; the vocabulary has more
+    than a hundred thousand rows, and computing the other 99 would be wasted work. With ``tie_to`` the weight is shared
+    with the embedding (the checkpoint has no ``lm_head.weight``); packing into a fast layout makes a separate copy, and
+    the embedding keeps its own original weight.
     """
 
     def __init__(
@@ -226,10 +302,16 @@ class LMHead(Linear):
 
 
 # ----------------------------------------------------------------------------- 归一化、激活、位置编码
+# en: ----------------------------------------------------------------------------- normalisation, activation, position
+# en: encoding
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm：``x / sqrt(mean(x²) + eps) * weight``，在 fp32 里算，再转回原 dtype 乘权重（与 HF 一致）。"""
+    """RMSNorm：``x / sqrt(mean(x²) + eps) * weight``，在 fp32 里算，再转回原 dtype 乘权重（与 HF 一致）。
+
+    en: RMSNorm: ``x / sqrt(mean(x²) + eps) * weight``, computed in fp32, then cast back to the original dtype and
+    multiplied by the weight (as HF does).
+    """
     # TODO 任务 rms_norm：先转 float32，乘 rsqrt(x² 在最后一维的均值 + eps)，转回 x.dtype 后乘 weight
     # TODO task rms_norm: convert to float32 first, multiply by rsqrt(mean of x² over the last dim + eps), convert back to x.dtype, then multiply by weight
     raise TaskNotDone("layers", "rms_norm")
@@ -245,7 +327,11 @@ class RMSNorm(BaseOP):
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU 的激活：``x`` 的前一半是 gate、后一半是 up（合并的 gate_up_proj 的输出），返回 ``silu(gate) * up``。"""
+    """SwiGLU 的激活：``x`` 的前一半是 gate、后一半是 up（合并的 gate_up_proj 的输出），返回 ``silu(gate) * up``。
+
+    en: SwiGLU activation: the first half of ``x`` is gate, the second half up (the output of the merged gate_up_proj);
+    returns ``silu(gate) * up``.
+    """
     # TODO 任务 silu_and_mul：沿最后一维对半分成 gate 和 up，返回 F.silu(gate) * up
     # TODO task silu_and_mul: split the last dim in half into gate and up; return F.silu(gate) * up
     raise TaskNotDone("layers", "silu_and_mul")
@@ -256,6 +342,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
     把每个头的向量看成 D/2 个二维点 (x[i], x[i + D/2])，按位置转过各自的角度：
     ``x * cos + rotate_half(x) * sin``，其中 ``rotate_half(x) = cat(-x后半, x前半)``。
+
+    en: Rotary position embedding (the NeoX / HF "two halves" layout). ``x``: [T, H, D], ``cos``/``sin``: [T, D].
+
+    Each head's vector is seen as D/2 points in the plane, (x[i], x[i + D/2]), each rotated by its own angle for the
+    position: ``x * cos + rotate_half(x) * sin``, where ``rotate_half(x) = cat(-second half of x, first half of x)``.
     """
     # TODO 任务 apply_rotary：cos/sin 加一个头维度并转成 x.dtype；x1, x2 = 前后两半；返回 x * cos + cat(-x2, x1) * sin
     # TODO task apply_rotary: give cos/sin a head dim and convert them to x.dtype; x1, x2 = first and second half; return x * cos + cat(-x2, x1) * sin
@@ -263,7 +354,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class RotaryEmbedding(BaseOP):
-    """预先算好每个位置的 cos/sin 表（fp32），前向时按 ``positions`` 查表。全模型共用一个。"""
+    """预先算好每个位置的 cos/sin 表（fp32），前向时按 ``positions`` 查表。全模型共用一个。
+
+    en: Precomputed cos/sin tables for every position (fp32), looked up by ``positions`` in the forward. One for the
+    whole model.
+    """
 
     def __init__(self, head_dim: int, base: float, max_position: int, *, device: torch.device | str) -> None:
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -278,6 +373,7 @@ class RotaryEmbedding(BaseOP):
 
 
 # ----------------------------------------------------------------------------- 注意力层
+# en: ----------------------------------------------------------------------------- the attention layer
 
 
 class AttentionLayer(BaseOP):
@@ -285,6 +381,13 @@ class AttentionLayer(BaseOP):
 
     它自己没有权重：q_norm / k_norm 的权重属于外层的 self_attn 块（检查点里也是这么命名的），
     这里只借用；怎样在分页 KV 上算注意力是后端的事（第 1.5 章），本层不关心。
+
+    en: The attention layer: split qkv -> q/k normalisation (Qwen3) -> RoPE -> the attention backend (writes the KV
+    cache and computes attention).
+
+    It has no weights of its own: the q_norm / k_norm weights belong to the enclosing self_attn block (which is how the
+    checkpoint names them) and are only borrowed here; how attention is computed over the paged KV is the backend's job
+    (chapter 1.5), not this layer's.
     """
 
     def __init__(
@@ -312,7 +415,10 @@ class AttentionLayer(BaseOP):
         self._k_norm = k_norm
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
-        """``qkv``: [T, (Hq + 2·Hkv)·D] → 注意力输出 [T, Hq·D]。"""
+        """``qkv``: [T, (Hq + 2·Hkv)·D] → 注意力输出 [T, Hq·D]。
+
+        en: ``qkv``: [T, (Hq + 2·Hkv)·D] -> attention output [T, Hq·D].
+        """
         # TODO 任务 attention_layer_forward：split 出 q/k/v 并 view 成 [T, 头数, D]；有 q/k norm 就先归一化；用 batch.positions 做 RoPE；调用 ctx.attn_backend.forward(q, k, v, layer_id, batch)
         # TODO task attention_layer_forward: split q/k/v and view them as [T, heads, D]; apply the q/k norms if present; RoPE with batch.positions; call ctx.attn_backend.forward(q, k, v, layer_id, batch)
         raise TaskNotDone("layers", "attention_layer_forward")

@@ -7,6 +7,16 @@ Llama 没有。结构和权重名字都与 HF 的 ``config.json`` / ``model.safe
 唯一的改动是把 q/k/v 和 gate/up 合并成一个线性层（见第 1.2 章）。
 
 加载权重时一次只读一个张量、拷进预先分配好的位置，峰值内存约等于模型本身。
+
+en: Chapter 1.3 models: the Qwen3 and Llama decoders, and streaming the weights in from safetensors.
+
+Both architectures share one decoder definition and differ only in configuration: Qwen3 applies an RMSNorm to q and to k
+inside attention (``qk_norm``), Llama does not. The structure and the weight names follow HF's ``config.json`` /
+``model.safetensors``; the only change is that q/k/v and gate/up are merged into one linear layer each (see chapter
+1.2).
+
+Weights are loaded one tensor at a time, copied into preallocated places, so peak memory is about the size of the model
+itself.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from minisgl.layers import (
 )
 
 #: 支持的架构（``config.json`` 里的 ``architectures[0]``）→ 是否有 q/k norm。
+#: en: Supported architectures (``architectures[0]`` in ``config.json``) -> whether they have q/k norm.
 ARCHITECTURES = {"Qwen3ForCausalLM": True, "LlamaForCausalLM": False}
 
 
@@ -59,7 +70,11 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, model_path: str | Path) -> ModelConfig:
-        """读 HF 的 ``config.json``。不认识的架构、没有实现的 RoPE 缩放都直接报错，免得算出错的结果。"""
+        """读 HF 的 ``config.json``。不认识的架构、没有实现的 RoPE 缩放都直接报错，免得算出错的结果。
+
+        en: Read HF's ``config.json``. An unknown architecture or an unimplemented RoPE scaling raises at once, rather
+        than computing wrong results.
+        """
         path = Path(model_path) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(tr(
@@ -76,7 +91,10 @@ class ModelConfig:
 
 
 class SelfAttention(BaseOP):
-    """``self_attn`` 块：合并的 qkv_proj → 注意力层 → o_proj。"""
+    """``self_attn`` 块：合并的 qkv_proj → 注意力层 → o_proj。
+
+    en: The ``self_attn`` block: merged qkv_proj -> attention layer -> o_proj.
+    """
 
     def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, dtype: torch.dtype, device) -> None:
         c, kw = config, {"dtype": dtype, "device": device}
@@ -97,7 +115,10 @@ class SelfAttention(BaseOP):
 
 
 class MLP(BaseOP):
-    """SwiGLU 前馈：合并的 gate_up_proj → silu(gate) * up → down_proj。"""
+    """SwiGLU 前馈：合并的 gate_up_proj → silu(gate) * up → down_proj。
+
+    en: SwiGLU feed-forward: merged gate_up_proj -> silu(gate) * up -> down_proj.
+    """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device) -> None:
         c, kw = config, {"dtype": dtype, "device": device}
@@ -121,14 +142,20 @@ class DecoderLayer(BaseOP):
         self.mlp = MLP(config, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Pre-norm 残差：``h = x + attn(norm(x))``，``out = h + mlp(norm(h))``。"""
+        """Pre-norm 残差：``h = x + attn(norm(x))``，``out = h + mlp(norm(h))``。
+
+        en: Pre-norm residual: ``h = x + attn(norm(x))``, ``out = h + mlp(norm(h))``.
+        """
         # TODO 任务 decoder_layer_forward：两个子层都是“先归一化、再计算、再加回残差”
         # TODO task decoder_layer_forward: both sub-layers are "normalise, compute, add the residual back"
         raise TaskNotDone("models", "decoder_layer_forward")
 
 
 class DecoderModel(BaseOP):
-    """检查点里的 ``model.*``：嵌入、N 个解码层、最后的归一化。"""
+    """检查点里的 ``model.*``：嵌入、N 个解码层、最后的归一化。
+
+    en: The checkpoint's ``model.*``: embedding, N decoder layers, the final norm.
+    """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device) -> None:
         kw = {"dtype": dtype, "device": device}
@@ -145,7 +172,11 @@ class DecoderModel(BaseOP):
 
 
 class CausalLM(BaseOP):
-    """完整的模型：``forward()`` 读当前批次的 ``input_ids``，返回每个请求最后一个 token 的 logits ``[B, vocab]``。"""
+    """完整的模型：``forward()`` 读当前批次的 ``input_ids``，返回每个请求最后一个 token 的 logits ``[B, vocab]``。
+
+    en: The whole model: ``forward()`` reads the current batch's ``input_ids`` and returns the logits of each request's
+    last token, ``[B, vocab]``.
+    """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
         self.config = config
@@ -159,11 +190,17 @@ class CausalLM(BaseOP):
 
 
 def create_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
-    """按配置搭出模型，权重只分配、不初始化（接着用 :func:`load_weights` 或 :func:`load_dummy_weights` 填）。"""
+    """按配置搭出模型，权重只分配、不初始化（接着用 :func:`load_weights` 或 :func:`load_dummy_weights` 填）。
+
+    en: Build the model from the config; weights are allocated but not initialised (fill them next with
+    :func:`load_weights` or :func:`load_dummy_weights`).
+    """
     return CausalLM(config, dtype, device)
 
 
 #: 检查点里可以有、但本项目不需要的张量：旧版 Llama 检查点存下的 RoPE 频率表（我们自己算）。
+#: en: Tensors a checkpoint may hold that this project does not need: the RoPE frequency table saved by old Llama
+#: en: checkpoints (we compute it ourselves).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -178,7 +215,10 @@ def safetensors_files(model_path: str | Path) -> list[Path]:
 
 
 def iter_safetensors(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """逐个读出检查点里的张量（可能分成多个文件），带进度条。"""
+    """逐个读出检查点里的张量（可能分成多个文件），带进度条。
+
+    en: Read the checkpoint's tensors one by one (possibly from several files), with a progress bar.
+    """
     files = safetensors_files(model_path)
     total = 0
     for file in files:
@@ -193,7 +233,11 @@ def iter_safetensors(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor
 
 
 def load_weights(model: BaseOP, model_path: str | Path) -> None:
-    """把检查点里的张量逐个装进模型；缺了、多了或形状不对都报出张量的名字。"""
+    """把检查点里的张量逐个装进模型；缺了、多了或形状不对都报出张量的名字。
+
+    en: Load the checkpoint's tensors into the model one by one; a missing, extra or wrongly shaped tensor is reported
+    by name.
+    """
     slots = model.checkpoint_slots()
     # TODO 任务 load_weights：遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)（它的 ValueError 加上张量名再抛）；查不到的，名字以 IGNORED_SUFFIXES 结尾或是 lm_head.weight（共享权重时多存的）就跳过，否则抛 ValueError；最后把 slots 里没装到的名字用 ValueError 报出来
     # TODO task load_weights: iterate over iter_safetensors; if the name is in slots, call slot.op.load_weight(slot.attr, tensor, slot.shard) (re-raise its ValueError with the tensor name added); otherwise skip names ending in IGNORED_SUFFIXES or equal to lm_head.weight (stored extra with tied weights), and raise ValueError for the rest; finally report the slot names that were never loaded with a ValueError
@@ -201,7 +245,11 @@ def load_weights(model: BaseOP, model_path: str | Path) -> None:
 
 
 def load_dummy_weights(model: BaseOP, seed: int = 0) -> None:
-    """不读文件，填上随机权重（只测速度和形状时用）：归一化权重为 1，其余 ~ N(0, 0.02)。"""
+    """不读文件，填上随机权重（只测速度和形状时用）：归一化权重为 1，其余 ~ N(0, 0.02)。
+
+    en: Fill in random weights without reading a file (for speed and shape tests only): norm weights are 1, the rest ~
+    N(0, 0.02).
+    """
     gen = torch.Generator().manual_seed(seed)
     for name, w in model.state_dict().items():
         if name.endswith("norm.weight"):

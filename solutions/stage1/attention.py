@@ -9,6 +9,23 @@
 - ``torch``：参考实现，逐个请求按页表取 K/V、显式掩码、einsum，一眼能看懂；
 - ``sdpa``：把整批补齐成矩形，一次 ``F.scaled_dot_product_attention``，CPU 上的默认；
 - ``fi`` / ``fa``：CUDA 上装了 FlashInfer / sgl-kernel 的 FlashAttention 就自动选用（可选依赖）。
+
+en: Chapter 1.5 attention: attention backends, computing attention over the paged KV for a batch of requests of
+different lengths.
+
+In a batch, each request has ``extend_len`` queries this step (the whole prompt for a prefill, 1 for a decode), and they
+must see all ``device_len`` keys of that request: the first ``cached_len`` have long been in the KV pool, the rest were
+written this step. The page table gives where the K/V sit in the pool; the causal mask is offset by ``cached_len``:
+query i is at absolute position ``cached_len + i`` and sees the keys at positions ``<= cached_len + i``.
+
+Backends:
+
+- ``torch``: the reference, request by request: gather the K/V by the page table, explicit mask, einsum; readable at a
+  glance;
+- ``sdpa``: pads the whole batch into a rectangle and makes one ``F.scaled_dot_product_attention`` call; the default on
+  the CPU;
+- ``fi`` / ``fa``: chosen automatically on CUDA when FlashInfer / sgl-kernel's FlashAttention is installed (optional
+  dependencies).
 """
 
 from __future__ import annotations
@@ -27,33 +44,52 @@ from minisgl.kvcache import MHAKVCache
 
 
 class BaseAttnMetadata(ABC):
-    """后端为一个批次准备的元数据。LM head 只需要知道每个请求最后一个 token 在哪。"""
+    """后端为一个批次准备的元数据。LM head 只需要知道每个请求最后一个 token 在哪。
+
+    en: Metadata a backend prepares for a batch. The LM head only needs to know where each request's last token is.
+    """
 
     @abstractmethod
     def get_last_indices(self, bs: int) -> torch.Tensor: ...
 
 
 class BaseAttnBackend(ABC):
-    """注意力后端接口：先 ``prepare_metadata(batch)``（每批一次），再在每层里 ``forward``。"""
+    """注意力后端接口：先 ``prepare_metadata(batch)``（每批一次），再在每层里 ``forward``。
+
+    en: Attention backend interface: ``prepare_metadata(batch)`` first (once per batch), then ``forward`` in each layer.
+    """
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:
-        """根据 ``batch.reqs`` 的长度记账和页表，填写 ``batch.attn_metadata``。"""
+        """根据 ``batch.reqs`` 的长度记账和页表，填写 ``batch.attn_metadata``。
+
+        en: Fill in ``batch.attn_metadata`` from the length bookkeeping of ``batch.reqs`` and the page table.
+        """
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         """``q``: [T, Hq, D]，``k``/``v``: [T, Hkv, D]（本轮的 token）。先把 k/v 写到 ``batch.out_loc``，
-        再让每个 query 看它所属请求的全部 K/V。返回 [T, Hq, D]。"""
+        再让每个 query 看它所属请求的全部 K/V。返回 [T, Hq, D]。
+
+        en: ``q``: [T, Hq, D], ``k``/``v``: [T, Hkv, D] (this step's tokens). First write k/v to ``batch.out_loc``, then
+        let each query see all K/V of its request. Returns [T, Hq, D].
+        """
 
 
 @dataclass
 class VarlenMetadata(BaseAttnMetadata):
-    """变长批次：第 b 个请求的 query 是拼接张量里的 ``[cu_seqlens_q[b], cu_seqlens_q[b+1])``。"""
+    """变长批次：第 b 个请求的 query 是拼接张量里的 ``[cu_seqlens_q[b], cu_seqlens_q[b+1])``。
 
-    cu_seqlens_q: torch.Tensor  # 设备上 int32，[B + 1]
+    en: Variable-length batch: request b's queries are ``[cu_seqlens_q[b], cu_seqlens_q[b+1])`` of the concatenated
+    tensor.
+    """
+
+    cu_seqlens_q: torch.Tensor  # 设备上 int32，[B + 1] | en: int32 on the device, [B + 1]
     cu_seqlens_q_cpu: list[int]
     cached_lens: list[int]
-    seq_lens: list[int]  # 每个请求的 device_len：本轮之后缓存里有多少个 key
+    # 每个请求的 device_len：本轮之后缓存里有多少个 key
+    # en: each request's device_len: how many keys the cache holds after this step
+    seq_lens: list[int]
     table_idx: list[int]
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
@@ -61,7 +97,10 @@ class VarlenMetadata(BaseAttnMetadata):
 
 
 def make_varlen_metadata(batch: Batch, device: torch.device) -> VarlenMetadata:
-    """从请求的长度记账算出变长元数据（所有后端共用）。"""
+    """从请求的长度记账算出变长元数据（所有后端共用）。
+
+    en: Work out the variable-length metadata from the requests' length bookkeeping (shared by every backend).
+    """
     # >>> TASK varlen_metadata: 前缀和 cu_seqlens_q = [0, e0, e0+e1, ...]（e 为 extend_len），另记下 cached_len、device_len、table_idx
     # en: prefix sums cu_seqlens_q = [0, e0, e0+e1, ...] (e is extend_len); also record cached_len, device_len, table_idx
     cu = [0, *accumulate(r.extend_len for r in batch.reqs)]
@@ -76,7 +115,11 @@ def make_varlen_metadata(batch: Batch, device: torch.device) -> VarlenMetadata:
 
 
 def causal_mask_with_prefix(cached_len: int, seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``[seq_len - cached_len, seq_len]`` 的布尔掩码：query i（绝对位置 cached_len + i）能否看到 key j。"""
+    """``[seq_len - cached_len, seq_len]`` 的布尔掩码：query i（绝对位置 cached_len + i）能否看到 key j。
+
+    en: A ``[seq_len - cached_len, seq_len]`` boolean mask: whether query i (absolute position cached_len + i) sees key
+    j.
+    """
     # >>> TASK causal_mask_with_prefix: key 位置 j 可见当且仅当 j <= cached_len + i
     # en: key position j is visible iff j <= cached_len + i
     q_pos = torch.arange(cached_len, seq_len, device=device)
@@ -88,7 +131,11 @@ def causal_mask_with_prefix(cached_len: int, seq_len: int, device: torch.device 
 def gather_kv(
     kv_cache: MHAKVCache, layer_id: int, page_table: torch.Tensor, table_idx: int, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """按页表取出一个请求的全部 K/V：页表第 ``table_idx`` 行的前 ``seq_len`` 个槽位。返回两个 [seq_len, Hkv, D]。"""
+    """按页表取出一个请求的全部 K/V：页表第 ``table_idx`` 行的前 ``seq_len`` 个槽位。返回两个 [seq_len, Hkv, D]。
+
+    en: Gather all of a request's K/V through the page table: the first ``seq_len`` slots of row ``table_idx``. Returns
+    two [seq_len, Hkv, D].
+    """
     # >>> TASK gather_kv: slots = page_table[table_idx, :seq_len]；用它去索引 k_cache(layer_id) 和 v_cache(layer_id)
     # en: slots = page_table[table_idx, :seq_len]; use it to index k_cache(layer_id) and v_cache(layer_id)
     slots = page_table[table_idx, :seq_len].long()
@@ -100,6 +147,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """一个请求的注意力。``q``: [Lq, Hq, D]，``k``/``v``: [Lk, Hkv, D]，``mask``: [Lq, Lk]。
 
     GQA：每 Hq/Hkv 个 query 头共用一个 KV 头。在 fp32 里算 softmax，结果转回 q 的 dtype。
+
+    en: Attention for one request. ``q``: [Lq, Hq, D], ``k``/``v``: [Lk, Hkv, D], ``mask``: [Lq, Lk].
+
+    GQA: every Hq/Hkv query heads share one KV head. The softmax is computed in fp32 and the result cast back to q's
+    dtype.
     """
     # >>> TASK attend: k/v 沿头维 repeat_interleave 成 Hq 个头；q、k、v 先 .float()；scores = einsum("qhd,khd->hqk") * scale（scale 由调用者给）；掩掉的填 -inf；softmax；再 einsum 乘 v；结果 .to(q.dtype)
     # en: repeat_interleave k/v along the head dim to Hq heads; .float() q, k, v first; scores = einsum("qhd,khd->hqk") * scale (scale is given by the caller); fill masked-out entries with -inf; softmax; then einsum with v; return the result .to(q.dtype)
@@ -114,7 +166,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 class TorchAttnBackend(BaseAttnBackend):
-    """参考后端：逐个请求 gather → 掩码 → einsum。慢，但每一步都看得见。"""
+    """参考后端：逐个请求 gather → 掩码 → einsum。慢，但每一步都看得见。
+
+    en: The reference backend: per request, gather -> mask -> einsum. Slow, but every step is visible.
+    """
 
     def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor) -> None:
         self.kv_cache = kv_cache
@@ -141,16 +196,33 @@ class TorchAttnBackend(BaseAttnBackend):
 
 @dataclass
 class PaddedMetadata(VarlenMetadata):
-    """把变长批次补齐成 ``[B, max_q]`` 个 query、``[B, max_k]`` 个 key 的矩形，一次算完。"""
+    """把变长批次补齐成 ``[B, max_q]`` 个 query、``[B, max_k]`` 个 key 的矩形，一次算完。
 
-    q_index: torch.Tensor  # [B, max_q]：补齐后每个 query 位置取拼接张量里的哪个 token（补的位置重复最后一个）
-    out_index: torch.Tensor  # [T]：拼接张量里第 t 个 token 在补齐结果（摊平成 B * max_q）里的位置
-    kv_slots: torch.Tensor  # [B, max_k]：每个 key 位置的 KV 槽位（补的位置随便指一个合法槽位）
-    mask: torch.Tensor  # [B, 1, max_q, max_k] 布尔：因果（错开 cached_len）且不超出本请求的长度
+    en: Pad the variable-length batch into a rectangle of ``[B, max_q]`` queries and ``[B, max_k]`` keys, and compute it
+    in one go.
+    """
+
+    # [B, max_q]：补齐后每个 query 位置取拼接张量里的哪个 token（补的位置重复最后一个）
+    # en: [B, max_q]: which token of the concatenated tensor each padded query position takes (padding repeats the last
+    # en: one)
+    q_index: torch.Tensor
+    # [T]：拼接张量里第 t 个 token 在补齐结果（摊平成 B * max_q）里的位置
+    # en: [T]: where token t of the concatenated tensor sits in the padded result (flattened to B * max_q)
+    out_index: torch.Tensor
+    # [B, max_k]：每个 key 位置的 KV 槽位（补的位置随便指一个合法槽位）
+    # en: [B, max_k]: the KV slot of each key position (padding points at any valid slot)
+    kv_slots: torch.Tensor
+    # [B, 1, max_q, max_k] 布尔：因果（错开 cached_len）且不超出本请求的长度
+    # en: [B, 1, max_q, max_k] bool: causal (offset by cached_len) and within this request's length
+    mask: torch.Tensor
 
 
 class SDPAAttnBackend(BaseAttnBackend):
-    """补齐成矩形后调用一次 ``F.scaled_dot_product_attention``（带 GQA）。解码时 max_q = 1，几乎没有浪费。"""
+    """补齐成矩形后调用一次 ``F.scaled_dot_product_attention``（带 GQA）。解码时 max_q = 1，几乎没有浪费。
+
+    en: One ``F.scaled_dot_product_attention`` call (with GQA) on the padded rectangle. When decoding, max_q = 1, so
+    almost nothing is wasted.
+    """
 
     def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor) -> None:
         self.kv_cache = kv_cache
@@ -170,7 +242,9 @@ class SDPAAttnBackend(BaseAttnBackend):
         out_index = torch.arange(batch.size * max_q).view(batch.size, max_q)[i[None, :] < extend[:, None]]
         rows = torch.tensor(base.table_idx, device=device)
         kv_slots = self.page_table[rows, :max_k].long()
-        q_pos = cached[:, None] + i[None, :]  # 每个 query 的绝对位置；补的行超出 seq_len，于是看得到全部 key
+        # 每个 query 的绝对位置；补的行超出 seq_len，于是看得到全部 key
+        # en: each query's absolute position; padded rows lie beyond seq_len, so they see every key
+        q_pos = cached[:, None] + i[None, :]
         j = torch.arange(max_k)
         mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < seq[:, None, None])
         # <<< TASK
@@ -194,11 +268,16 @@ class SDPAAttnBackend(BaseAttnBackend):
 
 
 def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``x[index]``（按第 0 维取行），用 ``index_select`` 实现：CPU 上比高级索引快几倍（整行拷贝，不逐元素算地址）。"""
+    """``x[index]``（按第 0 维取行），用 ``index_select`` 实现：CPU 上比高级索引快几倍（整行拷贝，不逐元素算地址）。
+
+    en: ``x[index]`` (rows along dim 0), done with ``index_select``: several times faster than advanced indexing on the
+    CPU (copies whole rows instead of computing an address per element).
+    """
     return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
 
 
 # ----------------------------------------------------------------------------- CUDA 上的可选后端
+# en: ----------------------------------------------------------------------------- optional backends on CUDA
 
 
 @dataclass
@@ -212,6 +291,12 @@ class FlashInferBackend(BaseAttnBackend):
     """FlashInfer（CUDA，可选依赖）。页表按 token 记槽位，所以交给它时把每个槽位当作一页（page_size = 1）。
 
     ``plan`` 推迟到第一层前向时才做：重叠调度时下一批的元数据会在上一批还在算时就准备好。
+
+    en: FlashInfer (CUDA, optional dependency). The page table records a slot per token, so FlashInfer is told each slot
+    is a page (page_size = 1).
+
+    ``plan`` is put off until the first layer's forward: with overlap scheduling, the next batch's metadata is prepared
+    while the previous batch is still being computed.
     """
 
     def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor, num_qo_heads: int) -> None:
@@ -226,8 +311,12 @@ class FlashInferBackend(BaseAttnBackend):
 
     def prepare_metadata(self, batch: Batch) -> None:
         base = make_varlen_metadata(batch, self.page_table.device)
-        indices = torch.cat([self.page_table[r.table_idx, : r.device_len] for r in batch.reqs])  # 设备上
-        kv_indptr = torch.tensor([0, *accumulate(base.seq_lens)], dtype=torch.int32)  # 下面这些留在主机上
+        # 设备上
+        # en: on the device
+        indices = torch.cat([self.page_table[r.table_idx, : r.device_len] for r in batch.reqs])
+        # 下面这些留在主机上
+        # en: these stay on the host
+        kv_indptr = torch.tensor([0, *accumulate(base.seq_lens)], dtype=torch.int32)
         last_page_len = torch.ones(batch.size, dtype=torch.int32)
         heads = (self.num_qo_heads, self.kv_cache.num_kv_heads, self.kv_cache.head_dim, 1)
         dtype = self.kv_cache.dtype
@@ -257,19 +346,24 @@ class FlashInferBackend(BaseAttnBackend):
 @dataclass
 class FlashAttnMetadata(VarlenMetadata):
     cache_seqlens: torch.Tensor
-    page_indices: torch.Tensor  # [B, 页数]：页号（槽位 // page_size）
+    page_indices: torch.Tensor  # [B, 页数]：页号（槽位 // page_size） | en: [B, pages]: page numbers (slot // page_size)
     max_seqlen_q: int
 
 
 class FlashAttnBackend(BaseAttnBackend):
     """sgl-kernel 的 FlashAttention（CUDA，可选依赖）。它按页读 KV，页表要换成页号；
-    这要求每一页的槽位连续且从页首开始——用 :func:`minisgl.kvcache.pages_to_slots` 填的页表正是如此。"""
+    这要求每一页的槽位连续且从页首开始——用 :func:`minisgl.kvcache.pages_to_slots` 填的页表正是如此。
+
+    en: sgl-kernel's FlashAttention (CUDA, optional dependency). It reads the KV by page, so the page table is converted
+    to page numbers; this requires each page's slots to be contiguous and to start at the page's beginning, which a page
+    table filled with :func:`minisgl.kvcache.pages_to_slots` satisfies.
+    """
 
     def __init__(self, kv_cache: MHAKVCache, page_table: torch.Tensor) -> None:
         self.kv_cache, self.page_table = kv_cache, page_table
 
     def prepare_metadata(self, batch: Batch) -> None:
-        from sgl_kernel.flash_attn import flash_attn_with_kvcache  # noqa: F401 - 早点报缺包
+        from sgl_kernel.flash_attn import flash_attn_with_kvcache  # noqa: F401 - fail early on a missing package
 
         base = make_varlen_metadata(batch, self.page_table.device)
         page_size, rows = self.kv_cache.page_size, torch.tensor(base.table_idx, device=self.page_table.device)
@@ -306,12 +400,15 @@ BACKENDS = ("auto", "torch", "sdpa", "fi", "fa")
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # 父包都不存在
+    except ModuleNotFoundError:  # 父包都不存在 | en: not even the parent package exists
         return False
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:
-    """``auto``：CUDA 上优先 FlashInfer，其次 FlashAttention，都没装就 SDPA；CPU 上用 SDPA。"""
+    """``auto``：CUDA 上优先 FlashInfer，其次 FlashAttention，都没装就 SDPA；CPU 上用 SDPA。
+
+    en: ``auto``: on CUDA FlashInfer first, then FlashAttention, SDPA if neither is installed; SDPA on the CPU.
+    """
     if name not in BACKENDS:
         raise ValueError(tr(
             "Unknown attention backend {name!r}; choose from: {known}",
