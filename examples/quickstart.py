@@ -2,6 +2,12 @@
 
 运行：python examples/quickstart.py
 （先 ``make setup`` 构建离线模型；新克隆下来每章都用参考解答，你写了哪章就换成你的代码。）
+
+en: Quick start: a few lines of chat with SmolLM2 (real weights) through the full engine's offline interface
+``LLM.generate``.
+
+Run: python examples/quickstart.py (first ``make setup`` builds the offline models; a fresh clone uses the reference
+solution for every chapter, and each chapter you write switches to your code.)
 """
 
 from __future__ import annotations

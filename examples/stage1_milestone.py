@@ -11,6 +11,19 @@
 
     python examples/stage1_milestone.py                       # 默认模型
     python examples/stage1_milestone.py --model models/SmolLM2-135M-Instruct --page-size 4
+
+en: Stage 1 milestone: driving the engine by hand.
+
+The stage-1 engine can only "compute one step": given a filled-in Batch, it runs the forward, samples and advances the
+requests. The batch's fields (page-table rows, ``input_ids``, ``positions``, ``out_loc``) are all filled in by hand
+here; the stage-2 scheduler automates this. The script prints:
+
+1. the speed of 1 request × 16 tokens, next to step 0's speed; 2. the speed of 4 requests in one batch (milliseconds per
+step, total token/s); 3. how many KV pages were written in all; 4. whether each request's tokens match Hugging Face
+``generate`` exactly.
+
+    python examples/stage1_milestone.py                       # default model
+    python examples/stage1_milestone.py --model models/SmolLM2-135M-Instruct --page-size 4
 """
 
 from __future__ import annotations
@@ -35,22 +48,31 @@ BATCH = ["Once upon a time, there was", "The three primary colors are", "def add
 
 
 class HandDriver:
-    """手工调度：每个请求固定占页表的一行，并一次性分到能装下 max_seq_len 个 token 的页。"""
+    """手工调度：每个请求固定占页表的一行，并一次性分到能装下 max_seq_len 个 token 的页。
+
+    en: Scheduling by hand: each request owns one row of the page table and gets, once and for all, enough pages for
+    max_seq_len tokens.
+    """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.pages_per_req = -(-engine.max_seq_len // engine.config.page_size)  # 向上取整
+        self.pages_per_req = -(-engine.max_seq_len // engine.config.page_size)  # 向上取整 | en: round up
         self.written_slots: set[int] = set()
 
     def admit(self, prompt_ids: list[int], row: int, max_tokens: int) -> Req:
         e, page_size = self.engine, self.engine.config.page_size
         pages = torch.arange(row * self.pages_per_req, (row + 1) * self.pages_per_req, dtype=torch.int32)
-        e.page_table[row, :] = pages_to_slots(pages, page_size)[: e.max_seq_len].to(e.device)  # 页表这一行
+        # 页表这一行
+        # en: this row of the page table
+        e.page_table[row, :] = pages_to_slots(pages, page_size)[: e.max_seq_len].to(e.device)
         ids = torch.tensor(prompt_ids, dtype=torch.int32)
         return Req(ids, table_idx=row, cached_len=0, output_len=max_tokens, uid=row, sampling_params=SamplingParams())
 
     def step(self, reqs: list[Req]) -> None:
-        """填好一个批次的字段，前向一步，把新 token 接到每个请求后面。"""
+        """填好一个批次的字段，前向一步，把新 token 接到每个请求后面。
+
+        en: Fill in a batch's fields, run one forward step, and append the new token to each request.
+        """
         e = self.engine
         batch = Batch(reqs, "prefill" if reqs[0].cached_len == 0 else "decode")
         batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs]).to(e.device)
@@ -62,13 +84,19 @@ class HandDriver:
         e.attn_backend.prepare_metadata(batch)
         out = e.forward_batch(batch, e.sampler.prepare(batch))
         for req in reqs:
-            req.complete_one()  # 发出即推进：引擎只算，记账是我们的事
+            # 发出即推进：引擎只算，记账是我们的事
+            # en: advance at launch: the engine only computes, the bookkeeping is ours
+            req.complete_one()
         out.copy_done_event.synchronize()
         for req, token in zip(reqs, out.next_tokens_cpu):
             req.append_host(token.reshape(1))
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], list[float]]:
-        """整批一起走：一次预填充，之后每步解码。返回每个请求的新 token 和每步耗时（秒）。"""
+        """整批一起走：一次预填充，之后每步解码。返回每个请求的新 token 和每步耗时（秒）。
+
+        en: Run the whole batch together: one prefill, then a decode per step. Returns each request's new tokens and
+        each step's time (seconds).
+        """
         reqs = [self.admit(p, row, max_tokens) for row, p in enumerate(prompts)]
         times = []
         while reqs[0].can_decode:
@@ -94,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     step0_tps = None
     if not args.skip_step0:
         cfg, weights, _ = step0.load(model)
-        step0.generate(cfg, weights, single, 2)  # 预热
+        step0.generate(cfg, weights, single, 2)  # 预热 | en: warm-up
         start = time.perf_counter()
         step0.generate(cfg, weights, single, n)
         step0_tps = n / (time.perf_counter() - start)
@@ -107,10 +135,12 @@ def main(argv: list[str] | None = None) -> dict:
             attention_backend=args.attention_backend,
         )
     )  # fmt: skip
-    HandDriver(engine).generate([single], 2)  # 预热（第一次调用要准备 oneDNN 的计算原语）
+    # 预热（第一次调用要准备 oneDNN 的计算原语）
+    # en: warm-up (the first call prepares oneDNN's primitives)
+    HandDriver(engine).generate([single], 2)
     [single_out], times = HandDriver(engine).generate([single], n)
     single_tps = n / sum(times)
-    HandDriver(engine).generate(batch, 2)  # 批量的形状也预热一次
+    HandDriver(engine).generate(batch, 2)  # 批量的形状也预热一次 | en: warm up the batched shapes too
     driver = HandDriver(engine)
     batch_out, batch_times = driver.generate(batch, n)
     decode_ms = 1000 * sum(batch_times[1:]) / max(len(batch_times) - 1, 1)
@@ -118,7 +148,9 @@ def main(argv: list[str] | None = None) -> dict:
     pages = {slot // args.page_size for slot in driver.written_slots}
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    hf.generation_config.eos_token_id = None  # 第 1 阶段的引擎不看 EOS，HF 也别在 EOS 处停
+    # 第 1 阶段的引擎不看 EOS，HF 也别在 EOS 处停
+    # en: the stage-1 engine ignores EOS, so HF must not stop at EOS either
+    hf.generation_config.eos_token_id = None
     mismatches = []
     for prompt, ours in zip([single, *batch], [single_out, *batch_out]):
         ids = torch.tensor([prompt])

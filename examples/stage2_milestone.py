@@ -21,6 +21,32 @@
     python examples/stage2_milestone.py --cache-type naive     # 实验 2 只跑这一种缓存（默认两种都跑）
     python examples/stage2_milestone.py --max-extend-tokens 64 # 实验 3 的预填充预算（默认 96）
     python examples/stage2_milestone.py --max-running-req 2 --trace --experiment 2   # 只有 2 个请求槽，逐步打印
+
+en: Stage 2 milestone: the scheduler makes the engine run by itself.
+
+In stage 1 we filled in every field of a batch by hand; now it only takes ``LLM.generate(prompts, sampling_params)``.
+The script runs three experiments, each with a new
+
+    LLM(path, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512, **kw)
+
+and uses ``llm.add_step_listener`` to see which requests the scheduler computed at each step and how many tokens each,
+counting how many tokens the prefills actually computed and in how many steps.
+
+1. 8 requests × 16 tokens (``ignore_eos=True``): time and total token/s, next to the token/s of stage 1 (batched by
+hand, 4 at a time) and step 0 (the naive engine, one at a time), measured on the same machine; 2. 4 requests sharing a
+system prompt (``max_tokens=4``; the first runs alone, the other three together): the tokens the prefills actually
+computed with the ``naive`` and the ``radix`` cache, and the time of the last three requests; 3. a long prompt of 302
+tokens with ``max_extend_tokens=96``: how many prefill steps, and how many tokens in each.
+
+Overlap scheduling is off by default (``ENV.DISABLE_OVERLAP_SCHEDULING.value = True``), so the speed reflects the
+scheduler alone; ``--overlap`` turns it on.
+
+    python examples/stage2_milestone.py                        # default model: Qwen3-0.6B, or random weights of the same shape without it
+    python examples/stage2_milestone.py --skip-baselines       # skip step 0 and stage 1 (faster)
+    python examples/stage2_milestone.py --overlap              # turn overlap scheduling on
+    python examples/stage2_milestone.py --cache-type naive     # experiment 2 with this cache only (default: both)
+    python examples/stage2_milestone.py --max-extend-tokens 64 # experiment 3's prefill budget (default 96)
+    python examples/stage2_milestone.py --max-running-req 2 --trace --experiment 2   # only 2 request slots, print every step
 """
 
 from __future__ import annotations
@@ -54,11 +80,17 @@ PROMPTS = [
 SYSTEM_PROMPT = "You are a helpful assistant. Answer concisely and accurately. " * 4
 QUESTIONS = ["What is 2 + 2?", "Name a primary color.", "What is the capital of Japan?", "Spell cat."]
 LONG_PROMPT = "Explain, step by step, why the sky is blue. " * 25
-WARMUP = [f"Warm up {i}." for i in range(8)]  # 实验 1 的预热：同样 8 个请求一批，但不与 PROMPTS 共享前缀
+# 实验 1 的预热：同样 8 个请求一批，但不与 PROMPTS 共享前缀
+# en: experiment 1's warm-up: the same 8 requests in a batch, but sharing no prefix with PROMPTS
+WARMUP = [f"Warm up {i}." for i in range(8)]
 
 
 def describe(step: StepTrace) -> str:
-    """``--trace`` 的一行：第几步、预填充还是解码、每个请求算几个 token、KV 池占用多少页。"""
+    """``--trace`` 的一行：第几步、预填充还是解码、每个请求算几个 token、KV 池占用多少页。
+
+    en: One line of ``--trace``: the step number, prefill or decode, how many tokens each request computes, how many
+    pages of the KV pool are in use.
+    """
     sep, parts = tr(", "), []
     for uid, extend, cached, output in zip(step.uids, step.extend_lens, step.cached_lens, step.outputs):
         note = []
@@ -73,7 +105,11 @@ def describe(step: StepTrace) -> str:
 
 
 class StepLog:
-    """用 ``llm.add_step_listener`` 记下每一步预填充算了多少个 token；``trace=True`` 时每一步打印一行。"""
+    """用 ``llm.add_step_listener`` 记下每一步预填充算了多少个 token；``trace=True`` 时每一步打印一行。
+
+    en: Record with ``llm.add_step_listener`` how many tokens each step's prefill computed; with ``trace=True``, print a
+    line per step.
+    """
 
     def __init__(self, llm: LLM, trace: bool) -> None:
         self.prefill_steps: list[int] = []
@@ -82,13 +118,18 @@ class StepLog:
 
     def __call__(self, step: StepTrace) -> None:
         if step.is_prefill:
-            self.prefill_steps.append(step.tokens)  # 长度是前向发出之前记下的
+            # 长度是前向发出之前记下的
+            # en: lengths recorded before the forward was launched
+            self.prefill_steps.append(step.tokens)
         if self.trace:
             print(describe(step))
 
 
 def make_llm(model: Path, args: argparse.Namespace, warmup: list[str], **kw: Any) -> tuple[LLM, StepLog]:
-    """新建 LLM；先预热（第一次前向要准备 oneDNN 的计算原语），再开始记录每一步。"""
+    """新建 LLM；先预热（第一次前向要准备 oneDNN 的计算原语），再开始记录每一步。
+
+    en: Build an LLM; warm up first (the first forward prepares oneDNN's primitives), then start recording the steps.
+    """
     llm = LLM(
         model, dtype=torch.float32, max_running_req=args.max_running_req, num_page_override=2048,
         max_seq_len_override=512, **kw,
@@ -98,20 +139,27 @@ def make_llm(model: Path, args: argparse.Namespace, warmup: list[str], **kw: Any
 
 
 def close(llm: LLM) -> None:
-    """关掉这个模型再建下一个，免得两份权重同时占内存。"""
+    """关掉这个模型再建下一个，免得两份权重同时占内存。
+
+    en: Close this model before building the next, so that two copies of the weights never share memory at once.
+    """
     llm.shutdown()
     gc.collect()
 
 
 def baselines(model: Path, n: int) -> tuple[float, float]:
-    """第 0 步（一次 1 个请求）和第 1 阶段（手工成批，4 个一批）的 token/s，同一台机器上现测（都先预热）。"""
-    import stage1_milestone as stage1  # 同目录下的示例脚本
+    """第 0 步（一次 1 个请求）和第 1 阶段（手工成批，4 个一批）的 token/s，同一台机器上现测（都先预热）。
+
+    en: The token/s of step 0 (one request at a time) and stage 1 (batched by hand, 4 at a time), measured now on the
+    same machine (both warmed up first).
+    """
+    import stage1_milestone as stage1  # 同目录下的示例脚本 | en: the example scripts in the same folder
     import step0_tiny_engine as step0
     from minisgl.engine import Engine, EngineConfig
 
     cfg, weights, tok = step0.load(model)
     single = tok.encode(PROMPTS[0], add_special_tokens=False)
-    step0.generate(cfg, weights, single, 2)  # 预热
+    step0.generate(cfg, weights, single, 2)  # 预热 | en: warm-up
     start = time.perf_counter()
     step0.generate(cfg, weights, single, n)
     step0_tps = n / (time.perf_counter() - start)
@@ -122,7 +170,7 @@ def baselines(model: Path, n: int) -> tuple[float, float]:
     engine = Engine(
         EngineConfig(str(model), dtype=torch.float32, max_running_req=4, max_seq_len_override=512, num_page_override=2048)
     )
-    stage1.HandDriver(engine).generate(batch, 2)  # 预热
+    stage1.HandDriver(engine).generate(batch, 2)  # 预热 | en: warm-up
     _, times = stage1.HandDriver(engine).generate(batch, n)
     stage1_tps = len(batch) * n / sum(times)
     engine.shutdown()

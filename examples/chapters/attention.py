@@ -2,6 +2,11 @@
 和“把整段序列重新算一遍”的稠密注意力对照。
 
     python examples/chapters/attention.py
+
+en: Chapter 1.5 example: a variable-length batch (one request prefilled from scratch, another with 3 tokens already in
+the cache) given to two backends, compared with dense attention that recomputes the whole sequence.
+
+    python examples/chapters/attention.py
 """
 
 import torch
@@ -20,10 +25,11 @@ for row in causal_mask_with_prefix(3, 5).int().tolist():
 
 cache = MHAKVCache(HKV, num_layers=1, head_dim=D, num_pages=32, page_size=1, dtype=torch.float32, device="cpu")
 page_table = create_page_table(max_running_req=2, max_seq_len=8, device="cpu")
-page_table[0, :4] = torch.arange(0, 4)  # 请求 A 的 4 个 token 放在槽位 0..3
-page_table[1, :5] = torch.arange(10, 15)  # 请求 B 的 5 个 token 放在槽位 10..14
+page_table[0, :4] = torch.arange(0, 4)  # 请求 A 的 4 个 token 放在槽位 0..3 | en: request A's 4 tokens go to slots 0..3
+page_table[1, :5] = torch.arange(10, 15)  # 请求 B 的 5 个 token 放在槽位 10..14 | en: request B's 5 tokens go to slots 10..14
 
 # 请求 B 的前 3 个 token 早已算过：它们的 K/V 已经在池子里
+# en: request B's first 3 tokens were computed earlier: their K/V are already in the pool
 full_k = {"A": torch.randn(4, HKV, D), "B": torch.randn(5, HKV, D)}
 full_v = {"A": torch.randn(4, HKV, D), "B": torch.randn(5, HKV, D)}
 cache.store_kv(full_k["B"][:3], full_v["B"][:3], page_table[1, :3], layer_id=0)
@@ -40,6 +46,7 @@ v_new = torch.cat([full_v["A"], full_v["B"][3:]])
 print(tr("Tokens this round: A 4 + B 2 = {n_q}; out_loc={out_loc}", n_q=len(q), out_loc=batch.out_loc.tolist()))
 
 # 对照：每个请求把整段序列重算一遍，取本轮的那几行
+# en: for comparison: each request recomputes its whole sequence, and we take this step's rows
 reference = []
 for name, req, rows in (("A", a, slice(0, 4)), ("B", b, slice(4, 6))):
     qq = torch.zeros(req.device_len, HQ, D)

@@ -1,6 +1,11 @@
 """第 2.2 章示例：页面按需分配、请求结束就回收；页面不够时新请求先等着；放不下的请求立刻报错。
 
     python examples/chapters/cache_manager.py
+
+en: Chapter 2.2 example: pages allocated on demand and reclaimed when a request finishes; a new request waits while
+pages are short; a request that can never fit raises at once.
+
+    python examples/chapters/cache_manager.py
 """
 
 import sys
@@ -15,6 +20,7 @@ from minisgl.i18n import tr  # noqa: E402
 from minisgl.model_zoo import smollm2  # noqa: E402
 
 # 10 页 × 每页 4 个 token；三个请求（提示词 + 8 个输出）分别要 4、3、5 页，放不下全部三个
+# en: 10 pages × 4 tokens each; three requests (prompt + 8 outputs) need 4, 3 and 5 pages, so all three do not fit
 llm = LLM(smollm2(), max_running_req=4, num_page_override=10, page_size=4, max_seq_len_override=40)
 cm = llm.cache_manager
 print(tr("KV pool: {num_pages} pages × page_size {page_size}; {max_running_req} request slots",

@@ -1,6 +1,11 @@
 """第 2.4 章示例：max_extend_tokens=8 时，一个 21 个 token 的提示词分块预填充，另一个请求的解码穿插在各块之间。
 
     python examples/chapters/chunked_prefill.py
+
+en: Chapter 2.4 example: with max_extend_tokens=8, a 21-token prompt is prefilled in chunks, and another request's
+decode steps come between the chunks.
+
+    python examples/chapters/chunked_prefill.py
 """
 
 import sys

@@ -1,6 +1,11 @@
 """第 1.2 章示例：合并线性层怎样装载 HF 的 q/k/v 三个张量；RMSNorm、SwiGLU、RoPE 与 Hugging Face 对照。
 
     python examples/chapters/layers.py
+
+en: Chapter 1.2 example: how a merged linear layer loads HF's three q/k/v tensors; RMSNorm, SwiGLU and RoPE against
+Hugging Face.
+
+    python examples/chapters/layers.py
 """
 
 import torch
@@ -15,6 +20,7 @@ hidden, heads, kv_heads, head_dim = 64, 4, 2, 16
 q_size, kv_size = heads * head_dim, kv_heads * head_dim
 
 # 合并线性层：HF 检查点里的 q_proj / k_proj / v_proj 装进同一块 qkv_proj 权重
+# en: merged linear layer: the HF checkpoint's q_proj / k_proj / v_proj go into one qkv_proj weight
 qkv = Linear(hidden, [q_size, kv_size, kv_size], shard_names=["q_proj", "k_proj", "v_proj"], dtype=torch.float32, device="cpu")
 slots = qkv.own_slots("layers.0.self_attn.qkv_proj")
 for name, slot in slots.items():
@@ -33,6 +39,7 @@ except ValueError as err:
     print(tr("With the wrong shape: {err}", err=err))
 
 # RMSNorm 与 HF 对照
+# en: RMSNorm against HF
 norm = RMSNorm(hidden, 1e-6, dtype=torch.float32, device="cpu")
 norm.weight.copy_(torch.rand(hidden) + 0.5)
 ref = Qwen3RMSNorm(hidden, eps=1e-6)
@@ -40,6 +47,7 @@ ref.weight.data.copy_(norm.weight)
 print(tr("RMSNorm matches HF: {same}", same=torch.allclose(norm.forward(x), ref(x), atol=1e-6)))
 
 # SwiGLU：前一半是 gate，后一半是 up
+# en: SwiGLU: the first half is gate, the second half up
 gate_up = torch.randn(5, 2 * hidden)
 gate, up = gate_up[:, :hidden], gate_up[:, hidden:]
 print(tr("silu_and_mul shape: {before} → {after}, equals silu(gate) * up: {same}",
@@ -47,6 +55,7 @@ print(tr("silu_and_mul shape: {before} → {after}, equals silu(gate) * up: {sam
          same=torch.allclose(silu_and_mul(gate_up), F.silu(gate) * up)))
 
 # RoPE 与 HF 对照：同一组位置，q、k 转过同样的角度
+# en: RoPE against HF: for the same positions, q and k are rotated by the same angles
 rope = RotaryEmbedding(head_dim, 1_000_000.0, 4096, device="cpu")
 positions = torch.tensor([0, 1, 2, 7, 100])
 q, k = torch.randn(5, heads, head_dim), torch.randn(5, kv_heads, head_dim)

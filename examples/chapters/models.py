@@ -1,6 +1,11 @@
 """第 1.3 章示例：读配置、搭模型、流式装载 SmolLM2 的权重，核对合并层里的每一片。
 
     python examples/chapters/models.py
+
+en: Chapter 1.3 example: read the config, build the model, stream in SmolLM2's weights, and check every part of the
+merged layers.
+
+    python examples/chapters/models.py
 """
 
 import torch
@@ -23,7 +28,9 @@ path = smollm2()
 config = ModelConfig.from_hf(path)
 model = create_model(config, torch.float32, "cpu")
 slots = model.checkpoint_slots()
-unique = {id(w): w for w in model.state_dict().values()}  # lm_head 与词嵌入共用一块，只算一次
+# lm_head 与词嵌入共用一块，只算一次
+# en: lm_head shares its weight with the embedding, so it is counted once
+unique = {id(w): w for w in model.state_dict().values()}
 params = sum(w.numel() for w in unique.values())
 print(tr("Weight tensors of the model: {n_unique} (q/k/v and gate/up merged), for {n_slots} names in the checkpoint, {params:,} parameters in all",
          n_unique=len(unique), n_slots=len(slots), params=params))

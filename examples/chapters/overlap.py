@@ -1,6 +1,11 @@
 """第 2.5 章示例：重叠调度开与关，输出逐 token 相同；看一看一步里主机和设备各在做什么。
 
     python examples/chapters/overlap.py
+
+en: Chapter 2.5 example: overlap scheduling on and off gives the same output, token for token; a look at what the host
+and the device are each doing within a step.
+
+    python examples/chapters/overlap.py
 """
 
 import time
@@ -15,7 +20,9 @@ llm = LLM(smollm2(), max_running_req=4, num_page_override=512, max_seq_len_overr
 prompts = ["The capital of France is", "Water boils at", "1, 2, 3, 4,", "My favourite colour is"]
 params = SamplingParams(max_tokens=12)
 
-llm.generate(prompts, SamplingParams(max_tokens=2))  # 预热：第一次遇到某个批大小时，oneDNN 要准备计算原语
+# 预热：第一次遇到某个批大小时，oneDNN 要准备计算原语
+# en: warm-up: the first time oneDNN meets a batch size, it prepares its primitives
+llm.generate(prompts, SamplingParams(max_tokens=2))
 results = {}
 for overlap in (False, True):
     ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
@@ -34,6 +41,8 @@ for prompt, out in zip(prompts, results[True]):
     print(f"{prompt!r} → {out['text']!r}")
 
 # 看一步里的先后：每一步的轨迹记着它什么时候发出（准备完）、什么时候开始处理结果，按时间排一排
+# en: the order of events within a step: each step's trace records when it was launched (prepared) and when processing
+# en: its results began; sort them by time
 traces = []
 remove = llm.add_step_listener(traces.append)
 llm.generate(prompts[:2], SamplingParams(max_tokens=3, ignore_eos=True))

@@ -1,6 +1,11 @@
 """第 2.3 章示例：直接操作一棵基数树——插入、匹配（分裂节点）、加锁、LRU 驱逐、完整性检查。
 
     python examples/chapters/radix_cache.py
+
+en: Chapter 2.3 example: working on a radix tree directly: insert, match (splitting a node), lock, LRU eviction,
+integrity check.
+
+    python examples/chapters/radix_cache.py
 """
 
 import torch

@@ -3,6 +3,14 @@
 每一步做了什么，用 ``llm.add_step_listener`` 来看：每一步的结果处理完，调度器就把这一步的轨迹交给监听者。
 
     python examples/chapters/scheduler.py
+
+en: Chapter 2.1 example: each step of LLM.generate: prefill first, continuous batching (as soon as a request finishes, a
+waiting one joins).
+
+To see what each step did, use ``llm.add_step_listener``: after each step's results are processed, the scheduler hands
+the step's trace to the listeners.
+
+    python examples/chapters/scheduler.py
 """
 
 from minisgl.core import SamplingParams
@@ -11,6 +19,7 @@ from minisgl.model_zoo import smollm2
 from minisgl.scheduler import LLM
 
 # 只有 2 个请求槽：第 3 个请求要等前面有一个结束
+# en: only 2 request slots: the third request waits until one of the first two finishes
 llm = LLM(smollm2(), max_running_req=2, num_page_override=256, max_seq_len_override=128)
 print(tr("{max_running_req} request slots; static paging: each slot has a fixed room of {max_req_tokens} tokens",
          max_running_req=llm.max_running_req, max_req_tokens=llm.cache_manager.max_req_tokens))
@@ -18,7 +27,7 @@ print(tr("{max_running_req} request slots; static paging: each slot has a fixed 
 traces = []
 
 
-def show(trace):  # 轨迹里的长度是这一步发出之前的
+def show(trace):  # 轨迹里的长度是这一步发出之前的 | en: the lengths in the trace are those before this step was launched
     traces.append(trace)
     kind = tr("prefill") if trace.is_prefill else tr("decode ")
     work = tr(", ").join(tr("req{uid}×{n}", uid=uid, n=n) for uid, n in zip(trace.uids, trace.extend_lens))
