@@ -5,6 +5,16 @@
 - 默认值：启动前设环境变量 ``MINISGL_DISABLE_OVERLAP_SCHEDULING=1``（前缀 ``MINISGL_`` 加开关名）。
 
 为了兼容早先的写法，``ENV.DISABLE_OVERLAP_SCHEDULING = True`` 也可以，等同于设 ``.value``。
+
+en: Global switches, written as in mini-sglang: each switch is an object with a ``.value``.
+
+- read: ``ENV.DISABLE_OVERLAP_SCHEDULING.value``, or use it as a boolean (``if ENV.DISABLE_OVERLAP_SCHEDULING:``);
+- write: ``ENV.DISABLE_OVERLAP_SCHEDULING.value = True`` (takes effect at once, at any time);
+- default: set the environment variable ``MINISGL_DISABLE_OVERLAP_SCHEDULING=1`` before start-up (the prefix
+  ``MINISGL_`` plus the switch's name).
+
+For compatibility with the earlier style, ``ENV.DISABLE_OVERLAP_SCHEDULING = True`` also works and is the same as
+setting ``.value``.
 """
 
 from __future__ import annotations
@@ -18,7 +28,11 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 
 class EnvBool:
-    """一个布尔开关：默认值来自环境变量 ``MINISGL_<名字>``，之后读写 ``.value``。"""
+    """一个布尔开关：默认值来自环境变量 ``MINISGL_<名字>``，之后读写 ``.value``。
+
+    en: A boolean switch: its default comes from the environment variable ``MINISGL_<name>``; afterwards read and write
+    ``.value``.
+    """
 
     def __init__(self, name: str, default: bool = False) -> None:
         self.name = name
@@ -39,11 +53,16 @@ class EnvBool:
 
 
 class _Env:
-    """进程级开关的集合。"""
+    """进程级开关的集合。
+
+    en: The set of process-wide switches.
+    """
 
     def __init__(self) -> None:
         object.__setattr__(self, "DISABLE_OVERLAP_SCHEDULING", EnvBool("DISABLE_OVERLAP_SCHEDULING"))
-        object.__setattr__(self, "DISABLE_CUDA_GRAPH", EnvBool("DISABLE_CUDA_GRAPH"))  # cuda_graph="auto" 时不录图
+        # cuda_graph="auto" 时不录图
+        # en: no graph capture when cuda_graph="auto"
+        object.__setattr__(self, "DISABLE_CUDA_GRAPH", EnvBool("DISABLE_CUDA_GRAPH"))
 
     def __setattr__(self, name: str, value: object) -> None:
         switch = getattr(self, name, None)

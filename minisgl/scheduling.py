@@ -1,6 +1,12 @@
 """调度器的公共零件：配置、几种纯数据（等待中的请求、请求的结果、准备好的一步）、请求槽管理和解码队列。
 
 它们不含要你写的代码，各章的调度器都用同一份（和 mini-sglang 一样，放在调度器主文件之外）。
+
+en: Shared parts of the scheduler: the configuration, some plain data (waiting requests, request results, a prepared
+step), the request-slot manager and the decode queue.
+
+They hold no code for you to write, and every chapter's scheduler uses the same copy (as in mini-sglang, they live
+outside the scheduler's main file).
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ def div_ceil(a: int, b: int) -> int:
 
 @dataclass(eq=False)
 class PendingReq:
-    """等待预填充的请求：还没有请求槽，也还没有 ``Req`` 对象。"""
+    """等待预填充的请求：还没有请求槽，也还没有 ``Req`` 对象。
+
+    en: A request waiting for prefill: it has no request slot and no ``Req`` object yet.
+    """
 
     uid: int
-    input_ids: torch.Tensor  # CPU 上的 1 维 int32：完整的提示词
+    input_ids: torch.Tensor  # CPU 上的 1 维 int32：完整的提示词 | en: 1-D int32 on the CPU: the whole prompt
     sampling_params: SamplingParams
-    chunked_req: Req | None = None  # 第 2.4 章：上一块已经算过的那部分
+    chunked_req: Req | None = None  # 第 2.4 章：上一块已经算过的那部分 | en: chapter 2.4: the part computed by the previous chunk
 
     @property
     def input_len(self) -> int:
@@ -44,7 +53,10 @@ class PendingReq:
 
 @dataclass
 class RequestStatus:
-    """一个请求在主机这边的结果：输出的 token（不含 EOS）和状态。"""
+    """一个请求在主机这边的结果：输出的 token（不含 EOS）和状态。
+
+    en: A request's result on the host side: the output tokens (without EOS) and its status.
+    """
 
     uid: int
     prompt_len: int
@@ -59,6 +71,13 @@ class ForwardInput(NamedTuple):
 
     - ``input_mapping``：``(行号, 位置)``，每个要计算的 token 一对，``token_pool[input_mapping]`` 就是输入；
     - ``write_mapping``：``(行号, 位置)``，每个请求一对，采样出的新 token 写回 ``token_pool`` 的这里。
+
+    en: A prepared step: the batch, the sampling parameters, the two index sets for reading and writing the token pool
+    on the device, and the step's trace.
+
+    - ``input_mapping``: ``(row, position)``, one pair per token to compute; ``token_pool[input_mapping]`` is the input;
+    - ``write_mapping``: ``(row, position)``, one pair per request; the sampled new token is written back to
+      ``token_pool`` there.
     """
 
     batch: Batch
@@ -69,7 +88,11 @@ class ForwardInput(NamedTuple):
 
 
 class TableManager:
-    """请求槽：页表 / token 池的行。总是发出编号最小的空闲行，方便复现。"""
+    """请求槽：页表 / token 池的行。总是发出编号最小的空闲行，方便复现。
+
+    en: Request slots: rows of the page table / token pool. Always hands out the lowest free row, so runs are
+    reproducible.
+    """
 
     def __init__(self, max_running_req: int) -> None:
         self.max_running_req = max_running_req
@@ -100,6 +123,12 @@ class SchedulerConfig(EngineConfig):
     - ``cache_type``：前缀缓存的种类；``None`` 表示用本章能提供的最好的那种
       （第 2.1、2.2 章只有 ``"naive"``，第 2.3 章起默认 ``"radix"``）；
     - ``max_extend_tokens``：一步预填充最多算多少个 token（预填充预算）。
+
+    en: The engine configuration plus two scheduler parameters.
+
+    - ``cache_type``: the kind of prefix cache; ``None`` means the best this chapter offers (only ``"naive"`` in
+      chapters 2.1 and 2.2, ``"radix"`` by default from chapter 2.3 on);
+    - ``max_extend_tokens``: the most tokens one prefill step computes (the prefill budget).
     """
 
     cache_type: str | None = None
@@ -107,17 +136,24 @@ class SchedulerConfig(EngineConfig):
 
 
 class DecodeManager:
-    """正在运行（已预填充、还要继续解码）的请求，按加入顺序排列。"""
+    """正在运行（已预填充、还要继续解码）的请求，按加入顺序排列。
+
+    en: The running requests (prefilled, still decoding), in the order they joined.
+    """
 
     def __init__(self) -> None:
-        self.running_reqs: dict[Req, None] = {}  # 用 dict 当有序集合
+        self.running_reqs: dict[Req, None] = {}  # 用 dict 当有序集合 | en: a dict used as an ordered set
 
     @property
     def runnable(self) -> bool:
         return len(self.running_reqs) > 0
 
     def filter_reqs(self, reqs: Sequence[Req]) -> None:
-        """一步发出之后：刚预填充完的加入，已经生成够 ``max_tokens`` 的离开（``can_decode`` 为假）。"""
+        """一步发出之后：刚预填充完的加入，已经生成够 ``max_tokens`` 的离开（``can_decode`` 为假）。
+
+        en: After a step is launched: those just prefilled join, those that have generated ``max_tokens`` leave
+        (``can_decode`` is false).
+        """
         merged = dict.fromkeys([*self.running_reqs, *reqs])
         self.running_reqs = {r: None for r in merged if r.can_decode}
 

@@ -2,7 +2,8 @@
 
 A directive is a whole line (it may be indented, e.g. inside an admonition) of the form ``[[kind arg]]``:
 
-    [[code solutions/stage1/core.py::Req.complete_one]]   source of a function / class / method / assignment
+    [[code solutions/stage1/core.py::Req.complete_one]]   source of a function / class / method / assignment, its
+                                                           comments and docstrings in the page's language
     [[code examples/step0_tiny_engine.py]]                 a whole file
     [[sig solutions/stage1/core.py::Req]]                  signatures and docstrings only (reference page)
     [[output stage2_milestone]]                            docs/outputs/stage2_milestone.txt, recorded by
@@ -29,6 +30,7 @@ import textwrap
 from functools import lru_cache
 from pathlib import Path
 
+from minisgl.course.bilingual import for_language
 from minisgl.course.registry import CHAPTERS, Chapter, notebook_edition
 from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message
 from minisgl.i18n import tr
@@ -149,22 +151,24 @@ def _signature_lines(lines: list[str], node: ast.AST) -> list[str]:
 
 
 def code_block(path: str, symbol: str | None, *, signature: bool = False, title: str | None = None,
-               source: str | None = None) -> list[str]:
-    """A fenced python block with the symbol's exact source lines and their line numbers."""
+               source: str | None = None, language: str = "zh") -> list[str]:
+    """A fenced python block with the symbol's source, its comments and docstrings in the page's language.
+
+    Learner code carries both languages (:mod:`minisgl.course.bilingual`); the book shows one, so the block has fewer
+    lines than the file and shows no line numbers (they would not match the file)."""
     if source is None:
-        lines, tree = load(path)
-    else:
-        lines, tree = source.splitlines(), ast.parse(source)
+        lines, _ = load(path)
+        source = "\n".join(lines) + "\n"
+    source = for_language(source, language)
+    lines, tree = source.splitlines(), ast.parse(source)
     if symbol is None:
-        body, start = lines, 1
+        body = lines
     else:
         node = find_symbol(tree, symbol, path)
         body = _signature_lines(lines, node) if signature else lines[_start(node) - 1 : _end(lines, node)]
-        start = _start(node)
     body = textwrap.dedent("\n".join(body)).splitlines()
     caption = title or (f"{path} · {symbol}" if symbol else path)
-    nums = "" if signature else f' linenums="{start}"'
-    return [f'```` {{ .python .included-code title="{caption}"{nums} }}', *body, "````"]  # 4: source may hold ```
+    return [f'```` {{ .python .included-code title="{caption}" }}', *body, "````"]  # 4: source may hold ```
 
 
 # ---------------------------------------------------------------- recorded outputs
@@ -222,7 +226,7 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
         tr("**Where**: `{symbol}` in `{path}` · **Hint**: {hint}", language=language, symbol=symbol,
            path=chapter.relpath, hint=_escape(hint)),
         "",
-        *code_block(chapter.relpath, symbol, source=skeleton,
+        *code_block(chapter.relpath, symbol, source=skeleton, language=language,
                     title=tr("{path} · {symbol} (your skeleton)", language=language, path=chapter.relpath, symbol=symbol)),
         "",
         "??? quote " + json.dumps(tr("The error you see while it is not written yet", language=language), ensure_ascii=False),
@@ -232,7 +236,7 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
         "??? success " + json.dumps(tr("Reference solution (write yours first, then expand to compare)", language=language),
                                     ensure_ascii=False),
         "",
-        *["    " + line if line else "" for line in code_block(sol_path, symbol)],
+        *["    " + line if line else "" for line in code_block(sol_path, symbol, language=language)],
     ]
     return out
 
@@ -277,7 +281,7 @@ def expand(markdown: str, src_uri: str) -> str:
                 path, _, symbol = arg.partition("::")
                 if kind == "sig" and not symbol:
                     raise DocsError("[[sig ...]] 需要写出符号：路径::符号")
-                block = code_block(path.strip(), symbol.strip() or None, signature=kind == "sig")
+                block = code_block(path.strip(), symbol.strip() or None, signature=kind == "sig", language=language)
             elif kind == "output":
                 block = output_block(arg, language)
             elif kind == "task":

@@ -89,7 +89,7 @@ def _run(lines: list[str], comments: dict[int, tuple[int, str]], i: int, indent:
     English lines that follow it)."""
     end = i + 1
     while end < len(lines) and end + 1 in comments and CJK.search(lines[end]) and not EN_LINE.match(lines[end]) \
-            and COMMENT_LINE.match(lines[end])["indent"] == indent:
+            and (m := COMMENT_LINE.match(lines[end])) and m["indent"] == indent:
         end += 1
     en_end = end
     while en_end < len(lines) and _is_english_twin(lines[en_end], indent):
@@ -117,7 +117,7 @@ def problems(source: str, origin: str = "<source>") -> list[str]:
             en = text[sep.end():] if sep else ""
             if not en.strip():
                 found.append(f"{where}: a Chinese comment at the end of the line needs its English: "
-                             f"'# 中文 | en: English': {text[:80]!r}")
+                             f"'# (Chinese) | en: English': {text[:80]!r}")
             elif CJK.search(en) or not CJK.search(text[: sep.start()]):
                 found.append(f"{where}: Chinese first, then ' | en: ' and English: {text[:80]!r}")
             continue
@@ -190,7 +190,7 @@ def for_language(source: str, language: str) -> str:
             sep = TRAILING_EN.search(text)
             if sep and CJK.search(text[: sep.start()]):
                 if language == "en":
-                    out[i] = line[:col] + "# " + text[sep.end():].strip()
+                    out[i] = line[:col] + ("#: " if text.startswith("#:") else "# ") + text[sep.end():].strip()
                 else:
                     out[i] = line[:col] + text[: sep.start()].rstrip()
             continue

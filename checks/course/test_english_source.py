@@ -1,0 +1,175 @@
+"""Every Chinese comment and docstring a learner reads has its English beside it, in the one convention of
+:mod:`minisgl.course.bilingual`, and the book's one-language views of that code keep the code and lose nothing.
+
+Learner code: the solutions (the book shows them), the skeletons generated from them, the examples, every file the book
+embeds with ``[[code ...]]`` / ``[[sig ...]]``, and the code cells of the notebook sources (their own convention: the
+notebook shows both languages, an English comment line right above its Chinese twin, or ``# English / 中文`` at the end
+of a line).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from minisgl.course.bilingual import EN_LINE, for_language, problems
+from minisgl.i18n import CJK
+from minisgl.paths import REPO_ROOT as REPO
+
+ROOTS = ["solutions/stage1", "solutions/stage2", "stage1", "stage2", "examples"]
+DIRECTIVE = re.compile(r"^[ \t]*\[\[(?:code|sig) (?P<path>[^\]:\s]+)", re.M)
+
+
+def _book_embeds() -> set[str]:
+    """Every file a book page embeds with ``[[code ...]]`` or ``[[sig ...]]``."""
+    pages = [p for p in (REPO / "docs").rglob("*.md")]
+    return {m["path"] for page in pages for m in DIRECTIVE.finditer(page.read_text(encoding="utf-8"))}
+
+
+def learner_files() -> list[str]:
+    files = {p.relative_to(REPO).as_posix() for root in ROOTS for p in (REPO / root).rglob("*.py")
+             if "__pycache__" not in p.parts}
+    files |= {f for f in _book_embeds() if f.endswith(".py")}
+    return sorted(files)
+
+
+def _source(path: str) -> str:
+    return (REPO / path).read_text(encoding="utf-8")
+
+
+def test_the_set_is_not_empty() -> None:
+    files = learner_files()
+    for must in ("solutions/stage2/radix_cache.py", "stage2/cache_manager.py", "examples/stage2_milestone.py",
+                 "minisgl/trace.py"):
+        assert must in files, f"{must} is learner code but is not checked"
+
+
+@pytest.mark.parametrize("path", learner_files())
+def test_chinese_has_english(path: str) -> None:
+    found = problems(_source(path), path)
+    assert not found, (f"{len(found)} Chinese comment(s) / docstring(s) without English (convention: "
+                       "minisgl/course/bilingual.py):\n" + "\n".join(found))
+
+
+def _code_only(source: str) -> str:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                first.value.value = ""
+    return ast.dump(tree)
+
+
+def _prose(source: str) -> list[str]:
+    """Comments and docstrings of ``source``."""
+    out = [tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                out.append(first.value.value)
+    return out
+
+
+@pytest.mark.parametrize("path", learner_files())
+def test_one_language_views(path: str) -> None:
+    """What the book shows: the same code, the English view without Chinese, the Chinese view without the en: lines."""
+    source = _source(path)
+    english, chinese = for_language(source, "en"), for_language(source, "zh")
+    assert _code_only(english) == _code_only(source), f"{path}: the English view changed the code"
+    assert _code_only(chinese) == _code_only(source), f"{path}: the Chinese view changed the code"
+    leftover = [text[:80] for text in _prose(english) if CJK.search(text)]
+    assert not leftover, f"{path}: the English view still shows Chinese:\n" + "\n".join(map(repr, leftover))
+    twins = [line.strip()[:80] for line in chinese.splitlines() if EN_LINE.match(line)]
+    twins += [text[:80] for text in _prose(chinese) if re.search(r"^\s*en:", text, re.M)]
+    assert not twins, f"{path}: the Chinese view still shows English twins:\n" + "\n".join(map(repr, twins))
+
+
+def test_spec_docstrings_in_english() -> None:
+    """The docstrings that carry a task's spec read in English in the English view."""
+    radix = for_language(_source("stage2/radix_cache.py"), "en")
+    cache = for_language(_source("stage2/cache_manager.py"), "en")
+    for text, where in (
+        ("Returns the length that was already cached before the insert", "RadixPrefixCache.insert_prefix"),
+        ("Returns the last fully matched node and the matched length", "RadixPrefixCache._tree_walk"),
+    ):
+        assert text in radix, f"stage2/radix_cache.py {where}: the English docstring is missing {text!r}"
+    fields = cache[cache.index("class InsertResult") : cache.index("class BasePrefixCache")]
+    for text in ("the length already cached before the insert", "a handle covering the whole prefix after the insert"):
+        assert text in fields, f"stage2/cache_manager.py InsertResult: no English comment saying {text!r}:\n{fields}"
+
+
+def test_convention_round_trip() -> None:
+    source = '''def f(x):
+    """中文说明。
+
+    en: English text.
+    """
+    # 中文注释
+    # en: an English comment
+    y = x  # 行尾 | en: at the end
+    # >>> TASK t: 中文提示
+    # en: English hint
+    return y
+    # <<< TASK
+'''
+    assert problems(source) == []
+    english = for_language(source, "en")
+    assert '"""English text."""' in english and "# an English comment" in english and "y = x  # at the end" in english
+    assert "# >>> TASK t: English hint" in english and not CJK.search(english)
+    chinese = for_language(source, "zh")
+    assert '"""中文说明。"""' in chinese and "# 中文注释\n    y = x  # 行尾\n" in chinese and "en:" not in chinese
+    broken = source.replace("    # en: an English comment\n", "").replace(" | en: at the end", "")
+    broken = broken.replace("\n    en: English text.\n", "\n")
+    assert len(problems(broken)) == 3, problems(broken)
+
+
+# ---------------------------------------------------------------- notebook sources
+
+_CELL = re.compile(r"^# %%(?P<head>.*)$", re.M)
+_NB_TRAILING = re.compile(r"#(?P<en>[^#]*?)\s/\s(?P<zh>.*)$")
+
+
+def _notebook_code_cells(path: Path) -> list[tuple[int, list[str]]]:
+    text = path.read_text(encoding="utf-8")
+    marks = list(_CELL.finditer(text))
+    cells = []
+    for i, m in enumerate(marks):
+        if "[markdown]" in m["head"]:
+            continue
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        first_line = text.count("\n", 0, m.start()) + 2
+        cells.append((first_line, text[m.end() + 1 : end].splitlines()))
+    return cells
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(REPO).as_posix() for p in (REPO / "notebooks" / "src").rglob("*.py")))
+def test_notebook_code_comments_in_both_languages(path: str) -> None:
+    problems_ = []
+    for first, lines in _notebook_code_cells(REPO / path):
+        source = "\n".join(lines) + "\n"
+        comments = {tok.start[0]: tok for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if tok.type == tokenize.COMMENT}
+        for lineno, tok in comments.items():
+            if not CJK.search(tok.string):
+                continue
+            line = lines[lineno - 1]
+            where = f"{path}:{first + lineno - 1}"
+            if line[: tok.start[1]].strip():
+                m = _NB_TRAILING.match(tok.string)
+                if not (m and m["en"].strip() and not CJK.search(m["en"])):
+                    problems_.append(f"{where}: write '# English / 中文': {tok.string[:80]!r}")
+                continue
+            m = _NB_TRAILING.match(tok.string)
+            if m and m["en"].strip() and not CJK.search(m["en"]):
+                continue  # '# English / 中文' on its own line
+            above = comments.get(lineno - 1)
+            if above is None or CJK.search(above.string) or above.start[1] != tok.start[1]:
+                problems_.append(f"{where}: a Chinese comment needs its English on the line above: {tok.string[:80]!r}")
+    assert not problems_, "\n".join(problems_)
