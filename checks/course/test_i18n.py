@@ -174,3 +174,35 @@ def test_english_milestone() -> None:
     out = _run_en("examples/stage2_milestone.py", "--model", str(tiny_qwen3()), "--trace")
     assert "Experiment 3" in out and "[96, 96, 96, 14]" in out, out[-2000:]
     _assert_english(re.sub(r"'(?:[^'\\]|\\.)*'", "''", out), "examples/stage2_milestone.py")
+
+
+def test_english_build_models() -> None:
+    """``make setup`` with MINISGL_LANG=en: the model build (everything already built: the skip lines and the summary)
+    prints English only."""
+    out = _run_en("tools/build_models.py", timeout=300)
+    assert "[skip]" in out and "All ready" in out, out[-2000:]
+    _assert_english(out, "tools/build_models.py")
+    out = _run_en("tools/build_models.py", "--help", timeout=120)
+    _assert_english(out, "tools/build_models.py --help")
+
+
+_SAY = re.compile(r'say "(?P<zh>[^"]*)"\s+"(?P<en>[^"]*)"')
+
+
+@pytest.mark.parametrize("script", ["tools/setup.sh", "tools/setup_browser.sh"])
+def test_setup_scripts_speak_both(script: str) -> None:
+    """Every Chinese line a setup script prints goes through ``say "中文" "English"`` (MINISGL_LANG picks one)."""
+    text = (REPO / script).read_text(encoding="utf-8").replace("\\\n", " ")
+    problems = []
+    for line in text.splitlines():
+        code = line.split(" #", 1)[0] if not line.lstrip().startswith("#") else ""
+        if not CJK.search(code) or code.lstrip().startswith("say()"):
+            continue
+        said = _SAY.search(code[code.find("say "):] if "say " in code else code)
+        if not said or CJK.search(said["en"]) or not said["en"].strip():
+            problems.append(line.strip()[:100])
+    assert not problems, f"{script}: Chinese output without its English (write say \"中文\" \"English\"):\n" + "\n".join(problems)
+    env = {**os.environ, "MINISGL_LANG": "en"}
+    said = subprocess.run(["bash", "-c", f'eval "$(grep "^say()" {script})"; say "中文" "English"'], cwd=REPO, env=env,
+                          capture_output=True, text=True)
+    assert said.stdout == "English\n", said.stdout + said.stderr
