@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import textwrap
 import tokenize
 from pathlib import Path
 
@@ -22,20 +23,38 @@ from minisgl.i18n import CJK
 from minisgl.paths import REPO_ROOT as REPO
 
 ROOTS = ["solutions/stage1", "solutions/stage2", "stage1", "stage2", "examples"]
-DIRECTIVE = re.compile(r"^[ \t]*\[\[(?:code|sig) (?P<path>[^\]:\s]+)", re.M)
+DIRECTIVE = re.compile(r"^[ \t]*\[\[(?:code|sig) (?P<path>[^\]:\s]+)(?:::(?P<symbol>[^\]\s]+))?", re.M)
 
 
-def _book_embeds() -> set[str]:
-    """Every file a book page embeds with ``[[code ...]]`` or ``[[sig ...]]``."""
+def _book_embeds() -> set[tuple[str, str]]:
+    """Every (file, symbol) a book page embeds with ``[[code ...]]`` or ``[[sig ...]]`` (symbol "" for a whole file)."""
     pages = [p for p in (REPO / "docs").rglob("*.md")]
-    return {m["path"] for page in pages for m in DIRECTIVE.finditer(page.read_text(encoding="utf-8"))}
+    return {(m["path"], m["symbol"] or "") for page in pages for m in DIRECTIVE.finditer(page.read_text(encoding="utf-8"))}
 
 
 def learner_files() -> list[str]:
+    """Whole files: the solutions, skeletons and examples, and any other file the book embeds whole."""
     files = {p.relative_to(REPO).as_posix() for root in ROOTS for p in (REPO / root).rglob("*.py")
              if "__pycache__" not in p.parts}
-    files |= {f for f in _book_embeds() if f.endswith(".py")}
+    files |= {path for path, symbol in _book_embeds() if path.endswith(".py") and not symbol}
     return sorted(files)
+
+
+def embedded_symbols() -> list[tuple[str, str]]:
+    """Symbols the book shows from files that are not learner files as a whole (e.g. ``minisgl/trace.py::StepTrace``)."""
+    whole = set(learner_files())
+    return sorted((path, symbol) for path, symbol in _book_embeds() if symbol and path not in whole)
+
+
+def _symbol_lines(source: str, dotted: str) -> tuple[int, int]:
+    scope, node = ast.parse(source).body, None
+    for part in dotted.split("."):
+        node = next(n for n in scope if getattr(n, "name", None) == part
+                    or (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == part)
+                    or (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", None) == part))
+        scope = getattr(node, "body", [])
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return start, node.end_lineno
 
 
 def _source(path: str) -> str:
@@ -44,9 +63,23 @@ def _source(path: str) -> str:
 
 def test_the_set_is_not_empty() -> None:
     files = learner_files()
-    for must in ("solutions/stage2/radix_cache.py", "stage2/cache_manager.py", "examples/stage2_milestone.py",
-                 "minisgl/trace.py"):
+    for must in ("solutions/stage2/radix_cache.py", "stage2/cache_manager.py", "examples/stage2_milestone.py"):
         assert must in files, f"{must} is learner code but is not checked"
+    assert ("minisgl/trace.py", "StepTrace") in embedded_symbols(), "the book's embedded symbols are not checked"
+
+
+@pytest.mark.parametrize(("path", "symbol"), embedded_symbols())
+def test_embedded_symbols_have_english(path: str, symbol: str) -> None:
+    """What the book shows of a file that is not learner code as a whole: that symbol, with its comments and docstrings."""
+    source = _source(path)
+    start, end = _symbol_lines(source, symbol)
+    found = [p for p in problems(source, path) if start <= int(p.split(":")[1]) <= end]
+    assert not found, f"{path}::{symbol}: Chinese without English:\n" + "\n".join(found)
+    english = for_language(source, "en")
+    start, end = _symbol_lines(english, symbol)
+    segment = textwrap.dedent("\n".join(english.splitlines()[start - 1 : end]))
+    leftover = [text[:80] for text in _prose(segment) if CJK.search(text)]
+    assert not leftover, f"{path}::{symbol}: the English view still shows Chinese:\n" + "\n".join(map(repr, leftover))
 
 
 @pytest.mark.parametrize("path", learner_files())
