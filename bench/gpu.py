@@ -6,7 +6,7 @@
    我们也在同样这 32 个上比一次（token 数只计各请求要的输出）。
 
     python bench/gpu.py                   # 需要 CUDA；CPU 上请用 bench/stage2.py
-    python bench/gpu.py --requests 64 --repeats 2
+    python bench/gpu.py --requests 32 --repeats 1    # 小号：tools/gpu_check.py --bench 跑的就是它（约一分半）
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def main() -> int:
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to("cuda").eval()
     hf.generation_config.eos_token_id = None
     graphs = LLM(model, **LLM_KW, max_running_req=args.requests, cuda_graph_max_bs=128)
-    eager = LLM(model, **LLM_KW, max_running_req=args.requests, cuda_graph="off")
+    # 第二个引擎建在第一个占掉显存之后：按比例算会少分约四成页面。两边用同样多的页，比的才只是 CUDA 图
+    eager = LLM(model, **LLM_KW, max_running_req=args.requests, cuda_graph="off", num_page_override=graphs.engine.num_pages)
 
     enc = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
     graph, no_graph = tr("ours: CUDA graph"), tr("ours: no graph")  # 表格的行名

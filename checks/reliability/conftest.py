@@ -9,7 +9,7 @@ import torch
 
 from minisgl import model_zoo
 
-TINY_KW: dict[str, Any] = dict(dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512)
+TINY_KW: dict[str, Any] = dict(dtype=torch.float32, device="auto", max_running_req=8, num_page_override=2048, max_seq_len_override=512)
 
 
 @pytest.fixture(scope="session")

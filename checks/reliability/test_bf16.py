@@ -23,7 +23,7 @@ REL_TOL = 1e-2
 
 @pytest.fixture(scope="module")
 def outputs() -> tuple[list[list[int]], torch.nn.Module]:
-    llm = LLM(str(smollm2()), dtype=torch.bfloat16, max_running_req=4, num_page_override=256, max_seq_len_override=64)
+    llm = LLM(str(smollm2()), dtype=torch.bfloat16, device="auto", max_running_req=4, num_page_override=256, max_seq_len_override=64)
     try:
         ours = [o["token_ids"] for o in llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))]
     finally:

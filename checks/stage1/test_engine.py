@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import minisgl.engine as engine_module
+from checks.hf_reference import check_device
 from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, Sampler, resolve_device, resolve_dtype, top_k_top_p_filter
@@ -115,7 +116,7 @@ def test_per_request_params_in_one_batch() -> None:
 
 def tiny_engine(path: str, **kw) -> Engine:  # noqa: ANN003
     cfg = {"num_page_override": 320, "max_seq_len_override": 64, "max_running_req": 4, **kw}
-    return Engine(EngineConfig(path, **cfg))
+    return Engine(EngineConfig(path, **cfg))  # engine defaults on purpose: callers that need a dtype or device pass it
 
 
 def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
@@ -160,14 +161,14 @@ def test_num_pages(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     per_page = engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32)
     free = iter([10**9, 10**9 - 10**8] * 2)  # 加载前 1 GB 空闲，模型占了 100 MB
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
-    engine = Engine(EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64))
+    engine = Engine(EngineConfig(tiny_path, dtype=torch.float32, device="cpu", memory_ratio=0.5, max_seq_len_override=64))
     assert engine.num_pages == (5 * 10**8 - 10**8) // per_page, tr("Pages = (free × ratio − model usage) ÷ bytes per page")
     free = iter([10**9, 10**9 - 10**8])  # 不给 memory_ratio：CPU 上缺省 0.3（内存还要留给别的进程）
-    engine = Engine(EngineConfig(tiny_path, max_seq_len_override=64, device="cpu"))
+    engine = Engine(EngineConfig(tiny_path, dtype=torch.float32, max_seq_len_override=64, device="cpu"))
     assert engine.num_pages == (3 * 10**8 - 10**8) // per_page, tr("On CPU memory_ratio defaults to 0.3 (0.9 is for CUDA only)")
     free = iter([10**6, 10**6 - 6 * 10**5])  # 模型占掉的比 1 MB × 0.5 还多
     with pytest.raises(RuntimeError, match="memory_ratio|num_page_override"):
-        Engine(EngineConfig(tiny_path, memory_ratio=0.5))
+        Engine(EngineConfig(tiny_path, dtype=torch.float32, device="cpu", memory_ratio=0.5))
         pytest.fail(tr("Must raise RuntimeError when memory cannot hold the KV cache"))
 
 
@@ -177,7 +178,7 @@ def test_num_pages_when_free_memory_grows_during_loading(tiny_path: str, monkeyp
     每页 1024 字节；两个 free_before 让“多减 1”“少减 1”都恰好差一页。"""
     free = iter([free_before, 250_000_000])
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
-    engine = Engine(EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64, device="cpu"))
+    engine = Engine(EngineConfig(tiny_path, dtype=torch.float32, memory_ratio=0.5, max_seq_len_override=64, device="cpu"))
     assert engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32) == 1024
     assert engine.num_pages == expect, tr("The number of pages must be int({free_before} × 0.5) ÷ 1024 = {expect} (model usage is max(difference, 0)), got {num_pages}", free_before=free_before, expect=expect, num_pages=engine.num_pages)
     engine.shutdown()
@@ -188,7 +189,7 @@ def test_exactly_one_page_is_enough_and_zero_is_refused(tiny_path: str, monkeypa
     """可用 102,400,000 字节（2.048 亿 × 0.5），每页 1024 字节：模型占掉后刚好剩 1 页就建得起来，剩 0 页必须报错。"""
     free = iter([204_800_000, 204_800_000 - model_bytes])
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
-    config = EngineConfig(tiny_path, memory_ratio=0.5, max_seq_len_override=64, device="cpu")
+    config = EngineConfig(tiny_path, dtype=torch.float32, memory_ratio=0.5, max_seq_len_override=64, device="cpu")
     if pages == 0:
         with pytest.raises(RuntimeError, match="memory_ratio|num_page_override") as raised:
             Engine(config)
@@ -204,7 +205,7 @@ def test_fast_linear_agrees_with_reference(tiny_path: str, hand) -> None:  # noq
     """CPU 的两条快速路径（小批量内核、oneDNN 重排的权重）与参考路径 F.linear 的 logits 一致。"""
     logits = {}
     for fast, use_kernel, kind in ((True, True, "kernel"), (True, False, "onednn"), (False, True, "torch")):
-        engine = tiny_engine(tiny_path, cpu_fast_linear=fast, cpu_kernel=use_kernel)
+        engine = tiny_engine(tiny_path, cpu_fast_linear=fast, cpu_kernel=use_kernel, dtype=torch.float32, device="cpu")
         assert (engine.fast_linear, engine.linear_kind) == (fast, kind), tr(
             "cpu_fast_linear={fast}, cpu_kernel={use_kernel}: expected linear_kind {kind!r}, got {got!r}",
             fast=fast, use_kernel=use_kernel, kind=kind, got=engine.linear_kind,
@@ -229,7 +230,7 @@ def smollm2_engines(smollm2_path: str) -> dict:
     for backend in ("sdpa", "torch"):
         for page_size in (1, 4):
             engines[backend, page_size] = Engine(
-                EngineConfig(smollm2_path, max_running_req=8, num_page_override=8 * 128 // page_size,
+                EngineConfig(smollm2_path, dtype=torch.float32, device=check_device(), max_running_req=8, num_page_override=8 * 128 // page_size,
                              max_seq_len_override=128, page_size=page_size, attention_backend=backend)
             )  # fmt: skip
     return engines

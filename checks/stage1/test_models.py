@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from checks.hf_reference import check_device
 from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
@@ -65,7 +66,7 @@ def load_tiny(path: str | Path) -> torch.nn.Module:
 
 def test_merged_projections_equal_hf(tiny_path: str, hand) -> None:  # noqa: ANN001
     model = load_tiny(tiny_path)
-    hf = hand.load_hf(tiny_path).state_dict()
+    hf = {name: t.cpu() for name, t in hand.load_hf(tiny_path).state_dict().items()}  # HF 在检查的设备上，本模型在 CPU 上
     for i in range(2):
         p = f"model.layers.{i}."
         qkv = model.model.layers[i].self_attn.qkv_proj.weight
@@ -138,7 +139,7 @@ def test_dummy_weights(tiny_path: str, tmp_path: Path, hand) -> None:  # noqa: A
     model = create_model(ModelConfig.from_hf(only_config), torch.float32, "cpu")
     load_dummy_weights(model, seed=1)
     assert torch.all(model.model.norm.weight == 1)
-    engine = Engine(EngineConfig(str(only_config), use_dummy_weight=True, num_page_override=64, max_seq_len_override=32))
+    engine = Engine(EngineConfig(str(only_config), dtype=torch.float32, device="auto", use_dummy_weight=True, num_page_override=64, max_seq_len_override=32))
     hand.assign_pages(engine, 0)
     req = Req(torch.tensor([1, 2, 3], dtype=torch.int32), 0, 0, 2, 0, SamplingParams())
     tokens = hand.run_to_completion(engine, Batch, [req])
@@ -174,8 +175,9 @@ def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> Non
 def compare_with_hf(path: str, hand, prompts: list[list[int]], split: int | None, page_size: int = 1) -> None:  # noqa: ANN001
     """批量预填充（可选：先算前 split 个 token，再带缓存前缀续算其余）→ 接一个固定 token 解码，每一步都比 logits。"""
     hf = hand.load_hf(path)
-    engine = Engine(EngineConfig(path, max_running_req=len(prompts), num_page_override=256 // page_size,
-                                 max_seq_len_override=64, page_size=page_size, attention_backend="sdpa"))  # fmt: skip
+    engine = Engine(EngineConfig(path, dtype=torch.float32, device=check_device(), max_running_req=len(prompts),
+                                 num_page_override=256 // page_size, max_seq_len_override=64, page_size=page_size,
+                                 attention_backend="sdpa"))  # fmt: skip
     reqs = []
     for row, prompt in enumerate(prompts):
         hand.assign_pages(engine, row)

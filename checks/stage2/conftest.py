@@ -39,9 +39,9 @@ QUESTIONS = ["What is 2 + 2?", "Name a primary color.", "What is the capital of 
 LONG_PROMPT = "Explain, step by step, why the sky is blue. " * 25
 
 #: tiny 模型上常用的引擎参数（小而快）。
-TINY_KW: dict[str, Any] = dict(dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512)
+TINY_KW: dict[str, Any] = dict(dtype=torch.float32, device="auto", max_running_req=8, num_page_override=2048, max_seq_len_override=512)
 #: SmolLM2 上常用的引擎参数。
-SMOL_KW: dict[str, Any] = dict(dtype=torch.float32, max_running_req=8, num_page_override=1024, max_seq_len_override=256)
+SMOL_KW: dict[str, Any] = dict(dtype=torch.float32, device="auto", max_running_req=8, num_page_override=1024, max_seq_len_override=256)
 
 
 def built(getter: Callable[[], Any]) -> str:

@@ -23,7 +23,7 @@ from minisgl.course import select
 from minisgl.llm import LLM
 from minisgl.paths import REPO_ROOT
 
-MILESTONE_KW = dict(dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512)
+MILESTONE_KW = dict(dtype=torch.float32, device="auto", max_running_req=8, num_page_override=2048, max_seq_len_override=512)
 
 
 def test_eight_requests_sixteen_tokens(tiny_path: str, make_llm) -> None:  # noqa: ANN001

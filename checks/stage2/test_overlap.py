@@ -51,7 +51,8 @@ def test_next_step_launched_before_last_results_processed(tiny, overlap_on) -> N
             tr("Overlap scheduling: the results of step N are processed only after step N+1 is launched; adjacent pairs: {value}", value=launched_before_processed(rec.steps))
         )
         threads = {s.forward_thread for s in rec.steps}
-        assert threading.main_thread().name not in threads, tr("On CPU the forward pass runs in a background thread; it ran in {threads}", threads=threads)
+        if tiny.device.type == "cpu":  # 在 CUDA 上，前向由主线程排进引擎自己的流，不用后台线程
+            assert threading.main_thread().name not in threads, tr("On CPU the forward pass runs in a background thread; it ran in {threads}", threads=threads)
         rec.reset()
         ENV.DISABLE_OVERLAP_SCHEDULING.value = True
         tiny.generate(["a b c"], SamplingParams(max_tokens=3, ignore_eos=True))
