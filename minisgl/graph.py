@@ -223,7 +223,11 @@ class GraphRunner:
         return host.pin_memory().to(self.device, non_blocking=True)
 
     def forward(self) -> torch.Tensor:
-        """代替 ``model.forward``：当前批次能走图就把输入拷进固定缓冲区、回放，取前 ``batch.size`` 行。"""
+        """代替 ``model.forward``：当前批次能走图就把输入拷进固定缓冲区、回放，取前 ``batch.size`` 行。
+
+        en: Stands in for ``model.forward``: if the current batch can use a graph, copy its inputs into the fixed buffers,
+        replay, and take the first ``batch.size`` rows.
+        """
         batch = self.ctx.batch
         graph = self.pick(batch)
         if graph is None:

@@ -7,6 +7,18 @@ KV 池 → 页表与 token 池 → 注意力后端 → 采样器 →（CUDA 上�
 可选）装上融合解码（``minisgl/fused.py``）；这两样都不在本章的任务里。``forward_batch`` 跑一次前向、为每个请求采样一个 token 并拷回主机；推进请求的长度记账（``complete_one``）由发出这一步的调用者来做。
 
 与 CUDA 有关的东西（设备、空闲显存、异步拷回主机）都收在几个小函数里，CPU 上有对应的做法。
+
+en: Chapter 1.6 engine: the first five chapters put together into an engine, plus a batched sampler.
+
+``Engine`` initialises in order: device and dtype -> global context -> model and weights -> the number of KV pages, from
+the free memory -> KV pool -> page table and token pool -> attention backend -> sampler -> (on CUDA) capturing the
+decode CUDA graphs (``minisgl/graph.py``), or (on the CPU, optional) installing the fused decode (``minisgl/fused.py``);
+neither of these two is part of this chapter's tasks. ``forward_batch`` runs one forward, samples one token per request
+and copies them back to the host; advancing the requests' length bookkeeping (``complete_one``) is up to whoever
+launches the step.
+
+Everything CUDA-specific (the device, free GPU memory, the asynchronous copy back to the host) is kept in a few small
+functions, each with a CPU counterpart.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from minisgl.layers import fast_linear_supported, pack_linear_weights
 from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_weights
 
 # ----------------------------------------------------------------------------- 设备接缝
+# en: ----------------------------------------------------------------------------- device seams
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
@@ -50,14 +63,20 @@ def resolve_device(name: str | torch.device) -> torch.device:
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    """没指定时：CUDA 上 bf16，CPU 上 fp32。也接受 ``"bfloat16"`` 这样的字符串。"""
+    """没指定时：CUDA 上 bf16，CPU 上 fp32。也接受 ``"bfloat16"`` 这样的字符串。
+
+    en: When not given: bf16 on CUDA, fp32 on the CPU. Strings such as ``"bfloat16"`` are accepted too.
+    """
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 def get_free_memory(device: torch.device) -> int:
-    """空闲内存（字节）：CUDA 上问驱动，CPU 上读 /proc/meminfo 的 MemAvailable。"""
+    """空闲内存（字节）：CUDA 上问驱动，CPU 上读 /proc/meminfo 的 MemAvailable。
+
+    en: Free memory (bytes): asks the driver on CUDA, reads MemAvailable from /proc/meminfo on the CPU.
+    """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -73,7 +92,10 @@ def get_free_memory(device: torch.device) -> int:
 
 
 class HostCopyDone:
-    """CPU 上的“拷贝完成事件”：拷贝是同步的，``synchronize()`` 什么也不用等。"""
+    """CPU 上的“拷贝完成事件”：拷贝是同步的，``synchronize()`` 什么也不用等。
+
+    en: The "copy done" event on the CPU: the copy is synchronous, so ``synchronize()`` has nothing to wait for.
+    """
 
     def synchronize(self) -> None:
         return None
@@ -84,6 +106,12 @@ def copy_to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event |
 
     CUDA 上异步拷进锁页内存，用事件告诉调用者何时拷完；CPU 上 ``.to("cpu")`` 不拷贝、返回同一块内存，
     之后设备那份一改主机这份也变，所以要 ``clone``。
+
+    en: Copy a result from the device back to the host; returns (host tensor, done event).
+
+    On CUDA the copy goes asynchronously into pinned memory, and the event tells the caller when it is done; on the CPU
+    ``.to("cpu")`` copies nothing and returns the same memory, which would change whenever the device copy changes,
+    hence the ``clone``.
     """
     if tokens.device.type == "cuda":
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -95,23 +123,37 @@ def copy_to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event |
 
 
 # ----------------------------------------------------------------------------- 采样器
+# en: ----------------------------------------------------------------------------- the sampler
 
 
 @dataclass
 class BatchSamplingArgs:
-    """一批请求的采样参数，已整理成张量。``temperatures is None`` 表示整批都是贪心。"""
+    """一批请求的采样参数，已整理成张量。``temperatures is None`` 表示整批都是贪心。
 
-    temperatures: torch.Tensor | None  # [B] float32；贪心的行填 1（结果会换成 argmax）
+    en: A batch's sampling parameters, gathered into tensors. ``temperatures is None`` means the whole batch is greedy.
+    """
+
+    # [B] float32；贪心的行填 1（结果会换成 argmax）
+    # en: [B] float32; greedy rows hold 1 (their result is replaced by the argmax)
+    temperatures: torch.Tensor | None
     greedy: torch.Tensor | None = None  # [B] bool
-    top_k: torch.Tensor | None = None  # [B] int64；None：没有一行要 top-k
-    top_p: torch.Tensor | None = None  # [B] float32；None：没有一行要 top-p
-    generators: list[torch.Generator | None] | None = None  # 带种子的行用自己的随机数发生器
+    top_k: torch.Tensor | None = None  # [B] int64；None：没有一行要 top-k | en: [B] int64; None: no row uses top-k
+    top_p: torch.Tensor | None = None  # [B] float32；None：没有一行要 top-p | en: [B] float32; None: no row uses top-p
+    # 带种子的行用自己的随机数发生器
+    # en: rows with a seed use their own random generator
+    generators: list[torch.Generator | None] | None = None
 
 
 def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
     """按行过滤概率：先只留概率最大的 k 个；再在剩下的里（重新归一化后）只留最小的“核”——
     从大到小累加、刚好达到 p 的那几个（第一个总是留下）。被过滤的概率置 0；结果不必加起来等于 1，
-    采样用的指数竞赛只看各行内的比例。"""
+    采样用的指数竞赛只看各行内的比例。
+
+    en: Filter probabilities row by row: first keep only the k largest; then, among those (renormalised), keep only the
+    smallest "nucleus": the largest ones, in decreasing order, whose sum just reaches p (the first is always kept).
+    Filtered probabilities become 0; the result need not sum to 1, since the exponential race used for sampling only
+    looks at the ratios within a row.
+    """
     # TODO 任务 top_k_top_p：按概率降序排序；排名 >= k 的置 0；归一化后，排在它前面的累计概率已 >= p 的置 0；再 scatter 回原顺序
     # TODO task top_k_top_p: sort by probability, descending; zero the entries ranked >= k; after renormalising, zero the entries whose preceding cumulative probability is already >= p; scatter back to the original order
     raise TaskNotDone("engine", "top_k_top_p")
@@ -123,6 +165,13 @@ class Sampler:
     随机性来自“指数竞赛”：``argmax(p / E)``（E 独立服从指数分布）恰好以概率 p 选中每个 token，
     这样整批只要一次 argmax。没有种子的行用采样器自己的发生器（引擎种子决定，可复现）；
     带种子的行用（种子，位置）生成的发生器，结果与同批的其他请求无关。
+
+    en: Sample a batch of requests, each with its own sampling parameters, in one batched call.
+
+    The randomness comes from an "exponential race": ``argmax(p / E)`` (E independent exponential variables) picks each
+    token with exactly probability p, so the whole batch needs one argmax. Rows without a seed use the sampler's own
+    generator (set by the engine's seed, reproducible); a row with a seed uses a generator made from (seed, position),
+    so its result does not depend on the other requests of the batch.
     """
 
     def __init__(self, device: torch.device, vocab_size: int, seed: int = 0) -> None:
@@ -131,7 +180,10 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
-        """在前向之前调用（此时 ``req.device_len`` 就是要采样的 token 的位置）。"""
+        """在前向之前调用（此时 ``req.device_len`` 就是要采样的 token 的位置）。
+
+        en: Call before the forward (at that point ``req.device_len`` is the position of the token to sample).
+        """
         params: list[SamplingParams] = [r.sampling_params for r in batch.reqs]
         if all(p.is_greedy for p in params):
             return BatchSamplingArgs(temperatures=None)
@@ -140,7 +192,10 @@ class Sampler:
         raise TaskNotDone("engine", "sampler_prepare")
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """``logits``: [B, vocab] → 每行一个 token id（int64）。"""
+        """``logits``: [B, vocab] → 每行一个 token id（int64）。
+
+        en: ``logits``: [B, vocab] -> one token id per row (int64).
+        """
         if args.temperatures is None:
             return logits.argmax(dim=-1)
         # TODO 任务 sample：logits 转 float32 除以温度 → softmax → top_k_top_p_filter → 指数噪声（带种子的行用自己的发生器）→ argmax(p / E)；贪心行换成 argmax(logits)
@@ -149,31 +204,54 @@ class Sampler:
 
 
 # ----------------------------------------------------------------------------- 引擎
+# en: ----------------------------------------------------------------------------- the engine
 
 
 @dataclass
 class EngineConfig:
     model_path: str
-    dtype: torch.dtype | str | None = None  # None：CUDA 上 bf16，CPU 上 fp32
+    dtype: torch.dtype | str | None = None  # None：CUDA 上 bf16，CPU 上 fp32 | en: None: bf16 on CUDA, fp32 on the CPU
     max_running_req: int = 8
-    num_page_override: int | None = None  # None：由剩余内存推出
-    max_seq_len_override: int | None = None  # None：模型的 max_position_embeddings（再受 KV 池容量限制）
+    num_page_override: int | None = None  # None：由剩余内存推出 | en: None: worked out from the free memory
+    # None：模型的 max_position_embeddings（再受 KV 池容量限制）
+    # en: None: the model's max_position_embeddings (also limited by the KV pool's capacity)
+    max_seq_len_override: int | None = None
     page_size: int = 1
     attention_backend: str = "auto"  # auto | torch | sdpa | fi | fa
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    memory_ratio: float | None = None  # 可用内存里给模型 + KV 的比例；None：CUDA 0.9，CPU 0.3（CPU 内存还要留给别的进程）
+    # 可用内存里给模型 + KV 的比例；None：CUDA 0.9，CPU 0.3（CPU 内存还要留给别的进程）
+    # en: share of the free memory for model + KV; None: 0.9 on CUDA, 0.3 on the CPU (CPU memory is also needed by other
+    # en: processes)
+    memory_ratio: float | None = None
     seed: int = 0
-    use_dummy_weight: bool = False  # 不读权重文件，填随机数（只测速度）
-    cpu_fast_linear: bool = True  # CPU 上线性层走快速路径（见 cpu_kernel）；False 则一律走参考路径 F.linear
-    cpu_kernel: bool = True  # 快速路径优先用 minisgl.kernel 的小批量内核（fp32，要有 C 编译器）；False 或编不出来时用 oneDNN
-    cuda_graph: str = "auto"  # 解码的 CUDA 图（见 minisgl/graph.py）：auto（CUDA 上开）| off | eager（CPU 上检查图路径）| cuda
-    cuda_graph_max_bs: int = 64  # 录制到多大的批；更大的解码批次照常前向
-    cpu_fused_decode: bool = False  # CPU 上解码批次的全部解码层交给一个 C 函数（见 minisgl/fused.py）；学习时别开
+    # 不读权重文件，填随机数（只测速度）
+    # en: random numbers instead of reading the weight files (speed tests only)
+    use_dummy_weight: bool = False
+    # CPU 上线性层走快速路径（见 cpu_kernel）；False 则一律走参考路径 F.linear
+    # en: linear layers take a fast path on the CPU (see cpu_kernel); False: always the reference path F.linear
+    cpu_fast_linear: bool = True
+    # 快速路径优先用 minisgl.kernel 的小批量内核（fp32，要有 C 编译器）；False 或编不出来时用 oneDNN
+    # en: the fast path prefers minisgl.kernel's small-batch kernel (fp32, needs a C compiler); oneDNN when False or
+    # en: when it cannot be built
+    cpu_kernel: bool = True
+    # 解码的 CUDA 图（见 minisgl/graph.py）：auto（CUDA 上开）| off | eager（CPU 上检查图路径）| cuda
+    # en: CUDA graphs for decoding (see minisgl/graph.py): auto (on for CUDA) / off / eager (checks the graph path on
+    # en: the CPU) / cuda
+    cuda_graph: str = "auto"
+    # 录制到多大的批；更大的解码批次照常前向
+    # en: the largest batch captured; larger decode batches run the normal forward
+    cuda_graph_max_bs: int = 64
+    # CPU 上解码批次的全部解码层交给一个 C 函数（见 minisgl/fused.py）；学习时别开
+    # en: on the CPU, every decoder layer of a decode batch goes to one C function (see minisgl/fused.py); leave it off
+    # en: while learning
+    cpu_fused_decode: bool = False
 
 
 class ForwardOutput(NamedTuple):
-    next_tokens_gpu: torch.Tensor  # 设备上 int32 [B]（在 CPU 上运行时也叫这个名字）
-    next_tokens_cpu: torch.Tensor  # 主机上的副本，与上面不共享内存
+    # 设备上 int32 [B]（在 CPU 上运行时也叫这个名字）
+    # en: int32 [B] on the device (same name when running on the CPU)
+    next_tokens_gpu: torch.Tensor
+    next_tokens_cpu: torch.Tensor  # 主机上的副本，与上面不共享内存 | en: a copy on the host, sharing no memory with the one above
     copy_done_event: torch.cuda.Event | HostCopyDone
 
 
@@ -189,6 +267,7 @@ class Engine:
         set_global_ctx(self.ctx)
 
         # 模型：先记下空闲内存，加载后的差值就是模型占的
+        # en: the model: note the free memory first; the difference after loading is what the model takes
         free_before = get_free_memory(self.device)
         self.model = create_model(self.model_config, self.dtype, self.device)
         if config.use_dummy_weight:
@@ -196,13 +275,17 @@ class Engine:
         else:
             load_weights(self.model, config.model_path)
         self.fast_linear = config.cpu_fast_linear and fast_linear_supported(self.device, self.dtype)
-        self.linear_kind = "torch"  # 线性层实际走哪条路径：torch（F.linear）| onednn | kernel
+        # 线性层实际走哪条路径：torch（F.linear）| onednn | kernel
+        # en: the path linear layers actually take: torch (F.linear) / onednn / kernel
+        self.linear_kind = "torch"
         if self.fast_linear:
             use_kernel = config.cpu_kernel and self.dtype == torch.float32 and kernel.available()
             self.linear_kind = "kernel" if use_kernel else "onednn"
             pack_linear_weights(self.model, self.linear_kind)
 
         # KV 池、页表、token 池（开 CUDA 图时 KV 池多一页，给补齐批次的假请求写 K/V，不分给任何请求）
+        # en: KV pool, page table, token pool (with CUDA graphs the KV pool has one extra page, where the dummy requests
+        # en: that pad a batch write their K/V; it belongs to no request)
         self.num_pages = self._determine_num_pages(free_before)
         self.graph_mode = resolve_graph_mode(config.cuda_graph, self.device)
         c = self.model_config
@@ -223,13 +306,19 @@ class Engine:
         self.fused_decoder = FusedDecoder(self) if config.cpu_fused_decode else None
 
     def _determine_num_pages(self, free_before: int) -> int:
-        """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。"""
+        """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。
+
+        en: ``num_page_override`` first; otherwise (free memory × ratio − model size) ÷ bytes per page.
+        """
         c, config = self.model_config, self.config
         # TODO 任务 determine_num_pages：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError，消息里告诉用户调大 memory_ratio 或指定 num_page_override
         # TODO task determine_num_pages: use the override if given; otherwise apply the formula above (ratio defaults to 0.9 on CUDA, 0.3 on CPU; model memory = free_before − current get_free_memory; bytes per page from MHAKVCache.bytes_per_page, mind page_size and dtype); raise RuntimeError if less than 1 page fits, telling the user to raise memory_ratio or set num_page_override
         raise TaskNotDone("engine", "determine_num_pages")
 
-    @torch.no_grad()  # 不用 inference_mode：它产出的张量之后在模式外不能原地修改，调度器会踩坑
+    # 不用 inference_mode：它产出的张量之后在模式外不能原地修改，调度器会踩坑
+    # en: not inference_mode: tensors it produces cannot be modified in place outside the mode later, which would trip
+    # en: up the scheduler
+    @torch.no_grad()
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         """前向 → 为每个请求采样一个 token → 开始拷回主机。只算，不动请求的记账，也不写 token 池。
 
@@ -237,16 +326,32 @@ class Engine:
         推进请求（``complete_one``）是调用者在“发出”这一步时做的事：第 2.5 章的重叠调度在结果回来之前、
         甚至计算还在另一个线程里跑的时候，就要用推进后的长度调度下一步。新 token 写到哪里也由调用者决定
         （第 2 阶段写进 token 池；分块预填充的中间块不能覆盖下一个提示词 token）。
+
+        en: Forward -> sample one token per request -> start copying back to the host. It only computes: it touches
+        neither the requests' bookkeeping nor the token pool.
+
+        Before calling, fill in ``batch.input_ids / positions / out_loc`` and call
+        ``attn_backend.prepare_metadata(batch)``. Advancing the requests (``complete_one``) is done by the caller when
+        it launches the step: chapter 2.5's overlap scheduling schedules the next step with the advanced lengths before
+        the results are back, even while the computation is still running on another thread. Where the new tokens are
+        written is up to the caller too (in stage 2, into the token pool; an intermediate chunk of a chunked prefill
+        must not overwrite the prompt's next token).
         """
         if not hasattr(batch, "attn_metadata"):
             raise RuntimeError(tr(
                 "batch.attn_metadata is not prepared yet: call engine.attn_backend.prepare_metadata(batch) first",
             ))
-        set_global_ctx(self.ctx)  # 同一进程里可能有多个引擎，各层读的是全局上下文
+        # 同一进程里可能有多个引擎，各层读的是全局上下文
+        # en: a process may hold several engines, and the layers read the global context
+        set_global_ctx(self.ctx)
         # TODO 任务 forward_batch：在 ctx.forward_batch(batch) 里跑 model.forward()；采样并转 int32；copy_to_host 得到主机副本和完成事件；返回 ForwardOutput（不调用 complete_one，不写 token 池）
         # TODO task forward_batch: run model.forward() inside ctx.forward_batch(batch); sample and convert to int32; copy_to_host gives the host copy and the done event; return a ForwardOutput (do not call complete_one, do not write the token pool)
         raise TaskNotDone("engine", "forward_batch")
 
     def shutdown(self) -> None:
-        """放掉全局上下文对本引擎的引用（同一进程里接着建新引擎时不留旧的）。"""
+        """放掉全局上下文对本引擎的引用（同一进程里接着建新引擎时不留旧的）。
+
+        en: Drop the global context's reference to this engine (so that a new engine built next in the same process does
+        not keep the old one alive).
+        """
         set_global_ctx(None)
