@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from minisgl.course.bilingual import EN_LINE, for_language, problems
+from minisgl.course.registry import CHAPTERS
 from minisgl.i18n import CJK
 from minisgl.paths import REPO_ROOT as REPO
 
+#: Besides every chapter of the registry (its solution and its skeleton).
 ROOTS = ["solutions/stage1", "solutions/stage2", "stage1", "stage2", "examples"]
 DIRECTIVE = re.compile(r"^[ \t]*\[\[(?:code|sig) (?P<path>[^\]:\s]+)(?:::(?P<symbol>[^\]\s]+))?", re.M)
 
@@ -36,6 +38,7 @@ def learner_files() -> list[str]:
     """Whole files: the solutions, skeletons and examples, and any other file the book embeds whole."""
     files = {p.relative_to(REPO).as_posix() for root in ROOTS for p in (REPO / root).rglob("*.py")
              if "__pycache__" not in p.parts}
+    files |= {path for ch in CHAPTERS for path in (f"solutions/{ch.relpath}", ch.relpath) if (REPO / path).is_file()}
     files |= {path for path, symbol in _book_embeds() if path.endswith(".py") and not symbol}
     return sorted(files)
 
