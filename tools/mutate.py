@@ -19,7 +19,16 @@
 - ``compare``：``<``↔``>=``、``<=``↔``>``、``==``↔``!=``、``in``↔``not in``、``is``↔``is not``；
 - ``boolop``：``and``↔``or``；``not_drop``：去掉一个 ``not``；``bool_const``：``True``↔``False``；
 - ``off_by_one``：整数常量 ±1、切片的上下界 ±1；``aug_flip``：``+=``↔``-=``；
-- ``return_early``：区段第一条语句前插入 ``return``；``swap_args``：调用里两个相邻的位置参数对调。
+- ``return_early``：区段第一条语句前插入 ``return``；``swap_args``：调用里两个相邻的位置参数对调；
+- ``drop_conjunct`` / ``drop_disjunct``：复合条件（``a and b and c`` / ``a or b``）去掉一项（断言里的不去：只会更宽）；
+- ``drop_guard``：删掉守卫子句（分支以 ``continue`` / ``break`` / ``return`` / ``raise`` 结尾的 ``if``），
+  有 ``else`` / ``elif`` 时留下那个分支；
+- ``drop_loop_update``：删掉循环体里的一条赋值（``x = …`` / ``x += …``；循环外的仍叫 ``delete`` / ``drop_update``）；
+- ``replace_arg``：调用的一个位置参数（一个名字）换成同一函数里、调用之前就有的、同一“种类”的另一个名字。
+  种类是粗略、确定的推断：参数的注解，或赋值右边一眼看得出的类型（整数常量、``len(…)``、``torch.…(…)``、
+  ``range`` 的循环变量、同种类的算术）；每个参数最多换 ``REPLACE_ARG_LIMIT`` 个（定义位置离调用最近的先换）。
+
+成员与身份测试（``in`` / ``is``）的取反由 ``compare`` 负责。
 
 每个变异体像学员工作区那样运行：临时目录里放上 stage1/、stage2/ 的骨架，本章的学员文件换成变异后的解答，
 ``MINISGL_WORKSPACE=<临时目录> python -m pytest checks/stageN/test_<章>.py --impl learner -x -q``。
@@ -177,6 +186,114 @@ def _in_message(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
+_JUMPS = (ast.Continue, ast.Break, ast.Return, ast.Raise)
+_LOOPS = (ast.For, ast.While, ast.AsyncFor)
+_LOW_PRECEDENCE = (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)
+_FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+#: 替换位置参数时，每个参数最多换成几个别的名字（按定义位置由近到远）。
+REPLACE_ARG_LIMIT = 2
+
+
+def _is_guard(node: ast.AST) -> bool:
+    """守卫子句：``if …:`` 的分支以 continue / break / return / raise 结尾。"""
+    return isinstance(node, ast.If) and isinstance(node.body[-1], _JUMPS)
+
+
+def _in_loop(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """``node`` 在同一个函数里的某个循环体内（不含循环的条件 / 迭代表达式本身）。"""
+    child = node
+    while child in parents:
+        parent = parents[child]
+        if isinstance(parent, _FUNCS):
+            return False
+        if isinstance(parent, _LOOPS) and child in parent.body:
+            return True
+        child = parent
+    return False
+
+
+def _in_assert(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.Assert):
+            return True
+    return False
+
+
+def _enclosing_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST | None:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return node
+    return None
+
+
+_INT_CALLS = {"len", "int", "sum", "round", "abs"}
+_KIND_OF_ANNOTATION = {"torch.Tensor": "tensor", "Tensor": "tensor"}
+
+
+def _value_kind(value: ast.AST, kinds: dict[str, str]) -> str | None:
+    """一个表达式的“种类”（int / bool / float / str / tensor / 注解原文），看不出来就是 None。粗略、确定。"""
+    if isinstance(value, ast.Constant) and type(value.value) in (int, bool, float, str):
+        return type(value.value).__name__
+    if isinstance(value, ast.Name):
+        return kinds.get(value.id)
+    if isinstance(value, ast.Call):
+        f = value.func
+        if isinstance(f, ast.Name) and f.id in _INT_CALLS:
+            return "int"
+        if isinstance(f, ast.Name) and f.id in ("min", "max") and value.args:
+            found = {_value_kind(a, kinds) for a in value.args}
+            return found.pop() if len(found) == 1 else None
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "torch":
+            return "tensor"
+        return None
+    if isinstance(value, ast.BinOp):
+        left, right = _value_kind(value.left, kinds), _value_kind(value.right, kinds)
+        if isinstance(value.op, ast.Div):
+            return None
+        if left == right or right is None:
+            return left
+        if left is None:
+            return right
+        return None
+    return None
+
+
+def _scope_names(func: ast.AST) -> dict[str, tuple[str, int]]:
+    """函数里的局部名字 → (种类, 第一次出现的行)：带注解的参数、赋值一次就看得出种类的名字、``range`` 的循环变量。
+
+    同一个名字出现两种种类就不要它。``self`` / ``cls`` 不算。
+    """
+    out: dict[str, tuple[str, int]] = {}
+    bad: set[str] = set()
+
+    def note(name: str, kind: str | None, line: int) -> None:
+        if kind is None or name in ("self", "cls") or name in bad:
+            return
+        if name in out and out[name][0] != kind:
+            bad.add(name)
+            del out[name]
+            return
+        out.setdefault(name, (kind, line))
+
+    args = func.args
+    for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+        if a.annotation is not None:
+            text = ast.unparse(a.annotation)
+            note(a.arg, _KIND_OF_ANNOTATION.get(text, text), func.lineno)
+    for node in sorted((n for n in ast.walk(func) if isinstance(n, ast.stmt)), key=lambda n: (n.lineno, n.col_offset)):
+        kinds = {k: v[0] for k, v in out.items()}
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            note(node.targets[0].id, _value_kind(node.value, kinds), node.lineno)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            text = ast.unparse(node.annotation)
+            note(node.target.id, _KIND_OF_ANNOTATION.get(text, text), node.lineno)
+        elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) and _call_name(node.iter) == "range":
+            note(node.target.id, "int", node.lineno)
+    return out
+
+
 def generate_mutants(source: str, chapter: str = "?", relpath: str = "?") -> list[Mutant]:
     """参考解答 ``source`` 的全部变异体（只改任务区段里的代码；结果去重，且都能编译）。"""
     tree = ast.parse(source)
@@ -184,6 +301,7 @@ def generate_mutants(source: str, chapter: str = "?", relpath: str = "?") -> lis
     lines = _Lines(source)
     out: list[Mutant] = []
     seen = {source}
+    scopes: dict[ast.AST, dict[str, tuple[str, int]]] = {}
 
     def add(block: Block, op: str, node: ast.AST, text: str, desc: str, new_source: str | None = None) -> None:
         new = new_source if new_source is not None else lines.replace(node, text)
@@ -213,13 +331,32 @@ def generate_mutants(source: str, chapter: str = "?", relpath: str = "?") -> lis
             seg = lines.segment(node)
             if isinstance(node, ast.stmt) and not isinstance(node, (ast.Pass, ast.Assert)):
                 name = _call_name(node)
-                if isinstance(node, ast.AugAssign):
+                if _is_guard(node):
+                    op = "drop_guard"
+                elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _in_loop(node, parents):
+                    op = "drop_loop_update"
+                elif isinstance(node, ast.AugAssign):
                     op = "drop_update"
                 elif name and any(w in name.lower() for w in _RESOURCE_WORDS):
                     op = "drop_call"
                 else:
                     op = "delete"
-                add(block, op, node, "pass", f"删掉语句 `{seg.splitlines()[0][:60]}`")
+                if op == "drop_guard" and node.orelse:
+                    # 去掉守卫、保留 else / elif 分支（整段不删）
+                    rest = node.orelse[0]
+                    a = lines.offset(node.lineno, node.col_offset)
+                    if isinstance(rest, ast.If) and len(node.orelse) == 1 and source[lines.offset(rest.lineno, rest.col_offset):].startswith("elif"):
+                        b = lines.offset(rest.lineno, rest.col_offset) + 2  # "elif" -> "if"
+                        new = source[:a] + source[b:]
+                    else:
+                        b = lines.offset(node.end_lineno, node.end_col_offset)
+                        body = source[lines.starts[rest.lineno - 1] : b]
+                        shift = rest.col_offset - node.col_offset
+                        dedented = "".join(line[shift:] if line[:shift].strip() == "" else line for line in body.splitlines(True))
+                        new = source[:a] + dedented.lstrip() + source[b:]
+                    add(block, op, node, "", f"去掉守卫 `{seg.splitlines()[0][:60]}`，只留 else 分支", new)
+                else:
+                    add(block, op, node, "pass", f"删掉语句 `{seg.splitlines()[0][:60]}`")
             if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
                 new = copy.copy(node)
                 new.op = ast.Sub() if isinstance(node.op, ast.Add) else ast.Add()
@@ -234,6 +371,14 @@ def generate_mutants(source: str, chapter: str = "?", relpath: str = "?") -> lis
                 new = copy.copy(node)
                 new.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
                 add(block, "boolop", node, _expr_text(new), f"`{seg}` 的 and / or 对调")
+                if not _in_assert(node, parents):  # 断言里少一项只会更宽：参考解答的断言永远成立，等价
+                    op = "drop_conjunct" if isinstance(node.op, ast.And) else "drop_disjunct"
+                    joiner = " and " if isinstance(node.op, ast.And) else " or "
+                    for i, term in enumerate(node.values):
+                        rest = [v for j, v in enumerate(node.values) if j != i]
+                        parts = [f"({lines.segment(v)})" if isinstance(v, _LOW_PRECEDENCE) else lines.segment(v) for v in rest]
+                        text = parts[0] if len(parts) == 1 else joiner.join(parts)
+                        add(block, op, node, text, f"`{seg.splitlines()[0][:60]}` 去掉一项 `{lines.segment(term)[:40]}`")
             if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
                 add(block, "not_drop", node, _expr_text(node.operand), f"去掉 `{seg}` 的 not")
             if isinstance(node, ast.Constant) and isinstance(node.value, bool):
@@ -248,6 +393,17 @@ def generate_mutants(source: str, chapter: str = "?", relpath: str = "?") -> lis
                     bseg = lines.segment(bound)
                     for d in ("+ 1", "- 1"):
                         add(block, "off_by_one", bound, f"({ast.unparse(bound)} {d})", f"切片边界 `{bseg}` {d}")
+            if isinstance(node, ast.Call) and (func := _enclosing_function(node, parents)) is not None:
+                scope = scopes.setdefault(func, _scope_names(func))
+                for i, arg in enumerate(node.args):
+                    if not isinstance(arg, ast.Name) or arg.id not in scope:
+                        continue
+                    kind = scope[arg.id][0]
+                    others = [(line, name) for name, (k, line) in scope.items() if k == kind and name != arg.id and line < node.lineno]
+                    for _, name in sorted(others, key=lambda t: (-t[0], t[1]))[:REPLACE_ARG_LIMIT]:
+                        new = copy.copy(node)
+                        new.args = [*node.args[:i], ast.Name(name, ast.Load()), *node.args[i + 1 :]]
+                        add(block, "replace_arg", node, ast.unparse(new), f"`{seg.splitlines()[0][:50]}` 的第 {i + 1} 个参数 {arg.id} → {name}（同为 {kind}）")
             if isinstance(node, ast.Call):
                 args = node.args
                 for i in range(len(args) - 1):
@@ -299,7 +455,7 @@ NAMED_MUTANTS: list[dict] = [
     {
         "chapter": "cache_manager", "task": "allocate_paged", "id": "named-no-clip",
         "description": "不裁掉伸出页表宽度的最后一页",
-        "replace": [("        keep = cols < width ", "        keep = cols >= 0 ")],
+        "replace": [("        keep = cols < width\n", "        keep = cols >= 0\n")],
     },
 ]  # fmt: skip
 

@@ -10,6 +10,7 @@ import difflib
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ SAMPLE = textwrap.dedent(
                 total += xs[i:n]
             elif i in xs or flag is None:
                 g(total, i)
-        lock(xs)
+        lock(xs); total -= 1
         ok = True
         # <<< TASK
         return head + 1
@@ -58,7 +59,7 @@ def test_sample_source_gets_every_operator() -> None:
     ops = {m.op for m in mutants}
     assert ops >= {
         "delete", "drop_update", "drop_call", "compare", "boolop", "not_drop", "bool_const", "off_by_one",
-        "aug_flip", "return_early", "swap_args",
+        "aug_flip", "return_early", "swap_args", "drop_conjunct", "drop_disjunct", "drop_loop_update", "replace_arg",
     }, f"缺少算子：{ops}"  # fmt: skip
     (block,) = mutate.task_blocks(SAMPLE)
     assert (block.first, block.last) == (4, 11)
@@ -85,9 +86,89 @@ def test_mutants_stay_inside_task_blocks_and_compile(ch) -> None:  # noqa: ANN00
     assert len({m.source for m in mutants}) == len(mutants), "有重复的变异体"
 
 
+LEARNER_SLIPS = textwrap.dedent(
+    """\
+    def walk(xs: torch.Tensor, n: int, seen: set, limit: int) -> int:
+        # >>> TASK demo: 写点东西
+        assert n >= 0 and limit >= 0
+        total = 0
+        start = n - 1
+        mask = torch.zeros(n)
+        for i in range(start):
+            if i in seen:
+                continue
+            if i > limit or xs is None:
+                raise ValueError("x")
+            elif i < 0:
+                total = -1
+            total = total + i
+            g(xs, total, mask)
+        done = h(n, limit)
+        # <<< TASK
+        return total
+    """
+)
+
+
+def _mutated_lines(op: str) -> list[list[str]]:
+    """``op`` 的每个变异体相对原文的 (删掉的行, 加上的行)，行首空白去掉。"""
+    out = []
+    for m in mutate.generate_mutants(LEARNER_SLIPS, "demo", "demo.py"):
+        if m.op != op:
+            continue
+        diff = list(difflib.unified_diff(LEARNER_SLIPS.splitlines(), m.source.splitlines(), n=0, lineterm=""))[2:]
+        out.append([d[0] + d[1:].strip() for d in diff if d[:1] in "+-"])
+    return out
+
+
+def test_drop_one_term_of_a_compound_condition() -> None:
+    conj, disj = _mutated_lines("drop_conjunct"), _mutated_lines("drop_disjunct")
+    assert conj == [], f"断言里的 and 少一项只会更宽（与原程序等价），不该生成：{conj}"
+    assert ["-if i > limit or xs is None:", "+if xs is None:"] in disj, disj
+    assert ["-if i > limit or xs is None:", "+if i > limit:"] in disj, disj
+    assert len(disj) == 2, disj
+
+
+def test_remove_a_guard_clause_keeps_the_else_branch() -> None:
+    guards = _mutated_lines("drop_guard")
+    assert ["-if i in seen:", "-continue", "+pass"] in guards, guards
+    assert ["-if i > limit or xs is None:", '-raise ValueError("x")', "-elif i < 0:", "+if i < 0:"] in guards, guards
+    assert len(guards) == 2, guards
+
+
+def test_membership_and_identity_tests_are_inverted() -> None:
+    flips = _mutated_lines("compare")
+    assert ["-if i in seen:", "+if (i not in seen):"] in flips, flips
+    assert ["-if i > limit or xs is None:", "+if i > limit or (xs is not None):"] in flips, flips
+
+
+def test_delete_an_update_inside_a_loop() -> None:
+    loop = _mutated_lines("drop_loop_update")
+    assert ["-total = total + i", "+pass"] in loop and ["-total = -1", "+pass"] in loop, loop
+    assert len(loop) == 2, f"只有循环体里的赋值算 drop_loop_update（循环外的 total = 0 / start = n - 1 不算）：{loop}"
+    outside = _mutated_lines("delete")
+    assert ["-total = 0", "+pass"] in outside, outside
+
+
+def test_replace_a_positional_argument_with_a_name_of_the_same_kind() -> None:
+    repl = _mutated_lines("replace_arg")
+    assert ["-for i in range(start):", "+for i in range(total):"] in repl, repl
+    assert ["-done = h(n, limit)", "+done = h(i, limit)"] in repl, repl
+    assert ["-done = h(n, limit)", "+done = h(n, start)"] in repl, repl
+    for lines in repl:
+        new = lines[-1]
+        if new.startswith("+g("):
+            a, b, c = new[3:-1].split(", ")
+            assert {a, c} <= {"xs", "mask"} and b in {"total", "i", "start", "n", "limit"}, f"张量只能换成张量、int 只能换成 int：{lines}"
+        assert "range(i)" not in new, f"循环变量在自己的 range(...) 里还没定义：{lines}"
+    mutants = [m for m in mutate.generate_mutants(LEARNER_SLIPS, "demo", "demo.py") if m.op == "replace_arg"]
+    per_arg = Counter((m.line, m.description.split(" → ")[0]) for m in mutants)
+    assert max(per_arg.values()) == mutate.REPLACE_ARG_LIMIT, per_arg
+
+
 def test_ids_are_stable_when_code_outside_the_block_moves() -> None:
     before = {m.id for m in mutate.generate_mutants(SAMPLE, "demo", "demo.py")}
-    shifted = "import os\n\n\n" + SAMPLE.replace("head = xs[0]", "head = xs[0]  # moved\n    _ = 0")
+    shifted = "import os\n\n\n" + SAMPLE.replace("head = xs[0]", "head = xs[0]  # moved\n    print()")
     after = {m.id for m in mutate.generate_mutants(shifted, "demo", "demo.py")}
     assert before == after
 
