@@ -113,6 +113,15 @@ def record(llm: Any, after: Callable[[StepTrace], None] | None = None) -> Record
     return rec
 
 
+def expect(got: Any, want: Any, what: str) -> None:
+    """一条性质一次比较：不相等时消息里有“检查的是什么”、期望值和实际值（完整，不截断）。
+
+    en: One property, one comparison: on mismatch the message says what was checked, what was expected and what came,
+    in full.
+    """
+    assert got == want, tr("{what}\nexpected: {want!r}\ngot:      {got!r}", what=what, want=want, got=got)
+
+
 @contextmanager
 def integrity_error(what: str) -> Iterator[None]:
     """块里的完整性检查应当抛 RuntimeError；骨架的 NotImplementedError（也是 RuntimeError 的子类）不算数。"""

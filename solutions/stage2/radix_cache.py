@@ -30,6 +30,7 @@ straight into its own page table, and computes only the rest.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -39,6 +40,26 @@ import torch
 from minisgl.i18n import tr
 from minisgl.cache_manager import BaseCacheHandle, BasePrefixCache, InsertResult, NaivePrefixCache, SizeInfo
 from minisgl.cache_manager import Scheduler as _Scheduler
+
+
+def page_key(ids: torch.Tensor, page_size: int) -> Any:
+    """子节点在父节点里的索引：第一页的 token（``page_size == 1`` 时就是第一个 token）。
+
+    不足一页就报错：节点和查找都至少有一整页；空的 key 说明哪里造出了空节点，或者拿不足一页的剩余部分去查了。
+
+    en: A child's index in its parent: the tokens of its first page (the first token when ``page_size == 1``).
+
+    Raises on less than a page: nodes and lookups always hold at least one whole page; an empty key means an empty node
+    was made somewhere, or a remainder shorter than a page was looked up.
+    """
+    if len(ids) < page_size:
+        raise RuntimeError(tr(
+            "key_fn got {n} tokens, less than one page (page_size={page_size}): every radix node and every lookup "
+            "holds at least one whole page. Was an empty node created (an insert with nothing left to add, a split at "
+            "0 or at the node's length), or a remainder shorter than a page looked up?",
+            n=len(ids), page_size=page_size,
+        ))
+    return int(ids[0]) if page_size == 1 else tuple(ids[:page_size].tolist())
 
 
 def _match_len(key: torch.Tensor, input_ids: torch.Tensor) -> int:
@@ -156,10 +177,7 @@ class RadixPrefixCache(BasePrefixCache):
     def __init__(self, page_size: int = 1, device: torch.device | str = "cpu") -> None:
         self.page_size = page_size
         self.device = torch.device(device)
-        if page_size == 1:
-            self.key_fn: Callable[[torch.Tensor], Any] = lambda ids: int(ids[0])
-        else:
-            self.key_fn = lambda ids: tuple(ids[:page_size].tolist())
+        self.key_fn: Callable[[torch.Tensor], Any] = functools.partial(page_key, page_size=page_size)
         self.root = RadixTreeNode(self.key_fn)
         self.root.ref_count = 1  # 根永远受保护 | en: the root is always protected
         self.evictable_size = 0
