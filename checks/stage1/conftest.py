@@ -71,6 +71,15 @@ def assert_close_zh(actual: object, expected: object, sentence: str, **tol: obje
 
 
 
+def expect(got: object, want: object, what: str) -> None:
+    """一条性质一次比较：不相等时消息里有“检查的是什么”、期望值和实际值（完整，不截断）。
+
+    en: One property, one comparison: on mismatch the message says what was checked, what was expected and what came,
+    in full.
+    """
+    assert got == want, tr("{what}\nexpected: {want!r}\ngot:      {got!r}", what=what, want=want, got=got)
+
+
 class Hand:
     """检查里共用的小工具（HF 参考、手工驱动引擎），经 ``hand`` fixture 拿到（检查文件不能 import conftest）。"""
 

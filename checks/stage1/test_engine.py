@@ -13,7 +13,7 @@ from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, Sampler, resolve_device, resolve_dtype, top_k_top_p_filter
 
-from .conftest import assert_close_zh
+from .conftest import assert_close_zh, expect
 
 VOCAB = 50
 
@@ -109,6 +109,71 @@ def test_per_request_params_in_one_batch() -> None:
         assert got[2] == order[2, 0], tr("With a very small top_p only the top token remains")
         seen_row3.add(got[3].item())
     assert len(seen_row3) > 3, tr("The unrestricted high-temperature row should sample many different tokens")
+
+
+def test_top_p_tie_keeps_exactly_the_tokens_that_reach_p() -> None:
+    """累计概率恰好等于 top_p：刚好达到 p 的那个留下，后面的都不要（与 Hugging Face 的 TopPLogitsWarper 一样：
+    它去掉升序累计 <= 1 - p 的）。概率都是 2 的负幂，浮点运算没有误差，边界就是边界。"""
+    probs = torch.tensor([[0.125, 0.5, 0.125, 0.25]] * 3)
+    top_p = torch.tensor([0.5, 0.75, 0.875])
+    kept = (top_k_top_p_filter(probs.clone(), None, top_p) > 0).tolist()
+    want = [[False, True, False, False], [False, True, False, True], [True, True, False, True]]
+    for row in range(3):
+        expect(kept[row], want[row],
+               tr("probabilities {probs}, top_p={top_p}: the sorted cumulative sums are 0.5, 0.75, 0.875, 1; keep the tokens until the sum reaches top_p, including the one that reaches it exactly, and no more (kept mask)", probs=probs[row].tolist(), top_p=top_p[row].item()))  # fmt: skip
+
+
+def test_top_k_equal_to_the_vocabulary_is_no_limit() -> None:
+    """top_k 等于词表大小：什么都不过滤（与不设 top_k 完全一样），也不能越界。"""
+    probs = random_logits(2, seed=5).softmax(-1)
+    filtered = top_k_top_p_filter(probs.clone(), torch.tensor([VOCAB, VOCAB]), None)
+    assert_close_zh(filtered, probs, tr("top_k_top_p_filter with top_k = vocabulary size ({vocab}) must leave the probabilities unchanged", vocab=VOCAB), atol=0, rtol=0)
+    logits = random_logits(2, seed=6)
+    for seed in range(8):
+        with_k = sample([SamplingParams(temperature=1.3, top_k=VOCAB), SamplingParams(temperature=1.3, top_k=2)], logits, seed)
+        without = sample([SamplingParams(temperature=1.3), SamplingParams(temperature=1.3, top_k=2)], logits, seed)
+        expect(with_k[0].item(), without[0].item(), tr("Engine seed {seed}: a row with top_k = vocabulary size ({vocab}) must sample exactly like a row without top_k (same seed, same batch shape)", seed=seed, vocab=VOCAB))
+
+
+def _hf_warped_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Hugging Face 的 logits 处理器（generate 的顺序：温度，然后 top-k，然后 top-p）给出的分布。"""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = [TemperatureLogitsWarper(temperature)]
+    if top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    scores = logits.clone()[None]
+    dummy_ids = torch.zeros(1, 1, dtype=torch.long)
+    for warper in warpers:
+        scores = warper(dummy_ids, scores)
+    return scores.softmax(-1)[0]
+
+
+HF_CASES = [(2.5, -1, 0.6), (0.5, -1, 0.9), (2.0, 5, 0.8), (0.6, 8, 1.0), (3.0, 12, 0.5)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", HF_CASES)
+def test_temperature_with_top_k_top_p_matches_hf(temperature: float, top_k: int, top_p: float) -> None:
+    """温度 ≠ 1 与 top-k / top-p 一起用：Hugging Face 先除以温度，再在这个分布上做 top-k、top-p。
+    比较：过滤后的分布（top_k_top_p_filter 归一化后），以及 4000 次采样——只出现 HF 留下的 token，频率接近 HF 的概率。"""
+    logits = random_logits(1, seed=7)[0]
+    hf = _hf_warped_probs(logits, temperature, top_k, top_p)
+    hf_kept = sorted(torch.nonzero(hf > 0).flatten().tolist())
+    what = tr("temperature={temperature}, top_k={top_k}, top_p={top_p}", temperature=temperature, top_k=top_k, top_p=top_p)
+    ours = top_k_top_p_filter(
+        (logits / temperature).softmax(-1)[None], torch.tensor([top_k if top_k > 0 else VOCAB]), torch.tensor([top_p])
+    )[0]  # fmt: skip
+    expect(sorted(torch.nonzero(ours > 0).flatten().tolist()), hf_kept,
+           tr("{what}: tokens kept by top_k_top_p_filter on softmax(logits / temperature), compared with Hugging Face's TemperatureLogitsWarper -> TopKLogitsWarper -> TopPLogitsWarper", what=what))  # fmt: skip
+    n = 4000
+    got = sample([SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)] * n, logits.expand(n, -1).contiguous(), seed=1)
+    outside = sorted(set(got.tolist()) - set(hf_kept))
+    expect(outside, [],
+           tr("{what}: Sampler.sample drew tokens that Hugging Face filters out. Hugging Face divides by the temperature first and applies top-k/top-p to that distribution", what=what))  # fmt: skip
+    freq = torch.bincount(got, minlength=VOCAB).float() / n
+    assert_close_zh(freq, hf, tr("{what}: sampling frequencies vs Hugging Face's probabilities (temperature first, then top-k, then top-p)", what=what), atol=0.04, rtol=0)
 
 
 # ----------------------------------------------------------------------------- 引擎
