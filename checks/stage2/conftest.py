@@ -164,6 +164,85 @@ def make_llm() -> Any:
         llm.shutdown()
 
 
+# ----------------------------------------------------------------------------- 在后面的章节下跑本章的代码
+
+#: 后面章节的参考解答调用本章代码时用的提示词（token id）：长短不一（3 到 24 个），两对共享前缀（第二轮时 radix 命中），
+#: 最长的在块大小 5 下要切 5 块。
+LATER_PROMPTS = [
+    [1000 + i for i in range(17)] + [5, 6, 7],
+    [1000 + i for i in range(9)] + [42, 43],
+    [7, 8, 9],
+    [1000 + i for i in range(17)] + [5, 6, 7, 8, 9, 10, 11],
+    [2000 + 3 * i for i in range(13)],
+]
+LATER_TOKENS = 6
+LATER_CHUNK = 5
+
+
+@contextmanager
+def non_outputs_written_to_scratch(llm: Any) -> Iterator[None]:
+    """包住这个调度器实例的 ``_prepare_batch``：每一步都查它的 ``write_mapping``——不输出 token 的请求（中途的分块）
+    的采样必须写到 scratch_row。写到自己那一行会盖掉下一块的提示词（开着重叠调度时，取决于时机）。"""
+    prepare = llm._prepare_batch
+
+    def checked(batch: Any) -> Any:
+        fi = prepare(batch)
+        rows = fi.write_mapping[0].cpu().tolist()
+        for req, row in zip(batch.reqs, rows):
+            if not llm._samples_output(req) and row != llm.scratch_row:
+                raise AssertionError(tr(
+                    "Request {uid} computes an unfinished chunk ({cached_len} to {device_len} of a {total}-token prompt): "
+                    "the token sampled for it is not an output, so its write_mapping row must be scratch_row "
+                    "({scratch_row}), got row {row}. Written into its own row it would overwrite the next prompt "
+                    "token (with overlap scheduling the next chunk is already in the token pool by then)",
+                    uid=req.uid, cached_len=req.cached_len, device_len=req.device_len,
+                    total=llm.status[req.uid].prompt_len, scratch_row=llm.scratch_row, row=row,
+                ))
+        return fi
+
+    llm._prepare_batch = checked
+    try:
+        yield
+    finally:
+        del llm._prepare_batch
+
+
+def run_under_later_chapters(llm: Any, tiny_path: str, *, chunk: int | None, overlap: bool, what: str) -> None:
+    """用后面章节的参考解答（它们从本章的类派生、调用本章的代码）跑 LATER_PROMPTS 两轮：每个请求的贪心输出与
+    Hugging Face 一致；每一步里不输出的分块都写到 scratch_row；每轮之后页面、锁、请求槽全部归还（``assert_idle``）。"""
+    from minisgl.core import SamplingParams  # 这里才导入：本检查文件选定的那一套实现
+    from minisgl.env import ENV
+
+    reference = greedy_reference(tiny_path, LATER_PROMPTS, LATER_TOKENS)
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+    llm.prefill_budget = chunk or llm.config.max_extend_tokens
+    rec = record(llm)
+    checking = non_outputs_written_to_scratch(llm)
+    checking.__enter__()  # 与 finally 里的 __exit__ 成对（避免再缩进一层）
+    try:
+        for round_ in (1, 2):  # 第二轮：共享前缀都在缓存里
+            rec.reset()
+            sp = SamplingParams(max_tokens=LATER_TOKENS, ignore_eos=True)
+            out = [o["token_ids"] for o in llm.generate(LATER_PROMPTS, sp)]
+            for i, (ours, ref) in enumerate(zip(out, reference)):
+                assert ours == ref, tr(
+                    "{what}, round {round}: request {i} (prompt of {n} tokens) differs from Hugging Face\nours: {ours}\nHF:   {ref}",
+                    what=what, round=round_, i=i, n=len(LATER_PROMPTS[i]), ours=ours, ref=ref,
+                )  # fmt: skip
+            assert_idle(llm)
+            if chunk and round_ == 1:
+                steps = rec.prefill_steps()
+                assert max(steps) <= chunk < max(len(p) for p in LATER_PROMPTS), tr(
+                    "{what}: each prefill step is at most the chunk size {chunk}, got {steps}", what=what, chunk=chunk, steps=steps
+                )  # fmt: skip
+    finally:
+        checking.__exit__(None, None, None)
+        rec.close()
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
+        llm.prefill_budget = llm.config.max_extend_tokens
+
+
 def first_fresh_index(tokens: list[int], start: int = 1) -> int:
     """第一个在前面没出现过的位置（>= start）：把它当成 EOS，请求就恰好在那里停下。"""
     for i in range(start, len(tokens)):

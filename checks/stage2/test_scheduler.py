@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record
+from .conftest import LATER_CHUNK, SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record, run_under_later_chapters
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.core import Req
-from minisgl.scheduler import LLM, PrefillAdder, PrefillManager
+from minisgl.overlap import LLM as FinalLLM
+from minisgl.scheduler import LLM, PrefillAdder, PrefillManager, Scheduler
 from minisgl.scheduling import PendingReq, TableManager
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -368,3 +369,25 @@ def test_step_when_idle_returns_false(tiny) -> None:  # noqa: ANN001
     tiny.run_until_idle()
     assert len(tiny.status.pop(uid).output_ids) == 1
     assert_idle(tiny)
+
+
+# ----------------------------------------------------------------------------- 在第 2.4、2.5 章下跑本章的代码（issue 24）
+
+
+@pytest.fixture(scope="module")
+def final_llm(tiny_path: str):  # noqa: ANN201
+    """第 2.5 章的参考解答：它一路从本章的 Scheduler 派生（2.2 → 2.3 → 2.4 → 2.5），本章的准入、队列、
+    prepare_batch、结果处理都是学员写的那份。"""
+    llm = FinalLLM(tiny_path, **TINY_KW)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["chunked", "chunked+overlap"])
+def test_later_chapters_run_this_scheduler_and_match_hf(final_llm, tiny_path: str, overlap: bool) -> None:  # noqa: ANN001
+    """分块预填充（第 2.4 章）和重叠调度（第 2.5 章）会走到本章里单独跑时用不到的路径：没算完提示词的请求留在队首、
+    中途分块的采样写到 scratch_row。这里用它们的参考解答跑本章的代码，与 Hugging Face 逐 token 比较。"""
+    assert isinstance(final_llm, Scheduler), tr("Test setup: the final LLM must derive from this chapter's Scheduler")
+    mode = tr("overlap scheduling on") if overlap else tr("overlap scheduling off")
+    what = tr("Your scheduler under chapters 2.4 and 2.5 (chunk size {chunk}, {mode})", chunk=LATER_CHUNK, mode=mode)
+    run_under_later_chapters(final_llm, tiny_path, chunk=LATER_CHUNK, overlap=overlap, what=what)
