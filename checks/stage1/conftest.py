@@ -131,3 +131,58 @@ class Hand:
 @pytest.fixture(scope="session")
 def hand() -> type[Hand]:
     return Hand
+
+
+# ----------------------------------------------------------------------------- 在后面的章节下跑本章的代码
+
+#: tiny 模型上、后面章节的参考解答调用本章代码时用的提示词（token id，长短不一）。
+LATER_PROMPTS = [[151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30], [9707, 11, 1879], [785, 3974, 13876, 38835, 34208, 916], [42]]
+LATER_TOKENS = 8
+
+
+def engine_matches_hf(classes: dict, tiny_path: str, what: str, *, page_size: int = 1, backend: str = "auto") -> None:
+    """第 1.6 章的引擎（参考解答）用本章的代码，整批贪心生成 LATER_TOKENS 个 token，逐个请求与 Hugging Face 比较。
+
+    ``classes``：检查文件传进来的 ``Engine``、``EngineConfig``、``Req``、``Batch``、``SamplingParams``（这里不导入章节）。
+    请求放在页表的第 3、0、2、1 行（不是 0、1、2、3），页号打乱。
+    """
+    Engine, EngineConfig, Req, Batch, SamplingParams = (classes[k] for k in ("Engine", "EngineConfig", "Req", "Batch", "SamplingParams"))
+    reference = greedy_reference(tiny_path, LATER_PROMPTS, LATER_TOKENS)
+    engine = Engine(EngineConfig(tiny_path, dtype=torch.float32, max_running_req=len(LATER_PROMPTS), num_page_override=512 // page_size,
+                                 max_seq_len_override=64, page_size=page_size, attention_backend=backend))  # fmt: skip
+    try:
+        rows = [3, 0, 2, 1]
+        reqs = []
+        for uid, (row, prompt) in enumerate(zip(rows, LATER_PROMPTS)):
+            Hand.assign_pages(engine, row)
+            reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), row, 0, LATER_TOKENS, uid, SamplingParams()))
+        out = Hand.run_to_completion(engine, Batch, reqs)
+    finally:
+        engine.shutdown()
+    for i, (ours, ref) in enumerate(zip(out, reference)):
+        assert ours == ref, tr(
+            "{what}: request {i} (prompt of {n} tokens, page-table row {row}) differs from Hugging Face\nours: {ours}\nHF:   {ref}",
+            what=what, i=i, n=len(LATER_PROMPTS[i]), row=rows[i], ours=ours, ref=ref,
+        )  # fmt: skip
+
+
+def final_llm_matches_hf(llm_cls: type, sampling_params_cls: type, tiny_path: str, what: str) -> None:
+    """第 2.5 章的 LLM（参考解答，分块 5、开着重叠调度）用本章的代码生成，逐个请求与 Hugging Face 比较；
+    ``generate`` 结束时它自己查完整性（页面、请求槽全部归还）。"""
+    from minisgl.env import ENV
+
+    reference = greedy_reference(tiny_path, LATER_PROMPTS, LATER_TOKENS)
+    saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = False
+    llm = llm_cls(tiny_path, dtype=torch.float32, max_running_req=4, num_page_override=512, max_seq_len_override=64, max_extend_tokens=5)
+    try:
+        sp = sampling_params_cls(max_tokens=LATER_TOKENS, ignore_eos=True)
+        out = [o["token_ids"] for o in llm.generate(LATER_PROMPTS, sp)]
+    finally:
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
+        llm.shutdown()
+    for i, (ours, ref) in enumerate(zip(out, reference)):
+        assert ours == ref, tr(
+            "{what}: request {i} (prompt of {n} tokens) differs from Hugging Face\nours: {ours}\nHF:   {ref}",
+            what=what, i=i, n=len(LATER_PROMPTS[i]), ours=ours, ref=ref,
+        )  # fmt: skip

@@ -20,7 +20,9 @@ from minisgl.attention import (
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kvcache import MHAKVCache, create_page_table
 
-from .conftest import assert_close_zh
+from minisgl.engine import Engine, EngineConfig
+
+from .conftest import assert_close_zh, engine_matches_hf
 
 HQ, HKV, D = 4, 2, 16
 
@@ -192,3 +194,13 @@ def test_varlen_metadata_dtypes() -> None:
     assert isinstance(md.cu_seqlens_q_cpu, list) and all(isinstance(x, int) for x in md.cu_seqlens_q_cpu), (
         tr("cu_seqlens_q_cpu must be a Python list of int, got {cu_seqlens_q_cpu!r}", cu_seqlens_q_cpu=md.cu_seqlens_q_cpu)
     )
+
+
+# ----------------------------------------------------------------------------- 在后面章节下跑本章的代码（issue 24）
+
+
+@pytest.mark.parametrize("backend", ["torch", "sdpa"])
+def test_later_chapters_run_this_attention_and_match_hf(tiny_path: str, backend: str) -> None:
+    """引擎（第 1.6 章）用本章的注意力后端（page_size=4，请求不在自己编号的那一行）：贪心输出与 Hugging Face 一致。"""
+    classes = dict(Engine=Engine, EngineConfig=EngineConfig, Req=Req, Batch=Batch, SamplingParams=SamplingParams)
+    engine_matches_hf(classes, tiny_path, tr("The engine (chapter 1.6) with your {backend} attention backend", backend=backend), page_size=4, backend=backend)

@@ -7,6 +7,10 @@ import torch
 
 from minisgl.i18n import tr
 from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, set_global_ctx
+from minisgl.engine import Engine, EngineConfig
+from minisgl.overlap import LLM as FinalLLM
+
+from .conftest import engine_matches_hf, final_llm_matches_hf
 
 
 def make_req(prompt_len: int = 5, output_len: int = 3, cached_len: int = 0, table_idx: int = 0) -> Req:
@@ -150,3 +154,14 @@ def test_sampling_params_boundaries_are_valid(kw: dict) -> None:
         params.validate()
     except ValueError as e:
         pytest.fail(tr("{kw} is a valid boundary value, but validate() rejected it: {e}", kw=kw, e=e))
+
+
+# ----------------------------------------------------------------------------- 在后面章节下跑本章的代码（issue 24）
+
+
+def test_later_chapters_run_this_core_and_match_hf(tiny_path: str) -> None:
+    """引擎（第 1.6 章）和最终的调度器（第 2.5 章，分块加重叠调度）都用本章的 Req / Batch / Context：
+    extend_len、complete_one、append_host 错一点，单独测不出来的，在这里会变成与 Hugging Face 不同的 token。"""
+    classes = dict(Engine=Engine, EngineConfig=EngineConfig, Req=Req, Batch=Batch, SamplingParams=SamplingParams)
+    engine_matches_hf(classes, tiny_path, tr("The engine (chapter 1.6) with your core"), page_size=4)
+    final_llm_matches_hf(FinalLLM, SamplingParams, tiny_path, tr("The final scheduler (chapter 2.5, chunk size 5, overlap scheduling on) with your core"))

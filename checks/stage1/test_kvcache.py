@@ -10,7 +10,7 @@ from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.kvcache import MHAKVCache, create_page_table, pages_to_slots
 
-from .conftest import assert_close_zh
+from .conftest import assert_close_zh, engine_matches_hf
 
 
 def make_cache(page_size: int = 4, num_pages: int = 6) -> MHAKVCache:
@@ -95,3 +95,12 @@ def test_engine_writes_kv_only_at_out_loc(tiny_path: str, hand, page_size: int) 
                     tr("{phase}: the changed slots of the {value} pool in layer {layer} must be exactly out_loc", phase=phase, layer=layer, value='KV'[kv])
                 )
     engine.shutdown()
+
+
+# ----------------------------------------------------------------------------- 在后面章节下跑本章的代码（issue 24）
+
+
+def test_later_chapters_run_this_kvcache_and_match_hf(tiny_path: str) -> None:
+    """引擎（第 1.6 章）用本章的 KV 池和页表（page_size=4，请求不在自己编号的那一行）：贪心输出与 Hugging Face 一致。"""
+    classes = dict(Engine=Engine, EngineConfig=EngineConfig, Req=Req, Batch=Batch, SamplingParams=SamplingParams)
+    engine_matches_hf(classes, tiny_path, tr("The engine (chapter 1.6) with your KV cache"), page_size=4)

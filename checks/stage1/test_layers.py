@@ -26,7 +26,10 @@ from minisgl.layers import (
     silu_and_mul,
 )
 
-from .conftest import assert_close_zh
+from minisgl.core import Req, SamplingParams
+from minisgl.engine import Engine, EngineConfig
+
+from .conftest import assert_close_zh, engine_matches_hf
 
 CPU = torch.device("cpu")
 
@@ -220,3 +223,12 @@ def test_merged_linear_shape_error_names_expected_and_given() -> None:
     with pytest.raises(ValueError, match=r"\(4, 6\).*\(5, 6\)"):
         op.load_weight("weight", torch.randn(5, 6), shard=1)
         pytest.fail(tr("k_proj has 4 rows: loading a tensor with 5 rows must report a shape error"))
+
+
+# ----------------------------------------------------------------------------- 在后面章节下跑本章的代码（issue 24）
+
+
+def test_later_chapters_run_these_layers_and_match_hf(tiny_path: str) -> None:
+    """引擎（第 1.6 章，经第 1.3 章的模型）用本章的层：整批贪心生成，与 Hugging Face 逐 token 比较。"""
+    classes = dict(Engine=Engine, EngineConfig=EngineConfig, Req=Req, Batch=Batch, SamplingParams=SamplingParams)
+    engine_matches_hf(classes, tiny_path, tr("The engine (chapter 1.6) with your layers"))
