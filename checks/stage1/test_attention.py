@@ -22,7 +22,7 @@ from minisgl.kvcache import MHAKVCache, create_page_table
 
 from minisgl.engine import Engine, EngineConfig
 
-from .conftest import assert_close_zh, engine_matches_hf
+from .conftest import assert_close_zh, engine_matches_hf, expect
 
 HQ, HKV, D = 4, 2, 16
 
@@ -41,9 +41,9 @@ def test_gather_kv_follows_page_table() -> None:
     table = create_page_table(3, 10, "cpu")
     table[2, :5] = torch.tensor([9, 4, 5, 14, 0], dtype=torch.int32)
     k, v = gather_kv(cache, 1, table, 2, 5)
-    assert k.shape == (5, HKV, D)
+    expect(tuple(k.shape), (5, HKV, D), tr("gather_kv of 5 positions: shape of K [positions, kv heads, head_dim]"))
     assert k[:, 0, 0].tolist() == [9, 4, 5, 14, 0], tr("K must be gathered in the order of the slots in this page-table row")
-    assert v[:, 0, 0].tolist() == [-9, -4, -5, -14, 0]
+    expect(v[:, 0, 0].tolist(), [-9, -4, -5, -14, 0], tr("V must be gathered from the same slots as K, from the V pool"))
 
 
 def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -129,8 +129,10 @@ def test_backend_matches_dense_reference(backend_cls: type, page_size: int, case
 def test_varlen_metadata() -> None:
     _, _, batch, *_ = make_case(1, CASES["prefix"])
     md = make_varlen_metadata(batch, torch.device("cpu"))
-    assert md.cu_seqlens_q.tolist() == md.cu_seqlens_q_cpu == [0, 4, 8, 9, 16]
-    assert md.cached_lens == [3, 0, 8, 5] and md.seq_lens == [7, 4, 9, 12]
+    expect(md.cu_seqlens_q.tolist(), [0, 4, 8, 9, 16], tr("cu_seqlens_q for extend lengths 4, 4, 1, 7 (prefix sums starting at 0)"))
+    expect(md.cu_seqlens_q_cpu, [0, 4, 8, 9, 16], tr("cu_seqlens_q_cpu: the same prefix sums as a Python list"))
+    expect(md.cached_lens, [3, 0, 8, 5], tr("cached_lens: each request's cached_len"))
+    expect(md.seq_lens, [7, 4, 9, 12], tr("seq_lens: each request's device_len"))
     assert md.table_idx == [r.table_idx for r in batch.reqs], tr("table_idx must copy req.table_idx request by request, got {table_idx}", table_idx=md.table_idx)
 
 

@@ -10,7 +10,7 @@ from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, se
 from minisgl.engine import Engine, EngineConfig
 from minisgl.overlap import LLM as FinalLLM
 
-from .conftest import engine_matches_hf, final_llm_matches_hf
+from .conftest import engine_matches_hf, expect, final_llm_matches_hf
 
 
 def make_req(prompt_len: int = 5, output_len: int = 3, cached_len: int = 0, table_idx: int = 0) -> Req:
@@ -21,8 +21,9 @@ def make_req(prompt_len: int = 5, output_len: int = 3, cached_len: int = 0, tabl
 def test_sampling_params_validate() -> None:
     for ok in [SamplingParams(), SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_tokens=1)]:
         ok.validate()
-    assert SamplingParams().is_greedy and SamplingParams(temperature=1.0, top_k=1).is_greedy
-    assert not SamplingParams(temperature=0.5).is_greedy
+    expect(SamplingParams().is_greedy, True, tr("SamplingParams() (temperature 0) is greedy"))
+    expect(SamplingParams(temperature=1.0, top_k=1).is_greedy, True, tr("top_k=1 is greedy whatever the temperature"))
+    expect(SamplingParams(temperature=0.5).is_greedy, False, tr("temperature=0.5 without top_k=1 is not greedy"))
     bad = [
         SamplingParams(temperature=-0.1),
         SamplingParams(top_k=0),
@@ -41,11 +42,13 @@ def test_req_lengths() -> None:
     req = make_req(prompt_len=5, output_len=3)
     assert (req.cached_len, req.device_len, req.max_device_len) == (0, 5, 8), tr("New request: device_len = prompt length, max_device_len = prompt length + output_len")
     assert req.extend_len == 5, tr("Prefill must compute the whole prompt")
-    assert req.remain_len == 3 and req.can_decode
+    expect(req.remain_len, 3, tr("New request with output_len=3: remain_len"))
+    expect(req.can_decode, True, tr("New request with output_len=3: can_decode"))
     prefixed = make_req(prompt_len=6, output_len=2, cached_len=4)
     assert prefixed.extend_len == 2, tr("With 4 tokens cached, only the remaining 2 need to be computed")
     batch = Batch([req, prefixed], "prefill")
-    assert batch.is_prefill and not batch.is_decode and batch.size == 2
+    expect((batch.is_prefill, batch.is_decode), (True, False), tr("Batch(..., 'prefill'): (is_prefill, is_decode)"))
+    expect(batch.size, 2, tr("Batch of 2 requests: size"))
 
 
 @pytest.mark.parametrize(
@@ -75,28 +78,29 @@ def test_complete_one_produces_exactly_output_len_tokens() -> None:
         forwards += 1
         req.append_host(torch.tensor([900 + forwards], dtype=torch.int32))
         assert req.cached_len == req.device_len - 1, tr("After a forward pass, everything except the token just sampled is in the cache")
-        assert 0 <= req.cached_len < req.device_len <= req.max_device_len
+        lens = (req.cached_len, req.device_len, req.max_device_len)
+        assert 0 <= lens[0] < lens[1] <= lens[2], tr("After complete_one + append_host, 0 <= cached_len < device_len <= max_device_len must hold, got {lens}", lens=lens)
         assert len(req.input_ids) == req.device_len, tr("input_ids on the host must be as long as device_len")
         if not req.can_decode:
             break
     assert forwards == output_len, tr("Must generate exactly {output_len} tokens, got {forwards}", output_len=output_len, forwards=forwards)
     assert extend_lens == [prompt_len] + [1] * (output_len - 1), tr("The first step computes the whole prompt, then 1 token per step")
-    assert req.remain_len == 0
+    expect(req.remain_len, 0, tr("After output_len forward passes: remain_len"))
 
 
 def test_append_host() -> None:
     req = make_req(prompt_len=3)
     req.complete_one()
     req.append_host(torch.tensor([42], dtype=torch.int32))
-    assert req.input_ids.tolist() == [100, 101, 102, 42]
-    assert req.input_ids.dtype == torch.int32 and req.input_ids.dim() == 1 and req.input_ids.is_cpu
+    expect(req.input_ids.tolist(), [100, 101, 102, 42], tr("input_ids after append_host(42) on the prompt [100, 101, 102]"))
+    expect((req.input_ids.dtype, req.input_ids.dim(), req.input_ids.is_cpu), (torch.int32, 1, True), tr("input_ids after append_host: (dtype, dim, on the CPU)"))
 
 
 def test_context_forward_batch() -> None:
     ctx = Context(page_size=4)
     batch = Batch([make_req()], "prefill")
     with ctx.forward_batch(batch):
-        assert ctx.batch is batch
+        expect(ctx.batch is batch, True, tr("Inside ctx.forward_batch(batch), ctx.batch is that batch"))
         with pytest.raises(RuntimeError):
             with ctx.forward_batch(batch):
                 pass
@@ -109,7 +113,7 @@ def test_context_forward_batch() -> None:
     with ctx.forward_batch(batch):  # 出错之后批次也要清掉，能再次进入
         pass
     set_global_ctx(ctx)
-    assert get_global_ctx() is ctx
+    expect(get_global_ctx() is ctx, True, tr("get_global_ctx() returns the context given to set_global_ctx"))
     set_global_ctx(None)
 
 
@@ -133,7 +137,7 @@ def test_append_host_normalizes_token(token: torch.Tensor) -> None:
     assert ids.dtype == torch.int32 and ids.dim() == 1, (
         tr("After append_host({dtype}, shape {value}), input_ids must be 1-D int32, got {dtype2}, shape {value2}", dtype=token.dtype, value=tuple(token.shape), dtype2=ids.dtype, value2=tuple(ids.shape))
     )
-    assert ids.tolist() == [100, 101, 102, 42]
+    expect(ids.tolist(), [100, 101, 102, 42], tr("input_ids after append_host(42) on the prompt [100, 101, 102]"))
 
 
 def test_forward_batch_cleared_after_error() -> None:

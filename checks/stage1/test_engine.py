@@ -186,8 +186,11 @@ def tiny_engine(path: str, **kw) -> Engine:  # noqa: ANN003
 
 def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
     engine = tiny_engine(tiny_path)
-    assert engine.device == resolve_device("auto") and engine.dtype == resolve_dtype(None, engine.device)
-    assert engine.page_table.shape == engine.token_pool.shape == (5, 64) and engine.num_pages == 320
+    expect(engine.device, resolve_device("auto"), tr("Engine with the default device: engine.device"))
+    expect(engine.dtype, resolve_dtype(None, engine.device), tr("Engine with the default dtype: engine.dtype"))
+    expect(tuple(engine.page_table.shape), (5, 64), tr("page_table shape for max_running_req=4 (+1 scratch row) and max_seq_len=64"))
+    expect(tuple(engine.token_pool.shape), (5, 64), tr("token_pool shape for max_running_req=4 (+1 scratch row) and max_seq_len=64"))
+    expect(engine.num_pages, 320, tr("num_pages with num_page_override=320"))
     reqs = []
     for row, prompt in [(1, [5, 6, 7]), (3, [8, 9])]:
         hand.assign_pages(engine, row)
@@ -200,10 +203,10 @@ def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
         tr("forward_batch only computes and does no bookkeeping: advancing the requests (complete_one) is the caller's job when it launches the batch")
     )
     assert torch.equal(engine.token_pool, pool), tr("forward_batch does not write the token pool: the caller decides where new tokens go")
-    assert out.next_tokens_gpu.dtype == torch.int32 and out.next_tokens_gpu.shape == (2,)
+    expect((out.next_tokens_gpu.dtype, tuple(out.next_tokens_gpu.shape)), (torch.int32, (2,)), tr("next_tokens_gpu of a batch of 2: (dtype, shape)"))
     out.copy_done_event.synchronize()
     host = out.next_tokens_cpu.clone()
-    assert out.next_tokens_cpu.device.type == "cpu"
+    expect(out.next_tokens_cpu.device.type, "cpu", tr("next_tokens_cpu lives on the host"))
     assert out.next_tokens_gpu.device == engine.device, tr("next_tokens_gpu is the result on the device (swapping the two only shows when running on a GPU)")
     assert out.next_tokens_cpu.data_ptr() != out.next_tokens_gpu.data_ptr(), tr("The host copy must not share memory with the result on the device")
     out.next_tokens_gpu.fill_(-1)
@@ -222,7 +225,7 @@ def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
 
 def test_num_pages(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = tiny_engine(tiny_path)
-    assert engine.num_pages == 320 and engine.max_seq_len == 64
+    expect((engine.num_pages, engine.max_seq_len), (320, 64), tr("(num_pages, max_seq_len) with num_page_override=320, max_seq_len_override=64"))
     per_page = engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32)
     free = iter([10**9, 10**9 - 10**8] * 2)  # 加载前 1 GB 空闲，模型占了 100 MB
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
@@ -237,15 +240,15 @@ def test_num_pages(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.fail(tr("Must raise RuntimeError when memory cannot hold the KV cache"))
 
 
-@pytest.mark.parametrize("free_before,expect", [(204_800_000, 100_000), (204_799_998, 99_999)])
-def test_num_pages_when_free_memory_grows_during_loading(tiny_path: str, monkeypatch: pytest.MonkeyPatch, free_before: int, expect: int) -> None:
+@pytest.mark.parametrize("free_before,expected", [(204_800_000, 100_000), (204_799_998, 99_999)])
+def test_num_pages_when_free_memory_grows_during_loading(tiny_path: str, monkeypatch: pytest.MonkeyPatch, free_before: int, expected: int) -> None:
     """加载模型期间空闲内存反而变多了（别的进程放了内存）：模型占用按 0 算，不是负数，也不是 1。
     每页 1024 字节；两个 free_before 让“多减 1”“少减 1”都恰好差一页。"""
     free = iter([free_before, 250_000_000])
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
     engine = Engine(EngineConfig(tiny_path, dtype=torch.float32, memory_ratio=0.5, max_seq_len_override=64, device="cpu"))
-    assert engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32) == 1024
-    assert engine.num_pages == expect, tr("The number of pages must be int({free_before} × 0.5) ÷ 1024 = {expect} (model usage is max(difference, 0)), got {num_pages}", free_before=free_before, expect=expect, num_pages=engine.num_pages)
+    expect(engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32), 1024, tr("bytes_per_page(2 kv heads, 2 layers, head_dim 32, page_size 1, fp32) = 2 (K and V) x 2 x 2 x 32 x 4 bytes"))
+    assert engine.num_pages == expected, tr("The number of pages must be int({free_before} × 0.5) ÷ 1024 = {expect} (model usage is max(difference, 0)), got {num_pages}", free_before=free_before, expect=expected, num_pages=engine.num_pages)
     engine.shutdown()
 
 

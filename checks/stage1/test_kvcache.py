@@ -10,7 +10,7 @@ from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.kvcache import MHAKVCache, create_page_table, pages_to_slots
 
-from .conftest import assert_close_zh, engine_matches_hf
+from .conftest import assert_close_zh, engine_matches_hf, expect
 
 
 def make_cache(page_size: int = 4, num_pages: int = 6) -> MHAKVCache:
@@ -52,8 +52,8 @@ def test_store_kv_writes_exactly_out_loc(page_size: int) -> None:
 
 
 def test_pages_to_slots() -> None:
-    assert pages_to_slots(torch.tensor([3, 1], dtype=torch.int32), 2).tolist() == [6, 7, 2, 3]
-    assert pages_to_slots(torch.tensor([5, 0, 2]), 1).tolist() == [5, 0, 2]
+    expect(pages_to_slots(torch.tensor([3, 1], dtype=torch.int32), 2).tolist(), [6, 7, 2, 3], tr("pages_to_slots(pages [3, 1], page_size 2): every slot of each page, in page order"))
+    expect(pages_to_slots(torch.tensor([5, 0, 2]), 1).tolist(), [5, 0, 2], tr("pages_to_slots(pages [5, 0, 2], page_size 1): the pages themselves"))
     slots = pages_to_slots(torch.tensor([2, 0], dtype=torch.int32), 4)
     assert slots.tolist() == [8, 9, 10, 11, 0, 1, 2, 3], tr("pages=[2, 0], page_size=4 must give [8..11, 0..3], got {value}", value=slots.tolist())
     assert slots.dtype == torch.int32, tr("The dtype of the page ids (int32) must be kept, got {dtype}", dtype=slots.dtype)
@@ -65,7 +65,7 @@ def test_bytes_per_page() -> None:
         total = cache._kv_buffer.numel() * cache._kv_buffer.element_size()
         got = MHAKVCache.bytes_per_page(2, 3, 8, 4, dtype)
         assert got * 5 == total, tr("{dtype}: bytes per page × pages must equal the size of the whole KV pool {total}, got {got} × 5 = {value}", dtype=dtype, total=total, got=got, value=got * 5)
-    assert MHAKVCache.bytes_per_page(8, 28, 128, 1, torch.float32) == 2 * 28 * 8 * 128 * 4
+    expect(MHAKVCache.bytes_per_page(8, 28, 128, 1, torch.float32), 2 * 28 * 8 * 128 * 4, tr("bytes_per_page(8 kv heads, 28 layers, head_dim 128, page_size 1, fp32) = 2 (K and V) x 28 x 8 x 128 x 4 bytes"))
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -74,7 +74,7 @@ def test_engine_writes_kv_only_at_out_loc(tiny_path: str, hand, page_size: int) 
     engine = Engine(EngineConfig(tiny_path, max_running_req=2, num_page_override=256 // page_size,
                                  max_seq_len_override=64, page_size=page_size, attention_backend="torch"))  # fmt: skip
     page_table = create_page_table(2, 64, "cpu")
-    assert page_table.shape == engine.page_table.shape and page_table.dtype == torch.int32
+    expect((tuple(page_table.shape), page_table.dtype), (tuple(engine.page_table.shape), torch.int32), tr("create_page_table(2, 64): (shape, dtype), as the engine's page table"))
     reqs = []
     for uid, (row, prompt) in enumerate(zip([1, 0], [[1, 2, 3, 4, 5], [9, 8, 7]])):  # 第 i 个请求不在第 i 行
         hand.assign_pages(engine, row)

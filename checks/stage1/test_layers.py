@@ -29,7 +29,7 @@ from minisgl.layers import (
 from minisgl.core import Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 
-from .conftest import assert_close_zh, engine_matches_hf
+from .conftest import assert_close_zh, engine_matches_hf, expect
 
 CPU = torch.device("cpu")
 
@@ -82,7 +82,7 @@ def make_qkv(bias: bool = False) -> tuple[Linear, list[torch.Tensor], list[torch
     bs = [torch.randn(n) for n in sizes]
     op = Linear(6, sizes, bias=bias, shard_names=["q_proj", "k_proj", "v_proj"], dtype=torch.float32, device=CPU)
     slots = op.own_slots("layers.0.self_attn.qkv_proj")
-    assert set(slots) == {f"layers.0.self_attn.{n}_proj.{a}" for n in "qkv" for a in (["weight", "bias"] if bias else ["weight"])}
+    expect(set(slots), {f"layers.0.self_attn.{n}_proj.{a}" for n in "qkv" for a in (["weight", "bias"] if bias else ["weight"])}, tr("The checkpoint names a merged qkv_proj loads (one per shard)"))
     for name, slot in slots.items():
         shard = "qkv".index(name.split(".")[-2][0])
         slot.op.load_weight(slot.attr, (ws if slot.attr == "weight" else bs)[shard], slot.shard)
@@ -146,7 +146,7 @@ def test_lm_head_last_tokens_only(tied: bool) -> None:
     head = LMHead(50, 8, tie_to=emb if tied else None, dtype=torch.float32, device=CPU)
     if not tied:
         head.load_weight("weight", torch.randn(50, 8))
-        assert set(head.own_slots("lm_head")) == {"lm_head.weight"}
+        expect(set(head.own_slots("lm_head")), {"lm_head.weight"}, tr("The weight names the lm_head loads"))
     else:
         assert head.own_slots("lm_head") == {}, tr("With tied weights the checkpoint has no lm_head.weight")
     weight = head.weight.clone()
@@ -191,7 +191,7 @@ def test_attention_layer_forward(qk_norm: bool) -> None:
         q, k = norms[0].forward(q), norms[1].forward(k)
     q, k = rotary.forward(positions, q, k)
     got_q, got_k, got_v, layer_id = backend.seen
-    assert layer_id == 3
+    expect(layer_id, 3, tr("The attention layer must pass its own layer_id (3) to the backend"))
     assert_close_zh(got_q, q, tr("The q handed to the backend must be [T, Hq, D] after the split, (q_norm,) and RoPE"))
     assert_close_zh(got_k, k, tr("The k handed to the backend must be [T, Hkv, D] after the split, (k_norm,) and RoPE"))
     assert_close_zh(got_v, v, tr("v gets neither normalization nor RoPE"))

@@ -15,6 +15,8 @@ sys.path.insert(0, str(REPO_ROOT / "examples"))
 import stage1_milestone  # noqa: E402
 import step0_tiny_engine as step0  # noqa: E402
 
+from .conftest import expect
+
 
 def test_step0_equals_hf(smollm2_path: str, smollm2_prompts: list, smollm2_reference: list) -> None:
     cfg, weights, _ = step0.load(smollm2_path)
@@ -30,8 +32,8 @@ def test_milestone(smollm2_path: str, page_size: int, capsys: pytest.CaptureFixt
     result = stage1_milestone.main(argv)  # 第 0 步由上一个检查单独比对
     printed = capsys.readouterr().out
     assert not result["mismatches"], tr("Some requests differ from HF generate: {result_item}", result_item=result['mismatches'])
-    assert "Hugging Face generate" in printed and "token/s" in printed  # 两种语言的总结行都有这两段
+    assert "Hugging Face generate" in printed and "token/s" in printed, tr("The milestone prints a summary line with 'Hugging Face generate' and 'token/s', got:\n{printed}", printed=printed)  # 两种语言的总结行都有这两段
     lens = [n_prompt + n - 1 for n_prompt in result["batch_prompt_lens"]]  # 最后采样的 token 不进缓存
     assert result["slots_written"] == sum(lens), tr("The number of slots written must equal the total number of tokens that went into the cache, over all requests")
     assert result["pages_written"] == sum(-(-n_tok // page_size) for n_tok in lens), tr("The number of pages written must be the sum of the pages each request occupies")
-    assert result["batch_tps"] > 0 and result["single_tps"] > 0
+    assert result["batch_tps"] > 0 and result["single_tps"] > 0, tr("Throughputs must be positive: batch {batch_tps}, single {single_tps} token/s", batch_tps=result["batch_tps"], single_tps=result["single_tps"])

@@ -19,17 +19,19 @@ from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_weights
 
+from .conftest import expect
+
 
 def test_model_config_from_hf(tiny_path: str, smollm2_path: str) -> None:
     qwen = ModelConfig.from_hf(tiny_path)
     assert qwen.architecture == "Qwen3ForCausalLM" and qwen.qk_norm, tr("Qwen3 has q/k norm")
-    assert (qwen.num_layers, qwen.num_qo_heads, qwen.num_kv_heads, qwen.head_dim) == (2, 4, 2, 32)
-    assert qwen.rope_theta == 1_000_000 and qwen.tie_word_embeddings and qwen.vocab_size == 151936
+    expect((qwen.num_layers, qwen.num_qo_heads, qwen.num_kv_heads, qwen.head_dim), (2, 4, 2, 32), tr("tiny Qwen3: (num_layers, num_qo_heads, num_kv_heads, head_dim)"))
+    expect((qwen.rope_theta, qwen.tie_word_embeddings, qwen.vocab_size), (1_000_000, True, 151936), tr("tiny Qwen3: (rope_theta, tie_word_embeddings, vocab_size)"))
     llama = ModelConfig.from_hf(smollm2_path)
     assert llama.architecture == "LlamaForCausalLM" and not llama.qk_norm, tr("Llama has no q/k norm")
-    assert (llama.num_layers, llama.num_qo_heads, llama.num_kv_heads, llama.head_dim) == (30, 9, 3, 64)
+    expect((llama.num_layers, llama.num_qo_heads, llama.num_kv_heads, llama.head_dim), (30, 9, 3, 64), tr("SmolLM2 (Llama): (num_layers, num_qo_heads, num_kv_heads, head_dim)"))
     assert llama.rope_theta == 100_000, tr("transformers v5 puts rope_theta in rope_parameters")
-    assert llama.rms_norm_eps == pytest.approx(1e-5)
+    assert llama.rms_norm_eps == pytest.approx(1e-5), tr("SmolLM2 (Llama): rms_norm_eps must be 1e-5 (from config.json), got {eps}", eps=llama.rms_norm_eps)
 
 
 def test_model_config_errors(tiny_path: str, tmp_path: Path) -> None:
@@ -42,7 +44,8 @@ def test_model_config_errors(tiny_path: str, tmp_path: Path) -> None:
         pytest.fail(tr("An unimplemented RoPE scaling must fail loudly instead of silently computing wrong results"))
     no_kv = {k: v for k, v in hf.items() if k not in ("num_key_value_heads", "head_dim")}
     cfg = ModelConfig.from_dict(no_kv)
-    assert cfg.num_kv_heads == hf["num_attention_heads"] and cfg.head_dim == hf["hidden_size"] // hf["num_attention_heads"]
+    expect(cfg.num_kv_heads, hf["num_attention_heads"], tr("Without num_key_value_heads in config.json, num_kv_heads defaults to num_attention_heads"))
+    expect(cfg.head_dim, hf["hidden_size"] // hf["num_attention_heads"], tr("Without head_dim in config.json, head_dim defaults to hidden_size // num_attention_heads"))
     with pytest.raises(FileNotFoundError, match="make setup"):
         ModelConfig.from_hf(tmp_path)
 
@@ -73,9 +76,9 @@ def test_merged_projections_equal_hf(tiny_path: str, hand) -> None:  # noqa: ANN
         want = torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
         assert torch.equal(qkv, want), tr("qkv_proj must concatenate HF's three projections in the order q, k, v")
         gate_up = model.model.layers[i].mlp.gate_up_proj.weight
-        assert torch.equal(gate_up, torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]]))
-        assert torch.equal(model.model.layers[i].self_attn.q_norm.weight, hf[p + "self_attn.q_norm.weight"])
-    assert torch.equal(model.model.embed_tokens.weight, hf["model.embed_tokens.weight"])
+        assert torch.equal(gate_up, torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])), tr("Layer {i}: gate_up_proj must be gate_proj stacked on top of up_proj (in that order)", i=i)
+        assert torch.equal(model.model.layers[i].self_attn.q_norm.weight, hf[p + "self_attn.q_norm.weight"]), tr("Layer {i}: q_norm.weight must be loaded from the checkpoint", i=i)
+    assert torch.equal(model.model.embed_tokens.weight, hf["model.embed_tokens.weight"]), tr("embed_tokens.weight must be loaded from the checkpoint")
     assert model.lm_head.weight is model.model.embed_tokens.weight, tr("With tied weights the LM head and the embedding must be the same tensor")
 
 
@@ -138,12 +141,12 @@ def test_dummy_weights(tiny_path: str, tmp_path: Path, hand) -> None:  # noqa: A
     shutil.copy(Path(tiny_path) / "config.json", only_config / "config.json")
     model = create_model(ModelConfig.from_hf(only_config), torch.float32, "cpu")
     load_dummy_weights(model, seed=1)
-    assert torch.all(model.model.norm.weight == 1)
+    assert torch.all(model.model.norm.weight == 1), tr("Dummy weights: RMSNorm weights must be 1 (as a fresh model), got values in [{lo}, {hi}]", lo=model.model.norm.weight.min().item(), hi=model.model.norm.weight.max().item())
     engine = Engine(EngineConfig(str(only_config), dtype=torch.float32, device="auto", use_dummy_weight=True, num_page_override=64, max_seq_len_override=32))
     hand.assign_pages(engine, 0)
     req = Req(torch.tensor([1, 2, 3], dtype=torch.int32), 0, 0, 2, 0, SamplingParams())
     tokens = hand.run_to_completion(engine, Batch, [req])
-    assert len(tokens[0]) == 2
+    expect(len(tokens[0]), 2, tr("Dummy weights: the engine still generates output_len=2 tokens"))
     engine.shutdown()
 
 
@@ -189,7 +192,7 @@ def compare_with_hf(path: str, hand, prompts: list[list[int]], split: int | None
         engine_logits(engine, hand, reqs, "prefill")
         for req in reqs:  # 续算其余的提示词：cached_len = split > 0，extend_len > 1
             req.device_len = len(req.input_ids)
-            assert req.cached_len == split
+            expect(req.cached_len, split, tr("After the first prefill of {split} tokens: cached_len", split=split))
     logits = engine_logits(engine, hand, reqs, "prefill")
     for b, prompt in enumerate(prompts):
         assert_logits_close(logits[b], hf_last_logits(hf, prompt), tr("prefill continued after a cached prefix") if split else tr("prefill step"))

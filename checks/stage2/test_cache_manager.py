@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, integrity_error, record, run_under_later_chapters
+from .conftest import SMOLLM2_TOKENS, SMOL_KW, TINY_KW, assert_idle, expect, integrity_error, record, run_under_later_chapters
 from minisgl.i18n import tr
 from minisgl.cache_manager import LLM, CacheManager, NaivePrefixCache, ReservingPrefillAdder
 from minisgl.cache_manager import Scheduler as ThisScheduler
@@ -51,7 +51,7 @@ def test_allocate_on_demand(page_size: int) -> None:
     for req, n in [(a, 10), (b, 3)]:
         slots = cm.page_table[req.table_idx, :n]
         assert torch.equal(slots % page_size, torch.arange(n, dtype=torch.int32) % page_size), tr("Positions within one page are laid out consecutively")
-        assert torch.equal(slots // page_size, slots[:: page_size].repeat_interleave(page_size)[:n] // page_size)
+        expect((slots // page_size).tolist(), (slots[:: page_size].repeat_interleave(page_size)[:n] // page_size).tolist(), tr("page_size={page_size}: the page of each position (slot // page_size) in row {row}: every page_size consecutive positions share one page", page_size=page_size, row=req.table_idx))
     assert not set(pages_of(cm, a, 10).tolist()) & set(pages_of(cm, b, 3).tolist()), tr("Two requests must not share pages")
     a.complete_one()  # 预填充那一步发出：cached_len = 10
     a.append_host(torch.tensor([7], dtype=torch.int32))
@@ -67,7 +67,7 @@ def test_pages_reclaimed_when_request_finishes(page_size: int) -> None:
     reqs = [make_req(cm, i, list(range(5 + 3 * i))) for i in range(3)]
     for r in reqs:
         grow(cm, r, 6)
-    assert len(cm.free_slots) < 64
+    assert len(cm.free_slots) < 64, tr("After 6 tokens for each request, some of the 64 pages must be allocated, but {n} are still free", n=len(cm.free_slots))
     for r in reqs:
         cm.cache_req(r, finished=True)
     assert len(cm.free_slots) == 64, tr("When a request finishes, all its pages return to the free pool")
@@ -113,7 +113,8 @@ def test_allocation_evicts_prefix_cache_when_free_pages_run_out() -> None:
     r = make_req(cm, 0, list(range(8)))
     grow(cm, r, 1)
     cm.cache_req(r, finished=True)  # 8 个 token 进了树，没人锁：可驱逐
-    assert len(cm.free_slots) == 4 and cm.available_size == 12
+    expect(len(cm.free_slots), 4, tr("After the finished request's 8 tokens went into the tree: free pages"))
+    expect(cm.available_size, 12, tr("available_size = free pages (4) + evictable tokens (8)"))
     other = make_req(cm, 1, [100 + i for i in range(10)])
     cm.allocate_paged([other])
     assert cm.prefix_cache.size_info.evictable_size == 0 and len(cm.free_slots) == 2, tr("When free pages run out, evict from the prefix cache first")
@@ -126,7 +127,7 @@ def test_on_demand_admits_what_static_slots_could_not(tiny_path: str, make_llm) 
     llm = make_llm(LLM, tiny_path, **{**TINY_KW, "num_page_override": 64, "max_running_req": 4})
     assert llm.max_seq_len == 64, tr("On-demand allocation: one request may use the whole KV pool (with static allocation each slot had only 16)")
     out = llm.generate([[3] * 40, "short"], SamplingParams(max_tokens=10, ignore_eos=True))
-    assert [len(o["token_ids"]) for o in out] == [10, 10]
+    expect([len(o["token_ids"]) for o in out], [10, 10], tr("Tokens generated per request (max_tokens=10, EOS ignored)"))
     assert_idle(llm)
 
 
@@ -136,7 +137,7 @@ def test_admission_reserves_for_running_requests(tiny_path: str, make_llm) -> No
     rec = record(llm)
     a, b = [1] * 5, [2] * 5
     out = llm.generate([a, b], [SamplingParams(max_tokens=35, ignore_eos=True), SamplingParams(max_tokens=12, ignore_eos=True)])
-    assert [len(o["token_ids"]) for o in out] == [35, 12]
+    expect([len(o["token_ids"]) for o in out], [35, 12], tr("Tokens generated per request (max_tokens 35 and 12, EOS ignored)"))
     uid_a, uid_b = rec.steps[0].uids[0], max(u for s in rec.steps for u in s.uids)
     last_a = max(i for i, s in enumerate(rec.steps) if uid_a in s.uids)
     first_b = min(i for i, s in enumerate(rec.steps) if uid_b in s.uids)
@@ -172,8 +173,8 @@ def test_all_pages_back_after_generate(tiny_path: str, make_llm, page_size: int)
     llm = make_llm(LLM, tiny_path, **{**TINY_KW, "page_size": page_size, "num_page_override": 2048 // page_size})
     rec = record(llm)
     out = llm.generate([f"prompt {i} " * (i + 1) for i in range(6)], SamplingParams(max_tokens=7, ignore_eos=True))
-    assert [len(o["token_ids"]) for o in out] == [7] * 6
-    assert any(s.phase == "decode" for s in rec.steps)
+    expect([len(o["token_ids"]) for o in out], [7] * 6, tr("Tokens generated per request (max_tokens=7, EOS ignored)"))
+    expect(any(s.phase == "decode" for s in rec.steps), True, tr("Some steps must be decode steps"))
     assert len(llm.cache_manager.free_slots) == llm.cache_manager.num_pages, tr("naive cache: every page is free after finishing")
     assert_idle(llm)
 
@@ -274,7 +275,7 @@ def test_finished_requests_leave_no_locks_in_radix_cache(page_size: int) -> None
         for r in reqs:
             grow(cm, r, 2)
             cm.cache_req(r, finished=False)  # 预填充后：换上新句柄、锁住，旧句柄解锁
-            assert cache.size_info.protected_size > 0
+            assert cache.size_info.protected_size > 0, tr("cache_req(finished=False) must lock the new handle: nothing is protected")
         for r in reqs:
             grow(cm, r, 3)
             cm.cache_req(r, finished=True)
@@ -350,7 +351,7 @@ def test_finished_request_frees_tail_only_up_to_cached_len(cache_kind: str) -> N
     cm.page_table[0, :] = cm.page_table[1, :].clone()  # 第 0 行残留着旧槽位（指向 other 的页）
     r = make_req(cm, 0, list(range(1, 8)))  # 提示词 7 个 token
     grow(cm, r, 2)  # 预填充 + 解码一步：cached_len = 8，device_len = 9
-    assert (r.cached_len, r.device_len) == (8, 9)
+    expect((r.cached_len, r.device_len), (8, 9), tr("Test setup: (cached_len, device_len) after prefill + one decode step"))
     own_pages = set((cm.page_table[0, :8] // 4 * 4).tolist())
     cm.cache_req(r, finished=True)
     free = cm.free_slots.tolist()
@@ -372,7 +373,8 @@ def test_allocation_evicts_whole_pages_counted_in_tokens() -> None:
         r = make_req(cm, 0, [10 * i + 1 + j for j in range(4)])
         grow(cm, r, 1)
         cm.cache_req(r, finished=True)
-    assert len(cm.free_slots) == 2 and cm.prefix_cache.size_info.evictable_size == 16
+    expect(len(cm.free_slots), 2, tr("Free pages after the eviction"))
+    expect(cm.prefix_cache.size_info.evictable_size, 16, tr("Evictable tokens left in the tree after the eviction"))
     other = make_req(cm, 1, [100 + i for i in range(20)])  # 要 5 页：空闲 2 页，还缺 3 页 = 12 个 token
     cm.allocate_paged([other])
     row = cm.page_table[1, :20]

@@ -16,7 +16,7 @@ import textwrap
 
 import torch
 
-from .conftest import LONG_PROMPT, QUESTIONS, SYSTEM_PROMPT, assert_idle, record
+from .conftest import LONG_PROMPT, QUESTIONS, SYSTEM_PROMPT, assert_idle, expect, record
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.course import select
@@ -52,12 +52,12 @@ def test_shared_system_prompt_naive_231_radix_73(tiny_path: str, qwen_tokenizer,
 
 
 def test_long_prompt_prefilled_in_four_chunks(tiny_path: str, qwen_tokenizer, make_llm) -> None:  # noqa: ANN001
-    assert len(qwen_tokenizer.encode(LONG_PROMPT)) == 302
+    expect(len(qwen_tokenizer.encode(LONG_PROMPT)), 302, tr("Test setup: tokens in the long prompt with the Qwen3 tokenizer"))
     llm = make_llm(LLM, tiny_path, **MILESTONE_KW, max_extend_tokens=96)
     rec = record(llm)
     out = llm.generate([LONG_PROMPT], SamplingParams(max_tokens=4, ignore_eos=True))
     assert rec.prefill_steps() == [96, 96, 96, 14], tr("Tokens prefilled per step: {value}", value=rec.prefill_steps())
-    assert len(out[0]["token_ids"]) == 4
+    expect(len(out[0]["token_ids"]), 4, tr("Tokens generated (max_tokens=4)"))
     assert_idle(llm)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import LATER_CHUNK, SMOL_KW, SMOLLM2_TOKENS, TINY_KW, assert_idle, first_fresh_index, record, run_under_later_chapters
+from .conftest import LATER_CHUNK, SMOLLM2_TOKENS, SMOL_KW, TINY_KW, assert_idle, expect, first_fresh_index, record, run_under_later_chapters
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.core import Req
@@ -31,7 +31,7 @@ def test_generate_returns_one_result_per_prompt_in_order(tiny, qwen_tokenizer) -
     assert len(out) == 4, tr("One result per prompt")
     assert [len(o["token_ids"]) for o in out] == [3, 5, 1, 4], tr("With EOS ignored each request generates exactly max_tokens tokens, returned in input order")
     for o in out:
-        assert set(o) >= {"text", "token_ids"}
+        assert set(o) >= {"text", "token_ids"}, tr("Each result is a dict with 'text' and 'token_ids', got keys {keys}", keys=sorted(o))
         assert o["text"] == qwen_tokenizer.decode(o["token_ids"]), tr("text is the decoded token_ids")
     assert_idle(tiny)
 
@@ -57,7 +57,7 @@ def test_prefill_first_and_token_budget(tiny_path: str, make_llm, qwen_tokenizer
     llm = make_llm(LLM, tiny_path, **{**TINY_KW, "max_extend_tokens": budget})
     prompts = ["one two three four five", "six seven eight nine ten", "eleven twelve", "a much longer prompt " * 4]
     lens = [len(qwen_tokenizer.encode(p)) for p in prompts]
-    assert lens[0] < budget < lens[0] + lens[1] and lens[3] > budget
+    assert lens[0] < budget < lens[0] + lens[1] and lens[3] > budget, tr("Test setup: prompt lengths {lens} do not fit the budget {budget} as intended", lens=lens, budget=budget)
     rec = record(llm)
     llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
     prefills = [s for s in rec.steps if s.phase == "prefill"]
@@ -78,7 +78,7 @@ def test_continuous_batching_finishes_and_refills_slots(tiny_path: str, make_llm
     max_tokens = [2, 12, 3, 3, 10]
     rec = record(llm)
     out = llm.generate(["short", "long request", "third", "fourth", "fifth"], [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens])
-    assert [len(o["token_ids"]) for o in out] == max_tokens
+    expect([len(o["token_ids"]) for o in out], max_tokens, tr("Tokens generated per request (= max_tokens, EOS ignored)"))
     assert all(len(s.uids) <= 2 for s in rec.steps), tr("No more than max_running_req=2 requests may run at once")
     last_step = {u: max(i for i, s in enumerate(rec.steps) if u in s.uids) for u in {u for s in rec.steps for u in s.uids}}
     first_step = {u: min(i for i, s in enumerate(rec.steps) if u in s.uids) for u in last_step}
@@ -97,8 +97,8 @@ def test_max_running_req_2_completes_8_requests(tiny_path: str, make_llm) -> Non
     rec = record(llm)
     out = llm.generate([f"request number {i}" for i in range(8)], SamplingParams(max_tokens=5, ignore_eos=True))
     assert [len(o["token_ids"]) for o in out] == [5] * 8, tr("Even with only 2 slots all 8 requests complete")
-    assert max(len(s.uids) for s in rec.steps) == 2
-    assert len({u for s in rec.steps for u in s.uids}) == 8
+    expect(max(len(s.uids) for s in rec.steps), 2, tr("max_running_req=2: the largest batch of any step"))
+    expect(len({u for s in rec.steps for u in s.uids}), 8, tr("Distinct requests that took part in some step"))
     assert_idle(llm)
 
 
@@ -136,7 +136,7 @@ def test_static_pages_per_slot(tiny, qwen_tokenizer) -> None:  # noqa: ANN001
         tiny.generate(["ok", prompt], SamplingParams(max_tokens=2))
         pytest.fail(tr("A prompt over the per-request limit must be refused at once, stating the limit"))
     out = tiny.generate(["fits"], SamplingParams(max_tokens=3, ignore_eos=True))
-    assert len(out[0]["token_ids"]) == 3
+    expect(len(out[0]["token_ids"]), 3, tr("Tokens generated (max_tokens=3)"))
     assert_idle(tiny)
 
 
@@ -315,10 +315,12 @@ def test_add_one_req_takes_exactly_the_segment() -> None:
     assert pool[1].tolist() == [-1, -1, 12, 13, 14, 15] + [-1] * 6, tr("Write only the segment [2, 6): {value}", value=pool[1].tolist())
     assert pool[0].tolist() == [-1] * 12, tr("Other rows must not change")
     assert adder.token_budget == 96, tr("Only this segment's 4 tokens are charged to the budget, {token_budget} left", token_budget=adder.token_budget)
-    assert req.input_ids.tolist() == list(range(10, 16)) and req.cached_len == 2 and req.table_idx == 1 and req.uid == 7
+    expect(req.input_ids.tolist(), list(range(10, 16)), tr("The new Req's input_ids: the prompt up to end"))
+    expect((req.cached_len, req.table_idx, req.uid), (2, 1, 7), tr("The new Req's (cached_len, table_idx, uid)"))
     whole = adder._add_one_req(pending, None, 0, 0)
     assert pool[0, :10].tolist() == list(range(10, 20)) and pool[0, 10:].tolist() == [-1, -1], tr("end defaults to the whole prompt")
-    assert adder.token_budget == 86 and len(whole.input_ids) == 10
+    expect(adder.token_budget, 86, tr("Budget left after admitting the whole 10-token prompt"))
+    expect(len(whole.input_ids), 10, tr("Without end the Req gets the whole prompt"))
 
 
 def test_prefilled_requests_handed_to_cache_manager(tiny_path: str, make_llm) -> None:  # noqa: ANN001
@@ -356,18 +358,18 @@ def test_status_finished_and_abort_after_finish_is_a_no_op(tiny) -> None:  # noq
     assert status.finished and not status.aborted, tr("After generating max_tokens the request must be marked finished: {status}", status=status)
     tiny.abort(uid)
     assert status.finished and not status.aborted, tr("Aborting a finished request does nothing: {status}", status=status)
-    assert len(tiny.status.pop(uid).output_ids) == 2
+    expect(len(tiny.status.pop(uid).output_ids), 2, tr("Tokens of the finished request (max_tokens=2)"))
     assert_idle(tiny)
 
 
 def test_step_when_idle_returns_false(tiny) -> None:  # noqa: ANN001
     """没有请求时 step() 什么也不做、返回 False（调度不出批次就不前向）。"""
-    assert not tiny.busy
+    expect(tiny.busy, False, tr("Test setup: the scheduler is idle"))
     assert tiny.step() is False, tr("step() must return False when idle")
     uid = tiny.add_request([5, 6, 7], SamplingParams(max_tokens=1, ignore_eos=True))
     assert tiny.step() is True, tr("With requests, step() does one step and returns True")
     tiny.run_until_idle()
-    assert len(tiny.status.pop(uid).output_ids) == 1
+    expect(len(tiny.status.pop(uid).output_ids), 1, tr("Tokens generated (max_tokens=1)"))
     assert_idle(tiny)
 
 
