@@ -15,8 +15,6 @@ sys.path.insert(0, str(REPO_ROOT / "examples"))
 import stage1_milestone  # noqa: E402
 import step0_tiny_engine as step0  # noqa: E402
 
-from .conftest import expect
-
 
 def test_step0_equals_hf(smollm2_path: str, smollm2_prompts: list, smollm2_reference: list) -> None:
     cfg, weights, _ = step0.load(smollm2_path)
