@@ -166,6 +166,14 @@ def test_replace_a_positional_argument_with_a_name_of_the_same_kind() -> None:
     assert max(per_arg.values()) == mutate.REPLACE_ARG_LIMIT, per_arg
 
 
+def test_the_evict_slip_a_learner_made_is_a_mutant() -> None:
+    """issue 24 里学员走查发现的那个错误（驱逐时父节点只要是叶子就入堆，不看它是否锁着）现在由 drop_conjunct 生成。"""
+    radix = next(c for c in WRITTEN if c.id == "radix_cache")
+    slip = "            if not parent.is_root() and parent.is_leaf():\n"
+    found = [m.id for m in mutate.chapter_mutants(radix) if m.op == "drop_conjunct" and slip in m.source]
+    assert len(found) == 1, f"radix_cache 的 evict 应当恰好有一个去掉 parent.ref_count == 0 的变异体，实际 {found}"
+
+
 def test_ids_are_stable_when_code_outside_the_block_moves() -> None:
     before = {m.id for m in mutate.generate_mutants(SAMPLE, "demo", "demo.py")}
     shifted = "import os\n\n\n" + SAMPLE.replace("head = xs[0]", "head = xs[0]  # moved\n    print()")
