@@ -2,7 +2,7 @@
 PYTHON ?= $(shell command -v python || command -v python3)
 PYTEST = $(PYTHON) -m pytest --timeout=900
 
-.PHONY: setup test milestone notebooks docs real-qwen3 gpu-check
+.PHONY: setup test milestone milestone3 notebooks docs real-qwen3 gpu-check
 
 setup:            ## 安装依赖并构建离线模型
 	PYTHON=$(PYTHON) bash tools/setup.sh
@@ -10,7 +10,7 @@ setup:            ## 安装依赖并构建离线模型
 test: setup       ## 全部测试：骨架无漂移、参考解答全绿、每章骨架全红、笔记本逐格对照
 	$(PYTHON) tools/make_skeletons.py --check
 	$(PYTEST) checks --impl solution --strict
-	$(PYTEST) checks/stage1 checks/stage2 --impl skeleton --expect-red -q
+	$(PYTEST) checks/stage1 checks/stage2 checks/stage3 --impl skeleton --expect-red -q
 	MINISGL_IMPL=solution MINISGL_LANG=zh $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks --ignore=notebooks/en -q
 	MINISGL_IMPL=solution MINISGL_LANG=en $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/en -q
 
@@ -22,6 +22,13 @@ docs: setup       ## 本地预览课程讲义
 
 milestone: setup  ## 主任务：第二阶段里程碑
 	$(PYTHON) examples/stage2_milestone.py
+
+milestone3: setup ## 第三阶段里程碑：启动服务，用 openai 客户端对它说话
+	$(PYTHON) examples/stage3_milestone.py
+
+.PHONY: serve
+serve: setup      ## 在线服务：python -m minisgl 用小模型 models/qwen3-tiny-random 监听 http://127.0.0.1:1919（对话页面在 /，Ctrl-C 退出）
+	$(PYTHON) -m minisgl --model models/qwen3-tiny-random
 
 real-qwen3: setup ## 可选：联网下载真正的 Qwen3-0.6B 到 models/Qwen3-0.6B
 	$(PYTHON) tools/build_models.py --real-qwen3

@@ -59,6 +59,9 @@ EXAMPLES: dict[str, Example] = {
         "examples/stage2_milestone.py", ("--max-running-req", "2", "--trace", "--experiment", "2"), timeout=1800
     ),
     "quickstart": Example("examples/quickstart.py"),
+    # 进程号、命令行每次都不同，整行跳过 | en: pids and command lines differ every run: skip those lines
+    "stage3_milestone": Example("examples/stage3_milestone.py", volatile=(r"^\s+pid\s+\d+", r"^\s+(流式输出时|while streaming)"),
+                                timeout=1800),
     # 各章的小示例（examples/chapters/），每章页面的“运行结果”来自这里
     "core": Example("examples/chapters/core.py"),
     "layers": Example("examples/chapters/layers.py"),
@@ -71,6 +74,10 @@ EXAMPLES: dict[str, Example] = {
     "radix_cache": Example("examples/chapters/radix_cache.py"),
     "chunked_prefill": Example("examples/chapters/chunked_prefill.py"),
     "overlap": Example("examples/chapters/overlap.py"),
+    "message": Example("examples/chapters/message.py"),
+    "tokenizer": Example("examples/chapters/tokenizer.py"),
+    "scheduler_io": Example("examples/chapters/scheduler_io.py"),
+    "api_server": Example("examples/chapters/api_server.py"),
 }
 
 _UNIT = r"(?:ms|s|秒|毫秒|tok/s|token/s|tokens/s|it/s|GB/s|MB/s|GB|GiB|MB|MiB|KB|KiB|%)"

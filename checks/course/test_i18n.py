@@ -25,13 +25,14 @@ from minisgl.paths import REPO_ROOT as REPO
 
 
 #: Every Python source that may call ``tr``.
-SOURCES = ["minisgl", "checks", "examples", "solutions", "stage1", "stage2", "tools", "bench", "docs/hooks", "notebooks/src"]
+SOURCES = ["minisgl", "checks", "examples", "solutions", "stage1", "stage2", "stage3", "tools", "bench", "docs/hooks", "notebooks/src"]
 
 #: Files whose strings a learner sees at runtime: a Chinese string literal there must go through ``tr``.
 LEARNER_FACING = [
-    "checks/stage1", "checks/stage2", "checks/hf_reference.py", "minisgl/course", "minisgl/notebook", "minisgl/i18n.py",
+    "checks/stage1", "checks/stage2", "checks/stage3", "checks/hf_reference.py", "minisgl/course", "minisgl/notebook", "minisgl/i18n.py",
     "minisgl/validation.py", "minisgl/llm.py", "minisgl/model_zoo.py", "minisgl/trace.py", "minisgl/scheduling.py",
-    "minisgl/env.py", "minisgl/graph.py", "minisgl/fused.py", "minisgl/kernel", "examples", "solutions", "stage1", "stage2",
+    "minisgl/env.py", "minisgl/graph.py", "minisgl/fused.py", "minisgl/kernel", "minisgl/serving.py", "examples", "solutions",
+    "stage1", "stage2", "stage3",
     "tools/make_diagrams.py",
 ]
 

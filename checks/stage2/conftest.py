@@ -207,6 +207,26 @@ def non_outputs_written_to_scratch(llm: Any) -> Iterator[None]:
         del llm._prepare_batch
 
 
+@pytest.fixture(scope="module")
+def final_llms(tiny_path: str):  # noqa: ANN201
+    """最后一章（第 2.5 章）的 ``LLM`` 按 page_size 各建一个，模块内共用：``final_llms(类, page_size)``。
+    类由检查文件传进来（conftest 不导入章节）。
+
+    en: One ``LLM`` of the final chapter (2.5) per page_size, shared within the module: ``final_llms(cls, page_size)``.
+    The class comes from the check file (a conftest imports no chapter).
+    """
+    made: dict[int, Any] = {}
+
+    def get(cls: Any, page_size: int) -> Any:
+        if page_size not in made:
+            made[page_size] = cls(tiny_path, **{**TINY_KW, "page_size": page_size, "num_page_override": 2048 // page_size})
+        return made[page_size]
+
+    yield get
+    for llm in made.values():
+        llm.shutdown()
+
+
 def run_under_later_chapters(llm: Any, tiny_path: str, *, chunk: int | None, overlap: bool, what: str) -> None:
     """用后面章节的参考解答（它们从本章的类派生、调用本章的代码）跑 LATER_PROMPTS 两轮：每个请求的贪心输出与
     Hugging Face 一致；每一步里不输出的分块都写到 scratch_row；每轮之后页面、锁、请求槽全部归还（``assert_idle``）。"""

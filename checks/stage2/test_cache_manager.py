@@ -449,25 +449,10 @@ def test_admission_writes_a_one_token_prefix_hit_too(tiny_path: str, make_llm) -
 # ----------------------------------------------------------------------------- 在后面章节下跑本章的代码（issue 24）
 
 
-@pytest.fixture(scope="module")
-def final_llms(tiny_path: str):  # noqa: ANN201
-    """第 2.5 章的参考解答（一路从本章的类派生），按 page_size 各一个。"""
-    made: dict[int, object] = {}
-
-    def get(page_size: int):  # noqa: ANN202
-        if page_size not in made:
-            made[page_size] = FinalLLM(tiny_path, **{**TINY_KW, "page_size": page_size, "num_page_override": 2048 // page_size})
-        return made[page_size]
-
-    yield get
-    for llm in made.values():
-        llm.shutdown()
-
-
 @pytest.mark.parametrize("page_size,chunk,overlap", [(1, None, False), (4, 5, True)], ids=["radix-page1", "radix-page4-chunk5-overlap"])
 def test_later_chapters_run_this_cache_manager_and_match_hf(final_llms, tiny_path: str, page_size: int, chunk, overlap: bool) -> None:  # noqa: ANN001
     """第 2.3 章的 radix 缓存（以及 2.4、2.5 章）调用本章的准入、按页分配、cache_req（重复前缀改指、释放）：用它们的参考解答跑本章的代码，与 Hugging Face 逐 token 比较，每轮之后页面和锁全部归还。"""
-    llm = final_llms(page_size)
+    llm = final_llms(FinalLLM, page_size)
     assert isinstance(llm, ThisScheduler), tr("Test setup: the final LLM must derive from this chapter's {name}", name="ThisScheduler")
     mode = tr("overlap scheduling on") if overlap else tr("overlap scheduling off")
     what = tr("Your cache manager under chapters 2.3 to 2.5 (page_size={page_size}, chunk size {chunk}, {mode})", page_size=page_size, chunk=chunk, mode=mode)

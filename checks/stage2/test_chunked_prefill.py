@@ -169,25 +169,10 @@ def test_exactly_one_decode_step_between_chunks(tiny_path: str, make_llm) -> Non
 # ----------------------------------------------------------------------------- 在后面章节下跑本章的代码（issue 24）
 
 
-@pytest.fixture(scope="module")
-def final_llms(tiny_path: str):  # noqa: ANN201
-    """第 2.5 章的参考解答（一路从本章的类派生），按 page_size 各一个。"""
-    made: dict[int, object] = {}
-
-    def get(page_size: int):  # noqa: ANN202
-        if page_size not in made:
-            made[page_size] = FinalLLM(tiny_path, **{**TINY_KW, "page_size": page_size, "num_page_override": 2048 // page_size})
-        return made[page_size]
-
-    yield get
-    for llm in made.values():
-        llm.shutdown()
-
-
 @pytest.mark.parametrize("page_size,chunk,overlap", [(1, 5, True)], ids=["chunk5-overlap"])
 def test_later_chapters_run_this_chunked_prefill_and_match_hf(final_llms, tiny_path: str, page_size: int, chunk, overlap: bool) -> None:  # noqa: ANN001
     """重叠调度（第 2.5 章）在上一块还在算时就调度下一块：用它的参考解答跑本章的分块代码，与 Hugging Face 逐 token 比较。"""
-    llm = final_llms(page_size)
+    llm = final_llms(FinalLLM, page_size)
     assert isinstance(llm, ThisScheduler), tr("Test setup: the final LLM must derive from this chapter's {name}", name="ThisScheduler")
     mode = tr("overlap scheduling on") if overlap else tr("overlap scheduling off")
     what = tr("Your chunked prefill under chapter 2.5 (page_size={page_size}, chunk size {chunk}, {mode})", page_size=page_size, chunk=chunk, mode=mode)

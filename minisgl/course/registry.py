@@ -82,6 +82,10 @@ BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
     Chapter("radix_cache", 2, 3, "Radix 前缀缓存", "Radix prefix cache"),
     Chapter("chunked_prefill", 2, 4, "分块预填充", "Chunked prefill"),
     Chapter("overlap", 2, 5, "重叠调度", "Overlap scheduling"),
+    Chapter("message", 3, 1, "消息：进程间的消息、序列化与 ZMQ 队列", "Messages: what processes send, serialization and ZMQ queues"),
+    Chapter("tokenizer", 3, 2, "分词进程与增量反分词", "The tokenizer process and incremental detokenization"),
+    Chapter("scheduler_io", 3, 3, "调度器的输入输出：由消息驱动的调度循环", "Scheduler I/O: the scheduler loop driven by messages"),
+    Chapter("api_server", 3, 4, "API 服务器：OpenAI 兼容的 HTTP 接口与流式输出", "The API server: an OpenAI-compatible HTTP API with streaming"),
 )
 
 

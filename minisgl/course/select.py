@@ -353,6 +353,19 @@ def _managed(name: str) -> bool:
 _cache: dict[tuple[tuple[str, str], ...], dict[str, ModuleType]] = {}
 
 
+def impl_env() -> dict[str, str]:
+    """子进程的环境变量：让它用与本进程相同的那套实现（pytest 按章节隔离时换上的那套，或环境变量里的那套）。
+    第 3 阶段的检查要启动服务器进程，进程内的覆盖传不过去，只能经环境变量。
+
+    en: Environment variables for a child process, so it uses the same implementations as this one (the set the pytest
+    plugin switched in for a chapter, or the one from the environment). Stage 3's checks start server processes, and
+    an in-process override does not reach them; only the environment does.
+    """
+    if not _override:
+        return {ENV_IMPL: os.environ[ENV_IMPL]} if ENV_IMPL in os.environ else {}
+    return {ENV_IMPL: ",".join(f"{cid}={impl}" for cid, impl in sorted(_override.items()))}
+
+
 def use_selection(selection: dict[str, str]) -> None:
     """在同一进程里换一套选择（pytest 按章节隔离用）。
 

@@ -1,0 +1,169 @@
+"""第 3 阶段检查共用的工具：在子进程里起一个真的服务器（``python -m minisgl``），等它就绪，用完让它退出，
+并证明没有留下任何子进程。
+
+服务器进程只看得见环境变量，看不见 pytest 插件在本进程里换上的那套实现，所以启动时总带上
+``select.impl_env()``：``--impl skeleton --expect-red`` 时，服务器里跑的真是骨架。
+这里不导入任何章节模块（``minisgl.api_server`` 等）。
+
+en: Shared tools of the stage 3 checks: start a real server (``python -m minisgl``) in a child process, wait until it
+is ready, make it exit afterwards, and prove that no child process is left behind.
+
+The server process sees only the environment, not the implementations the pytest plugin switched in inside this
+process, so it is always started with ``select.impl_env()``: under ``--impl skeleton --expect-red`` the server really
+runs the skeleton. No chapter module (``minisgl.api_server`` and so on) is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from minisgl import model_zoo
+from minisgl.course import select
+from minisgl.i18n import tr
+from minisgl.serving import ServerProcess, child_pids as descendants
+
+#: 检查里的小服务器：fp32（和 HF 逐 token 比）、不用前缀缓存（空闲时页面正好全部归还，好数）。
+#: en: The small server of the checks: fp32 (compared with HF token by token), no prefix cache (when idle, every page is
+#: en: back, easy to count).
+TINY_SERVER_ARGS = ["--dtype", "float32", "--num-pages", "4096", "--max-seq-len", "1024", "--cache-type", "naive",
+                    "--max-running-req", "16"]
+#: 等服务器打印出地址、/health 回 200 的最长时间（秒）；两个核上要加载 torch 三次。
+#: en: The longest wait (seconds) for the server to print its address and for /health to answer 200; on two cores torch
+#: en: is loaded three times.
+START_TIMEOUT_S = 180.0
+#: 发出信号之后，等服务器和它所有的子进程退出的最长时间（秒）。
+#: en: The longest wait (seconds) after the signal for the server and all its children to exit.
+STOP_TIMEOUT_S = 40.0
+
+
+def tiny_model() -> str:
+    """小 Qwen3 的目录；没建好就直接失败并提示 ``make setup``（不跳过）。
+
+    en: The tiny Qwen3's folder; if it is not built, fail at once and say ``make setup`` (no skip).
+    """
+    try:
+        return str(model_zoo.tiny_qwen3())
+    except FileNotFoundError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+# ----------------------------------------------------------------------------- 服务器
+# en: ----------------------------------------------------------------------------- the server
+
+
+class Server(ServerProcess):
+    """一个在子进程里运行的 ``python -m minisgl``（启动、关闭和“没有留下进程”见 ``minisgl.serving.ServerProcess``），
+    加上检查用的几个 HTTP 小工具。
+
+    en: One ``python -m minisgl`` running in a child process (starting, stopping and "no process left" are
+    ``minisgl.serving.ServerProcess``'s), plus a few HTTP helpers for the checks.
+    """
+
+    stopped: bool = False
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
+        """GET ``path``，返回 (状态码, 正文)。
+
+        en: GET ``path`` and return (status, body).
+        """
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def post(self, path: str, body: Any, timeout: float = 60.0, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        """POST JSON（``body`` 是 bytes 就原样发），返回 (状态码, 解析后的 JSON 或原文)。
+
+        en: POST JSON (``body`` as bytes is sent as it is) and return (status, the parsed JSON or the raw text).
+        """
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                status, text = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read().decode()
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
+    def wait_metrics(self, ok: Callable[[dict[str, float]], bool], what: str, timeout: float = 20.0) -> dict[str, float]:
+        """反复读 ``/metrics``，直到 ``ok(指标)``；到时还不满足就失败，说明等的是什么、最后看到了什么。
+
+        en: Read ``/metrics`` again and again until ``ok(metrics)``; fail at the deadline, saying what was awaited and
+        what was seen last.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if ok(m):
+                return m
+            if time.monotonic() > deadline:
+                shown = {k: v for k, v in m.items() if "bucket" not in k}
+                pytest.fail(tr("Waited {timeout:.0f} s for /metrics to show {what}; last seen: {metrics}",
+                               timeout=timeout, what=what, metrics=shown), pytrace=False)
+            time.sleep(0.05)
+
+
+def start_server(*args: str, env: dict[str, str] | None = None) -> Server:
+    """启动 ``python -m minisgl --model <小模型> --port 0 ...``（带上 ``select.impl_env()``），等到就绪；起不来就失败。
+
+    en: Start ``python -m minisgl --model <tiny model> --port 0 ...`` (with ``select.impl_env()``) and wait until it is
+    ready; fail if it does not come up.
+    """
+    server = Server(tiny_model(), *TINY_SERVER_ARGS, *args, env={**select.impl_env(), **(env or {})},
+                    timeout=START_TIMEOUT_S)
+    try:
+        server.start()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    return server
+
+
+def stop_server(server: Server, sig: int = signal.SIGINT) -> int:
+    """发信号让服务器退出，等它和它所有的子孙进程都退出（有截止时间），返回退出码；有进程留下就失败。
+
+    en: Signal the server to exit, wait (with a deadline) until it and all its descendants have exited, and return the
+    exit status; fail if any process is left.
+    """
+    code = server.stop(sig, timeout=STOP_TIMEOUT_S)
+    server.stopped = True
+    if server.left_behind:
+        server.kill()
+        pytest.fail(tr("Processes left behind after the server exited: {pids}", pids=server.left_behind), pytrace=False)
+    assert code is not None
+    return code
+
+
+@pytest.fixture(scope="module")
+def serve() -> Iterator[Callable[..., Server]]:
+    """启动服务器的工厂（模块内共用）：``serve(*额外参数, stop_with=信号)``。模块结束时还开着的用 ``stop_with``
+    （缺省 SIGINT）关掉：退出码必须是 0，也不能留下进程。
+
+    en: A factory that starts servers (shared within a module): ``serve(*extra_args, stop_with=signal)``. Those still
+    running at the end of the module are stopped with ``stop_with`` (SIGINT by default): the exit status must be 0 and no
+    process may be left behind.
+    """
+    started: list[tuple[Server, int]] = []
+
+    def factory(*args: str, env: dict[str, str] | None = None, stop_with: int = signal.SIGINT) -> Server:
+        server = start_server(*args, env=env)
+        started.append((server, stop_with))
+        return server
+
+    yield factory
+    for server, sig in started:
+        if not server.stopped:
+            code = stop_server(server, sig)
+            assert code == 0, tr("After {sig} the server exits with 0, got {code}; its output:\n{output}",
+                                 sig=signal.Signals(sig).name, code=code, output=server.output)

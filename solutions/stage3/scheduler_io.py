@@ -1,0 +1,443 @@
+"""第 3.3 章 scheduler_io：由消息驱动的调度循环。
+
+第 2 阶段的调度器由 ``generate(prompts)`` 驱动：请求一次性交进来，算完就返回。服务器里的调度器是一个独立的进程，
+请求随时从套接字上到来，结果也要一步一步地送出去。这一章把第 2.5 章的 ``Scheduler`` 接到消息上：
+
+- **收**：没事可做（没有等待或运行的请求，也没有在途的一步）时**阻塞**等下一条消息；有事可做时只把已经到了的
+  消息全部取走，绝不等待——否则正在解码的请求会被一个迟迟不来的新请求卡住；
+- **处理消息**：``UserMsg`` 先校验（提示词要比单个请求的长度上限短，``max_tokens`` 像第 2 阶段一样截到上限之内），
+  再用 API 服务器给的 **同一个 uid** 加进调度器；永远放不下的请求回一条 ``RejectMsg``，说清原因——绝不悄悄丢掉，
+  否则客户端会一直等下去；``AbortBackendMsg`` 取消请求（不认识或已经结束的 uid 直接忽略）；``ExitMsg`` 结束循环；
+- **发**：每一步之后发**恰好一条** ``BatchTokenizerMsg``，这一步每个得到新 token 的请求一条 ``DetokenizeMsg``，
+  结束的那条带上原因：``"length"``（到了 max_tokens）、``"stop"``（遇到 EOS）、``"abort"``（被取消）；
+- **现状**：每一步之后、以及空闲下来时，直接给 API 服务器发一条 ``SchedulerStats``（``/metrics`` 读它）。
+
+``DetokenizeMsg.next_token`` 的约定：它是输出文本的一个 token；**不是**输出文本时为 -1——因 EOS 结束时
+（EOS 本身不是文本，也不计入 completion_tokens）和被取消时都是这样。
+
+重叠调度照旧默认开启：遇到 EOS 之后多算的那一步，第 2 阶段已经把它的 token 丢掉了；这里也绝不为已经结束的请求
+再发 ``DetokenizeMsg``。
+
+进程入口 :func:`scheduler_worker`（建调度器、绑定套接字、报告就绪、收到 SIGTERM 或 ``ExitMsg`` 时干净地退出）是给定的。
+离线接口 ``minisgl.llm.LLM`` 不变；本章的 ``Scheduler`` 是服务器跑的那一个（它的 ``generate`` 也照样能用）。
+
+en: Chapter 3.3 scheduler_io: the scheduler loop driven by messages.
+
+The stage-2 scheduler is driven by ``generate(prompts)``: the requests come in all at once and it returns when they are
+done. In the server the scheduler is a process of its own: requests arrive on a socket at any time, and the results
+have to go out step by step. This chapter connects chapter 2.5's ``Scheduler`` to messages:
+
+- **receive**: with nothing to do (no waiting or running request, no step in flight) **block** for the next message;
+  with work to do, take every message that has already arrived and never wait, or the decoding requests would be held up
+  by a new request that is slow to come;
+- **process messages**: a ``UserMsg`` is validated first (the prompt must be shorter than one request's length limit,
+  and ``max_tokens`` is clipped to the limit as in stage 2), then added to the scheduler with **the same uid** the API
+  server gave it; a request that can never fit is answered with a ``RejectMsg`` that says why, never silently dropped, or
+  the client would wait forever; an ``AbortBackendMsg`` aborts a request (an unknown or finished uid is ignored); an
+  ``ExitMsg`` ends the loop;
+- **send**: after each step, **exactly one** ``BatchTokenizerMsg`` holding one ``DetokenizeMsg`` per request that got a
+  new token this step; the last one of a request carries why it finished: ``"length"`` (max_tokens reached), ``"stop"``
+  (EOS) or ``"abort"`` (aborted);
+- **state**: after each step, and when it becomes idle, a ``SchedulerStats`` goes straight to the API server (which
+  ``/metrics`` reads).
+
+The ``DetokenizeMsg.next_token`` convention: it is a token of the output text, and -1 whenever it is **not** output
+text: when a request ends on EOS (EOS itself is not text and does not count as a completion token) and when it is
+aborted.
+
+Overlap scheduling stays on by default: stage 2 already drops the token computed in the extra step after EOS, and this
+chapter never sends a ``DetokenizeMsg`` for a request that has already finished.
+
+The process entry :func:`scheduler_worker` (build the scheduler, bind the sockets, report readiness, exit cleanly on
+SIGTERM or ``ExitMsg``) is given. The offline interface ``minisgl.llm.LLM`` stays as it was; this chapter's
+``Scheduler`` is the one the server runs (its ``generate`` still works too).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import warnings
+from multiprocessing.connection import Connection
+from typing import Any, Sequence
+
+import torch
+import zmq
+
+from minisgl.core import SamplingParams
+from minisgl.engine import ForwardOutput
+from minisgl.i18n import tr
+from minisgl.message import (
+    AbortBackendMsg,
+    BaseBackendMsg,
+    BaseTokenizerMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    ExitMsg,
+    RejectMsg,
+    SchedulerStats,
+    UserMsg,
+    ZmqPullQueue,
+    ZmqPushQueue,
+    serialize,
+    unwrap,
+)
+from minisgl.overlap import Scheduler as _Scheduler
+from minisgl.scheduling import ForwardInput, PendingReq, RequestStatus
+from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
+from minisgl.trace import StepTrace
+from minisgl.validation import validate_requests
+
+#: ``DetokenizeMsg.next_token`` 不是输出文本时的值（EOS、取消）。
+#: en: The value of ``DetokenizeMsg.next_token`` when it is not output text (EOS, abort).
+NO_TOKEN = -1
+
+
+class Scheduler(_Scheduler):
+    """第 3.3 章的调度器：第 2.5 章的调度器（重叠调度默认开启），改由消息驱动。
+
+    先 ``connect(addrs)`` 接上套接字，再 ``run_forever()``（或一次一次地 ``run_once()``）；``close()`` 关掉套接字。
+
+    en: The chapter 3.3 scheduler: chapter 2.5's scheduler (overlap scheduling on by default), driven by messages.
+
+    ``connect(addrs)`` attaches the sockets, then ``run_forever()`` (or ``run_once()`` one iteration at a time);
+    ``close()`` closes the sockets.
+    """
+
+    def __init__(self, model_path: str, dtype: torch.dtype | None = None, **kwargs: Any) -> None:
+        super().__init__(model_path, dtype, **kwargs)
+        self.recv_queue: ZmqPullQueue | None = None
+        self.send_tokenizer: ZmqPushQueue | None = None
+        self.send_frontend: ZmqPushQueue | None = None
+        # 这一步要发给反分词进程的消息（DetokenizeMsg、RejectMsg）
+        # en: the messages for the detokenizer this step (DetokenizeMsg, RejectMsg)
+        self._replies: list[BaseTokenizerMsg] = []
+        # 经消息加进来、还没被忘掉的 uid（离线的 generate 不在里面）
+        # en: uids added by message and not forgotten yet (offline generate's are not among them)
+        self._remote: set[int] = set()
+        # 提示词正分块计算、还没算完的请求（统计前缀缓存命中时，后面的块不算命中）
+        # en: requests whose prompt is being computed in chunks (when counting prefix-cache hits, later chunks are no hits)
+        self._chunking: set[int] = set()
+        self.counters = {"cache_hit_tokens": 0, "prefill_tokens": 0, "decode_tokens": 0, "max_decode_batch": 0, "steps": 0}
+        self._exit_requested = False
+        self._idle_reported = False  # 上一条 SchedulerStats 之后一直空闲 | en: idle since the last SchedulerStats
+        self.add_step_listener(self._count_step)
+
+    # ------------------------------------------------------------------ 套接字（给定）
+    # en: ------------------------------------------------------------------ sockets (given)
+
+    def connect(self, addrs: ServerAddrs) -> None:
+        """绑定自己的收信套接字（PULL），连上反分词进程和 API 服务器的收信套接字（PUSH）。
+
+        en: Bind this process's inbox (PULL) and connect to the inboxes of the detokenizer and the API server (PUSH).
+        """
+        self.recv_queue = ZmqPullQueue(addrs.backend, create=True)
+        self.send_tokenizer = ZmqPushQueue(addrs.tokenizer, create=False)
+        self.send_frontend = ZmqPushQueue(addrs.frontend, create=False)
+
+    def close(self) -> None:
+        """关掉套接字（linger 0：进程退出时不会卡在没送出去的消息上）。
+
+        en: Close the sockets (linger 0: the process never hangs at exit on undelivered messages).
+        """
+        for queue in (self.recv_queue, self.send_tokenizer, self.send_frontend):
+            if queue is not None:
+                queue.close()
+        self.recv_queue = self.send_tokenizer = self.send_frontend = None
+
+    def send_stats(self) -> None:
+        """把现状发给 API 服务器。它只是一份快照：对方的队列满了就丢掉这一份，绝不让调度器停下来等。
+
+        en: Send the current state to the API server. It is only a snapshot: if the other side's queue is full, this one
+        is dropped; the scheduler never stops to wait for it.
+        """
+        try:
+            self.send_frontend.socket.send(serialize(self.stats()), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def server_info(self) -> dict[str, Any]:
+        """就绪时报告给启动器的信息。
+
+        en: What the scheduler reports to the launcher when it is ready.
+        """
+        return {
+            "max_seq_len": self.max_seq_len,
+            "num_pages": self.cache_manager.num_pages,
+            "page_size": self.page_size,
+            "max_running_req": self.max_running_req,
+            "eos_token_id": self.eos_token_id,
+            "cache_type": self.config.cache_type,
+            "device": str(self.device),
+        }
+
+    # ------------------------------------------------------------------ 请求的账目（给定）
+    # en: ------------------------------------------------------------------ bookkeeping of requests (given)
+
+    def add_request(
+        self, input_ids: torch.Tensor | Sequence[int], sampling_params: SamplingParams, uid: int | None = None
+    ) -> int:
+        """同第 2.1 章，但可以指定 ``uid``：服务器里的 uid 由 API 服务器分配，调度器沿用它。
+
+        en: As in chapter 2.1, but ``uid`` can be given: in the server the API server assigns uids, and the scheduler
+        keeps them.
+        """
+        if uid is None:
+            return super().add_request(input_ids, sampling_params)
+        input_ids = torch.as_tensor(input_ids, dtype=torch.int32).reshape(-1).cpu()
+        self.status[uid] = RequestStatus(uid, len(input_ids), sampling_params.max_tokens)
+        self.prefill_manager.add_one_req(PendingReq(uid, input_ids, sampling_params))
+        self._remote.add(uid)
+        return uid
+
+    def abort(self, uid: int) -> None:
+        """同第 2.5 章；还在排队（没占槽位）的请求被取消后，它的账目马上就可以忘掉。
+
+        en: As in chapter 2.5; a request cancelled while still queued (holding no slot) can be forgotten at once.
+        """
+        queued = any(p.uid == uid and p.chunked_req is None for p in self.prefill_manager.pending_list)
+        super().abort(uid)
+        if queued:
+            self._forget(uid)
+
+    def _free_req_resources(self, req: Any) -> None:
+        """资源真正归还时，已经没有哪个批次还会用到这个请求：它的账目也可以忘掉了。
+
+        en: When the resources are really given back, no batch will use this request any more: its bookkeeping can be
+        forgotten too.
+        """
+        super()._free_req_resources(req)
+        self._chunking.discard(req.uid)
+        self._forget(req.uid)
+
+    def _forget(self, uid: int) -> None:
+        """服务器里请求一个接一个地来：结束的请求的 ``status`` 要删掉，否则越积越多。离线 ``generate`` 自己删。
+
+        en: In the server requests keep coming: a finished request's ``status`` must be deleted, or they pile up. Offline
+        ``generate`` deletes its own.
+        """
+        if uid in self._remote:
+            self._remote.discard(uid)
+            self.status.pop(uid, None)
+
+    def _reject(self, uid: int, error: str) -> None:
+        self._replies.append(RejectMsg(uid=uid, error=error))
+
+    # ------------------------------------------------------------------ 收
+    # en: ------------------------------------------------------------------ receiving
+
+    def receive_msg(self, blocking: bool) -> list[BaseBackendMsg]:
+        """取走已经到了的全部消息（批量消息拆成一条一条）。``blocking`` 时先等到至少一条。
+
+        en: Take every message that has arrived (batch messages split into single ones). With ``blocking``, first wait
+        until there is at least one.
+        """
+        # >>> TASK receive: blocking 时先 recv_queue.get() 等来一条；然后反复 get_nowait() 取到 None 为止；每条都用 unwrap 拆开，按到达的顺序返回
+        # en: with blocking, first wait for one with recv_queue.get(); then get_nowait() repeatedly until it gives None; split each with unwrap and return them in arrival order
+        msgs = [self.recv_queue.get()] if blocking else []
+        while (msg := self.recv_queue.get_nowait()) is not None:
+            msgs.append(msg)
+        return [one for msg in msgs for one in unwrap(msg)]
+        # <<< TASK
+
+    def _process_one_msg(self, msg: BaseBackendMsg) -> None:
+        """处理一条消息：新请求、取消或退出。
+
+        en: Handle one message: a new request, an abort or exit.
+        """
+        # >>> TASK process_msg: UserMsg 交给 _add_user_msg；AbortBackendMsg：status 存在、还没结束也没取消，才 abort 它并回一条 DetokenizeMsg(uid, NO_TOKEN, finished=True, finish_reason="abort")，否则什么都不做；ExitMsg 把 _exit_requested 设为真；别的类型抛 TypeError
+        # en: a UserMsg goes to _add_user_msg; an AbortBackendMsg: only if its status exists and is neither finished nor aborted, abort it and reply DetokenizeMsg(uid, NO_TOKEN, finished=True, finish_reason="abort"), otherwise do nothing; an ExitMsg sets _exit_requested; any other type raises TypeError
+        if isinstance(msg, UserMsg):
+            self._add_user_msg(msg)
+        elif isinstance(msg, AbortBackendMsg):
+            status = self.status.get(msg.uid)
+            if status is None or status.finished or status.aborted:
+                return
+            self.abort(msg.uid)
+            self._replies.append(DetokenizeMsg(uid=msg.uid, next_token=NO_TOKEN, finished=True, finish_reason="abort"))
+        elif isinstance(msg, ExitMsg):
+            self._exit_requested = True
+        else:
+            raise TypeError(tr("The scheduler cannot handle a message of type {type}", type=type(msg).__name__))
+        # <<< TASK
+
+    def _add_user_msg(self, msg: UserMsg) -> None:
+        """校验一个新请求；放得下就用它自己的 uid 加进来，永远放不下就回一条 RejectMsg。
+
+        en: Validate a new request; if it fits, add it under its own uid; if it can never fit, answer with a RejectMsg.
+        """
+        # >>> TASK admit: uid 已在 status 里 → 拒绝（uid 重复）；其余交给 validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...)：提示词达到长度上限、token 不在词表里、采样参数不对，它都抛 ValueError / TypeError，就拒绝并带上它的消息；它截短 max_tokens 时会警告，这里不要警告（客户端从 finish_reason "length" 看得出来）；通过了就 add_request(ids, sp, uid=msg.uid)
+        # en: a uid already in status → reject (duplicate uid); the rest goes to validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...): a prompt reaching the length limit, a token outside the vocabulary, bad sampling parameters all make it raise ValueError / TypeError: reject with its message; it warns when it clips max_tokens: no warning here (the client sees it from finish_reason "length"); once it passes, add_request(ids, sp, uid=msg.uid)
+        if msg.uid in self.status:
+            return self._reject(msg.uid, tr("Request id {uid} is already in use", uid=msg.uid))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                [(ids, sp)] = validate_requests([msg.input_ids], msg.sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len)
+        except (TypeError, ValueError) as err:
+            return self._reject(msg.uid, str(err))
+        self.add_request(ids, sp, uid=msg.uid)
+        # <<< TASK
+
+    # ------------------------------------------------------------------ 发
+    # en: ------------------------------------------------------------------ sending
+
+    def _process_last_data(self, last_data: tuple[ForwardInput, ForwardOutput] | None) -> None:
+        """第 2 阶段的结果处理照旧（记下 token、判断结束、归还资源）；之后看每个经消息来的请求这一步变了什么，
+        变了的写成 ``DetokenizeMsg``。
+
+        en: Stage 2's result processing as before (record the token, decide the end, free resources); then look at what
+        changed this step for each request that came by message, and write each change as a ``DetokenizeMsg``.
+        """
+        if last_data is None:
+            return
+        # >>> TASK collect_replies: 先为批次里每个在 _remote 里的请求记下 (uid, status 对象, 输出长度, 是否已结束)——处理时请求可能被忘掉，要先拿住 status；再 super()._process_last_data；之后：原来就结束的跳过（重叠调度多算的那一步）；输出变长了 → DetokenizeMsg(uid, 最后一个 token, finished, 结束了就是 "length")；没变长却结束了 → 遇到了 EOS：DetokenizeMsg(uid, NO_TOKEN, True, "stop")；被取消的请求第 2 阶段不会再动它，两样都不会发生
+        # en: first note (uid, status object, output length, finished already) for each request of the batch that is in _remote (it may be forgotten during processing, so hold on to its status); then super()._process_last_data; afterwards: skip those finished before (the extra overlap step); the output grew → DetokenizeMsg(uid, the last token, finished, "length" if finished); it did not grow yet the request finished → EOS: DetokenizeMsg(uid, NO_TOKEN, True, "stop"); stage 2 never touches an aborted request, so neither happens for one
+        before = [
+            (req.uid, status, len(status.output_ids), status.finished)
+            for req in last_data[0].batch.reqs
+            if req.uid in self._remote and (status := self.status.get(req.uid)) is not None
+        ]
+        super()._process_last_data(last_data)
+        for uid, status, n_before, finished_before in before:
+            if finished_before:
+                continue
+            if len(status.output_ids) > n_before:
+                reason = "length" if status.finished else None
+                self._replies.append(DetokenizeMsg(uid, status.output_ids[-1], status.finished, reason))
+            elif status.finished:
+                self._replies.append(DetokenizeMsg(uid, NO_TOKEN, True, "stop"))
+        # <<< TASK
+
+    def stats(self) -> SchedulerStats:
+        """调度器的现状（``/metrics`` 读它）。
+
+        en: The scheduler's current state (which ``/metrics`` reads).
+        """
+        return SchedulerStats(
+            running=self.max_running_req - self.table_manager.available_size,
+            waiting=sum(p.chunked_req is None for p in self.prefill_manager.pending_list),
+            pages_in_use=self.pages_in_use(),
+            pages_total=self.cache_manager.num_pages,
+            pages_cached=self.cache_manager.prefix_cache.size_info.evictable_size // self.page_size,
+            **self.counters,
+        )
+
+    def _count_step(self, trace: StepTrace) -> None:
+        """步监听器：每处理完一步，累计 :meth:`stats` 里的计数。
+
+        en: The step listener: after each step is processed, add to the counters :meth:`stats` reports.
+        """
+        # >>> TASK count_step: steps 加一；预填充步：prefill_tokens 加上这一步的 token 数，每个请求的 cached_len 算作命中——但接着上一块算的分块请求（uid 在 _chunking 里）不算；这一步不出 token 的（outputs 为假：算了一块、提示词还没算完）记进 _chunking（请求的资源归还时会移出）；解码步：decode_tokens 加上请求数，请求数比 max_decode_batch 大就更新它
+        # en: steps += 1; a prefill step: add its token count to prefill_tokens and each request's cached_len to the hits, except for a chunked request continuing its previous chunk (uid in _chunking); a request whose token this step is no output (outputs false: one chunk computed, the prompt not finished) goes into _chunking (it leaves when the request's resources are freed); a decode step: add the number of requests to decode_tokens, and raise max_decode_batch if the number is larger
+        c = self.counters
+        c["steps"] += 1
+        if trace.is_prefill:
+            c["prefill_tokens"] += trace.tokens
+            for uid, cached, output in zip(trace.uids, trace.cached_lens, trace.outputs):
+                if uid not in self._chunking:
+                    c["cache_hit_tokens"] += cached
+                if not output:
+                    self._chunking.add(uid)
+        else:
+            c["decode_tokens"] += len(trace.uids)
+            if len(trace.uids) > c["max_decode_batch"]:
+                c["max_decode_batch"] = len(trace.uids)
+        # <<< TASK
+
+    # ------------------------------------------------------------------ 主循环
+    # en: ------------------------------------------------------------------ main loop
+
+    @torch.inference_mode()
+    def run_once(self) -> bool:
+        """主循环的一次迭代：收消息并处理 → 有事就走一步 → 发出这一步的结果和现状。收到 ``ExitMsg`` 后返回 False。
+
+        en: One iteration of the main loop: receive and handle messages -> take a step if there is work -> send this
+        step's results and the state. Returns False once an ``ExitMsg`` has arrived.
+        """
+        self._exit_requested = False
+        # >>> TASK run_once: 空闲（not self.busy）时先补发一次现状（_idle_reported 为假时；发完设为真）；receive_msg(blocking=空闲) 并逐条处理；收到退出就返回 False；busy 就 step()；_replies 非空就打包成一条 BatchTokenizerMsg 发给 send_tokenizer 并清空；走了一步就 send_stats() 并把 _idle_reported 设为假；返回 True
+        # en: when idle (not self.busy), first send the state once more (if _idle_reported is false; set it afterwards); receive_msg(blocking=idle) and handle each message; return False on exit; step() if busy; if _replies is not empty, pack it into one BatchTokenizerMsg for send_tokenizer and clear it; after a step, send_stats() and set _idle_reported to false; return True
+        if not self.busy and not self._idle_reported:
+            self.send_stats()
+            self._idle_reported = True
+        for msg in self.receive_msg(blocking=not self.busy):
+            self._process_one_msg(msg)
+        if self._exit_requested:
+            return False
+        stepped = self.step() if self.busy else False
+        if self._replies:
+            self.send_tokenizer.put(BatchTokenizerMsg(data=self._replies))
+            self._replies = []
+        if stepped:
+            self.send_stats()
+            self._idle_reported = False
+        return True
+        # <<< TASK
+
+    def run_forever(self) -> None:
+        """一直迭代到收到 ``ExitMsg``，再等在途的一步算完。
+
+        en: Iterate until an ``ExitMsg`` arrives, then wait for the step in flight to finish.
+        """
+        while self.run_once():
+            pass
+        self._drain()
+
+
+# ----------------------------------------------------------------------------- 进程入口（给定）
+# en: ----------------------------------------------------------------------------- process entry (given)
+
+
+class _Terminated(BaseException):
+    """SIGTERM / SIGINT 变成的异常：从阻塞的接收里、从一步的中间跳出来，走 ``finally`` 干净地收尾。
+
+    en: What SIGTERM / SIGINT turns into: it jumps out of a blocking receive or the middle of a step, and the ``finally``
+    cleans up.
+    """
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Terminated(signum)
+
+
+def scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> None:
+    """调度器进程的入口（启动器用 spawn 启动它）。
+
+    建调度器、接上套接字，然后通过 ``ready`` 报告 ``("ready", 信息)``（起不来就报 ``("error", 原因)`` 并以 1 退出），
+    一直服务到 ``ExitMsg`` 或 SIGTERM / SIGINT；最后关掉套接字（linger 0）、关掉引擎，以 0 退出。
+
+    en: The scheduler process's entry point (the launcher starts it with spawn).
+
+    Build the scheduler and attach the sockets, then report ``("ready", info)`` through ``ready`` (or ``("error",
+    reason)`` and exit with 1 if it cannot start), serve until an ``ExitMsg`` or SIGTERM / SIGINT; finally close the
+    sockets (linger 0), shut the engine down and exit with 0.
+    """
+    set_process_name("msgl-scheduler")
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+    sched: Scheduler | None = None
+    try:
+        try:
+            sched = Scheduler(args.model_path, **args.scheduler_kwargs())
+            sched.connect(addrs)
+        except Exception as err:
+            ready.send(("error", tr("The scheduler could not start: {error}", error=f"{type(err).__name__}: {err}")))
+            ready.close()
+            if sched is not None:
+                sched.close()
+            sys.exit(1)
+        ready.send(("ready", sched.server_info()))
+        ready.close()
+        sched.run_forever()
+    except _Terminated:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if sched is not None:
+            sched.close()
+            try:
+                sched.shutdown()
+            except Exception as err:  # 被信号打断在一步的中间：只求退出 | en: interrupted in the middle of a step: just exit
+                print(tr("scheduler: shutdown after a signal: {error}", error=err), file=sys.stderr)

@@ -1,0 +1,382 @@
+"""第 3.2 章 tokenizer：分词进程与增量反分词。
+
+在线服务里，文字和 token 之间的转换都在一个单独的进程里做（调度器只认 token id）：
+
+    API 服务器 --TokenizeMsg--> [分词] --UserMsg--> 调度器
+    调度器 --DetokenizeMsg--> [反分词] --UserReply--> API 服务器
+
+- **分词**（给定）：纯文本用分词器编码（不额外加特殊 token，和 ``LLM.generate`` 对字符串提示词的做法一样），对话消息
+  套用分词器自带的对话模板，现成的 token id 原样使用；
+- **增量反分词**（你来写）：调度器每一步给每个请求一个新 token，API 服务器要的是一段段新文字。一个汉字或 emoji 在
+  字节级分词器里常常跨好几个 token，只解码到一半时是乱码 U+FFFD（``�``）：这样的尾巴先扣住，等字符完整了再发。
+  每段都是新的、完整的文字，所有段拼起来正好等于整段 token 的 ``tokenizer.decode``；
+- **停止字符串**（你来写）：文字里一出现 ``stop`` 里的某个字符串，就在它前面截断、以 ``finish_reason="stop"`` 结束，
+  并让调度器取消这个请求（页面马上归还）；末尾只匹配了一半的先扣住，后文不匹配了再放出来。
+
+每个请求的状态在分词时建立、结束时释放。请求结束之后还可能收到它的消息（重叠调度会多算一步；停止字符串命中后，
+调度器收到取消之前也还在算）：这样的消息不建状态、不产生回复。
+
+en: Chapter 3.2 tokenizer: the tokenizer process and incremental detokenization.
+
+In the online service, turning text into tokens and back happens in a process of its own (the scheduler only knows
+token ids):
+
+    API server --TokenizeMsg--> [tokenize] --UserMsg--> scheduler
+    scheduler --DetokenizeMsg--> [detokenize] --UserReply--> API server
+
+- **Tokenizing** (given): plain text is encoded by the tokenizer (adding no special tokens, as ``LLM.generate`` does for
+  a string prompt), chat messages go through the tokenizer's own chat template, and ready token ids are used as given;
+- **Incremental detokenization** (you write it): each step the scheduler sends one new token per request, and the API
+  server wants pieces of new text. In a byte-level tokenizer a Chinese character or an emoji often spans several
+  tokens, and decoded halfway it is garbage, U+FFFD (``�``): such a tail is held back until the character is complete.
+  Every piece is new, complete text, and all pieces joined are exactly ``tokenizer.decode`` of all the tokens;
+- **Stop strings** (you write them): as soon as one of the strings in ``stop`` appears in the text, the text is cut
+  before it, the request finishes with ``finish_reason="stop"``, and the scheduler is told to abort the request (its
+  pages come back at once); a partial match at the end is held back and released if what follows does not match.
+
+A request's state is created when it is tokenized and freed when it finishes. Messages for a request can still arrive
+after it finished (overlap scheduling computes one step more; after a stop-string hit the scheduler keeps computing
+until the abort arrives): such a message creates no state and produces no reply.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn
+
+import torch
+import zmq
+from transformers import AutoTokenizer
+
+from minisgl.i18n import tr
+from minisgl.message import (
+    AbortBackendMsg,
+    AbortMsg,
+    BaseBackendMsg,
+    BaseFrontendMsg,
+    BatchBackendMsg,
+    BatchFrontendMsg,
+    DetokenizeMsg,
+    Message,
+    RejectMsg,
+    TokenizeMsg,
+    UserMsg,
+    UserReply,
+    ZmqPullQueue,
+    ZmqPushQueue,
+    unwrap,
+)
+from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
+
+#: 解码到一半的字符变成的替换字符。
+#: en: The replacement character a half-decoded character turns into.
+REPLACEMENT = "\ufffd"
+#: 一轮最多收多少条消息再处理（不让源源不断的消息把回复一直压着）。
+#: en: The most messages taken in one loop turn before processing (so a steady inflow cannot hold replies back forever).
+MAX_DRAIN = 1024
+
+# ----------------------------------------------------------------------------- 分词（给定）
+# en: ----------------------------------------------------------------------------- tokenizing (given)
+
+
+class TokenizeManager:
+    """把 :class:`TokenizeMsg` 的提示词变成 token id（给定，不是任务）。
+
+    en: Turns the prompt of a :class:`TokenizeMsg` into token ids (given, not a task).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+
+    def tokenize(self, prompt: Any) -> list[int]:
+        """文本 → ``encode(..., add_special_tokens=False)``；对话消息 → 分词器的对话模板（加上让模型开始回答的提示）；
+        token id 列表 → 原样。空提示词、词表外的 id、看不懂的类型抛 ValueError / TypeError（说明原因，回给客户端）。
+
+        en: text → ``encode(..., add_special_tokens=False)``; chat messages → the tokenizer's chat template (with the
+        prompt that makes the model start its answer); a list of token ids → as it is. An empty prompt, ids outside the
+        vocabulary or a type it cannot read raise ValueError / TypeError (saying why; it goes back to the client).
+        """
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            ids = list(self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
+                                                          return_dict=False))
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(tr("The prompt has token ids outside the vocabulary (size {vocab}): {bad}",
+                                    vocab=self.vocab_size, bad=bad[:5]))
+        else:
+            raise TypeError(tr("The prompt must be a string, a list of chat messages or a list of token ids, got {type}",
+                               type=type(prompt).__name__))
+        if not ids:
+            raise ValueError(tr("The prompt is empty: it needs at least 1 token"))
+        return ids
+
+
+# ----------------------------------------------------------------------------- 增量反分词
+# en: ----------------------------------------------------------------------------- incremental detokenization
+
+
+@dataclass
+class DecodeStatus:
+    """一个请求的反分词状态。
+
+    ``ids`` 是到目前为止收到的输出 token。``ids[:read_offset]`` 的文字已经确定（都在 ``text`` 里）；解码新 token 时，
+    从 ``prefix_offset`` 起多解码几个已确定的 token 当上下文（有的分词器单独解码一段后缀时，开头的空格会变样），
+    再减去这段上下文自己的文字。``text[:sent]`` 已经发给 API 服务器；``text[sent:]`` 是因停止字符串而扣住的部分。
+
+    en: One request's detokenization state.
+
+    ``ids`` are the output tokens received so far. The text of ``ids[:read_offset]`` is settled (all of it is in
+    ``text``); to decode new tokens, a few settled tokens from ``prefix_offset`` on are decoded along with them as
+    context (some tokenizers change a leading space when a suffix is decoded alone), and the text of that context is
+    then taken off. ``text[:sent]`` has been sent to the API server; ``text[sent:]`` is held back for the stop strings.
+    """
+
+    prompt_tokens: int
+    stop: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    prefix_offset: int = 0
+    read_offset: int = 0
+    text: str = ""
+    sent: int = 0
+
+
+class DetokenizeManager:
+    """所有请求的增量反分词：``uid → DecodeStatus``。
+
+    en: Incremental detokenization of every request: ``uid → DecodeStatus``.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.decode_map: dict[int, DecodeStatus] = {}
+
+    def add(self, uid: int, prompt_tokens: int, stop: list[str] | None = None) -> None:
+        """分词时为请求建立状态（只在这里建）。空的停止字符串没有意义，去掉。
+
+        en: Create a request's state when it is tokenized (the only place state is created). Empty stop strings mean
+        nothing and are dropped.
+        """
+        self.decode_map[uid] = DecodeStatus(prompt_tokens=prompt_tokens, stop=[s for s in stop or [] if s])
+
+    def pop(self, uid: int) -> DecodeStatus | None:
+        """释放一个请求的状态（取消、被拒绝时）；没有就返回 None。
+
+        en: Free a request's state (on abort or rejection); None if it has none.
+        """
+        return self.decode_map.pop(uid, None)
+
+    def decode_new(self, s: DecodeStatus, finished: bool) -> None:
+        """把 ``ids[read_offset:]`` 里能确定的新文字接到 ``s.text`` 后面。
+
+        解码 ``ids[prefix_offset:]`` 和 ``ids[prefix_offset:read_offset]``，前者去掉后者的长度就是新文字。
+        新文字以 U+FFFD 结尾（字符还没完整），就先不确定（什么也不改），下次连同新 token 一起再解码；
+        否则确定它：``prefix_offset`` 移到 ``read_offset``，``read_offset`` 移到末尾。请求结束时（``finished``）
+        没有下次了，剩下的无论如何都确定下来。
+
+        en: Append the new text that ``ids[read_offset:]`` settles to ``s.text``.
+
+        Decode ``ids[prefix_offset:]`` and ``ids[prefix_offset:read_offset]``; the first minus the length of the second
+        is the new text. If it ends with U+FFFD (a character not complete yet), settle nothing (change nothing):
+        next time it is decoded again together with the new tokens. Otherwise settle it:
+        ``prefix_offset`` moves to ``read_offset`` and ``read_offset`` to the end. When the request finishes
+        (``finished``) there is no next time, and whatever is left is settled regardless.
+        """
+        # >>> TASK incremental_decode: 上下文 = decode(ids[prefix_offset:read_offset])，全部 = decode(ids[prefix_offset:])，新文字 = 全部[len(上下文):]；没结束且新文字以 REPLACEMENT 结尾 → 直接 return（什么也不改）；否则 text 加上新文字，prefix_offset = read_offset，read_offset = len(ids)
+        # en: context = decode(ids[prefix_offset:read_offset]), full = decode(ids[prefix_offset:]), new = full[len(context):]; if not finished and new ends with REPLACEMENT → just return (change nothing); otherwise add new to text, prefix_offset = read_offset, read_offset = len(ids)
+        context = self.tokenizer.decode(s.ids[s.prefix_offset:s.read_offset])
+        new = self.tokenizer.decode(s.ids[s.prefix_offset:])[len(context):]
+        if not finished and new.endswith(REPLACEMENT):
+            return
+        s.text += new
+        s.prefix_offset, s.read_offset = s.read_offset, len(s.ids)
+        # <<< TASK
+
+    def apply_stop(self, s: DecodeStatus, finished: bool) -> tuple[str, bool]:
+        """从还没发出的文字 ``s.text[s.sent:]`` 里取出这次能发的一段，返回 ``(这一段, 是否命中停止字符串)``。
+
+        - 其中出现了某个停止字符串：取最早的那一处，只发它前面的部分，命中；
+        - 否则，末尾若是某个停止字符串的开头（可能正要匹配上），扣住末尾这一段（取最长的），其余发出；
+          请求已经结束（``finished``）就不再扣，全部发出。
+
+        en: Take the piece that can be sent now out of the text not sent yet, ``s.text[s.sent:]``, and return
+        ``(the piece, whether a stop string was hit)``.
+
+        - if a stop string occurs in it: take the earliest occurrence, send only what comes before it, a hit;
+        - otherwise, if its end is the beginning of a stop string (it may be about to match), hold back that end (the
+          longest such), send the rest; if the request has finished (``finished``) hold nothing back and send it all.
+        """
+        # >>> TASK stop_strings: pending = text[sent:]；各停止字符串在 pending 里 find，取最小的下标 i → 返回 (pending[:i], True)（请求就此结束，sent 不必再管）；否则（没结束时）找最长的 k（k ≤ len(pending)），使 pending 的末尾 k 个字符是某个停止字符串的开头，扣住它们；发出其余部分（sent 跟着加），返回 (这部分, False)
+        # en: pending = text[sent:]; find each stop string in pending and take the smallest index i → return (pending[:i], True) (the request ends here, sent no longer matters); otherwise (unless finished) find the longest k (k ≤ len(pending)) such that pending's last k characters begin some stop string, hold them back; send the rest (sent grows with it), return (that part, False)
+        pending = s.text[s.sent:]
+        hits = [i for i in (pending.find(stop) for stop in s.stop) if i >= 0]
+        if hits:
+            return pending[:min(hits)], True
+        keep = 0
+        if not finished:
+            for k in range(len(pending), 0, -1):
+                if any(stop.startswith(pending[-k:]) for stop in s.stop):
+                    keep = k
+                    break
+        piece = pending[:len(pending) - keep]
+        s.sent += len(piece)
+        return piece, False
+        # <<< TASK
+
+    def detokenize(self, msg: DetokenizeMsg) -> UserReply | None:
+        """处理调度器的一条 :class:`DetokenizeMsg`，返回给 API 服务器的回复；没有状态的请求返回 None。
+
+        ``finish_reason`` 为 ``"stop"``（遇到 EOS）时 ``next_token`` 是 EOS，``"abort"`` 时是 -1：两者都不是输出，
+        不解码、不计数。结束（调度器说结束了，或命中了停止字符串）时回复带上 ``finished``、``finish_reason``
+        和 token 计数，并释放状态；``completion_tokens`` 是收到的输出 token 数。
+
+        en: Handle one :class:`DetokenizeMsg` from the scheduler and return the reply for the API server; None for a
+        request with no state.
+
+        With ``finish_reason`` ``"stop"`` (EOS) ``next_token`` is the EOS token, with ``"abort"`` it is -1: neither is
+        output, neither is decoded or counted. When the request finishes (the scheduler says so, or a stop string is
+        hit) the reply carries ``finished``, ``finish_reason`` and the token counts, and the state is freed;
+        ``completion_tokens`` is the number of output tokens received.
+        """
+        # >>> TASK detokenize: 没有状态 → None（不要新建）；finish_reason 不是 "stop"/"abort" 时把 next_token 加进 ids；decode_new 再 apply_stop；命中停止字符串也算结束，finish_reason 为 "stop"；结束就从 decode_map 删掉；回复 UserReply(uid, 这一段, finished, 结束时的 finish_reason, prompt_tokens, len(ids))
+        # en: no state → None (do not create any); unless finish_reason is "stop"/"abort", append next_token to ids; decode_new, then apply_stop; a stop-string hit finishes too, with finish_reason "stop"; on finishing delete it from decode_map; reply UserReply(uid, the piece, finished, the finish_reason when finished, prompt_tokens, len(ids))
+        s = self.decode_map.get(msg.uid)
+        if s is None:
+            return None
+        if msg.finish_reason not in ("stop", "abort"):
+            s.ids.append(msg.next_token)
+        self.decode_new(s, msg.finished)
+        piece, hit = self.apply_stop(s, msg.finished)
+        finished = msg.finished or hit
+        reason = "stop" if hit else msg.finish_reason
+        if finished:
+            del self.decode_map[msg.uid]
+        return UserReply(msg.uid, piece, finished, reason if finished else None, s.prompt_tokens, len(s.ids))
+        # <<< TASK
+
+
+# ----------------------------------------------------------------------------- 分词进程（给定）
+# en: ----------------------------------------------------------------------------- the tokenizer process (given)
+
+
+def process_messages(msgs: list[Message], tokenize_manager: TokenizeManager, detokenize_manager: DetokenizeManager,
+                     ) -> tuple[list[BaseBackendMsg], list[BaseFrontendMsg]]:
+    """处理一轮收到的消息（按到达顺序），返回 ``(给调度器的, 给 API 服务器的)``（给定，不是任务）。
+
+    - :class:`TokenizeMsg` → 分词，建状态，:class:`UserMsg` 给调度器；分不了词（空提示词、类型不对……）直接回复错误；
+    - :class:`AbortMsg` → 释放状态，:class:`AbortBackendMsg` 给调度器，回复 ``finish_reason="abort"``；
+    - :class:`DetokenizeMsg` → :meth:`DetokenizeManager.detokenize`；命中停止字符串而调度器还没结束它，
+      就给调度器发 :class:`AbortBackendMsg`，页面马上归还；
+    - :class:`RejectMsg` → 释放状态，回复错误（被拒绝的请求一定有回音）。
+
+    en: Handle one turn's messages (in arrival order) and return ``(for the scheduler, for the API server)`` (given,
+    not a task).
+
+    - :class:`TokenizeMsg` → tokenize, create the state, a :class:`UserMsg` for the scheduler; if it cannot be tokenized
+      (an empty prompt, a wrong type, ...) reply with the error at once;
+    - :class:`AbortMsg` → free the state, an :class:`AbortBackendMsg` for the scheduler, a reply with
+      ``finish_reason="abort"``;
+    - :class:`DetokenizeMsg` → :meth:`DetokenizeManager.detokenize`; if a stop string was hit while the scheduler has
+      not finished the request, send the scheduler an :class:`AbortBackendMsg` so the pages come back at once;
+    - :class:`RejectMsg` → free the state, reply with the error (a refused request always gets an answer).
+    """
+    backend: list[BaseBackendMsg] = []
+    frontend: list[BaseFrontendMsg] = []
+    for msg in msgs:
+        if isinstance(msg, DetokenizeMsg):
+            reply = detokenize_manager.detokenize(msg)
+            if reply is None:
+                continue
+            frontend.append(reply)
+            if reply.finished and not msg.finished:
+                backend.append(AbortBackendMsg(msg.uid))
+        elif isinstance(msg, TokenizeMsg):
+            try:
+                ids = tokenize_manager.tokenize(msg.prompt)
+            except (TypeError, ValueError) as e:
+                frontend.append(UserReply(msg.uid, "", finished=True, error=str(e)))
+                continue
+            detokenize_manager.add(msg.uid, len(ids), msg.stop)
+            backend.append(UserMsg(msg.uid, torch.tensor(ids, dtype=torch.int32), msg.sampling_params))
+        elif isinstance(msg, AbortMsg):
+            s = detokenize_manager.pop(msg.uid)
+            backend.append(AbortBackendMsg(msg.uid))
+            if s is not None:
+                frontend.append(UserReply(msg.uid, "", finished=True, finish_reason="abort", prompt_tokens=s.prompt_tokens,
+                                          completion_tokens=len(s.ids)))
+        elif isinstance(msg, RejectMsg):
+            s = detokenize_manager.pop(msg.uid)
+            if s is not None:
+                frontend.append(UserReply(msg.uid, "", finished=True, prompt_tokens=s.prompt_tokens, error=msg.error))
+        else:
+            raise TypeError(tr("The tokenizer process got a message it does not handle: {type}", type=type(msg).__name__))
+    return backend, frontend
+
+
+class _Stop(Exception):
+    """SIGTERM / SIGINT：离开主循环。
+
+    en: SIGTERM / SIGINT: leave the main loop.
+    """
+
+
+def _raise_stop(signum: int, frame: Any) -> NoReturn:
+    raise _Stop
+
+
+def tokenize_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> None:
+    """分词 / 反分词进程的入口（给定，不是任务）。
+
+    绑定自己的 PULL 套接字、连上调度器和 API 服务器，经 ``ready`` 报告 ``("ready", {})``（起不来就报
+    ``("error", 原因)`` 并以非零状态退出）。之后每一轮：等到至少一条消息，再把已经到了的都收下，一起处理，
+    给调度器和 API 服务器各发一条（批量）消息。SIGTERM / SIGINT 让它干净地退出：套接字以 linger 0 关闭。
+
+    en: The entry point of the tokenizer / detokenizer process (given, not a task).
+
+    It binds its PULL socket, connects to the scheduler and the API server, and reports ``("ready", {})`` through
+    ``ready`` (or ``("error", reason)`` and a non-zero exit when it cannot start). Then each turn: wait for at least one
+    message, take all that have arrived, handle them together, and send one (batch) message to the scheduler and one
+    to the API server. SIGTERM / SIGINT make it exit cleanly: the sockets close with linger 0.
+    """
+    set_process_name("msgl-tokenizer")
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    queues: list[ZmqPullQueue | ZmqPushQueue] = []
+    try:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+            recv = ZmqPullQueue(addrs.tokenizer, create=True)
+            queues.append(recv)
+            send_backend = ZmqPushQueue(addrs.backend, create=False)
+            queues.append(send_backend)
+            send_frontend = ZmqPushQueue(addrs.frontend, create=False)
+            queues.append(send_frontend)
+        except Exception as e:  # noqa: BLE001 - 任何原因都报给启动器 | en: any cause is reported to the launcher
+            ready.send(("error", tr("The tokenizer process cannot start: {error}", error=f"{type(e).__name__}: {e}")))
+            sys.exit(1)
+        tokenize_manager = TokenizeManager(tokenizer)
+        detokenize_manager = DetokenizeManager(tokenizer)
+        ready.send(("ready", {}))
+        while True:
+            msgs = unwrap(recv.get())
+            while len(msgs) < MAX_DRAIN and (more := recv.get_nowait()) is not None:
+                msgs += unwrap(more)
+            backend, frontend = process_messages(msgs, tokenize_manager, detokenize_manager)
+            if backend:
+                send_backend.put(backend[0] if len(backend) == 1 else BatchBackendMsg(backend))
+            if frontend:
+                send_frontend.put(frontend[0] if len(frontend) == 1 else BatchFrontendMsg(frontend))
+    except _Stop:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for queue in queues:
+            queue.close()
+        zmq.Context.instance().term()  # 套接字都关了，term 立刻返回 | en: every socket is closed, so term returns at once
