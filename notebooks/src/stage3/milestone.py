@@ -58,6 +58,49 @@ print(tr("largest decode batch: {batch}; KV pages held by requests before the st
 print(tr("processes left behind after Ctrl-C: {n}", n=len(results["left_behind"])))
 
 # %% [markdown] tags=["lang-zh"]
+# ## 请求槽与并发
+#
+# 拖动滑块：服务只有 `max_running_req` 个请求槽，8 个线程同时各发一个请求。槽位少于 8 时，多出来的请求只能等前面的做完，
+# 最大的解码批就是槽位数。每换一次都要重启一次服务（小 Qwen3，几秒钟）。
+
+# %% [markdown] tags=["lang-en"]
+# ## Request slots and concurrency
+#
+# Move the slider: the service has only `max_running_req` request slots, and 8 threads each send a request at once. With
+# fewer than 8 slots the extra requests wait until earlier ones finish, and the largest decode batch is the number of
+# slots. Every change restarts the service (the tiny Qwen3, a few seconds).
+
+# %%
+from concurrent.futures import ThreadPoolExecutor
+
+import ipywidgets as widgets
+from openai import OpenAI
+
+from minisgl.notebook import Explorer
+from minisgl.serving import ServerProcess
+
+
+def concurrency(max_running_req: int) -> None:
+    with ServerProcess(tiny_qwen3(), *stage3_milestone.FLAGS, "--max-running-req", str(max_running_req)) as server:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: client.completions.create(model="qwen3-tiny-random", prompt=f"Request {i}",
+                                                               max_tokens=16, temperature=0,
+                                                               extra_body={"ignore_eos": True}), range(8)))
+        batch = int(server.metrics()["minisgl_max_decode_batch"])
+    print(tr("{slots} request slots, 8 requests at once: largest decode batch {batch}", slots=max_running_req, batch=batch))
+
+
+explorer = Explorer(concurrency, title=tr("Request slots"),
+                    max_running_req=widgets.IntSlider(value=8, min=1, max=8, description="max_running_req"))
+explorer
+
+# %%
+# Call the widget's handler with one set of values (checks it without a browser)
+# 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+explorer.run(max_running_req=2)
+
+# %% [markdown] tags=["lang-zh"]
 # ## 试一试
 #
 # - 在终端里运行 `python -m minisgl --model models/qwen3-tiny-random`，浏览器打开它打印的地址，在聊天页面里发一句话，
@@ -74,3 +117,19 @@ print(tr("processes left behind after Ctrl-C: {n}", n=len(results["left_behind"]
 #   largest decode batch becomes 1;
 # - send a `"stream": true` request with `curl -N` to see raw SSE: each piece is one `data: {...}` line, and the last is
 #   `data: [DONE]`.
+
+# %% [markdown] tags=["lang-zh"]
+# ## 检查
+#
+# 第 3 阶段都写完之后，运行下面这一格跑里程碑的检查（`checks/stage3/test_milestone.py`）。
+
+# %% [markdown] tags=["lang-en"]
+# ## Checks
+#
+# When all of stage 3 is written, run the cell below for the milestone checks (`checks/stage3/test_milestone.py`).
+
+# %% tags=["skip-execution"]
+# NBVAL_SKIP
+from minisgl.notebook import run_milestone_checks
+
+run_milestone_checks(3)
