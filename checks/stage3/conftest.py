@@ -43,15 +43,30 @@ START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 40.0
 
 
-def tiny_model() -> str:
-    """小 Qwen3 的目录；没建好就直接失败并提示 ``make setup``（不跳过）。
+def built(getter: Callable[[], Any]) -> str:
+    """模型目录；没建好就直接失败并提示 ``make setup``（不跳过）。
 
-    en: The tiny Qwen3's folder; if it is not built, fail at once and say ``make setup`` (no skip).
+    en: The model folder; if it is not built, fail at once and say ``make setup`` (never skip).
     """
     try:
-        return str(model_zoo.tiny_qwen3())
+        return str(getter())
     except FileNotFoundError as e:
-        pytest.fail(str(e), pytrace=False)
+        message = str(e)
+    pytest.fail(message, pytrace=False)
+
+
+def tiny_model() -> str:
+    return built(model_zoo.tiny_qwen3)
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> str:
+    return tiny_model()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    return built(model_zoo.smollm2)
 
 
 # ----------------------------------------------------------------------------- 服务器

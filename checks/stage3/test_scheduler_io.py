@@ -34,7 +34,6 @@ import pytest
 import torch
 
 from checks.hf_reference import greedy_reference
-from minisgl import model_zoo
 from minisgl.core import SamplingParams
 from minisgl.course import select
 from minisgl.env import ENV
@@ -199,14 +198,6 @@ def assert_idle(sched: Any, stats: list[SchedulerStats]) -> None:
 
 
 # ----------------------------------------------------------------------------- 夹具
-
-
-@pytest.fixture(scope="module")
-def tiny_path() -> str:
-    try:
-        return str(model_zoo.tiny_qwen3())
-    except FileNotFoundError as err:
-        pytest.fail(str(err), pytrace=False)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,6 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from minisgl import model_zoo
 from minisgl.core import SamplingParams
 from minisgl.course import select
 from minisgl.i18n import tr
@@ -60,28 +59,6 @@ from minisgl.validation import validate_requests
 #: en: The one Chinese sentence of the checks (a prompt stage 2 used too).
 PROMPT_ZH = "今天天气很好，我们"
 FFFD = "\ufffd"
-
-
-def built(getter: Any) -> str:
-    """模型目录；没建好就直接失败并提示 ``make setup``（不跳过）。
-
-    en: The model folder; if it is not built, fail at once and say ``make setup`` (never skip).
-    """
-    try:
-        return str(getter())
-    except FileNotFoundError as e:
-        message = str(e)
-    pytest.fail(message, pytrace=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_path() -> str:
-    return built(model_zoo.tiny_qwen3)
-
-
-@pytest.fixture(scope="module")
-def smollm2_path() -> str:
-    return built(model_zoo.smollm2)
 
 
 @lru_cache(maxsize=None)
