@@ -6,10 +6,12 @@ addresses between its processes.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -98,11 +100,14 @@ class ServerAddrs:
 
 
 def make_ipc_dir() -> str:
-    """给一次服务的全部套接字建一个很短的私有临时目录（``/tmp/msgl-xxxx``）。
+    """给一次服务的全部套接字建一个很短的私有临时目录（``/tmp/msgl-xxxx``）；建它的进程退出时删掉。
 
-    en: Make one short private temporary directory (``/tmp/msgl-xxxx``) for all the sockets of one service.
+    en: Make one short private temporary directory (``/tmp/msgl-xxxx``) for all the sockets of one service; it is removed
+    when the process that made it exits.
     """
-    return tempfile.mkdtemp(prefix="msgl-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    ipc_dir = tempfile.mkdtemp(prefix="msgl-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    atexit.register(shutil.rmtree, ipc_dir, ignore_errors=True)
+    return ipc_dir
 
 
 def ipc_addr(ipc_dir: str, name: str) -> str:

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoTokenizer
 
 from checks.hf_reference import greedy_reference, load_hf
+from checks.common import expect  # noqa: F401 - 各章检查从这里导入 | en: the chapters' checks import it from here
 from minisgl.i18n import tr
 from minisgl import model_zoo
 
@@ -68,16 +69,6 @@ def assert_close_zh(actual: object, expected: object, sentence: str, **tol: obje
     检查文件用 ``from .conftest import assert_close_zh`` 导入（它不依赖任何章节模块）。
     """
     torch.testing.assert_close(actual, expected, msg=lambda detail: f"{sentence}\n{detail}", **tol)
-
-
-
-def expect(got: object, want: object, what: str) -> None:
-    """一条性质一次比较：不相等时消息里有“检查的是什么”、期望值和实际值（完整，不截断）。
-
-    en: One property, one comparison: on mismatch the message says what was checked, what was expected and what came,
-    in full.
-    """
-    assert got == want, tr("{what}\nexpected: {want!r}\ngot:      {got!r}", what=what, want=want, got=got)
 
 
 class Hand:

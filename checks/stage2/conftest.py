@@ -15,6 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 from checks.hf_reference import greedy_reference
+from checks.common import expect  # noqa: F401 - 各章检查从这里导入 | en: the chapters' checks import it from here
 from minisgl.i18n import tr
 from minisgl import model_zoo
 from minisgl.trace import StepTrace
@@ -111,15 +112,6 @@ def record(llm: Any, after: Callable[[StepTrace], None] | None = None) -> Record
 
     rec.close = llm.add_step_listener(listen)
     return rec
-
-
-def expect(got: Any, want: Any, what: str) -> None:
-    """一条性质一次比较：不相等时消息里有“检查的是什么”、期望值和实际值（完整，不截断）。
-
-    en: One property, one comparison: on mismatch the message says what was checked, what was expected and what came,
-    in full.
-    """
-    assert got == want, tr("{what}\nexpected: {want!r}\ngot:      {got!r}", what=what, want=want, got=got)
 
 
 @contextmanager

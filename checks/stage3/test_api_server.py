@@ -1,4 +1,5 @@
-"""第 3.4 章 api_server 的检查：真的服务器进程（``python -m minisgl``，小 Qwen3，127.0.0.1，操作系统给的端口）。
+"""第 3.4 章 api_server 的检查：先在本进程里逐个查每个任务（参数、SSE 事件、整段回答、取消、断开），
+再查真的服务器进程（``python -m minisgl``，小 Qwen3，127.0.0.1，操作系统给的端口）。
 
 贪心输出经 HTTP 与 ``LLM.generate``、Hugging Face 一致；流式的片段拼起来等于非流式的全文；32 个并发的流式客户端
 都拿到正确的文字，并且真的进了同一个解码批；客户端断开后页面和请求槽全部归还（从 ``/metrics`` 读）；停止字符串
@@ -6,7 +7,8 @@
 API 密钥；SIGTERM / SIGINT 之后没有留下子进程；工作进程被杀 → 503 并以非零状态退出；对话页面在无头 Chromium 里
 流式显示、按“停止”真的取消请求。
 
-en: Checks of chapter 3.4 api_server against a real server process (``python -m minisgl``, the tiny Qwen3, 127.0.0.1,
+en: Checks of chapter 3.4 api_server: first each task in this process (parameters, SSE events, the whole answer, abort,
+disconnect), then against a real server process (``python -m minisgl``, the tiny Qwen3, 127.0.0.1,
 a port from the OS).
 
 Greedy output over HTTP equals ``LLM.generate`` and Hugging Face; streamed pieces join to the non-streamed text; 32
@@ -19,6 +21,7 @@ in headless Chromium and its stop button really aborts the request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -29,7 +32,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import openai
 import pytest
@@ -37,10 +40,13 @@ import torch
 from transformers import AutoTokenizer
 
 from .conftest import Server, descendants, stop_server, tiny_model
+from checks.common import expect
 from checks.hf_reference import greedy_reference
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
+from minisgl.message import AbortMsg, UserReply
+from minisgl.serving import ServerAddrs, ServerArgs
 
 PROMPTS = ["Hello, my name is", "The capital of France is", "今天天气很好，我们", "def add(a, b):\n"]
 MAX_TOKENS = 12
@@ -157,6 +163,203 @@ def check_envelope(obj: dict[str, Any], kind: str) -> None:
             and all(c.get("index") == 0 and "logprobs" in c and c["logprobs"] is None for c in obj.get("choices", [])))
     assert fine, tr("Expected an OpenAI {kind!r} object with an id, the model's name, created = now, and choices with index 0 and logprobs null; got {obj}",
                     kind=kind, obj=obj)
+
+
+# ----------------------------------------------------------------------------- 各个任务，在本进程里（快，不起服务器）
+# en: ----------------------------------------------------------------------------- each task in this process (fast, no server)
+
+
+def bad_request(call: Callable[[], Any], param: str, code: str = "invalid_value") -> None:
+    """``call()`` 必须抛 400 的 ``ApiError``，``param`` / ``code`` 指出哪个参数、哪种错。
+
+    en: ``call()`` must raise a 400 ``ApiError`` whose ``param`` / ``code`` name the parameter and the kind of error.
+    """
+    from minisgl.api_server import ApiError
+
+    with pytest.raises(ApiError) as info:
+        call()
+    got = (info.value.status, info.value.param, info.value.code)
+    expect(got, (400, param, code), tr("The error (status, param, code) for a bad {param}", param=param))
+
+
+def test_unsupported_params_are_named() -> None:
+    from minisgl.api_server import unsupported_params
+
+    neutral = {"n": 1, "logprobs": False, "echo": None, "tools": [], "tool_choice": "auto", "presence_penalty": 0,
+               "temperature": 0.5, "stream": True}
+    expect(unsupported_params(neutral), [], tr("Parameters at their neutral value change nothing and are not refused"))
+    body = {"tools": [{"type": "function"}], "n": 2, "logprobs": True, "max_tokens": 4, "presence_penalty": 0.5}
+    expect(unsupported_params(body), ["n", "logprobs", "presence_penalty", "tools"],
+           tr("Every unsupported parameter that would change the result is named, in the table's order"))
+
+
+def test_sampling_params_follow_openai() -> None:
+    from minisgl.api_server import sampling_params_from
+
+    def parse(max_seq_len: int = 100, default_max_tokens: int | None = 16, **body: Any) -> tuple[SamplingParams, list[str]]:
+        return sampling_params_from(body, max_seq_len=max_seq_len, default_max_tokens=default_max_tokens)
+
+    want = SamplingParams(temperature=1.0, top_k=-1, top_p=1.0, ignore_eos=False, max_tokens=16, seed=None)
+    expect(parse(), (want, []), tr("An empty body: OpenAI's defaults (temperature 1, top_p 1, no top_k) and default_max_tokens"))
+    expect(parse(default_max_tokens=None)[0].max_tokens, 99,
+           tr("default_max_tokens None: as many tokens as the context holds, max_seq_len - 1"))
+    body = {"temperature": 0, "top_p": 0.5, "top_k": 1, "max_tokens": 99, "ignore_eos": True, "seed": 7, "stop": "\n"}
+    want = SamplingParams(temperature=0.0, top_k=1, top_p=0.5, ignore_eos=True, max_tokens=99, seed=7)
+    expect(parse(**body), (want, ["\n"]), tr("Every field is read (temperature 0 is valid, max_tokens = max_seq_len - 1 is valid)"))
+    expect(parse(max_completion_tokens=5)[0].max_tokens, 5, tr("max_completion_tokens counts when max_tokens is absent"))
+    expect(parse(max_tokens=3, max_completion_tokens=5)[0].max_tokens, 3, tr("max_tokens wins over max_completion_tokens"))
+    expect(parse(max_tokens=1, top_k=5, top_p=1.0)[0], SamplingParams(temperature=1.0, top_k=5, max_tokens=1),
+           tr("max_tokens 1, top_k 5 and top_p 1 are valid"))
+    expect(parse(stop=["a", "b"])[1], ["a", "b"], tr("A list of stop strings is kept as it is"))
+    for field, values in {"temperature": (-0.01,), "top_p": (0.0, 1.01, -1.0), "top_k": (0, -2), "max_tokens": (0, -1),
+                          "ignore_eos": ("yes", 1), "stop": (5, ["a", 1])}.items():
+        for value in values:
+            bad_request(lambda: parse(**{field: value}), field)
+    bad_request(lambda: parse(max_completion_tokens=0), "max_completion_tokens")
+    bad_request(lambda: parse(max_tokens=100), "max_tokens", "context_length_exceeded")
+    bad_request(lambda: parse(max_tokens=2.5), "max_tokens")
+    bad_request(lambda: parse(temperature=float("nan")), "temperature")
+
+
+def fake_replies(*replies: UserReply) -> AsyncIterator[UserReply]:
+    async def gen() -> AsyncIterator[UserReply]:
+        for reply in replies:
+            yield reply
+
+    return gen()
+
+
+def parsed(kind: str, **fields: Any) -> Any:
+    from minisgl.api_server import ParsedRequest
+
+    return ParsedRequest(kind=kind, model="m", prompt="p", sampling_params=SamplingParams(), created=123, **fields)
+
+
+async def collect(chunks: AsyncIterator[str]) -> list[Any]:
+    return [c.removeprefix("data: ").rstrip("\n") if c.endswith("[DONE]\n\n") else json.loads(c.removeprefix("data: "))
+            async for c in chunks]
+
+
+def test_stream_chunks_shape() -> None:
+    from minisgl.api_server import stream_chunks
+
+    replies = (UserReply(7, "He"), UserReply(7, ""), UserReply(7, "llo"),
+               UserReply(7, "!", finished=True, finish_reason="stop", prompt_tokens=3, completion_tokens=4))
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    for kind, obj, key, first, empty in (("chat", "chat.completion.chunk", "delta", [{"role": "assistant", "content": ""}], {}),
+                                         ("completion", "text_completion", "text", [], "")):
+        got = asyncio.run(collect(stream_chunks(parsed(kind, include_usage=True), 7, fake_replies(*replies))))
+        pieces = [{"content": p} for p in ("He", "llo", "!")] if kind == "chat" else ["He", "llo", "!"]
+        want = [{"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-7", "object": obj, "created": 123, "model": "m",
+                 "choices": [{"index": 0, key: content, "finish_reason": reason, "logprobs": None}]}
+                for content, reason in [(c, None) for c in first + pieces] + [(empty, "stop")]]
+        want += [{"id": want[0]["id"], "object": obj, "created": 123, "model": "m", "choices": [], "usage": usage}, "[DONE]"]
+        expect(got, want, tr("The events of a {kind} stream (one per non-empty piece, then the finish_reason, the usage, [DONE])", kind=kind))
+        got = asyncio.run(collect(stream_chunks(parsed(kind), 7, fake_replies(*replies))))
+        expect(got, want[:-2] + ["[DONE]"], tr("Without include_usage there is no usage chunk"))
+    error = {"error": {"message": "too long", "type": "invalid_request_error", "param": None, "code": None}}
+    got = asyncio.run(collect(stream_chunks(parsed("completion"), 1, fake_replies(UserReply(1, "", finished=True, error="too long")))))
+    expect(got, [error, "[DONE]"], tr("A reply with an error becomes one error event, then [DONE]"))
+
+
+def test_full_response_shape() -> None:
+    from minisgl.api_server import ApiError, full_response
+
+    replies = (UserReply(2, "a"), UserReply(2, "b"), UserReply(2, "c", finished=True, finish_reason="length",
+                                                                prompt_tokens=5, completion_tokens=3))
+    usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    for kind, obj, key, content in (("chat", "chat.completion", "message", {"role": "assistant", "content": "abc"}),
+                                    ("completion", "text_completion", "text", "abc")):
+        got = asyncio.run(full_response(parsed(kind), 2, fake_replies(*replies)))
+        want = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-2", "object": obj, "created": 123, "model": "m",
+                "choices": [{"index": 0, key: content, "finish_reason": "length", "logprobs": None}], "usage": usage}
+        expect(got, want, tr("The non-streamed {kind} answer", kind=kind))
+    with pytest.raises(ApiError) as info:
+        asyncio.run(full_response(parsed("chat"), 2, fake_replies(UserReply(2, "a"), UserReply(2, "", finished=True, error="bad"))))
+    expect((info.value.status, info.value.message), (400, "bad"), tr("A reply with an error raises ApiError(400, its error)"))
+
+
+class FakeSend:
+    """代替发往分词进程的 PUSH：记下发出的消息。
+
+    en: Stands in for the PUSH to the tokenizer: records what is sent.
+    """
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    async def put(self, msg: Any) -> None:
+        self.sent.append(msg)
+
+
+def fake_state() -> Any:
+    from minisgl.api_server import ServerState
+
+    state = ServerState(ServerArgs(model_path="m"), ServerAddrs.in_dir("/nonexistent"), {"max_seq_len": 64})
+    state.send = FakeSend()  # type: ignore[assignment]
+    return state
+
+
+def test_abort_is_sent_once() -> None:
+    state = fake_state()
+
+    async def scenario() -> None:
+        state.live[3] = asyncio.Queue()
+        state.live[4] = asyncio.Queue()
+        for uid in (3, 3, 9):
+            await state.abort(uid)
+
+    asyncio.run(scenario())
+    expect(state.send.sent, [AbortMsg(3)], tr("Aborting request 3 twice and an unknown request 9 sends one AbortMsg(3)"))
+    expect(list(state.live), [4], tr("The aborted request leaves live; the others stay"))
+
+
+class FakeRequest:
+    """代替 Starlette 的 ``Request``：第 ``gone_after`` 次问起时，客户端已经断开（None：一直在）。
+
+    en: Stands in for Starlette's ``Request``: the client is gone from the ``gone_after``-th question on (None: never).
+    """
+
+    def __init__(self, gone_after: int | None) -> None:
+        self.gone_after = gone_after
+        self.asked = 0
+
+    async def is_disconnected(self) -> bool:
+        self.asked += 1
+        return self.gone_after is not None and self.asked >= self.gone_after
+
+
+def test_until_disconnect_aborts_and_cancels() -> None:
+    from minisgl.api_server import ClientGone, until_disconnect
+
+    state = fake_state()
+    outcome: dict[str, Any] = {}
+
+    async def slow(seconds: float, result: str) -> str:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            outcome["cancelled"] = True
+            raise
+        return result
+
+    async def scenario() -> None:
+        state.live[5] = asyncio.Queue()
+        outcome["result"] = await until_disconnect(FakeRequest(None), state, 5, slow(0.2, "done"))
+        try:
+            await until_disconnect(FakeRequest(2), state, 5, slow(60, "never"))
+        except ClientGone:
+            outcome["gone"] = True
+        await asyncio.sleep(0.05)
+        outcome["cancelled in time"] = outcome.get("cancelled", False)
+
+    start = time.monotonic()
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    expect(outcome.get("result"), "done", tr("While the client stays, until_disconnect returns the work's result"))
+    expect((outcome.get("gone"), outcome.get("cancelled in time")), (True, True),
+           tr("When the client leaves: ClientGone is raised and the work is cancelled (not left running)"))
+    expect(state.send.sent, [AbortMsg(5)], tr("When the client leaves, its request is aborted (one AbortMsg)"))
+    assert time.monotonic() - start < 10, tr("until_disconnect must notice a disconnect within a poll or two, not wait for the work")
 
 
 # ----------------------------------------------------------------------------- 正确的输出
