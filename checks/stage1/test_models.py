@@ -39,6 +39,10 @@ def test_model_config_errors(tiny_path: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="MambaForCausalLM"):
         ModelConfig.from_dict({**hf, "architectures": ["MambaForCausalLM"]})
         pytest.fail(tr("An unknown architecture must raise ValueError naming the architecture"))
+    for missing in ({k: v for k, v in hf.items() if k != "architectures"}, {**hf, "architectures": []}):
+        with pytest.raises(ValueError):
+            ModelConfig.from_dict(missing)
+            pytest.fail(tr("A config.json without architectures must raise the same clear ValueError (not a TypeError or IndexError)"))
     with pytest.raises(NotImplementedError):
         ModelConfig.from_dict({**hf, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
         pytest.fail(tr("An unimplemented RoPE scaling must fail loudly instead of silently computing wrong results"))

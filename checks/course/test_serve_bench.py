@@ -1,0 +1,191 @@
+"""``bench/serve.py`` 的负载生成器：账算得对（由已知时刻手造的记录）、请求集和泊松到达由种子决定，
+再对真服务器（小模型）冒烟跑一次：每个请求都拿到了要的 token 数，服务器关掉后不留下进程。
+
+en: ``bench/serve.py``'s load generator: the accounting is right (records built by hand from known times), the request
+sets and the Poisson arrivals follow the seed, and one smoke run against the real server (tiny model): every request
+got the tokens it asked for, and the server leaves no process behind once stopped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from checks.stage3.conftest import tiny_model
+from minisgl.i18n import tr
+from minisgl.paths import REPO_ROOT
+from minisgl.serving import child_pids
+
+
+def _load() -> ModuleType:
+    """``bench/serve.py`` 是脚本不是包：按路径加载（先登记进 ``sys.modules``，数据类要用）。
+
+    en: ``bench/serve.py`` is a script, not a package: load it by path (registered in ``sys.modules`` first, as
+    dataclasses need).
+    """
+    spec = importlib.util.spec_from_file_location("bench_serve", REPO_ROOT / "bench" / "serve.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+Record = bench.Record
+
+#: 小服务器的参数（与第 3 阶段检查的一样，fp32）。
+#: en: The small server's flags (as in the stage-3 checks, fp32).
+SERVER_FLAGS = ["--dtype", "float32", "--num-pages", "4096", "--max-seq-len", "1024"]
+
+
+def _approx(actual: object, expected: object, what: str) -> None:
+    assert actual == pytest.approx(expected), tr("{what}: expected {expected}, got {actual}", what=what,
+                                                 expected=expected, actual=actual)
+
+
+# ----------------------------------------------------------------------------- 账
+# en: ----------------------------------------------------------------------------- accounting
+
+
+def test_percentile_interpolates() -> None:
+    xs = [float(x) for x in range(10, 0, -1)]  # 乱序的 1..10 | en: 1..10 out of order
+    for q, expected in [(0, 1.0), (50, 5.5), (90, 9.1), (99, 9.91), (100, 10.0)]:
+        _approx(bench.percentile(xs, q), expected, f"p{q} of 1..10")
+    _approx(bench.percentile([3.0], 99), 3.0, "p99 of one sample")
+    assert bench.percentile([], 50) is None, tr("The percentile of no samples is None")
+
+
+def _records() -> list:
+    """手造的六个请求（时刻以秒计）：A、F 满足 SLO；B 的 TPOT 0.3 超了；C 的 TTFT 2.5 超了；D 要 4 个只答了 2 个；E 出错。
+
+    en: Six hand-made requests (times in seconds): A and F meet the SLO; B's TPOT of 0.3 is over; C's TTFT of 2.5 is
+    over; D asked for 4 and got 2; E has an error.
+    """
+    return [
+        Record(send=100.0, asked=5, first_token=100.5, chunks=[100.5, 100.6, 100.7, 100.8, 100.9], end=100.9, got=5),
+        Record(send=101.0, asked=3, first_token=102.0, chunks=[102.0, 102.3, 102.6], end=102.6, got=3),
+        Record(send=101.5, asked=2, first_token=104.0, chunks=[104.0, 104.1], end=104.1, got=2),
+        Record(send=102.0, asked=4, first_token=102.2, chunks=[102.2, 102.4], end=102.4, got=2),
+        Record(send=102.5, asked=4, end=103.0, error="APIConnectionError: boom"),
+        Record(send=103.0, asked=3, first_token=103.2, chunks=[103.2, 103.25, 103.3], end=103.3, got=3),
+    ]
+
+
+def test_summary_from_known_times() -> None:
+    records = _records()
+    s = bench.summarize(records, bench.Slo(ttft=2.0, tpot=0.2))
+    assert (s.requests, s.ok, s.failed) == (6, 4, 2), tr("requests / ok / failed: expected (6, 4, 2), got {got}",
+                                                         got=(s.requests, s.ok, s.failed))
+    assert records[3].failure() is not None and "4" in records[3].failure(), \
+        tr("A request that got fewer tokens than it asked for must count as failed")
+    assert s.errors == [records[3].failure(), "APIConnectionError: boom"], tr("The failure texts, in order: {got}", got=s.errors)
+    _approx(s.duration, 4.1, "duration (first send to last end)")
+    # 只数成功的请求：5 + 3 + 2 + 3
+    # en: successful requests only: 5 + 3 + 2 + 3
+    assert s.output_tokens == 13, tr("output tokens: expected {expected}, got {actual}", expected=13, actual=s.output_tokens)
+    _approx(s.output_throughput, 13 / 4.1, "output tok/s")
+    _approx(s.request_throughput, 4 / 4.1, "req/s")
+    # 只有 A 和 F 两个 TTFT ≤ 2 s 且 TPOT ≤ 0.2 s
+    # en: only A and F have TTFT ≤ 2 s and TPOT ≤ 0.2 s
+    assert s.good == 2, tr("goodput counts requests within both TTFT and TPOT: expected {expected}, got {actual}",
+                           expected=2, actual=s.good)
+    _approx(s.goodput, 2 / 4.1, "goodput")
+    # TTFT 0.5, 1.0, 2.5, 0.2；TPOT (e2e − ttft)/(N − 1)：0.1, 0.3, 0.1, 0.05；e2e 0.9, 1.6, 2.6, 0.3
+    # en: TTFT 0.5, 1.0, 2.5, 0.2; TPOT (e2e − ttft)/(N − 1): 0.1, 0.3, 0.1, 0.05; e2e 0.9, 1.6, 2.6, 0.3
+    for name, p, expected, n in [("TTFT", s.ttft, (0.75, 2.05, 2.455), 4), ("TPOT", s.tpot, (0.1, 0.24, 0.294), 4),
+                                 ("E2E", s.e2e, (1.25, 2.3, 2.57), 4), ("ITL", s.itl, (0.1, 0.3, 0.3), 9)]:
+        _approx((p.p50, p.p90, p.p99), expected, f"{name} p50/p90/p99")
+        assert p.n == n, tr("{name}: expected {expected} samples, got {actual}", name=name, expected=n, actual=p.n)
+    _approx(sorted(records[0].itl), [0.1] * 4, "ITL of A (gaps between its chunks)")
+
+
+def test_single_token_and_empty_runs() -> None:
+    one = Record(send=0.0, asked=1, first_token=0.5, chunks=[0.5], end=0.5, got=1)
+    s = bench.summarize([one], bench.Slo())
+    assert one.tpot is None and s.tpot.n == 0 and s.good == 1, \
+        tr("One token has no TPOT, and the request still meets the SLO on TTFT alone")
+    silent = Record(send=0.0, asked=2, end=1.0, got=None)
+    assert silent.failure() is not None, tr("A stream without usage cannot prove its token count: a failure")
+    empty = bench.summarize([], bench.Slo())
+    assert (empty.requests, empty.duration, empty.output_throughput, empty.ttft.p50) == (0, 0.0, 0.0, None), \
+        tr("A run without records is all zeros")
+
+
+# ----------------------------------------------------------------------------- 请求集与到达
+# en: ----------------------------------------------------------------------------- request sets and arrivals
+
+
+IDS = list(range(1000, 6000))
+
+
+def test_random_requests_follow_the_seed() -> None:
+    a = bench.random_requests(50, IDS, (16, 64), (4, 12), seed=7)
+    assert a == bench.random_requests(50, IDS, (16, 64), (4, 12), seed=7), tr("The same seed must give the same request set")
+    assert a != bench.random_requests(50, IDS, (16, 64), (4, 12), seed=8), tr("Another seed must give another request set")
+    assert all(16 <= len(r.prompt) <= 64 and 4 <= r.max_tokens <= 12 and set(r.prompt) <= set(IDS) for r in a), \
+        tr("Prompt and output lengths stay within their ranges, and every token id comes from the vocabulary")
+    assert len({len(r.prompt) for r in a}) > 5 and len({r.max_tokens for r in a}) > 3, tr("The lengths really vary")
+
+
+def test_shared_prefix_requests_share_the_prefix() -> None:
+    a = bench.shared_prefix_requests(20, IDS, 200, (8, 32), (4, 12), seed=3)
+    assert a == bench.shared_prefix_requests(20, IDS, 200, (8, 32), (4, 12), seed=3), \
+        tr("The same seed must give the same request set")
+    prefix = a[0].prompt[:200]
+    assert all(r.prompt[:200] == prefix and 8 <= len(r.prompt) - 200 <= 32 for r in a), \
+        tr("Every request starts with the same 200-token prefix, followed by a tail within the range")
+    assert len({tuple(r.prompt[200:]) for r in a}) == len(a), tr("The tails are distinct")
+
+
+def test_poisson_schedule() -> None:
+    times = bench.poisson_schedule(20000, 4.0, seed=1)
+    assert times == bench.poisson_schedule(20000, 4.0, seed=1) and times[0] == 0.0, \
+        tr("The schedule follows the seed and starts at 0")
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert min(gaps) >= 0 and abs(statistics.mean(gaps) - 0.25) < 0.25 * 0.05, \
+        tr("The mean gap is 1/rate = {expected} s, got {actual:.4f} s", expected=0.25, actual=statistics.mean(gaps))
+    assert bench.poisson_schedule(5, float("inf"), seed=1) == [0.0] * 5, tr("An infinite rate sends everything at once")
+
+
+# ----------------------------------------------------------------------------- 对真服务器冒烟
+# en: ----------------------------------------------------------------------------- smoke run against the real server
+
+
+def test_smoke_run_against_our_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # 这里测的是负载生成器，不是学员写到一半的服务器：服务器用参考解答
+    # en: this checks the load generator, not a learner's half-written server: the server runs the reference solution
+    monkeypatch.setenv("MINISGL_IMPL", "solution")
+    out = tmp_path / "serve.json"
+    report = bench.main(["--serve-model", tiny_model(), "--concurrency", "3", "--num-requests", "6",
+                         "--prompt-len", "8,24", "--output-len", "3,10", "--warmup", "1", "--timeout", "60",
+                         "--no-progress", "--json", str(out), *SERVER_FLAGS])
+    printed = capsys.readouterr().out
+    server = report["server"]
+    assert server["exit_code"] == 0 and not server["left_behind"], tr("The server must exit with 0 and leave no process: {server}",
+                                                                        server=server)
+    assert not child_pids(os.getpid()), tr("Processes left behind: {pids}", pids=child_pids(os.getpid()))
+    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(report)), \
+        tr("--json writes the same report that main() returns")
+    [run] = report["runs"]
+    records, s = run["records"], run["summary"]
+    assert len(records) == 6 and all(r["error"] is None and r["got"] == r["asked"] for r in records), \
+        tr("Every request succeeds with exactly the tokens it asked for: {records}", records=records)
+    assert (s["requests"], s["ok"], s["failed"], s["output_tokens"]) == (6, 6, 0, sum(r["asked"] for r in records)), \
+        tr("The summary counts the six requests and their tokens: {summary}", summary=s)
+    for r in records:
+        times = [r["send"], r["first_token"], *r["chunks"], r["end"]]
+        assert times[0] < times[1] and times == sorted(times), tr("Times in order: {record}", record=r)
+    _approx(s["output_throughput"], s["output_tokens"] / s["duration"], "output tok/s")
+    _approx(s["duration"], max(r["end"] for r in records) - min(r["send"] for r in records), "duration")
+    p = s["ttft"]
+    assert p["n"] == 6 and p["p50"] <= p["p90"] <= p["p99"] <= s["e2e"]["p99"], tr("Percentiles in order: {summary}", summary=s)
+    assert run["name"] in printed and "6/6" in printed, tr("The table shows the run:\n{printed}", printed=printed)
