@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=tr("Stage 3 milestone: talk to the engine as a service with the openai client"))
     parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--max-running-req", type=int, default=8, help=tr("number of request slots: the most requests running at once (default 8)"))
+    parser.add_argument("--batch-tokens", type=int, default=24, help=tr("tokens each of the concurrent requests asks for; a fast model needs more, so that the requests still overlap however the threads are scheduled (default 24)"))
     args = parser.parse_args(argv)
     model = Path(args.model) if args.model else default_model(verbose=False)
     results: dict[str, Any] = {"random_weights": "random" in model.name}
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(tr("\n3. {n} requests at once, from {n} threads", n=CONCURRENT))
 
         def one(i: int) -> int:
-            r = client.completions.create(model=name, prompt=f"Request {i}: count to ten.", max_tokens=24, temperature=0,
+            r = client.completions.create(model=name, prompt=f"Request {i}: count to ten.", max_tokens=args.batch_tokens, temperature=0,
                                           extra_body={"ignore_eos": True})
             return r.usage.completion_tokens
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             counts = list(pool.map(one, range(CONCURRENT)))
         after = server.metrics()
         results["largest_batch"] = int(after["minisgl_max_decode_batch"])
-        print(tr("   every request got its {n} tokens: {ok}", n=24, ok=all(c == 24 for c in counts)))
+        print(tr("   every request got its {n} tokens: {ok}", n=args.batch_tokens, ok=all(c == args.batch_tokens for c in counts)))
         results["steps"] = int(after["minisgl_steps_total"] - before["minisgl_steps_total"])  # 随到达的先后略有不同 | en: varies a little with the order of arrival
         print(tr("   largest decode batch: {batch} requests", batch=results["largest_batch"]))
 

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import stage3_milestone
 from minisgl.model_zoo import tiny_qwen3
 
-results = stage3_milestone.main(["--model", str(tiny_qwen3())])
+results = stage3_milestone.main(["--model", str(tiny_qwen3()), "--batch-tokens", "160"])
 
 # %%
 idle, held, back = results["pages"]
