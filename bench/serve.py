@@ -4,17 +4,21 @@
 
 - 请求集（``--requests``）：``random`` 是随机的提示词长度和输出长度（固定种子）；``shared-prefix`` 是同一段系统提示词
   加各自一小段不同的尾巴。提示词直接给 token id（``prompt`` 接受 id 列表），长度分毫不差；分词器只用来挑合法的 id。
+  只收文字的服务器拿到的是这些 id 解码成的文字（它自己重新分词，提示词的 token 数可能差一两个：报告里有它数的数）。
 - 负载的形状：``--rates`` 是泊松到达（每秒几个请求，带种子），``--concurrency`` 是闭环（同时在飞的请求数固定）。
   每次运行换一个种子（种子 + 第几次），前缀缓存里不会留着上一次的提示词。
-- 老实的账：每个请求都要 ``max_tokens=N`` 并带 ``ignore_eos``，``usage.completion_tokens`` 不等于 N 就算这个请求失败
-  （“答得比要的少”），谁也不能靠少答赢。客户端不重试（``max_retries=0``）。
-- ``--url`` 指向一个正在运行的服务；``--serve-model 目录`` 则自己起一个 ``python -m minisgl``（端口由系统挑，只绑
-  127.0.0.1），预热、测量、关掉，确认没有留下子进程；不认识的参数都转给服务器。
+- 老实的账：每个请求都要 ``max_tokens=N`` 并请服务器别提前停（我们的服务器用 ``ignore_eos``，别家用各自的等价写法），
+  ``usage.completion_tokens`` 不等于 N 就算这个请求失败（“答得比要的少”），谁也不能靠少答赢。客户端不重试（``max_retries=0``）。
+- ``--url`` 指向一个正在运行的服务；``--model 目录``（旧名 ``--serve-model``）则自己起服务器：``--peers`` 里的每一个
+  （``minisgl`` 缺省，还有 ``transformers``、``llamacpp``）轮流起、预热、测量、关掉，确认没有留下子进程；
+  每家拿到的请求集和负载形状完全相同（同样的种子），最后一张表带 ``server`` 一栏，再给每次运行一行比值（我们 / 对方）。
+  不认识的参数都转给我们的服务器。
 
-    python bench/serve.py --serve-model models/qwen3-tiny-random --concurrency 1,4 --num-requests 8 \\
+    python bench/serve.py --model models/qwen3-tiny-random --concurrency 1,4 --num-requests 8 \\
         --dtype float32 --num-pages 4096 --max-seq-len 1024
+    python bench/serve.py --model models/SmolLM2-135M-Instruct --peers minisgl,transformers --concurrency 1,4 \\
+        --num-requests 8 --output-len 32,32 --prompt-len 32,64 --dtype float32
     python bench/serve.py --url http://127.0.0.1:1919/v1 --tokenizer models/qwen3-tokenizer --rates 0.5,1,2
-    python bench/serve.py --serve-model models/qwen3-0.6b-random --requests shared-prefix --json /tmp/serve.json
 
 en: A load generator for serving (not a test): it drives any OpenAI-compatible service with the official async
 ``openai`` client, streaming completions (``/v1/completions``, ``stream=True``,
@@ -23,28 +27,39 @@ latency, output token/s, failed requests and goodput (requests meeting the SLO, 
 
 - Request sets (``--requests``): ``random`` has random prompt and output lengths (fixed seed); ``shared-prefix`` is one
   system prompt plus a short distinct tail each. Prompts are token ids (``prompt`` takes a list of ids), so their
-  lengths are exact; the tokenizer only picks valid ids.
+  lengths are exact; the tokenizer only picks valid ids. A server that takes text only gets the text those ids decode
+  to (it tokenizes it again, so the prompt may count a token or two more or less: the report shows its count).
 - Load shapes: ``--rates`` are Poisson arrivals (requests per second, seeded), ``--concurrency`` a closed loop (a fixed
   number of requests in flight). Each run gets its own seed (seed + run index), so the prefix cache holds nothing of
   the previous run's prompts.
-- Honest accounting: every request asks ``max_tokens=N`` with ``ignore_eos``, and a ``usage.completion_tokens`` other
-  than N fails that request ("answered less than asked"): no server wins by answering less. The client never retries
-  (``max_retries=0``).
-- ``--url`` points at a running service; ``--serve-model DIR`` starts a ``python -m minisgl`` itself (the OS picks the
-  port, bound to 127.0.0.1 only), warms it up, measures, stops it and makes sure no child process is left; unknown flags
-  go to the server.
+- Honest accounting: every request asks ``max_tokens=N`` and asks the server not to stop early (``ignore_eos`` for ours,
+  each peer's own equivalent for the others), and a ``usage.completion_tokens`` other than N fails that request
+  ("answered less than asked"): no server wins by answering less. The client never retries (``max_retries=0``).
+- ``--url`` points at a running service; ``--model DIR`` (formerly ``--serve-model``) starts servers itself: each of
+  ``--peers`` (``minisgl`` by default, also ``transformers`` and ``llamacpp``) in turn is started, warmed up, measured
+  and stopped, making sure no child process is left; every server gets the very same request sets and load shapes
+  (same seeds), and one table with a ``server`` column is printed, then a ratio line per run (ours / the peer).
+  Unknown flags go to our server.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib.util
 import json
 import math
+import os
 import random
+import shlex
+import signal
+import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+import urllib.request
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,12 +69,32 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from minisgl.course.cli import format_table
 from minisgl.i18n import tr
+from minisgl.model_zoo import models_dir
 from minisgl.serving import ServerProcess
 
 #: 每次运行的汇总里留下几条失败的原文。
 #: en: How many failure texts each run's summary keeps.
 KEPT_ERRORS = 3
 REQUEST_SETS = ("random", "shared-prefix")
+#: 能一起测的服务器；第一个是我们的，比值都是“我们 / 对方”。
+#: en: The servers that can be measured together; the first is ours, and every ratio is "ours / the peer".
+PEERS = ("minisgl", "transformers", "llamacpp")
+OURS = PEERS[0]
+LLAMACPP_INSTALL = "pip install 'llama-cpp-python[server]'"
+#: 起不来的服务器在报告里留下它最后多少行输出。
+#: en: How many last lines of its output a server that did not come up leaves in the report.
+OUTPUT_TAIL = 40
+#: ``transformers serve`` 连续批处理的 KV 缓存：CPU 上不给块数它会按“空闲设备内存的九成”去分（这里是几十 GB），
+#: 所以写死：32 块 × 每块 256 个 token（``page_size`` 的缺省值）= 8192 个 token 的位置，fp32 的 SmolLM2 约 0.4 GB，
+#: 缺省负载（8 个并发、提示词 ≤ 256、输出 ≤ 128）装得下；一批最多 2048 个 token，够 8 个最长的提示词一起预填充。
+#: en: The KV cache of ``transformers serve``'s continuous batching: without a block count it sizes itself to 90% of
+#: the free device memory (tens of GB on this CPU), so it is fixed here: 32 blocks × 256 tokens each (``page_size``'s
+#: default) = room for 8192 tokens, about 0.4 GB for fp32 SmolLM2, enough for the default load (8 concurrent, prompts
+#: ≤ 256, outputs ≤ 128); at most 2048 tokens a batch, enough to prefill 8 of the longest prompts together.
+TRANSFORMERS_CB = {"--cb-num-blocks": "32", "--cb-max-batch-tokens": "2048"}
+#: llama.cpp 的上下文长度（提示词 + 输出，缺省负载最多 384）。
+#: en: llama.cpp's context length (prompt + output: at most 384 in the default load).
+LLAMACPP_N_CTX = 2048
 
 
 # ----------------------------------------------------------------------------- 请求集
@@ -124,17 +159,35 @@ def poisson_schedule(n: int, rate: float, seed: int) -> list[float]:
     return times
 
 
-def valid_token_ids(tokenizer_dir: str | Path) -> list[int]:
-    """分词器的普通词表里、不是特殊 token 的全部 id（只为挑合法的 id；本地目录，离线）。
+@dataclass(frozen=True)
+class Vocab:
+    """分词器里用得着的东西：不是特殊 token 的全部 id（从中挑提示词）、特殊 token 的 id，和把 id 解码成文字的函数
+    （给只收文字的服务器）。
 
-    en: Every id of the tokenizer's base vocabulary that is not a special token (only to pick valid ids; a local folder,
-    offline).
+    en: What the tokenizer provides: every id that is not a special token (prompts are drawn from them), the special
+    tokens' ids, and a function decoding ids to text (for servers that take text only).
+    """
+
+    ids: list[int]
+    special: list[int]
+    decode: Callable[[Sequence[int]], str]
+
+
+def load_vocab(tokenizer_dir: str | Path) -> Vocab:
+    """从本地的分词器目录（离线）读出 :class:`Vocab`。
+
+    en: The :class:`Vocab` of a local tokenizer folder (offline).
     """
     from transformers import AutoTokenizer  # 导入要几秒：只在真要发请求时才导入 | en: a few seconds to import: only when requests are really sent
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    special = set(tok.all_special_ids)
-    return [i for i in range(tok.vocab_size) if i not in special]
+    special = sorted(set(tok.all_special_ids))
+    skip = set(special)
+
+    def decode(ids: Sequence[int]) -> str:
+        return str(tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    return Vocab([i for i in range(tok.vocab_size) if i not in skip], special, decode)
 
 
 # ----------------------------------------------------------------------------- 每个请求的记录与汇总
@@ -144,15 +197,18 @@ def valid_token_ids(tokenizer_dir: str | Path) -> list[int]:
 @dataclass
 class Record:
     """一个请求的原始记录，时刻全是 ``time.perf_counter()``：发出、第一段文字到达、每段文字到达、结束；要的和拿到的
-    token 数（``usage.completion_tokens``，没报就是 None）；出错的原文。
+    token 数（``usage.completion_tokens``，没报就是 None）；发出的提示词 id 数和服务器数的提示词 token 数
+    （``usage.prompt_tokens``）；出错的原文。
 
     en: The raw record of one request, all times from ``time.perf_counter()``: sent, first text chunk, every text chunk,
-    end; the tokens asked for and got (``usage.completion_tokens``, None when not reported); the error text.
+    end; the tokens asked for and got (``usage.completion_tokens``, None when not reported); the prompt ids sent and the
+    prompt tokens the server counted (``usage.prompt_tokens``); the error text.
     """
 
     send: float
     asked: int
     prompt_len: int = 0
+    prompt_tokens: int | None = None
     first_token: float | None = None
     chunks: list[float] = field(default_factory=list)
     end: float | None = None
@@ -249,9 +305,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 @dataclass(frozen=True)
 class Summary:
     """一次运行的汇总。时延只统计成功的请求；``duration`` 是最早发出到最晚结束（秒）；吞吐和 goodput 都按它算。
+    最后三项也只数成功的请求：发出的提示词 id 数、服务器数的提示词 token 数（有请求没报就是 None）、两者不等的请求数。
 
     en: The summary of one run. Latencies count successful requests only; ``duration`` runs from the first send to the
-    last end (seconds); throughput and goodput are per second of it.
+    last end (seconds); throughput and goodput are per second of it. The last three count successful requests too: the
+    prompt ids sent, the prompt tokens the server counted (None when a request did not report it), and the requests
+    where the two differ.
     """
 
     requests: int
@@ -268,6 +327,9 @@ class Summary:
     tpot: Percentiles
     itl: Percentiles
     e2e: Percentiles
+    prompt_tokens_sent: int = 0
+    prompt_tokens_counted: int | None = None
+    prompt_mismatched: int = 0
 
 
 def summarize(records: Sequence[Record], slo: Slo) -> Summary:
@@ -282,6 +344,7 @@ def summarize(records: Sequence[Record], slo: Slo) -> Summary:
     tokens = sum(r.got or 0 for r in ok)
     tpots = [t for r in ok if (t := r.tpot) is not None]
     good = sum(r.ttft <= slo.ttft and (r.tpot is None or r.tpot <= slo.tpot) for r in ok)
+    counted = [r.prompt_tokens for r in ok]
 
     def per_second(x: float) -> float:
         return x / duration if duration > 0 else 0.0
@@ -290,7 +353,9 @@ def summarize(records: Sequence[Record], slo: Slo) -> Summary:
                    output_tokens=tokens, output_throughput=per_second(tokens), request_throughput=per_second(len(ok)),
                    good=good, goodput=per_second(good), ttft=Percentiles.of([r.ttft for r in ok]),
                    tpot=Percentiles.of(tpots), itl=Percentiles.of([g for r in ok for g in r.itl]),
-                   e2e=Percentiles.of([r.e2e for r in ok]))
+                   e2e=Percentiles.of([r.e2e for r in ok]), prompt_tokens_sent=sum(r.prompt_len for r in ok),
+                   prompt_tokens_counted=None if None in counted else sum(c or 0 for c in counted),
+                   prompt_mismatched=sum(r.prompt_tokens is not None and r.prompt_tokens != r.prompt_len for r in ok))
 
 
 # ----------------------------------------------------------------------------- 发请求
@@ -339,20 +404,58 @@ class Options:
         return random_requests(self.num_requests, ids, self.prompt_len, self.output_len, seed)
 
 
-async def send_one(client: openai.AsyncOpenAI, model: str, spec: RequestSpec, opts: Options) -> Record:
-    """发一个流式补全请求并记下时刻；出错、超时都记进 ``error``，不抛出。
+@dataclass(frozen=True)
+class RequestForm:
+    """一家服务器要怎样问：提示词给 token id 还是解码成的文字；每个请求都带的额外字段（``extra``）；请它别提前停的
+    字段（``no_stop``，``--no-ignore-eos`` 时不带），再加上 ``min_tokens = N``（``min_tokens``）、把特殊 token 的
+    logit 压到 −100（``ban_special``）；它的流里有没有 ``usage``（没有时输出 token 数只能数流里的文字段）。
+    缺省是我们的服务器的问法。
 
-    en: Send one streamed completion request and note the times; errors and timeouts go into ``error``, nothing is
-    raised.
+    en: How to ask one server: the prompt as token ids or as the text they decode to; extra fields every request
+    carries (``extra``); fields asking it not to stop early (``no_stop``, left out with ``--no-ignore-eos``), plus
+    ``min_tokens = N`` (``min_tokens``) and the special tokens' logits pushed down by 100 (``ban_special``); whether its
+    stream carries ``usage`` (when not, the output tokens can only be counted as the stream's text chunks). The default
+    is how our server is asked.
     """
+
+    text_prompt: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    no_stop: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
+    min_tokens: bool = False
+    ban_special: bool = False
+    stream_usage: bool = True
+
+    def prompt(self, ids: list[int], vocab: Vocab) -> list[int] | str:
+        return vocab.decode(ids) if self.text_prompt else ids
+
+    def extra_body(self, max_tokens: int, vocab: Vocab, no_stop: bool = True) -> dict[str, Any]:
+        body = dict(self.extra)
+        if no_stop:
+            body.update(self.no_stop)
+            if self.min_tokens:
+                body["min_tokens"] = max_tokens
+            if self.ban_special:
+                body["logit_bias"] = {str(i): -100.0 for i in vocab.special}
+        return body
+
+
+async def send_one(client: openai.AsyncOpenAI, model: str, spec: RequestSpec, opts: Options, vocab: Vocab,
+                   form: RequestForm = RequestForm()) -> Record:
+    """按 ``form`` 发一个流式补全请求并记下时刻；出错、超时都记进 ``error``，不抛出。
+
+    en: Send one streamed completion request the way ``form`` says and note the times; errors and timeouts go into
+    ``error``, nothing is raised.
+    """
+    prompt = form.prompt(spec.prompt, vocab)  # 解码在计时之前 | en: decoded before the clock starts
+    extra = form.extra_body(spec.max_tokens, vocab, opts.ignore_eos)
     rec = Record(send=time.perf_counter(), asked=spec.max_tokens, prompt_len=len(spec.prompt))
     first_choice: float | None = None
 
     async def stream() -> None:
         nonlocal first_choice
         response = await client.completions.create(
-            model=model, prompt=spec.prompt, max_tokens=spec.max_tokens, temperature=0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True} if opts.ignore_eos else None)
+            model=model, prompt=prompt, max_tokens=spec.max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body=extra or None)
         try:
             async for chunk in response:
                 now = time.perf_counter()
@@ -362,6 +465,7 @@ async def send_one(client: openai.AsyncOpenAI, model: str, spec: RequestSpec, op
                         rec.chunks.append(now)
                 if chunk.usage is not None:
                     rec.got = chunk.usage.completion_tokens
+                    rec.prompt_tokens = chunk.usage.prompt_tokens
         finally:
             await response.close()
 
@@ -372,14 +476,24 @@ async def send_one(client: openai.AsyncOpenAI, model: str, spec: RequestSpec, op
     except Exception as e:  # noqa: BLE001 - 任何错误都是这个请求的失败 | en: any error is this request's failure
         rec.error = f"{type(e).__name__}: {e}"
     rec.end = time.perf_counter()
+    if rec.got is None and rec.error is None and not form.stream_usage:
+        # 流里没有 usage 的服务器：一段文字至少是一个 token，少数了只会让请求失败，不会让它占便宜
+        # en: a server whose stream has no usage: a chunk is at least one token, so miscounting can only fail a
+        # request, never favour the server
+        rec.got = len(rec.chunks)
     # 有的 token 单独解不出文字：那时第一段带选项的事件（哪怕只有 finish_reason）就是第一个 token
     # en: some tokens decode to no text alone: then the first event with a choice (even a bare finish_reason) is the first token
     rec.first_token = rec.chunks[0] if rec.chunks else first_choice
     return rec
 
 
-async def run_poisson(client: openai.AsyncOpenAI, model: str, specs: list[RequestSpec], rate: float, seed: int,
-                      opts: Options, done: Callable[[], object]) -> list[Record]:
+#: 发一个请求、返回它的记录。
+#: en: Sends one request and returns its record.
+Send = Callable[[RequestSpec], Awaitable[Record]]
+
+
+async def run_poisson(specs: list[RequestSpec], rate: float, seed: int, send: Send,
+                      done: Callable[[], object]) -> list[Record]:
     """按泊松到达的时刻发出每个请求，不等前面的回来（开环）。
 
     en: Send each request at its Poisson arrival time, without waiting for earlier ones (open loop).
@@ -388,15 +502,14 @@ async def run_poisson(client: openai.AsyncOpenAI, model: str, specs: list[Reques
 
     async def at(offset: float, spec: RequestSpec) -> Record:
         await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-        rec = await send_one(client, model, spec, opts)
+        rec = await send(spec)
         done()
         return rec
 
     return list(await asyncio.gather(*(at(t, s) for t, s in zip(poisson_schedule(len(specs), rate, seed), specs))))
 
 
-async def run_closed(client: openai.AsyncOpenAI, model: str, specs: list[RequestSpec], concurrency: int,
-                     opts: Options, done: Callable[[], object]) -> list[Record]:
+async def run_closed(specs: list[RequestSpec], concurrency: int, send: Send, done: Callable[[], object]) -> list[Record]:
     """闭环：``concurrency`` 个工人各自取下一个请求、发出、等它答完再取，直到取完。
 
     en: Closed loop: ``concurrency`` workers each take the next request, send it and wait for its answer before taking
@@ -407,7 +520,7 @@ async def run_closed(client: openai.AsyncOpenAI, model: str, specs: list[Request
 
     async def worker() -> None:
         for i, spec in todo:
-            records[i] = await send_one(client, model, spec, opts)
+            records[i] = await send(spec)
             done()
 
     await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(specs))))))
@@ -421,33 +534,408 @@ class RunResult:
     summary: Summary
 
 
-async def measure(url: str, runs: Sequence[Run], ids: Sequence[int], opts: Options, *, api_key: str = "none",
-                  model: str | None = None, warmup: int = 2, progress: bool = True) -> tuple[str, list[RunResult]]:
+async def measure(url: str, runs: Sequence[Run], vocab: Vocab, opts: Options, *, form: RequestForm = RequestForm(),
+                  api_key: str = "none", model: str | None = None, warmup: int = 2, progress: bool = True,
+                  label: str = "") -> tuple[str, list[RunResult]]:
     """对 ``url`` 先预热（``warmup`` 个短请求，不计；有失败就报错），再依次跑每个 ``runs``；返回模型名和各次结果。
+    请求集只由种子决定，所以每家服务器拿到的请求完全相同。
 
     en: Warm ``url`` up (``warmup`` short requests, not counted; any failure is an error), then do each of ``runs`` in
-    turn; return the model name and the results.
+    turn; return the model name and the results. The request sets depend on the seed alone, so every server gets the
+    very same requests.
     """
     client = openai.AsyncOpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=opts.timeout)
     try:
         name = model or (await client.models.list()).data[0].id
-        warm = random_requests(warmup, ids, (16, 16), (4, 4), opts.seed - 1)
-        for rec in await asyncio.gather(*(send_one(client, name, s, opts) for s in warm)):
+
+        def send(spec: RequestSpec) -> Awaitable[Record]:
+            return send_one(client, name, spec, opts, vocab, form)
+
+        warm = random_requests(warmup, vocab.ids, (16, 16), (4, 4), opts.seed - 1)
+        for rec in await asyncio.gather(*(send(s) for s in warm)):
             if (why := rec.failure()) is not None:
                 raise RuntimeError(tr("A warm-up request failed: {why}", why=why))
         results = []
         for i, run in enumerate(runs):
-            specs = opts.request_set(ids, opts.seed + i)
-            with tqdm(total=len(specs), desc=run.name, unit="req", disable=not progress, leave=False,
-                      file=sys.stderr) as bar:
+            specs = opts.request_set(vocab.ids, opts.seed + i)
+            with tqdm(total=len(specs), desc=f"{label} {run.name}".strip(), unit="req", disable=not progress,
+                      leave=False, file=sys.stderr) as bar:
                 if run.shape == "poisson":
-                    records = await run_poisson(client, name, specs, run.value, opts.seed + i, opts, bar.update)
+                    records = await run_poisson(specs, run.value, opts.seed + i, send, bar.update)
                 else:
-                    records = await run_closed(client, name, specs, int(run.value), opts, bar.update)
+                    records = await run_closed(specs, int(run.value), send, bar.update)
             results.append(RunResult(run, records, summarize(records, opts.slo)))
         return name, results
     finally:
         await client.close()
+
+
+# ----------------------------------------------------------------------------- 同一次运行里的几家服务器
+# en: ----------------------------------------------------------------------------- several servers in one run
+
+
+def free_port() -> int:
+    """让系统在 127.0.0.1 上挑一个空闲端口（绑上、读出端口号、关掉）。
+
+    en: Let the OS pick a free port on 127.0.0.1 (bind, read the port, close).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PeerProcess(ServerProcess):
+    """别家的服务器：端口事先挑好，就绪看 ``ready_path`` 回不回 200；启动、整组杀掉、查留下的子进程都沿用
+    :class:`~minisgl.serving.ServerProcess`。关的时候先给整个进程组发 SIGTERM，等不到再整组 SIGKILL。
+
+    en: A peer's server: the port is picked beforehand, and it is ready once ``ready_path`` answers 200; starting,
+    killing the whole group and finding what was left behind all come from :class:`~minisgl.serving.ServerProcess`.
+    Stopping sends SIGTERM to the whole process group first, then SIGKILL to the group when it does not exit in time.
+    """
+
+    def __init__(self, command: list[str], port: int, ready_path: str, timeout: float) -> None:
+        super().__init__("", timeout=timeout)
+        self.command = list(command)
+        self.url = f"http://127.0.0.1:{port}"
+        self.ready_path = ready_path
+        self.drained = threading.Event()  # 输出读到了头 | en: the output was read to its end
+
+    def _pump(self, found: threading.Event) -> None:
+        found.set()  # 地址事先就知道，不用从输出里找 | en: the address is known beforehand, not read from the output
+        try:
+            super()._pump(found)
+        finally:
+            self.drained.set()
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}{self.ready_path}", timeout=5) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+        return super().stop(sig, timeout)
+
+
+@dataclass
+class Peer:
+    """一家要测的服务器：名字、确切的启动命令、端口（None 是我们的服务器：端口由系统挑，它自己打印地址）、就绪的路径、
+    怎样问它（:class:`RequestForm`）、写进报告的设置；``absent`` 是它在这台机器上用不了的原因（带安装命令），
+    ``url`` 是已经在跑的服务（``--url``：不启动也不关），``prepare`` 在启动前做的准备（例如生成 GGUF）。
+
+    en: One server to measure: its name, the exact command that starts it, its port (None for ours: the OS picks the
+    port and the server prints its address), the readiness path, how to ask it (:class:`RequestForm`), the settings
+    that go into the report; ``absent`` is why it cannot run on this machine (with the install command), ``url`` an
+    already running service (``--url``: neither started nor stopped), ``prepare`` what to do before starting it (e.g.
+    make a GGUF).
+    """
+
+    name: str
+    command: list[str] = field(default_factory=list)
+    port: int | None = None
+    ready_path: str = "/health"
+    form: RequestForm = field(default_factory=RequestForm)
+    settings: dict[str, Any] = field(default_factory=dict)
+    absent: str | None = None
+    url: str | None = None
+    prepare: Callable[[], object] | None = None
+
+    def process(self, timeout: float) -> ServerProcess:
+        """启动、停止它的进程对象（还没启动）。
+
+        en: The process object that starts and stops it (not started yet).
+        """
+        if self.port is None:
+            proc = ServerProcess("", timeout=timeout)
+            proc.command = list(self.command)
+            return proc
+        return PeerProcess(self.command, self.port, self.ready_path, timeout)
+
+
+def minisgl_peer(model: str | Path, flags: Sequence[str]) -> Peer:
+    """我们的服务器：和以前一样用 ``ServerProcess``，不认识的参数都给它。
+
+    en: Our server: ``ServerProcess`` as before, with every unknown flag.
+    """
+    return Peer(OURS, ServerProcess(model, *flags).command, settings={"flags": list(flags)})
+
+
+def transformers_command(model: str | Path, port: int) -> list[str]:
+    """``transformers serve``（就是 ``transformers`` 命令的入口，用同一个 Python）：连续批处理，CPU，fp32，
+    预载这个模型，只绑 127.0.0.1。
+
+    en: ``transformers serve`` (the ``transformers`` command's entry point, with the same Python): continuous
+    batching, CPU, fp32, this model preloaded, bound to 127.0.0.1 only.
+    """
+    cb = [x for kv in TRANSFORMERS_CB.items() for x in kv]
+    return [sys.executable, "-m", "transformers.cli.transformers", "serve", "--continuous-batching",
+            "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", *cb,
+            "--log-level", "warning", str(model)]
+
+
+def transformers_peer(model: str | Path, port: int | None = None) -> Peer:
+    """``transformers serve`` 作对照。它的 ``/v1/completions`` 只收字符串提示词（id 列表回 400），不认识的字段一律
+    回 422（``ignore_eos`` 也是）；别提前停的等价写法是它认的 ``generation_config`` 字段（一段 JSON）里
+    ``eos_token_id = -1``：连续批处理把 −1 当作“没有结束 token”，按请求生效。流的最后一段总带 ``usage``。
+
+    en: ``transformers serve`` as a peer. Its ``/v1/completions`` takes string prompts only (a list of ids gets 400)
+    and answers 422 to any field it does not know (``ignore_eos`` included); the equivalent of not stopping early is
+    ``eos_token_id = -1`` in the ``generation_config`` field it does know (a JSON string): continuous batching reads
+    −1 as "no end token", per request. The stream's last chunk always carries ``usage``.
+    """
+    import transformers
+
+    port = port or free_port()
+    form = RequestForm(text_prompt=True, no_stop={"generation_config": json.dumps({"eos_token_id": -1})})
+    settings = {"version": transformers.__version__, "continuous_batching": True, "device": "cpu", "dtype": "float32",
+                **{k.lstrip("-").replace("-", "_"): int(v) for k, v in TRANSFORMERS_CB.items()},
+                "threads": os.cpu_count(), "prompt": "text", "no_stop": form.no_stop}
+    return Peer("transformers", transformers_command(model, port), port, form=form, settings=settings)
+
+
+def llamacpp_installed() -> bool:
+    """装没装 llama-cpp-python（只找模块，不导入）。
+
+    en: Whether llama-cpp-python is installed (the module is looked up, not imported).
+    """
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def llamacpp_gguf(model: str | Path) -> Path:
+    """``bench/llamacpp.py`` 给这个模型做的 F32 GGUF 放在哪儿（``models/.cache/gguf/<名字>.F32.gguf``）。
+
+    en: Where ``bench/llamacpp.py`` puts this model's F32 GGUF (``models/.cache/gguf/<name>.F32.gguf``).
+    """
+    return models_dir() / ".cache" / "gguf" / f"{Path(model).name}.F32.gguf"
+
+
+def llamacpp_command(gguf: str | Path, port: int, threads: int) -> list[str]:
+    """llama-cpp-python 的 OpenAI 兼容服务器。它的设置是 pydantic 字段，命令行参数就是字段名（下划线）：
+
+    - ``n_ctx``：上下文长度，见 :data:`LLAMACPP_N_CTX`；``n_batch`` 512：一次喂进去的提示词 token 数（缺省值）；
+    - ``n_threads`` 和 ``n_threads_batch`` 都是 ``threads``（核数）：缺省分别是核数的一半和全部，和另两家一样用满核；
+    - ``interrupt_requests false``：缺省为真时，新请求一到就打断正在流式输出的那个，并发负载下全是失败；
+    - ``logits_all false``：缺省为真时预填充要给每个提示词位置都算整张词表的 logits，我们不要 logprobs，白白多算。
+
+    它没有 llama.cpp 自带服务器的 ``--parallel``：一个模型一把锁，请求一个接一个地算（这正是要测的）。
+
+    en: llama-cpp-python's OpenAI-compatible server. Its settings are pydantic fields and the flags are the field names
+    (with underscores):
+
+    - ``n_ctx``: the context length, see :data:`LLAMACPP_N_CTX`; ``n_batch`` 512: prompt tokens fed at once (the default);
+    - ``n_threads`` and ``n_threads_batch`` both ``threads`` (the cores): their defaults are half the cores and all of
+      them; like the other two servers it uses every core;
+    - ``interrupt_requests false``: when true (the default) a new request interrupts the one streaming, so a concurrent
+      load would be all failures;
+    - ``logits_all false``: when true (the default) prefill computes logits over the whole vocabulary at every prompt
+      position; we want no logprobs, so that would be wasted work.
+
+    It has no ``--parallel`` like llama.cpp's own server: one model, one lock, requests computed one after another
+    (which is what is measured).
+    """
+    return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", str(LLAMACPP_N_CTX), "--n_batch", "512", "--n_threads", str(threads),
+            "--n_threads_batch", str(threads), "--interrupt_requests", "false", "--logits_all", "false"]
+
+
+def _make_f32_gguf(model: str | Path) -> Path:
+    """要时用 ``bench/llamacpp.py`` 生成 F32 GGUF（只有 SmolLM2-135M-Instruct 有源 GGUF）。
+
+    en: Make the F32 GGUF with ``bench/llamacpp.py`` when needed (only SmolLM2-135M-Instruct has a source GGUF).
+    """
+    gguf = llamacpp_gguf(model)
+    if gguf.is_file():
+        return gguf
+    if Path(model).name != "SmolLM2-135M-Instruct":
+        raise FileNotFoundError(tr("{path} is missing: bench/llamacpp.py makes the F32 GGUF of SmolLM2-135M-Instruct only",
+                                   path=gguf))
+    spec = importlib.util.spec_from_file_location("bench_llamacpp", Path(__file__).with_name("llamacpp.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Path(module.f32_gguf())
+
+
+def llamacpp_peer(model: str | Path, port: int | None = None, threads: int | None = None) -> Peer:
+    """llama-cpp-python 的服务器作对照，权重是同一份的 F32 GGUF。它的请求类型里提示词是字符串（或只含一个字符串的
+    列表），所以发文字；没有 ``ignore_eos``，别提前停用它的 ``min_tokens = N``（只压住 ``token_eos()`` 这一个），
+    再把全部特殊 token 的 logit 压下去（它遇到任何一个“生成结束”的 token 都会停）；它的服务器缺省 ``repeat_penalty``
+    1.1，这里给 1.0，和另两家一样是纯贪心。它的流里没有 ``usage``：输出 token 数按流里的文字段数（见 :func:`send_one`）。
+    没装时返回的 ``Peer`` 带着 ``absent``（安装命令在里面）。
+
+    en: llama-cpp-python's server as a peer, on the same weights as an F32 GGUF. Its request type has a string prompt
+    (or a list holding one string), so it gets text; it has no ``ignore_eos``, so not stopping early uses its
+    ``min_tokens = N`` (which holds back ``token_eos()`` alone) and pushes down every special token's logit (it stops at
+    any end-of-generation token); its server defaults to ``repeat_penalty`` 1.1, so 1.0 is sent, plain greedy like the
+    other two. Its stream carries no ``usage``: output tokens are counted as the stream's text chunks (see
+    :func:`send_one`). When it is not installed the ``Peer`` comes back with ``absent`` (holding the install command).
+    """
+    port = port or free_port()
+    threads = threads or os.cpu_count() or 1
+    gguf = llamacpp_gguf(model)
+    form = RequestForm(text_prompt=True, extra={"repeat_penalty": 1.0}, no_stop={}, min_tokens=True, ban_special=True,
+                       stream_usage=False)
+    settings: dict[str, Any] = {"gguf": str(gguf), "n_ctx": LLAMACPP_N_CTX, "n_batch": 512, "threads": threads,
+                                "interrupt_requests": False, "logits_all": False, "prompt": "text",
+                                "no_stop": "min_tokens = max_tokens, logit_bias -100 on the special tokens",
+                                "output_tokens": "streamed text chunks (no usage in its stream)"}
+    peer = Peer("llamacpp", llamacpp_command(gguf, port, threads), port, ready_path="/v1/models", form=form,
+                settings=settings)
+    if not llamacpp_installed():
+        peer.absent = tr("llama-cpp-python is not installed; install it with: {command} (it compiles llama.cpp: "
+                         "about 7–8 minutes on a 2-core machine)", command=LLAMACPP_INSTALL)
+        return peer
+    from importlib.metadata import version
+
+    settings["version"] = version("llama-cpp-python")
+    peer.prepare = lambda: _make_f32_gguf(model)
+    return peer
+
+
+def build_peers(names: Sequence[str], model: str | Path, flags: Sequence[str]) -> list[Peer]:
+    """按 ``names`` 的顺序给每家服务器一个 :class:`Peer`（命令都用同一个模型目录）。
+
+    en: A :class:`Peer` for each server in the order of ``names`` (every command uses the same model folder).
+    """
+    makers: dict[str, Callable[[], Peer]] = {
+        "minisgl": lambda: minisgl_peer(model, flags),
+        "transformers": lambda: transformers_peer(model),
+        "llamacpp": lambda: llamacpp_peer(model),
+    }
+    return [makers[name]() for name in names]
+
+
+@dataclass
+class Outcome:
+    """一家服务器的结果：``status`` 是 ``"ok"``、``"failed"``（起不来或不能用，``info`` 里有原因和输出的末尾）或
+    ``"absent"``（没装）；``info`` 是写进报告的其余内容（命令、设置、就绪用时、地址、退出码、留下的进程……）。
+
+    en: One server's outcome: ``status`` is ``"ok"``, ``"failed"`` (did not come up or was not usable; ``info`` holds
+    why and the tail of its output) or ``"absent"`` (not installed); ``info`` is the rest of its report (command,
+    settings, time to ready, address, exit code, processes left behind…).
+    """
+
+    peer: str
+    status: str
+    results: list[RunResult] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def report(self) -> dict[str, Any]:
+        runs = [{"name": r.run.name, **asdict(r.run), "summary": asdict(r.summary),
+                 "records": [asdict(x) for x in r.records]} for r in self.results]
+        return {"name": self.peer, "status": self.status, **self.info, "runs": runs}
+
+
+def run_peer(peer: Peer, runs: Sequence[Run], vocab: Vocab, opts: Options, args: argparse.Namespace) -> Outcome:
+    """测一家服务器：没装就报出来；否则启动（记下就绪用时）、预热、测量、关掉，确认没有留下子进程。起不来、不能用都
+    记成 ``failed``（带原因和它输出的末尾），不抛出：别的服务器照样测。
+
+    en: Measure one server: report it when absent; otherwise start it (noting the time to ready), warm it up, measure,
+    stop it and make sure no child process is left. Not coming up or not being usable is recorded as ``failed`` (with
+    why and the tail of its output), never raised: the other servers are still measured.
+    """
+    info: dict[str, Any] = {"command": peer.command, "settings": peer.settings}
+    if peer.absent is not None:
+        print(tr("{name}: absent: {why}", name=peer.name, why=peer.absent))
+        return Outcome(peer.name, "absent", info={**info, "error": peer.absent})
+    server = None
+    error: str | None = None
+    results: list[RunResult] = []
+    try:
+        url = peer.url
+        if url is None:
+            if peer.prepare is not None:
+                peer.prepare()
+            server = peer.process(args.start_timeout)
+            print(tr("Starting {name}: {command} …", name=peer.name, command=shlex.join(peer.command)))
+            start = time.perf_counter()
+            try:
+                server.start()
+            except RuntimeError:
+                info["ready"] = False
+                code = server.proc.returncode if server.proc is not None else None
+                if code is not None and time.perf_counter() - start < args.start_timeout:
+                    raise RuntimeError(tr("{name} exited with code {code} before it was ready", name=peer.name,
+                                          code=code)) from None
+                raise RuntimeError(tr("{name} did not become ready within {timeout:.0f} s", name=peer.name,
+                                      timeout=args.start_timeout)) from None
+            info.update(ready=True, start_s=time.perf_counter() - start)
+            print(tr("{name} ready in {seconds:.1f} s at {url}", name=peer.name, seconds=info["start_s"], url=server.url))
+            url = f"{server.url}/v1"
+        info["url"] = url
+        if peer.settings:
+            print(tr("{name} settings: {settings}", name=peer.name, settings=json.dumps(peer.settings, ensure_ascii=False)))
+        name, results = asyncio.run(measure(url, runs, vocab, opts, form=peer.form, api_key=args.api_key,
+                                            model=args.model_name, warmup=args.warmup, progress=not args.no_progress,
+                                            label=peer.name))
+        info["model"] = name
+        print(tr("{name}: model {model} at {url}", name=peer.name, model=name, url=url))
+    except (RuntimeError, OSError, openai.OpenAIError) as e:
+        # 起不来、预热失败、列不出模型：这家不能用，接着测别家
+        # en: did not come up, a failed warm-up, no model list: this one is not usable, go on with the others
+        error = str(e)
+    finally:
+        if server is not None:
+            info["exit_code"] = server.stop()
+            info["left_behind"] = server.left_behind
+            if server.left_behind:
+                server.kill()
+                print(tr("Processes left behind after the server stopped: {pids}", pids=server.left_behind))
+    if error is not None:
+        tail = output_tail(server) if server is not None else ""
+        print(tr("{name}: failed: {why}", name=peer.name, why=error))
+        if tail:
+            print(tr("The last lines of its output:\n{tail}", tail=tail.rstrip()))
+        return Outcome(peer.name, "failed", info={**info, "error": error, "output_tail": tail})
+    return Outcome(peer.name, "ok", results, info)
+
+
+def output_tail(server: ServerProcess) -> str:
+    """服务器输出的最后 :data:`OUTPUT_TAIL` 行；进程已经退出时先等输出读完（最多 5 秒）。
+
+    en: The last :data:`OUTPUT_TAIL` lines of the server's output; when the process has exited, wait for its output to
+    be read to the end first (5 s at most).
+    """
+    if isinstance(server, PeerProcess) and server.proc is not None and server.proc.poll() is not None:
+        server.drained.wait(5)
+    return "".join(server.lines[-OUTPUT_TAIL:])
+
+
+def ratio(ours: float | None, theirs: float | None) -> float | None:
+    """``ours / theirs``；缺一个或分母为 0 时没有定义（None）。
+
+    en: ``ours / theirs``; undefined (None) when either is missing or the denominator is 0.
+    """
+    if ours is None or theirs is None or theirs == 0:
+        return None
+    return ours / theirs
+
+
+def peer_ratios(ours: Summary, theirs: Summary) -> dict[str, float | None]:
+    """同一次运行里我们 / 对方：输出 token/s（大于 1 是我们快）、p99 TTFT 和 p99 TPOT（小于 1 是我们快）。
+
+    en: Ours / the peer's in one run: output tok/s (above 1: ours is faster), p99 TTFT and p99 TPOT (below 1: ours is
+    faster).
+    """
+    return {"output_throughput": ratio(ours.output_throughput, theirs.output_throughput),
+            "ttft_p99": ratio(ours.ttft.p99, theirs.ttft.p99), "tpot_p99": ratio(ours.tpot.p99, theirs.tpot.p99)}
+
+
+def ratio_rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """每次运行、每家测成了的对方一行比值（我们也得测成了）。
+
+    en: One row of ratios per run and per successfully measured peer (ours must have been measured too).
+    """
+    ours = next((o for o in outcomes if o.peer == OURS and o.status == "ok"), None)
+    if ours is None:
+        return []
+    return [{"run": mine.run.name, "ours": OURS, "peer": o.peer, **peer_ratios(mine.summary, theirs.summary)}
+            for o in outcomes if o.peer != OURS and o.status == "ok"
+            for mine, theirs in zip(ours.results, o.results)]
 
 
 # ----------------------------------------------------------------------------- 输出
@@ -464,20 +952,25 @@ def _triple(p: Percentiles, scale: float) -> str:
     return "/".join(_num(None if v is None else v * scale) for v in (p.p50, p.p90, p.p99))
 
 
-def results_table(results: Sequence[RunResult]) -> str:
-    """每次运行一行的纯文本表格。
+def results_table(groups: Sequence[tuple[str, Sequence[RunResult]]]) -> str:
+    """每家服务器的每次运行一行的纯文本表格（第一栏是服务器）。
 
-    en: A plain-text table with one row per run.
+    en: A plain-text table with one row per server and run (the first column is the server).
     """
-    header = [tr("run"), tr("ok"), tr("failed"), tr("TTFT ms p50/p90/p99"), tr("TPOT ms p50/p90/p99"),
+    header = [tr("server"), tr("run"), tr("ok"), tr("failed"), tr("TTFT ms p50/p90/p99"), tr("TPOT ms p50/p90/p99"),
               tr("ITL ms p50/p90/p99"), tr("E2E s p50/p90/p99"), tr("output tok/s"), tr("req/s"), tr("goodput req/s")]
     rows = []
-    for r in results:
-        s = r.summary
-        rows.append([r.run.name, f"{s.ok}/{s.requests}", str(s.failed), _triple(s.ttft, 1000), _triple(s.tpot, 1000),
-                     _triple(s.itl, 1000), _triple(s.e2e, 1), _num(s.output_throughput), _num(s.request_throughput),
-                     _num(s.goodput)])
+    for server, results in groups:
+        for r in results:
+            s = r.summary
+            rows.append([server, r.run.name, f"{s.ok}/{s.requests}", str(s.failed), _triple(s.ttft, 1000),
+                         _triple(s.tpot, 1000), _triple(s.itl, 1000), _triple(s.e2e, 1), _num(s.output_throughput),
+                         _num(s.request_throughput), _num(s.goodput)])
     return format_table(header, rows)
+
+
+def _times(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}×"
 
 
 def parse_list(text: str, kind: Callable[[str], float]) -> list[float]:
@@ -496,15 +989,34 @@ def parse_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def parse_peers(text: str) -> list[str]:
+    """``"minisgl,transformers"`` → ``["minisgl", "transformers"]``（去掉重复，保持顺序）；不认识的名字报错。
+
+    en: ``"minisgl,transformers"`` → ``["minisgl", "transformers"]`` (duplicates dropped, order kept); an unknown name is
+    an error.
+    """
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    unknown = [x for x in names if x not in PEERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(tr("unknown servers {unknown}: choose from {choices}", unknown=unknown,
+                                            choices=",".join(PEERS)))
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=tr("Load generator for an OpenAI-compatible server: streamed completions, "
                                                "TTFT / TPOT / ITL / end-to-end latency, throughput, goodput"),
-                                epilog=tr("Unknown flags go to the server started with --serve-model "
+                                epilog=tr("Unknown flags go to our server (minisgl) started with --model "
                                           "(for example --dtype float32 --num-pages 4096)."))
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help=tr("base URL of a running server, e.g. http://127.0.0.1:1919/v1"))
-    target.add_argument("--serve-model", help=tr("start python -m minisgl --model DIR on a free port, measure, stop it"))
-    p.add_argument("--tokenizer", help=tr("tokenizer folder used to pick valid token ids (default: the --serve-model folder)"))
+    target.add_argument("--model", "--serve-model", dest="model",
+                        help=tr("HF-format model folder: start each of --peers on it in turn on a free port, measure, "
+                                "stop it (--serve-model is the old name)"))
+    p.add_argument("--peers", type=parse_peers,
+                   help=tr("servers to measure on the same requests, comma-separated, from {choices} (default: minisgl)",
+                           choices=",".join(PEERS)))
+    p.add_argument("--tokenizer", help=tr("tokenizer folder used to pick valid token ids (default: the --model folder)"))
     p.add_argument("--model-name", help=tr("the model field of the requests (default: the first of /v1/models)"))
     p.add_argument("--api-key", default="none")
     p.add_argument("--requests", choices=REQUEST_SETS, default="random", help=tr("request set (default: random)"))
@@ -519,26 +1031,69 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help=tr("per-request timeout in seconds (default 300)"))
     p.add_argument("--warmup", type=int, default=2, help=tr("warm-up requests before measuring, not counted (default 2)"))
     p.add_argument("--no-ignore-eos", action="store_true",
-                   help=tr("do not send ignore_eos (for servers without it); answers shorter than asked still count as failures"))
+                   help=tr("do not ask the servers not to stop early (ignore_eos or its equivalent); answers shorter "
+                           "than asked still count as failures"))
     p.add_argument("--slo-ttft", type=float, default=2.0, help=tr("SLO on TTFT in seconds, for goodput (default 2)"))
     p.add_argument("--slo-tpot", type=float, default=0.2, help=tr("SLO on TPOT in seconds, for goodput (default 0.2)"))
     p.add_argument("--json", type=Path, help=tr("write every per-request record and every summary to this JSON file"))
     p.add_argument("--no-progress", action="store_true", help=tr("no progress bar"))
-    p.add_argument("--start-timeout", type=float, default=300.0, help=tr("seconds to wait for the started server (default 300)"))
+    p.add_argument("--start-timeout", type=float, default=300.0, help=tr("seconds to wait for each started server (default 300)"))
     return p
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """跑完全部运行，打印表格，按 ``--json`` 写文件；返回同样内容的报告（``server`` 里有退出码和留下的进程）。
+def print_report(outcomes: Sequence[Outcome], ratios: Sequence[dict[str, Any]], peers: Sequence[Peer],
+                 opts: Options) -> None:
+    """一张表（每家服务器的每次运行一行）、SLO、失败的原文、提示词 token 数对不上的地方、比值。
 
-    en: Do every run, print the table, write ``--json``; return the same report (``server`` holds the exit code and the
-    processes left behind).
+    en: One table (a row per server and run), the SLO, the failure texts, where the prompt token counts differ, the
+    ratios.
+    """
+    measured = [o for o in outcomes if o.status == "ok"]
+    if not measured:
+        print(tr("No server could be measured."))
+        return
+    print(results_table([(o.peer, o.results) for o in measured]))
+    print(tr("SLO: TTFT ≤ {ttft:g} s and TPOT ≤ {tpot:g} s; goodput = successful requests within both, per second",
+             ttft=opts.slo.ttft, tpot=opts.slo.tpot))
+    forms = {p.name: p.form for p in peers}
+    for o in measured:
+        if not forms[o.peer].stream_usage:
+            print(tr("{name}: its stream reports no usage, so its output tokens are counted as streamed text chunks "
+                     "(a chunk holding two tokens fails the request)", name=o.peer))
+        for r in o.results:
+            run = f"{o.peer}, {r.run.name}"
+            for why in r.summary.errors:
+                print(tr("  {run}: failed: {why}", run=run, why=why))
+            s = r.summary
+            if s.prompt_mismatched:
+                print(tr("  {run}: the server counted {counted} prompt tokens for {sent} token ids sent; {n} of {ok} "
+                         "requests differ (text prompts are tokenized again)", run=run, counted=s.prompt_tokens_counted,
+                         sent=s.prompt_tokens_sent, n=s.prompt_mismatched, ok=s.ok))
+    if ratios:
+        print(tr("Ratios ours / peer in the same run: above 1 is better for us in output tok/s, below 1 in TTFT and TPOT."))
+    for row in ratios:
+        print(tr("  {run}: {ours} / {peer}: output tok/s {tput}, p99 TTFT {ttft}, p99 TPOT {tpot}", run=row["run"],
+                 ours=row["ours"], peer=row["peer"], tput=_times(row["output_throughput"]),
+                 ttft=_times(row["ttft_p99"]), tpot=_times(row["tpot_p99"])))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """依次测每家服务器（同样的请求），打印一张表和比值，按 ``--json`` 写文件；返回同样内容的报告（``peers`` 里每家
+    有状态、命令、设置、就绪用时、退出码、留下的进程和各次运行）。
+
+    en: Measure each server in turn (the same requests), print one table and the ratios, write ``--json``; return the
+    same report (``peers`` holds, for each, its status, command, settings, time to ready, exit code, the processes left
+    behind and its runs).
     """
     parser = build_parser()
     args, server_flags = parser.parse_known_args(argv)
-    if server_flags and not args.serve_model:
-        parser.error(tr("unknown arguments {flags} (server flags are allowed only with --serve-model)", flags=server_flags))
-    tokenizer = args.tokenizer or args.serve_model
+    if args.url and args.peers is not None:
+        parser.error(tr("--peers needs --model (the servers are started on that folder)"))
+    names = args.peers or [OURS]
+    if server_flags and (args.url or OURS not in names):
+        parser.error(tr("unknown arguments {flags} (server flags are allowed only with --model and minisgl among --peers)",
+                        flags=server_flags))
+    tokenizer = args.tokenizer or args.model
     if tokenizer is None:
         parser.error(tr("with --url, give --tokenizer DIR (its vocabulary gives the prompt token ids)"))
     runs = [Run("poisson", r) for r in parse_list(args.rates or "", float)]
@@ -546,51 +1101,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     opts = Options(requests=args.requests, num_requests=args.num_requests, prompt_len=args.prompt_len,
                    output_len=args.output_len, prefix_len=args.prefix_len, tail_len=args.tail_len, seed=args.seed,
                    timeout=args.timeout, ignore_eos=not args.no_ignore_eos, slo=Slo(args.slo_ttft, args.slo_tpot))
-    ids = valid_token_ids(tokenizer)
+    vocab = load_vocab(tokenizer)
+    peers = [Peer("url", url=args.url)] if args.url else build_peers(names, args.model, server_flags)
 
-    report: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
-    server = None
-    if args.serve_model:
-        server = ServerProcess(args.serve_model, *server_flags, timeout=args.start_timeout)
-        print(tr("Starting {command} …", command=" ".join(["python -m minisgl", *server.command[3:]])))
-        try:
-            server.start()
-        except RuntimeError as e:
-            parser.exit(2, f"{e}\n")
-    failed: Exception | None = None
-    try:
-        url = f"{server.url}/v1" if server is not None else args.url
-        name, results = asyncio.run(measure(url, runs, ids, opts, api_key=args.api_key, model=args.model_name,
-                                            warmup=args.warmup, progress=not args.no_progress))
-    except (RuntimeError, openai.OpenAIError) as e:
-        # 预热失败、列不出模型：服务不能用，没什么可测的
-        # en: a failed warm-up, no model list: the service is not usable, nothing to measure
-        failed = e
-    finally:
-        if server is not None:
-            code = server.stop()
-            report["server"] = {"flags": server_flags, "exit_code": code, "left_behind": server.left_behind}
-            if server.left_behind:
-                server.kill()
-                print(tr("Processes left behind after the server stopped: {pids}", pids=server.left_behind))
-    if failed is not None:
-        parser.exit(1, f"{failed}\n")
-
-    print(tr("{requests} set, {n} requests per run, {model} at {url}",
-             requests=args.requests, n=args.num_requests, model=name, url=url))
-    print(results_table(results))
-    print(tr("SLO: TTFT ≤ {ttft:g} s and TPOT ≤ {tpot:g} s; goodput = successful requests within both, per second",
-             ttft=opts.slo.ttft, tpot=opts.slo.tpot))
-    for r in results:
-        for why in r.summary.errors:
-            print(tr("  {run}: failed: {why}", run=r.run.name, why=why))
-    report.update(url=url, model=name, runs=[{"name": r.run.name, **asdict(r.run), "summary": asdict(r.summary),
-                                              "records": [asdict(x) for x in r.records]} for r in results])
+    print(tr("{requests} set, {n} requests per run; every server gets the same requests (seed {seed})",
+             requests=args.requests, n=args.num_requests, seed=args.seed))
+    outcomes = [run_peer(peer, runs, vocab, opts, args) for peer in peers]
+    ratios = ratio_rows(outcomes)
+    print_report(outcomes, ratios, peers, opts)
+    report: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                              "server_flags": server_flags, "peers": [o.report() for o in outcomes], "ratios": ratios}
     if args.json is not None:
         args.json.write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         print(tr("Records and summaries written to {path}", path=args.json))
     return report
 
 
+def exit_code(report: dict[str, Any]) -> int:
+    """有服务器没测成（没装的不算）或留下了进程时为 1，否则为 0。
+
+    en: 1 when a server could not be measured (absent ones aside) or left processes behind, else 0.
+    """
+    return int(any(p["status"] == "failed" or p.get("left_behind") for p in report["peers"]))
+
+
 if __name__ == "__main__":
-    sys.exit(1 if main().get("server", {}).get("left_behind") else 0)
+    sys.exit(exit_code(main()))

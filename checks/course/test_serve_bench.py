@@ -1,13 +1,17 @@
-"""``bench/serve.py`` 的负载生成器：账算得对（由已知时刻手造的记录）、请求集和泊松到达由种子决定，
-再对真服务器（小模型）冒烟跑一次：每个请求都拿到了要的 token 数，服务器关掉后不留下进程。
+"""``bench/serve.py`` 的负载生成器：账算得对（由已知时刻手造的记录）、请求集和泊松到达由种子决定；几家服务器
+一起测时：每家的启动命令、没装的 llama.cpp 照样报出来（带安装命令）、起不来的那家记成失败（带输出的末尾）、
+比值算得对；再对真服务器（小模型）冒烟跑一次：每个请求都拿到了要的 token 数，服务器关掉后不留下进程。
 
 en: ``bench/serve.py``'s load generator: the accounting is right (records built by hand from known times), the request
-sets and the Poisson arrivals follow the seed, and one smoke run against the real server (tiny model): every request
-got the tokens it asked for, and the server leaves no process behind once stopped.
+sets and the Poisson arrivals follow the seed; with several servers: each one's start command, an absent llama.cpp
+still reported (with the install command), a server that does not come up recorded as failed (with the tail of its
+output), the ratios right; and one smoke run against the real server (tiny model): every request got the tokens it
+asked for, and the server leaves no process behind once stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -155,6 +159,106 @@ def test_poisson_schedule() -> None:
     assert bench.poisson_schedule(5, float("inf"), seed=1) == [0.0] * 5, tr("An infinite rate sends everything at once")
 
 
+# ----------------------------------------------------------------------------- 几家服务器
+# en: ----------------------------------------------------------------------------- several servers
+
+
+def test_peer_commands() -> None:
+    model = "models/SmolLM2-135M-Instruct"
+    ours = bench.minisgl_peer(model, ["--dtype", "float32"])
+    assert ours.command[1:] == ["-m", "minisgl", "--model", model, "--host", "127.0.0.1", "--port", "0",
+                                "--dtype", "float32"] and ours.port is None, \
+        tr("Our server: python -m minisgl on port 0 with the extra flags: {command}", command=ours.command)
+    hf = bench.transformers_peer(model, port=4321)
+    assert hf.command[1:] == ["-m", "transformers.cli.transformers", "serve", "--continuous-batching",
+                              "--host", "127.0.0.1", "--port", "4321", "--device", "cpu", "--dtype", "float32",
+                              "--cb-num-blocks", "32", "--cb-max-batch-tokens", "2048", "--log-level", "warning", model], \
+        tr("transformers serve: continuous batching on the CPU in fp32 at the chosen port: {command}", command=hf.command)
+    assert hf.form.text_prompt and "ignore_eos" not in hf.form.no_stop and hf.settings["version"], \
+        tr("transformers gets text prompts, no ignore_eos, and its version is recorded: {peer}", peer=hf)
+    gguf = Path("/m/SmolLM2-135M-Instruct.F32.gguf")
+    cmd = bench.llamacpp_command(gguf, 5678, 2)
+    assert cmd[1:] == ["-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", "5678",
+                       "--n_ctx", str(bench.LLAMACPP_N_CTX), "--n_batch", "512", "--n_threads", "2",
+                       "--n_threads_batch", "2", "--interrupt_requests", "false", "--logits_all", "false"], \
+        tr("llama-cpp-python's server: the GGUF, the port, two threads, no interrupted requests: {command}", command=cmd)
+    vocab = bench.Vocab(IDS, [0, 1, 2], lambda ids: " ".join(map(str, ids)))
+    body = bench.llamacpp_peer(model, port=5678, threads=2).form.extra_body(7, vocab)
+    assert body == {"repeat_penalty": 1.0, "min_tokens": 7, "logit_bias": {"0": -100.0, "1": -100.0, "2": -100.0}}, \
+        tr("llama.cpp is asked not to stop early with min_tokens and the special tokens pushed down: {body}", body=body)
+    assert bench.RequestForm().extra_body(7, vocab, no_stop=False) == {}, tr("--no-ignore-eos sends no extra field")
+
+
+def test_absent_llamacpp_is_reported(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # 不管这台机器装没装，都按没装走一遍（不跳过）
+    # en: whether or not this machine has it, go through the not-installed path (never skipped)
+    monkeypatch.setattr(bench, "llamacpp_installed", lambda: False)
+    report = bench.main(["--model", tiny_model(), "--peers", "llamacpp", "--concurrency", "1", "--num-requests", "1",
+                         "--no-progress"])
+    printed = capsys.readouterr().out
+    [peer] = report["peers"]
+    assert peer["status"] == "absent" and bench.LLAMACPP_INSTALL in peer["error"] and peer["command"], \
+        tr("An absent llama.cpp is reported with its install command and the command it would run: {peer}", peer=peer)
+    assert bench.LLAMACPP_INSTALL in printed and "llamacpp" in printed, \
+        tr("The absent server is printed, with the install command:\n{printed}", printed=printed)
+    assert bench.exit_code(report) == 0 and report["ratios"] == [], tr("An absent server is not a failure: {report}",
+                                                                      report=report)
+
+
+def test_failed_peer_keeps_its_output(capsys: pytest.CaptureFixture[str]) -> None:
+    args, _ = bench.build_parser().parse_known_args(["--model", "unused", "--start-timeout", "30"])
+    broken = bench.Peer("broken", [sys.executable, "-c", "print('no weights here'); raise SystemExit(3)"],
+                        port=bench.free_port())
+    vocab = bench.Vocab(IDS, [], str)
+    out = bench.run_peer(broken, [bench.Run("closed", 1)], vocab, bench.Options(), args)
+    assert out.status == "failed" and "3" in out.info["error"] and "no weights here" in out.info["output_tail"], \
+        tr("A server that does not come up is failed, with why and the tail of its output: {info}", info=out.info)
+    assert out.info["ready"] is False and not out.info["left_behind"], tr("Not ready, nothing left: {info}", info=out.info)
+    assert "no weights here" in capsys.readouterr().out, tr("The tail of its output is printed")
+
+
+def test_peer_process_stops_its_group() -> None:
+    port = bench.free_port()
+    # 一个会就绪的小服务器，再带一个子进程：整组都得停掉
+    # en: a small server that gets ready, with a child process of its own: the whole group must stop
+    code = ("import subprocess, sys, http.server; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
+    server = bench.PeerProcess([sys.executable, "-c", code], port, "/", timeout=30)
+    server.start()
+    assert server.children, tr("The child process is noted once the server is ready")
+    server.stop(timeout=10)
+    assert not server.left_behind and not child_pids(os.getpid()), \
+        tr("SIGTERM to the group leaves no process: {pids}", pids=server.left_behind)
+
+
+def _summary(tput: float, ttft_p99: float | None, tpot_p99: float | None) -> object:
+    s = bench.summarize(_records(), bench.Slo())
+    return dataclasses.replace(s, output_throughput=tput, ttft=bench.Percentiles(None, None, ttft_p99, 1),
+                               tpot=bench.Percentiles(None, None, tpot_p99, 1))
+
+
+def test_ratios() -> None:
+    r = bench.peer_ratios(_summary(30.0, 0.5, 0.1), _summary(10.0, 2.0, None))
+    _approx((r["output_throughput"], r["ttft_p99"]), (3.0, 0.25), "ours / theirs: output tok/s and p99 TTFT")
+    assert r["tpot_p99"] is None and bench.ratio(1.0, 0.0) is None, tr("A missing or zero value gives no ratio")
+    run1, run2 = bench.Run("closed", 1), bench.Run("closed", 4)
+
+    def outcome(name: str, status: str, *summaries: object) -> object:
+        results = [bench.RunResult(run, [], s) for run, s in zip((run1, run2), summaries)]
+        return bench.Outcome(name, status, results)
+
+    ours = outcome("minisgl", "ok", _summary(30.0, 0.5, 0.1), _summary(40.0, 1.0, 0.2))
+    peers = [outcome("transformers", "ok", _summary(10.0, 1.0, 0.5), _summary(8.0, 4.0, 0.4)),
+             outcome("llamacpp", "absent")]
+    rows = bench.ratio_rows([ours, *peers])
+    assert [(x["run"], x["peer"]) for x in rows] == [(run1.name, "transformers"), (run2.name, "transformers")], \
+        tr("One ratio row per run and per measured peer: {rows}", rows=rows)
+    _approx([(x["output_throughput"], x["ttft_p99"], x["tpot_p99"]) for x in rows], [(3.0, 0.5, 0.2), (5.0, 0.25, 0.5)],
+            "ratios per run")
+    failed = outcome("minisgl", "failed")
+    assert bench.ratio_rows([failed, *peers]) == [], tr("Without our own results there is nothing to compare")
+
+
 # ----------------------------------------------------------------------------- 对真服务器冒烟
 # en: ----------------------------------------------------------------------------- smoke run against the real server
 
@@ -169,18 +273,21 @@ def test_smoke_run_against_our_server(tmp_path: Path, monkeypatch: pytest.Monkey
                          "--prompt-len", "8,24", "--output-len", "3,10", "--warmup", "1", "--timeout", "60",
                          "--no-progress", "--json", str(out), *SERVER_FLAGS])
     printed = capsys.readouterr().out
-    server = report["server"]
-    assert server["exit_code"] == 0 and not server["left_behind"], tr("The server must exit with 0 and leave no process: {server}",
-                                                                        server=server)
+    [server] = report["peers"]
+    assert server["status"] == "ok" and server["exit_code"] == 0 and not server["left_behind"], \
+        tr("The server must exit with 0 and leave no process: {server}", server={k: v for k, v in server.items() if k != "runs"})
     assert not child_pids(os.getpid()), tr("Processes left behind: {pids}", pids=child_pids(os.getpid()))
     assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(report)), \
         tr("--json writes the same report that main() returns")
-    [run] = report["runs"]
+    assert bench.exit_code(report) == 0, tr("A clean run exits with 0")
+    [run] = server["runs"]
     records, s = run["records"], run["summary"]
     assert len(records) == 6 and all(r["error"] is None and r["got"] == r["asked"] for r in records), \
         tr("Every request succeeds with exactly the tokens it asked for: {records}", records=records)
     assert (s["requests"], s["ok"], s["failed"], s["output_tokens"]) == (6, 6, 0, sum(r["asked"] for r in records)), \
         tr("The summary counts the six requests and their tokens: {summary}", summary=s)
+    assert s["prompt_tokens_counted"] == s["prompt_tokens_sent"] and s["prompt_mismatched"] == 0, \
+        tr("Our server counts exactly the prompt ids it was sent: {summary}", summary=s)
     for r in records:
         times = [r["send"], r["first_token"], *r["chunks"], r["end"]]
         assert times[0] < times[1] and times == sorted(times), tr("Times in order: {record}", record=r)
