@@ -21,8 +21,9 @@ import sys
 import textwrap
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import msgpack
 import pytest
@@ -334,6 +335,20 @@ def _sub_before_pub(ipc_dir: str, name: str, ctx: zmq.Context) -> ZmqSubQueue:
     return sub
 
 
+@contextmanager
+def no_blocking_recv(xpub: ZmqPubQueue) -> Iterator[None]:
+    """握手若不先 poll 就 ``recv()``，没有订阅可读时会永远卡住：给套接字一个接收超时，卡住变成几秒内的失败。
+
+    en: A handshake that calls ``recv()`` without polling first blocks forever when there is no subscription to read:
+    a receive timeout on the socket turns that hang into a failure within seconds.
+    """
+    xpub.socket.setsockopt(zmq.RCVTIMEO, 3000)
+    try:
+        yield
+    except zmq.Again:
+        pytest.fail(tr("wait_for_subscribers blocked in recv() with nothing to read: poll with the time that is left before each recv, so that the timeout holds"))
+
+
 def test_slow_joiner_plain_pub_loses_first_message_handshake_does_not(ipc_dir: str) -> None:
     ctx = zmq.Context()
     first, second = DetokenizeMsg(1, 11), DetokenizeMsg(2, 22)
@@ -394,7 +409,7 @@ def test_handshake_counts_unsubscriptions(ipc_dir: str) -> None:
         # en: The only subscriber unsubscribes (the XPUB gets a frame starting with 0x00): none left, and waiting for
         # en: a 2nd times out
         first.socket.setsockopt(zmq.UNSUBSCRIBE, b"")
-        with pytest.raises(TimeoutError):
+        with no_blocking_recv(xpub), pytest.raises(TimeoutError):
             xpub.wait_for_subscribers(2, timeout=0.5)
         assert xpub.subscribers == 0, tr("An unsubscription takes one away: expected {n} subscribers, got {got}", n=0, got=xpub.subscribers)
         second = _sub_before_pub(ipc_dir, "unsub", ctx)
@@ -410,7 +425,7 @@ def test_handshake_times_out_without_subscribers(ipc_dir: str) -> None:
     try:
         xpub = ZmqPubQueue(ipc_addr(ipc_dir, "none"), create=True, ctx=ctx)
         start = time.monotonic()
-        with pytest.raises(TimeoutError) as raised:
+        with no_blocking_recv(xpub), pytest.raises(TimeoutError) as raised:
             xpub.wait_for_subscribers(1, timeout=0.3)
         took = time.monotonic() - start
         assert 0.25 <= took < 3, tr("The handshake should give up after its timeout (0.3 s), it took {took:.2f} s", took=took)
