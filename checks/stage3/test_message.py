@@ -349,6 +349,7 @@ def no_blocking_recv(xpub: ZmqPubQueue) -> Iterator[None]:
         pytest.fail(tr("wait_for_subscribers blocked in recv() with nothing to read: poll with the time that is left before each recv, so that the timeout holds"))
 
 
+@pytest.mark.timeout(60)  # 握手卡住时几秒内就失败，而不是等整轮的超时 | en: a stuck handshake fails within a minute, not at the whole run's timeout
 def test_slow_joiner_plain_pub_loses_first_message_handshake_does_not(ipc_dir: str) -> None:
     ctx = zmq.Context()
     first, second = DetokenizeMsg(1, 11), DetokenizeMsg(2, 22)
@@ -384,6 +385,7 @@ def test_slow_joiner_plain_pub_loses_first_message_handshake_does_not(ipc_dir: s
         ctx.destroy(linger=0)
 
 
+@pytest.mark.timeout(60)  # 握手卡住时几秒内就失败，而不是等整轮的超时 | en: a stuck handshake fails within a minute, not at the whole run's timeout
 def test_handshake_waits_for_every_subscriber(ipc_dir: str) -> None:
     ctx = zmq.Context()
     try:
@@ -399,6 +401,7 @@ def test_handshake_waits_for_every_subscriber(ipc_dir: str) -> None:
         ctx.destroy(linger=0)
 
 
+@pytest.mark.timeout(60)  # 握手卡住时几秒内就失败，而不是等整轮的超时 | en: a stuck handshake fails within a minute, not at the whole run's timeout
 def test_handshake_counts_unsubscriptions(ipc_dir: str) -> None:
     ctx = zmq.Context()
     try:
@@ -415,11 +418,22 @@ def test_handshake_counts_unsubscriptions(ipc_dir: str) -> None:
         second = _sub_before_pub(ipc_dir, "unsub", ctx)
         xpub.wait_for_subscribers(1, timeout=10)
         assert xpub.subscribers == 1, tr("An unsubscription takes one away: expected {n} subscribers, got {got}", n=1, got=xpub.subscribers)
+        # 带主题的订阅帧是 0x01 / 0x00 后面跟着主题：也是一个订阅 / 退订（“以它开头”，不是“等于它”）
+        # en: A subscription with a topic is 0x01 / 0x00 followed by the topic: still one subscription / unsubscription
+        # en: ("starts with", not "equals")
+        second.socket.setsockopt(zmq.SUBSCRIBE, b"topic")
+        xpub.wait_for_subscribers(2, timeout=10)
+        second.socket.setsockopt(zmq.UNSUBSCRIBE, b"topic")
+        with no_blocking_recv(xpub), pytest.raises(TimeoutError):
+            xpub.wait_for_subscribers(3, timeout=0.5)
+        assert xpub.subscribers == 1, tr("A subscription frame starts with 0x01 and an unsubscription with 0x00, topic or not: expected {n} subscribers, got {got}",
+                                         n=1, got=xpub.subscribers)
         second.close()
     finally:
         ctx.destroy(linger=0)
 
 
+@pytest.mark.timeout(60)  # 握手卡住时几秒内就失败，而不是等整轮的超时 | en: a stuck handshake fails within a minute, not at the whole run's timeout
 def test_handshake_times_out_without_subscribers(ipc_dir: str) -> None:
     ctx = zmq.Context()
     try:
@@ -431,6 +445,13 @@ def test_handshake_times_out_without_subscribers(ipc_dir: str) -> None:
         assert 0.25 <= took < 3, tr("The handshake should give up after its timeout (0.3 s), it took {took:.2f} s", took=took)
         assert "0" in str(raised.value) and "1" in str(raised.value), tr("The TimeoutError says how many subscribers arrived, got: {text}", text=raised.value)
         assert xpub.subscribers == 0
+        # 截止时间已经过了（剩下的时间是负数）：立刻超时。负数交给 poll 就是“永远等”
+        # en: A deadline already passed (negative time left): time out at once. A negative timeout given to poll means
+        # en: "wait forever"
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            xpub.wait_for_subscribers(1, timeout=-0.5)
+        assert time.monotonic() - start < 3, tr("With no time left, wait_for_subscribers must give up at once (a negative timeout given to poll waits forever)")
     finally:
         ctx.destroy(linger=0)
 
