@@ -8,7 +8,7 @@
     python tools/mutate.py radix_cache --list       # 只列出变异体，不运行
     python tools/mutate.py --report mutants.md      # 另写一份 Markdown 报告（含每个幸存者的 diff）
 
-完整运行（全部 11 章、约 900 个变异体；两核机器上估计 2～3 小时，可中断后用 --resume 接着跑）::
+完整运行（全部 15 章、约 1480 个变异体；两核机器上一个进程约 4～5 小时，可按阶段分两个进程并行，中断后用 --resume 接着跑）::
 
     OMP_NUM_THREADS=1 python tools/mutate.py --results mutants.json --resume --report mutants.md
 

@@ -329,6 +329,7 @@ class FakeRequest:
         return self.gone_after is not None and self.asked >= self.gone_after
 
 
+@pytest.mark.timeout(60)  # 不 await 就轮询会卡死事件循环：让它几十秒内失败 | en: polling without awaiting blocks the event loop: fail within a minute
 def test_until_disconnect_aborts_and_cancels() -> None:
     from minisgl.api_server import ClientGone, until_disconnect
 
