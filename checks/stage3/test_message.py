@@ -335,6 +335,11 @@ def _sub_before_pub(ipc_dir: str, name: str, ctx: zmq.Context) -> ZmqSubQueue:
     return sub
 
 
+#: 握手的检查各自的时限：卡住时一分钟内失败，而不是等整轮的超时。
+#: en: The time limit of each handshake check: a stuck handshake fails within a minute, not at the whole run's timeout.
+HANDSHAKE_LIMIT = pytest.mark.timeout(60)
+
+
 @contextmanager
 def no_blocking_recv(xpub: ZmqPubQueue) -> Iterator[None]:
     """握手若不先 poll 就 ``recv()``，没有订阅可读时会永远卡住：给套接字一个接收超时，卡住变成几秒内的失败。
@@ -349,7 +354,7 @@ def no_blocking_recv(xpub: ZmqPubQueue) -> Iterator[None]:
         pytest.fail(tr("wait_for_subscribers blocked in recv() with nothing to read: poll with the time that is left before each recv, so that the timeout holds"))
 
 
-@pytest.mark.timeout(60)  # 握手卡住时几秒内就失败，而不是等整轮的超时 | en: a stuck handshake fails within a minute, not at the whole run's timeout
+@HANDSHAKE_LIMIT
 def test_slow_joiner_plain_pub_loses_first_message_handshake_does_not(ipc_dir: str) -> None:
     ctx = zmq.Context()
     first, second = DetokenizeMsg(1, 11), DetokenizeMsg(2, 22)
@@ -385,7 +390,7 @@ def test_slow_joiner_plain_pub_loses_first_message_handshake_does_not(ipc_dir: s
         ctx.destroy(linger=0)
 
 
-@pytest.mark.timeout(60)  # 握手卡住时几秒内就失败，而不是等整轮的超时 | en: a stuck handshake fails within a minute, not at the whole run's timeout
+@HANDSHAKE_LIMIT
 def test_handshake_waits_for_every_subscriber(ipc_dir: str) -> None:
     ctx = zmq.Context()
     try:
@@ -401,7 +406,7 @@ def test_handshake_waits_for_every_subscriber(ipc_dir: str) -> None:
         ctx.destroy(linger=0)
 
 
-@pytest.mark.timeout(60)  # 握手卡住时几秒内就失败，而不是等整轮的超时 | en: a stuck handshake fails within a minute, not at the whole run's timeout
+@HANDSHAKE_LIMIT
 def test_handshake_counts_unsubscriptions(ipc_dir: str) -> None:
     ctx = zmq.Context()
     try:
@@ -433,7 +438,7 @@ def test_handshake_counts_unsubscriptions(ipc_dir: str) -> None:
         ctx.destroy(linger=0)
 
 
-@pytest.mark.timeout(60)  # 握手卡住时几秒内就失败，而不是等整轮的超时 | en: a stuck handshake fails within a minute, not at the whole run's timeout
+@HANDSHAKE_LIMIT
 def test_handshake_times_out_without_subscribers(ipc_dir: str) -> None:
     ctx = zmq.Context()
     try:

@@ -260,22 +260,27 @@ def test_valid_text_pieces_sentencepiece_style(parts: list[tuple[str, str]], fin
     run_valid_text(SP, parts, finish)
 
 
+def draw_ids(tok: Any, data: st.DataObject) -> list[int]:
+    """1 到 12 个随机 token id：整个词表里任取，或者取单字节的 token（专门凑出不完整的 UTF-8）。
+
+    en: 1 to 12 random token ids: anywhere in the vocabulary, or single-byte tokens (to make incomplete UTF-8 on purpose).
+    """
+    table = byte_ids(tok)
+    return data.draw(st.lists(st.integers(0, len(tok) - 1) | st.sampled_from(sorted(table.values())), min_size=1, max_size=12))
+
+
 @HYPO
 @given(data=st.data(), finish=finishes)
 def test_random_ids_join_to_full_decode_qwen3(tiny_path: str, data: st.DataObject, finish: str) -> None:
     qwen = load(tiny_path)
-    table = byte_ids(qwen)
-    ids = data.draw(st.lists(st.integers(0, len(qwen) - 1) | st.sampled_from(sorted(table.values())), min_size=1, max_size=12))
-    run_random_ids(qwen, ids, finish)
+    run_random_ids(qwen, draw_ids(qwen, data), finish)
 
 
 @HYPO
 @given(data=st.data(), finish=finishes)
 def test_random_ids_join_to_full_decode_smollm2(smollm2_path: str, data: st.DataObject, finish: str) -> None:
     smollm2 = load(smollm2_path)
-    table = byte_ids(smollm2)
-    ids = data.draw(st.lists(st.integers(0, len(smollm2) - 1) | st.sampled_from(sorted(table.values())), min_size=1, max_size=12))
-    run_random_ids(smollm2, ids, finish)
+    run_random_ids(smollm2, draw_ids(smollm2, data), finish)
 
 
 def test_held_back_bytes_of_one_character(qwen: Any) -> None:
