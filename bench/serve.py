@@ -51,9 +51,12 @@ import importlib.util
 import json
 import math
 import os
+import platform
 import random
+import re
 import shlex
 import signal
+import statistics
 import socket
 import sys
 import threading
@@ -65,11 +68,13 @@ from pathlib import Path
 from typing import Any
 
 import openai
+from common import Stats  # bench/common.py (this script's folder is on sys.path)
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from minisgl.course.cli import format_table
 from minisgl.i18n import tr
 from minisgl.model_zoo import models_dir
+from minisgl.paths import load_script
 from minisgl.serving import ServerProcess
 
 #: 每次运行的汇总里留下几条失败的原文。
@@ -113,7 +118,7 @@ class RequestSpec:
 
 
 def random_requests(n: int, ids: Sequence[int], prompt_len: tuple[int, int], output_len: tuple[int, int],
-                    seed: int) -> list[RequestSpec]:
+                    seed: int | str) -> list[RequestSpec]:
     """``n`` 个请求：提示词长度在 ``prompt_len`` 之间、输出长度在 ``output_len`` 之间（两端都含），token 从 ``ids`` 里挑；
     同一个种子总是同一组。
 
@@ -142,6 +147,17 @@ def shared_prefix_requests(n: int, ids: Sequence[int], prefix_len: int, tail_len
         length, new = rng.randint(*tail_len), rng.randint(*output_len)
         out.append(RequestSpec(prefix + rng.choices(ids, k=length), new))
     return out
+
+
+def warmup_requests(n: int, ids: Sequence[int], seed: int) -> list[RequestSpec]:
+    """预热用的 ``n`` 个短请求。种子是一个字符串，不会和任何一次运行的整数种子相同（``Random(-1)`` 和
+    ``Random(1)`` 是同一串数：曾经让预热的提示词成了一次运行里某个请求的前缀，白送它一次前缀缓存命中）。
+
+    en: ``n`` short warm-up requests. Their seed is a string, never equal to any run's integer seed (``Random(-1)`` and
+    ``Random(1)`` give the same numbers: that once made a warm-up prompt the prefix of a request in a run, a free
+    prefix-cache hit for it).
+    """
+    return random_requests(n, ids, (16, 16), (4, 4), f"warm-up {seed}")
 
 
 def poisson_schedule(n: int, rate: float, seed: int) -> list[float]:
@@ -375,9 +391,25 @@ class Run:
 
     @property
     def name(self) -> str:
-        if self.shape == "poisson":
-            return tr("Poisson {rate:g} req/s", rate=self.value)
-        return tr("concurrency {n}", n=int(self.value))
+        return run_label(self.shape, self.value)
+
+    @property
+    def key(self) -> str:
+        """与语言无关的名字，讲义引用它：``poisson:2``、``closed:8``。
+
+        en: A language-independent name the book cites: ``poisson:2``, ``closed:8``.
+        """
+        return f"{self.shape}:{self.value:g}"
+
+
+def run_label(shape: str, value: float, language: str | None = None) -> str:
+    """一次运行的名字（当前语言，或 ``language``）。
+
+    en: A run's name (in the current language, or ``language``).
+    """
+    if shape == "poisson":
+        return tr("Poisson {rate:g} req/s", rate=value, language=language)
+    return tr("concurrency {n}", n=int(value), language=language)
 
 
 @dataclass(frozen=True)
@@ -527,22 +559,42 @@ async def run_closed(specs: list[RequestSpec], concurrency: int, send: Send, don
     return [r for r in records if r is not None]
 
 
+#: 我们的 ``/metrics`` 里每次运行前后各读一次的计数器：报告里的名字 → Prometheus 里的名字。
+#: en: The counters of our ``/metrics`` read before and after every run: the name in the report → the Prometheus name.
+COUNTERS = {"prefill_tokens": "minisgl_prefill_tokens_total", "prefix_hit_tokens": "minisgl_prefix_cache_hit_tokens_total",
+            "decode_tokens": "minisgl_decode_tokens_total", "steps": "minisgl_steps_total"}
+#: 最后一个请求答完之后等多久再读计数器：调度器空下来时才补发最后的计数。
+#: en: How long to wait after the last answer before reading the counters: the scheduler sends its last counts once idle.
+SETTLE_S = 0.5
+
+
 @dataclass
 class RunResult:
+    """一次运行（第 ``repeat`` 遍）的记录和汇总；``counters`` 是服务器自己报的计数在这次运行里的增量（只有我们的有）。
+
+    en: One run's records and summary (pass ``repeat``); ``counters`` are how much the server's own counters grew during
+    the run (ours only).
+    """
+
     run: Run
     records: list[Record]
     summary: Summary
+    repeat: int = 0
+    counters: dict[str, float] = field(default_factory=dict)
 
 
 async def measure(url: str, runs: Sequence[Run], vocab: Vocab, opts: Options, *, form: RequestForm = RequestForm(),
                   api_key: str = "none", model: str | None = None, warmup: int = 2, progress: bool = True,
-                  label: str = "") -> tuple[str, list[RunResult]]:
-    """对 ``url`` 先预热（``warmup`` 个短请求，不计；有失败就报错），再依次跑每个 ``runs``；返回模型名和各次结果。
-    请求集只由种子决定，所以每家服务器拿到的请求完全相同。
+                  label: str = "", repeats: int = 1,
+                  probe: Callable[[], dict[str, float]] | None = None) -> tuple[str, list[RunResult]]:
+    """对 ``url`` 先预热（``warmup`` 个短请求，不计；有失败就报错），再把 ``runs`` 依次跑 ``repeats`` 遍；返回模型名和
+    各次结果。请求集只由种子决定（每次运行、每一遍各不相同），所以每家服务器拿到的请求完全相同。``probe`` 读服务器
+    的计数器（:data:`COUNTERS`），每次运行前后各一次。
 
-    en: Warm ``url`` up (``warmup`` short requests, not counted; any failure is an error), then do each of ``runs`` in
-    turn; return the model name and the results. The request sets depend on the seed alone, so every server gets the
-    very same requests.
+    en: Warm ``url`` up (``warmup`` short requests, not counted; any failure is an error), then do ``runs`` in turn,
+    ``repeats`` times over; return the model name and the results. The request sets depend on the seed alone (a
+    different one for every run and pass), so every server gets the very same requests. ``probe`` reads the server's
+    counters (:data:`COUNTERS`) before and after every run.
     """
     client = openai.AsyncOpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=opts.timeout)
     try:
@@ -551,20 +603,29 @@ async def measure(url: str, runs: Sequence[Run], vocab: Vocab, opts: Options, *,
         def send(spec: RequestSpec) -> Awaitable[Record]:
             return send_one(client, name, spec, opts, vocab, form)
 
-        warm = random_requests(warmup, vocab.ids, (16, 16), (4, 4), opts.seed - 1)
+        warm = warmup_requests(warmup, vocab.ids, opts.seed)
         for rec in await asyncio.gather(*(send(s) for s in warm)):
             if (why := rec.failure()) is not None:
                 raise RuntimeError(tr("A warm-up request failed: {why}", why=why))
         results = []
-        for i, run in enumerate(runs):
-            specs = opts.request_set(vocab.ids, opts.seed + i)
-            with tqdm(total=len(specs), desc=f"{label} {run.name}".strip(), unit="req", disable=not progress,
-                      leave=False, file=sys.stderr) as bar:
-                if run.shape == "poisson":
-                    records = await run_poisson(specs, run.value, opts.seed + i, send, bar.update)
-                else:
-                    records = await run_closed(specs, int(run.value), send, bar.update)
-            results.append(RunResult(run, records, summarize(records, opts.slo)))
+        for repeat in range(repeats):
+            for i, run in enumerate(runs):
+                seed = opts.seed + i + len(runs) * repeat
+                specs = opts.request_set(vocab.ids, seed)
+                before = await asyncio.to_thread(probe) if probe is not None else {}
+                desc = f"{label} {run.name}" + (f" #{repeat + 1}" if repeats > 1 else "")
+                with tqdm(total=len(specs), desc=desc.strip(), unit="req", disable=not progress, leave=False,
+                          file=sys.stderr) as bar:
+                    if run.shape == "poisson":
+                        records = await run_poisson(specs, run.value, seed, send, bar.update)
+                    else:
+                        records = await run_closed(specs, int(run.value), send, bar.update)
+                counters = {}
+                if probe is not None:
+                    await asyncio.sleep(SETTLE_S)
+                    after = await asyncio.to_thread(probe)
+                    counters = {k: after[m] - before[m] for k, m in COUNTERS.items() if m in after and m in before}
+                results.append(RunResult(run, records, summarize(records, opts.slo), repeat, counters))
         return name, results
     finally:
         await client.close()
@@ -593,8 +654,9 @@ class PeerProcess(ServerProcess):
     Stopping sends SIGTERM to the whole process group first, then SIGKILL to the group when it does not exit in time.
     """
 
-    def __init__(self, command: list[str], port: int, ready_path: str, timeout: float) -> None:
-        super().__init__("", timeout=timeout)
+    def __init__(self, command: list[str], port: int, ready_path: str, timeout: float,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__("", env=env, timeout=timeout)
         self.command = list(command)
         self.url = f"http://127.0.0.1:{port}"
         self.ready_path = ready_path
@@ -625,13 +687,15 @@ class PeerProcess(ServerProcess):
 class Peer:
     """一家要测的服务器：名字、确切的启动命令、端口（None 是我们的服务器：端口由系统挑，它自己打印地址）、就绪的路径、
     怎样问它（:class:`RequestForm`）、写进报告的设置；``absent`` 是它在这台机器上用不了的原因（带安装命令），
-    ``url`` 是已经在跑的服务（``--url``：不启动也不关），``prepare`` 在启动前做的准备（例如生成 GGUF）。
+    ``url`` 是已经在跑的服务（``--url``：不启动也不关），``prepare`` 在启动前做的准备（例如生成 GGUF）；``env`` 加进它的
+    环境变量；``counters``：它有我们的 ``/metrics``（算了多少预填充 token、前缀缓存命中多少），每次运行前后各读一次。
 
     en: One server to measure: its name, the exact command that starts it, its port (None for ours: the OS picks the
     port and the server prints its address), the readiness path, how to ask it (:class:`RequestForm`), the settings
     that go into the report; ``absent`` is why it cannot run on this machine (with the install command), ``url`` an
     already running service (``--url``: neither started nor stopped), ``prepare`` what to do before starting it (e.g.
-    make a GGUF).
+    make a GGUF); ``env`` is added to its environment; ``counters``: it serves our ``/metrics`` (prefill tokens
+    computed, prefix-cache hits), read before and after every run.
     """
 
     name: str
@@ -643,6 +707,8 @@ class Peer:
     absent: str | None = None
     url: str | None = None
     prepare: Callable[[], object] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    counters: bool = False
 
     def process(self, timeout: float) -> ServerProcess:
         """启动、停止它的进程对象（还没启动）。
@@ -650,10 +716,10 @@ class Peer:
         en: The process object that starts and stops it (not started yet).
         """
         if self.port is None:
-            proc = ServerProcess("", timeout=timeout)
+            proc = ServerProcess("", env=self.env, timeout=timeout)
             proc.command = list(self.command)
             return proc
-        return PeerProcess(self.command, self.port, self.ready_path, timeout)
+        return PeerProcess(self.command, self.port, self.ready_path, timeout, env=self.env)
 
 
 def minisgl_peer(model: str | Path, flags: Sequence[str]) -> Peer:
@@ -661,7 +727,10 @@ def minisgl_peer(model: str | Path, flags: Sequence[str]) -> Peer:
 
     en: Our server: ``ServerProcess`` as before, with every unknown flag.
     """
-    return Peer(OURS, ServerProcess(model, *flags).command, settings={"flags": list(flags)})
+    from importlib.metadata import version
+
+    settings = {"version": f"{version('handwritten-minisgl')}, torch {version('torch')}", "flags": list(flags)}
+    return Peer(OURS, ServerProcess(model, *flags).command, settings=settings, counters=True)
 
 
 def transformers_command(model: str | Path, port: int) -> list[str]:
@@ -753,10 +822,7 @@ def _make_f32_gguf(model: str | Path) -> Path:
     if Path(model).name != "SmolLM2-135M-Instruct":
         raise FileNotFoundError(tr("{path} is missing: bench/llamacpp.py makes the F32 GGUF of SmolLM2-135M-Instruct only",
                                    path=gguf))
-    spec = importlib.util.spec_from_file_location("bench_llamacpp", Path(__file__).with_name("llamacpp.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("bench/llamacpp.py", "bench_llamacpp")
     return Path(module.f32_gguf())
 
 
@@ -796,17 +862,90 @@ def llamacpp_peer(model: str | Path, port: int | None = None, threads: int | Non
     return peer
 
 
-def build_peers(names: Sequence[str], model: str | Path, flags: Sequence[str]) -> list[Peer]:
-    """按 ``names`` 的顺序给每家服务器一个 :class:`Peer`（命令都用同一个模型目录）。
+@dataclass(frozen=True)
+class Variant:
+    """一家服务器换了设置的变体：名字、基于哪一家（:data:`PEERS` 之一）、追加在它命令末尾的参数（后写的算数）、
+    加进它环境变量的 ``(名字, 值)``。消融（关掉第二阶段的一样机制）和找各家最好的设置都用它。
 
-    en: A :class:`Peer` for each server in the order of ``names`` (every command uses the same model folder).
+    en: A server with changed settings: its name, which server it is based on (one of :data:`PEERS`), flags appended to
+    that server's command (the last one written wins), and ``(name, value)`` pairs added to its environment. Ablations
+    (one stage-2 mechanism turned off) and the search for each server's best settings both use it.
+    """
+
+    name: str
+    base: str
+    flags: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+#: 第二阶段各机制的消融，每个变体关掉一样：连续批处理（一个请求槽）、基数树前缀缓存（朴素缓存）、分块预填充
+#: （一步能预填充的 token 数大到不再分块）、重叠调度（环境变量开关）。
+#: en: Ablations of the stage-2 mechanisms, each variant turning one off: continuous batching (one request slot), the
+#: radix prefix cache (the naive cache), chunked prefill (so many prefill tokens a step that nothing is chunked), and
+#: overlap scheduling (its environment switch).
+ABLATIONS: dict[str, Variant] = {
+    "no-batching": Variant("minisgl-no-batching", OURS, ("--max-running-req", "1")),
+    "naive-cache": Variant("minisgl-naive-cache", OURS, ("--cache-type", "naive")),
+    "no-chunking": Variant("minisgl-no-chunking", OURS, ("--max-extend-tokens", "1000000")),
+    "no-overlap": Variant("minisgl-no-overlap", OURS, env=(("MINISGL_DISABLE_OVERLAP_SCHEDULING", "1"),)),
+}
+_ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=")
+
+
+def parse_variant(text: str) -> Variant:
+    """``"名字=基础 参数…"`` → :class:`Variant`，例如 ``"chunk256=minisgl --max-extend-tokens 256"``；
+    形如 ``KEY=VALUE``（KEY 全大写）的词是环境变量。
+
+    en: ``"name=base flags…"`` → :class:`Variant`, e.g. ``"chunk256=minisgl --max-extend-tokens 256"``; words like
+    ``KEY=VALUE`` (KEY in capitals) are environment variables.
+    """
+    name, sep, rest = text.partition("=")
+    words = shlex.split(rest)
+    name = name.strip()
+    if not sep or not name or name in PEERS or not words or words[0] not in PEERS:
+        raise argparse.ArgumentTypeError(tr("expected NAME=SERVER FLAGS… with SERVER one of {choices} and a new NAME, "
+                                            "got {text!r}", choices=",".join(PEERS), text=text))
+    env = tuple((w.partition("=")[0], w.partition("=")[2]) for w in words[1:] if _ENV_WORD.match(w))
+    flags = tuple(w for w in words[1:] if not _ENV_WORD.match(w))
+    return Variant(name, words[0], flags, env)
+
+
+def parse_ablations(text: str) -> list[Variant]:
+    """``"all"`` 或 :data:`ABLATIONS` 里的名字（逗号分隔）→ 变体。
+
+    en: ``"all"`` or names from :data:`ABLATIONS` (comma-separated) → variants.
+    """
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    names = list(ABLATIONS) if names == ["all"] else names
+    unknown = [x for x in names if x not in ABLATIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(tr("unknown ablations {unknown}: choose from {choices} or all",
+                                            unknown=unknown, choices=",".join(ABLATIONS)))
+    return [ABLATIONS[x] for x in names]
+
+
+def build_peers(names: Sequence[str], model: str | Path, flags: Sequence[str],
+                variants: Sequence[Variant] = ()) -> list[Peer]:
+    """按 ``names`` 的顺序给每家服务器一个 :class:`Peer`（命令都用同一个模型目录），再给每个变体一个：基础那家的
+    命令后面追加变体的参数（我们的服务器先带上 ``flags``），环境变量加进去，设置里记下它基于谁、改了什么。
+
+    en: A :class:`Peer` for each server in the order of ``names`` (every command uses the same model folder), then one
+    per variant: its base server's command with the variant's flags appended (ours with ``flags`` first), the
+    environment added, and the settings noting what it is based on and what changed.
     """
     makers: dict[str, Callable[[], Peer]] = {
         "minisgl": lambda: minisgl_peer(model, flags),
         "transformers": lambda: transformers_peer(model),
         "llamacpp": lambda: llamacpp_peer(model),
     }
-    return [makers[name]() for name in names]
+    peers = [makers[name]() for name in names]
+    for v in variants:
+        peer = makers[v.base]()
+        peer.name, peer.env = v.name, dict(v.env)
+        peer.command = [*peer.command, *v.flags]
+        peer.settings = {**peer.settings, "variant_of": v.base, "extra_flags": list(v.flags), "env": dict(v.env)}
+        peers.append(peer)
+    return peers
 
 
 @dataclass
@@ -825,8 +964,8 @@ class Outcome:
     info: dict[str, Any] = field(default_factory=dict)
 
     def report(self) -> dict[str, Any]:
-        runs = [{"name": r.run.name, **asdict(r.run), "summary": asdict(r.summary),
-                 "records": [asdict(x) for x in r.records]} for r in self.results]
+        runs = [{"name": r.run.name, "key": r.run.key, **asdict(r.run), "repeat": r.repeat, "summary": asdict(r.summary),
+                 "counters": r.counters, "records": [asdict(x) for x in r.records]} for r in self.results]
         return {"name": self.peer, "status": self.status, **self.info, "runs": runs}
 
 
@@ -869,9 +1008,10 @@ def run_peer(peer: Peer, runs: Sequence[Run], vocab: Vocab, opts: Options, args:
         info["url"] = url
         if peer.settings:
             print(tr("{name} settings: {settings}", name=peer.name, settings=json.dumps(peer.settings, ensure_ascii=False)))
+        probe = server.metrics if peer.counters and server is not None else None
         name, results = asyncio.run(measure(url, runs, vocab, opts, form=peer.form, api_key=args.api_key,
                                             model=args.model_name, warmup=args.warmup, progress=not args.no_progress,
-                                            label=peer.name))
+                                            label=peer.name, repeats=args.repeats, probe=probe))
         info["model"] = name
         print(tr("{name}: model {model} at {url}", name=peer.name, model=name, url=url))
     except (RuntimeError, OSError, openai.OpenAIError) as e:
@@ -915,6 +1055,11 @@ def ratio(ours: float | None, theirs: float | None) -> float | None:
     return ours / theirs
 
 
+#: 每次运行比的三个量。
+#: en: The three quantities compared in every run.
+RATIOS = ("output_throughput", "ttft_p99", "tpot_p99")
+
+
 def peer_ratios(ours: Summary, theirs: Summary) -> dict[str, float | None]:
     """同一次运行里我们 / 对方：输出 token/s（大于 1 是我们快）、p99 TTFT 和 p99 TPOT（小于 1 是我们快）。
 
@@ -926,16 +1071,36 @@ def peer_ratios(ours: Summary, theirs: Summary) -> dict[str, float | None]:
 
 
 def ratio_rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
-    """每次运行、每家测成了的对方一行比值（我们也得测成了）。
+    """每次运行（每一遍）、每家测成了的对方一行比值（我们也得测成了）；两家的结果按同样的顺序（遍 × 运行）配对。
 
-    en: One row of ratios per run and per successfully measured peer (ours must have been measured too).
+    en: One row of ratios per run (and pass) and per successfully measured peer (ours must have been measured too);
+    both servers' results are paired in the same order (pass × run).
     """
     ours = next((o for o in outcomes if o.peer == OURS and o.status == "ok"), None)
     if ours is None:
         return []
-    return [{"run": mine.run.name, "ours": OURS, "peer": o.peer, **peer_ratios(mine.summary, theirs.summary)}
+    return [{"run": mine.run.name, "key": mine.run.key, "repeat": mine.repeat, "ours": OURS, "peer": o.peer,
+             **peer_ratios(mine.summary, theirs.summary)}
             for o in outcomes if o.peer != OURS and o.status == "ok"
             for mine, theirs in zip(ours.results, o.results)]
+
+
+def ratio_spreads(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """把 :func:`ratio_rows` 按（运行，对方）合起来：每个比值的最小 / 中位数 / 最大（缺的遍不算）。
+
+    en: :func:`ratio_rows` grouped by (run, peer): min / median / max of each ratio (passes without a value left out).
+    """
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["key"], row["peer"]), []).append(row)
+    out = []
+    for (key, peer), group in groups.items():
+        spreads = {}
+        for metric in RATIOS:
+            values = [r[metric] for r in group if r[metric] is not None]
+            spreads[metric] = asdict(Stats.of(values)) if values else None
+        out.append({"run": group[0]["run"], "key": key, "ours": OURS, "peer": peer, **spreads})
+    return out
 
 
 # ----------------------------------------------------------------------------- 输出
@@ -963,14 +1128,20 @@ def results_table(groups: Sequence[tuple[str, Sequence[RunResult]]]) -> str:
     for server, results in groups:
         for r in results:
             s = r.summary
-            rows.append([server, r.run.name, f"{s.ok}/{s.requests}", str(s.failed), _triple(s.ttft, 1000),
+            rows.append([server, r.run.name + (f" #{r.repeat + 1}" if r.repeat else ""), f"{s.ok}/{s.requests}", str(s.failed), _triple(s.ttft, 1000),
                          _triple(s.tpot, 1000), _triple(s.itl, 1000), _triple(s.e2e, 1), _num(s.output_throughput),
                          _num(s.request_throughput), _num(s.goodput)])
     return format_table(header, rows)
 
 
-def _times(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}×"
+def _times(x: dict[str, Any] | None) -> str:
+    """一个比值的中位数，重复了几遍时括号里是最小 – 最大。
+
+    en: A ratio's median, with min – max in brackets when there were several passes.
+    """
+    if x is None:
+        return "–"
+    return f"{x['median']:.2f}×" + (f" ({x['min']:.2f}–{x['max']:.2f})" if len(x["samples"]) > 1 else "")
 
 
 def parse_list(text: str, kind: Callable[[str], float]) -> list[float]:
@@ -1013,9 +1184,19 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--model", "--serve-model", dest="model",
                         help=tr("HF-format model folder: start each of --peers on it in turn on a free port, measure, "
                                 "stop it (--serve-model is the old name)"))
+    target.add_argument("--replot", type=Path,
+                        help=tr("redraw --plot from a report written earlier with --json (nothing is measured)"))
     p.add_argument("--peers", type=parse_peers,
                    help=tr("servers to measure on the same requests, comma-separated, from {choices} (default: minisgl)",
                            choices=",".join(PEERS)))
+    p.add_argument("--variant", type=parse_variant, action="append", default=[],
+                   help=tr("also measure a server with changed settings, NAME=SERVER FLAGS… (KEY=VALUE words go to its "
+                           "environment), e.g. \"chunk256=minisgl --max-extend-tokens 256\"; repeatable"))
+    p.add_argument("--ablations", type=parse_ablations, default=[],
+                   help=tr("also measure our server with one stage-2 mechanism turned off, comma-separated from {choices}, "
+                           "or all", choices=",".join(ABLATIONS)))
+    p.add_argument("--repeats", type=int, default=1,
+                   help=tr("passes over all runs, each with new requests; ratios get min/median/max (default 1)"))
     p.add_argument("--tokenizer", help=tr("tokenizer folder used to pick valid token ids (default: the --model folder)"))
     p.add_argument("--model-name", help=tr("the model field of the requests (default: the first of /v1/models)"))
     p.add_argument("--api-key", default="none")
@@ -1027,7 +1208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=parse_range, default=(16, 128), help=tr("output length MIN,MAX in tokens (default 16,128)"))
     p.add_argument("--prefix-len", type=int, default=200, help=tr("shared-prefix set: tokens of the shared system prompt (default 200)"))
     p.add_argument("--tail-len", type=parse_range, default=(8, 32), help=tr("shared-prefix set: length MIN,MAX of each distinct tail (default 8,32)"))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help=tr("seed of the first run's requests; run i of pass r uses seed + i + r × runs (default 0)"))
     p.add_argument("--timeout", type=float, default=300.0, help=tr("per-request timeout in seconds (default 300)"))
     p.add_argument("--warmup", type=int, default=2, help=tr("warm-up requests before measuring, not counted (default 2)"))
     p.add_argument("--no-ignore-eos", action="store_true",
@@ -1036,6 +1217,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ttft", type=float, default=2.0, help=tr("SLO on TTFT in seconds, for goodput (default 2)"))
     p.add_argument("--slo-tpot", type=float, default=0.2, help=tr("SLO on TPOT in seconds, for goodput (default 0.2)"))
     p.add_argument("--json", type=Path, help=tr("write every per-request record and every summary to this JSON file"))
+    p.add_argument("--plot", type=Path,
+                   help=tr("draw latency against load into this image (svg or png; the English one goes beside it as X.en.svg)"))
+    p.add_argument("--record", action="store_true",
+                   help=tr("for the book: wait until the machine is quiet, watch it during the runs, and note in the "
+                           "report whether another process took CPU"))
     p.add_argument("--no-progress", action="store_true", help=tr("no progress bar"))
     p.add_argument("--start-timeout", type=float, default=300.0, help=tr("seconds to wait for each started server (default 300)"))
     return p
@@ -1065,34 +1251,361 @@ def print_report(outcomes: Sequence[Outcome], ratios: Sequence[dict[str, Any]], 
             for why in r.summary.errors:
                 print(tr("  {run}: failed: {why}", run=run, why=why))
             s = r.summary
+            if r.counters:
+                print(tr("  {run}: prefill tokens computed {computed:.0f} of {sent} prompt tokens sent, prefix cache "
+                         "hits {hits:.0f}", run=run, computed=r.counters.get("prefill_tokens", 0),
+                         sent=s.prompt_tokens_sent, hits=r.counters.get("prefix_hit_tokens", 0)))
             if s.prompt_mismatched:
                 print(tr("  {run}: the server counted {counted} prompt tokens for {sent} token ids sent; {n} of {ok} "
                          "requests differ (text prompts are tokenized again)", run=run, counted=s.prompt_tokens_counted,
                          sent=s.prompt_tokens_sent, n=s.prompt_mismatched, ok=s.ok))
     if ratios:
         print(tr("Ratios ours / peer in the same run: above 1 is better for us in output tok/s, below 1 in TTFT and TPOT."))
-    for row in ratios:
+    for row in ratio_spreads(ratios):
         print(tr("  {run}: {ours} / {peer}: output tok/s {tput}, p99 TTFT {ttft}, p99 TPOT {tpot}", run=row["run"],
                  ours=row["ours"], peer=row["peer"], tput=_times(row["output_throughput"]),
                  ttft=_times(row["ttft_p99"]), tpot=_times(row["tpot_p99"])))
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """依次测每家服务器（同样的请求），打印一张表和比值，按 ``--json`` 写文件；返回同样内容的报告（``peers`` 里每家
-    有状态、命令、设置、就绪用时、退出码、留下的进程和各次运行）。
+def plot_paths(path: Path) -> dict[str, Path]:
+    """一次画两张图：``X.svg`` 是中文的，旁边的 ``X.en.svg`` 是英文的（讲义的英文版用它）。
 
-    en: Measure each server in turn (the same requests), print one table and the ratios, write ``--json``; return the
-    same report (``peers`` holds, for each, its status, command, settings, time to ready, exit code, the processes left
-    behind and its runs).
+    en: Two pictures at once: ``X.svg`` in Chinese and ``X.en.svg`` beside it in English (for the English book).
+    """
+    return {"zh": path, "en": path.with_suffix(".en" + path.suffix)}
+
+
+def _curves(report: dict[str, Any], shape: str, value: Callable[[dict[str, Any]], float | None]
+            ) -> dict[str, tuple[list[float], list[float]]]:
+    """每家测成了的服务器一条线：``shape`` 这种负载的每个取值（速率或并发数）→ ``value(summary)`` 在各遍里的中位数。
+
+    en: One line per measured server: each value of the ``shape`` load (rate or concurrency) → the median over passes
+    of ``value(summary)``.
+    """
+    out = {}
+    for peer in report["peers"]:
+        points: dict[float, list[float]] = {}
+        for run in peer.get("runs", []):
+            if run["shape"] == shape and (y := value(run["summary"])) is not None:
+                points.setdefault(run["value"], []).append(y)
+        finite = sorted(x for x in points if math.isfinite(x))
+        if finite:
+            out[peer["name"]] = (finite, [statistics.median(points[x]) for x in finite])
+    return out
+
+
+def plot(report: dict[str, Any], path: Path, language: str) -> None:
+    """延迟随负载变化的图：泊松到达时 p99 TTFT、p99 TPOT 和输出 token/s 随速率，闭环时输出 token/s 随并发数
+    （各遍的中位数；对数纵轴；变体画虚线）。拐点就是延迟开始陡升的那个速率。
+
+    en: Latency against load: under Poisson arrivals p99 TTFT, p99 TPOT and output tok/s against the rate; in a closed
+    loop output tok/s against the concurrency (medians over passes; log y axes; variants dashed). The knee is the rate
+    where latency starts to climb steeply.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    from minisgl.notebook.setup import setup_matplotlib
+
+    setup_matplotlib(chinese=True)  # 中文字体也带拉丁字母 | en: the Chinese font has Latin letters too
+    panels = [("poisson", tr("p99 TTFT (s)", language=language), lambda s: s["ttft"]["p99"]),
+              ("poisson", tr("p99 TPOT (ms)", language=language),
+               lambda s: None if s["tpot"]["p99"] is None else 1000 * s["tpot"]["p99"]),
+              ("poisson", tr("output tok/s", language=language), lambda s: s["output_throughput"] or None),
+              ("closed", tr("output tok/s", language=language), lambda s: s["output_throughput"] or None)]
+    panels = [(shape, label, f, c) for shape, label, f in panels if (c := _curves(report, shape, f))]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels) + 0.6, 3.6), squeeze=False)
+    colors = {OURS: "#3f51b5", "transformers": "#ff7043", "llamacpp": "#43a047"}
+    spare = iter(["#8e24aa", "#00897b", "#f9a825", "#6d4c41", "#e91e63", "#546e7a", "#c0ca33", "#5d4037"] * 4)
+    for peer in report["peers"]:
+        colors.setdefault(peer["name"], next(spare))
+    variants = {p["name"] for p in report["peers"] if "variant_of" in p.get("settings", {})}
+    for ax, (shape, label, _, curves) in zip(axes[0], panels):
+        for name, (xs, ys) in curves.items():
+            ax.plot(xs, ys, marker="o", ms=3, label=name, color=colors[name], linestyle="--" if name in variants else "-")
+        ax.set_yscale("log")
+        ticks = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(ticks)
+        ax.yaxis.set_minor_formatter(ticks)
+        ax.tick_params(axis="y", which="minor", labelsize=6)
+        ax.set_ylabel(label)
+        ax.set_xlabel(tr("arrival rate (req/s)", language=language) if shape == "poisson"
+                      else tr("concurrent requests", language=language))
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    model = Path(str(report["args"].get("model") or "")).name
+    fig.suptitle(tr("Serving under load: {model}, this machine", model=model, language=language))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, metadata={"Date": None} if path.suffix == ".svg" else None)  # 重画时没有无谓的改动 | en: no needless diff on redraw
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- 讲义里的表
+# en: ----------------------------------------------------------------------------- the book's tables
+
+
+def _median_spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    """中位数，几遍时括号里是最小 – 最大。
+
+    en: The median, with min – max in brackets over several passes.
+    """
+    if not values:
+        return "–"
+    st = Stats.of(list(values))
+    return fmt(st.median) + (f" ({fmt(st.min)}–{fmt(st.max)})" if len(values) > 1 else "")
+
+
+def _by_run(peer: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """一家服务器的各遍结果按运行（``key``）归在一起，保持运行的顺序。
+
+    en: One server's passes grouped by run (``key``), in run order.
+    """
+    out: dict[str, list[dict[str, Any]]] = {}
+    for run in peer.get("runs", []):
+        out.setdefault(run["key"], []).append(run)
+    return out
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+#: 讲义里的表：``[[serve 录制名 表名]]`` 读 ``docs/outputs/<录制名>.json``，画成下面一种表。
+#: en: The book's tables: ``[[serve recording table]]`` reads ``docs/outputs/<recording>.json`` and renders one of these.
+BOOK_TABLES = ("machine", "servers", "results", "ratios", "prefill")
+_SETTINGS_SHOWN = ("flags", "extra_flags", "env", "continuous_batching", "cb_num_blocks", "cb_max_batch_tokens",
+                   "n_ctx", "n_batch", "threads", "interrupt_requests", "logits_all")
+
+
+def book_table(report: dict[str, Any], table: str, language: str) -> list[str]:
+    """录下的报告画成讲义里的一张 Markdown 表（数字都来自录制，不手抄）：``machine`` 这台机器；``servers`` 每家的
+    版本、设置和就绪用时；``results`` 每家每次运行的时延与吞吐（各遍的中位数，括号里最小 – 最大）；``ratios``
+    我们 / 对方；``prefill`` 发出的提示词 token、真正算了的预填充 token（我们的计数器）和 TTFT。
+
+    en: A recorded report as one Markdown table of the book (every number comes from the recording, none copied by
+    hand): ``machine`` this machine; ``servers`` each server's version, settings and time to ready; ``results`` each
+    server's latency and throughput per run (median over passes, min – max in brackets); ``ratios`` ours / the peer;
+    ``prefill`` prompt tokens sent, prefill tokens really computed (our counters) and TTFT.
+    """
+    measured = [peer for peer in report["peers"] if peer["status"] == "ok"]
+    if table == "machine":
+        m = report["machine"]
+        quiet = tr("yes", language=language) if m.get("quiet") else tr("no", language=language)
+        steal = "–" if m.get("steal_percent") is None else f"{m['steal_percent']:.0f}%"
+        return _markdown([tr("CPU", language=language), tr("cores", language=language),
+                          tr("memory GiB", language=language), tr("vector instructions", language=language),
+                          tr("quiet during the runs", language=language),
+                          tr("CPU time taken by the hypervisor (steal)", language=language)],
+                         [[str(m.get("cpu")), str(m.get("cores")), str(m.get("memory_gib")),
+                           " ".join(m.get("vector_flags", [])) or "–", quiet, steal]])
+    if table == "servers":
+        rows = []
+        for peer in report["peers"]:
+            st = peer.get("settings", {})
+            shown = "; ".join(f"{k} = {_setting(v)}" for k in _SETTINGS_SHOWN if (v := st.get(k)) not in (None, [], {}))
+            ready = f"{peer['start_s']:.1f} s" if "start_s" in peer else "–"
+            rows.append([peer["name"], str(st.get("version", "–")), shown or "–", ready,
+                         peer["status"] if peer["status"] == "ok" else f"{peer['status']}: {peer.get('error', '')}"])
+        return _markdown([tr("server", language=language), tr("version", language=language),
+                          tr("settings", language=language), tr("ready in", language=language),
+                          tr("status", language=language)], rows)
+    if table == "results":
+        rows = []
+        for peer in measured:
+            for runs in _by_run(peer).values():
+                sums = [r["summary"] for r in runs]
+
+                def ms(get: Callable[[dict[str, Any]], float | None]) -> str:
+                    return _median_spread([v * 1000 for x in sums if (v := get(x)) is not None], lambda v: f"{v:.0f}")
+
+                rows.append([peer["name"], run_label(runs[0]["shape"], runs[0]["value"], language),
+                             f"{sum(x['ok'] for x in sums)}/{sum(x['requests'] for x in sums)}",
+                             ms(lambda x: x["ttft"]["p50"]), ms(lambda x: x["ttft"]["p99"]),
+                             ms(lambda x: x["tpot"]["p50"]), ms(lambda x: x["tpot"]["p99"]),
+                             _median_spread([x["output_throughput"] for x in sums], lambda v: f"{v:.0f}")])
+        return _markdown([tr("server", language=language), tr("run", language=language), tr("ok", language=language),
+                          tr("TTFT p50 ms", language=language), tr("TTFT p99 ms", language=language),
+                          tr("TPOT p50 ms", language=language), tr("TPOT p99 ms", language=language),
+                          tr("output tok/s", language=language)], rows)
+    if table == "ratios":
+        rows = [[run_label(*_split_key(r["key"]), language), f"{r['ours']} / {r['peer']}", _times(r["output_throughput"]),
+                 _times(r["ttft_p99"]), _times(r["tpot_p99"])] for r in report["ratio_spreads"]]
+        return _markdown([tr("run", language=language), tr("compared", language=language),
+                          tr("output tok/s", language=language), tr("p99 TTFT", language=language),
+                          tr("p99 TPOT", language=language)], rows)
+    if table == "prefill":
+        rows = []
+        for peer in measured:
+            for runs in _by_run(peer).values():
+                sums = [r["summary"] for r in runs]
+                computed = [r["counters"]["prefill_tokens"] for r in runs if r.get("counters")]
+                rows.append([peer["name"], run_label(runs[0]["shape"], runs[0]["value"], language),
+                             _median_spread([x["prompt_tokens_sent"] for x in sums], lambda v: f"{v:.0f}"),
+                             _median_spread(computed, lambda v: f"{v:.0f}") if computed
+                             else tr("not reported", language=language),
+                             _median_spread([v * 1000 for x in sums if (v := x["ttft"]["p50"]) is not None],
+                                            lambda v: f"{v:.0f}")])
+        return _markdown([tr("server", language=language), tr("run", language=language),
+                          tr("prompt tokens sent", language=language), tr("prefill tokens computed", language=language),
+                          tr("TTFT p50 ms", language=language)], rows)
+    raise ValueError(tr("unknown table {table!r}: choose from {choices}", table=table, choices=", ".join(BOOK_TABLES)))
+
+
+def _setting(value: Any) -> str:  # noqa: ANN401 - a settings value
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def _split_key(key: str) -> tuple[str, float]:
+    shape, _, value = key.partition(":")
+    return shape, float(value)
+
+
+def machine_info() -> dict[str, Any]:
+    """这台机器：CPU 型号、向量指令集、核数、内存、开始时的平均负载（录下的速度离不开它们）。
+
+    en: This machine: the CPU model, its vector instruction sets, cores, memory and the load average at the start (the
+    recorded speeds depend on them).
+    """
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                            "python": platform.python_version()}
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        lines = cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines()
+        name = next((ln.partition(":")[2].strip() for ln in lines if ln.startswith("model name")), None)
+        flags = next((ln.partition(":")[2].split() for ln in lines if ln.startswith("flags")), [])
+        info.update(cpu=name or info["cpu"], vector_flags=sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))))
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        total = next((ln.split()[1] for ln in meminfo.read_text().splitlines() if ln.startswith("MemTotal")), None)
+        info["memory_gib"] = round(int(total) / 2**20, 1) if total else None
+    if hasattr(os, "getloadavg"):
+        info["load_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    return info
+
+
+def cpu_times() -> list[int] | None:
+    """``/proc/stat`` 第一行的累计 CPU 时间（user nice system idle iowait irq softirq steal …），没有时为 None。
+
+    en: The cumulative CPU times of ``/proc/stat``'s first line (user nice system idle iowait irq softirq steal …), None
+    where there is none.
+    """
+    stat = Path("/proc/stat")
+    if not stat.is_file():
+        return None
+    return [int(x) for x in stat.read_text().splitlines()[0].split()[1:]]
+
+
+def steal_percent(before: list[int] | None, after: list[int] | None) -> float | None:
+    """两次 :func:`cpu_times` 之间被虚拟机管理程序拿走的 CPU 时间占百分之几（steal：云上的虚拟机与邻居共用物理核，
+    它高时同样的代码会慢，录下的速度要带着它看）。
+
+    en: The percentage of CPU time taken by the hypervisor between two :func:`cpu_times` (steal: a cloud VM shares its
+    physical cores with neighbours; when it is high the same code runs slower, so recorded speeds go with it).
+    """
+    if before is None or after is None or len(before) < 8:
+        return None
+    total = sum(after[:8]) - sum(before[:8])
+    return round(100 * (after[7] - before[7]) / total, 1) if total > 0 else None
+
+
+def _recording_tools() -> Any:  # noqa: ANN401 - the module tools/record_outputs.py
+    """``tools/record_outputs.py``：讲义录制用的“机器安静吗”的判断，这里原样沿用。
+
+    en: ``tools/record_outputs.py``: the book recordings' "is the machine quiet" rules, reused as they are.
+    """
+    return load_script("tools/record_outputs.py", "record_outputs")
+
+
+class QuietWatch:
+    """录制时用：开始前等机器安静（同讲义的录制），测量期间每隔几秒看一次有没有别的进程抢 CPU（我们起的服务器是
+    子进程，不算）。
+
+    en: For recordings: wait for a quiet machine first (as the book's recordings do), and during the measurement look
+    every few seconds for other processes taking CPU (the servers we start are our children and do not count).
+    """
+
+    def __init__(self, period: float = 5.0) -> None:
+        self.tools = _recording_tools()
+        self.quiet = self.tools.Quiet(max_load=self.tools.default_max_load(), busy_cpu=20.0, wait=1800.0)
+        self.period = period
+        self.intruders: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> QuietWatch:
+        self.tools.wait_until_quiet(self.quiet, check_load=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        watch = self.tools.CpuWatch()
+        while not self._stop.wait(self.period):
+            for pid, comm, percent in watch.sample():
+                if percent > self.quiet.busy_cpu:
+                    self.intruders[pid] = f"{comm} ({percent:.0f}%)"
+
+
+def _plain(value: Any) -> Any:  # noqa: ANN401 - any parsed argument
+    """参数值写进 JSON 的样子：路径变字符串，变体变字典。
+
+    en: How an argument value goes into JSON: paths as strings, variants as dicts.
+    """
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, list):
+        return [_plain(x) for x in value]
+    if isinstance(value, Variant):
+        return asdict(value)
+    return value
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """依次测每家服务器（同样的请求），打印一张表和比值，按 ``--json`` 写文件、按 ``--plot`` 画图；返回同样内容的
+    报告（``peers`` 里每家有状态、命令、设置、就绪用时、退出码、留下的进程和各次运行；``machine`` 是这台机器）。
+
+    en: Measure each server in turn (the same requests), print one table and the ratios, write ``--json``, draw
+    ``--plot``; return the same report (``peers`` holds, for each, its status, command, settings, time to ready, exit
+    code, the processes left behind and its runs; ``machine`` describes this machine).
     """
     parser = build_parser()
     args, server_flags = parser.parse_known_args(argv)
-    if args.url and args.peers is not None:
-        parser.error(tr("--peers needs --model (the servers are started on that folder)"))
+    if args.replot is not None:
+        if args.plot is None:
+            parser.error(tr("--replot needs --plot"))
+        report = json.loads(args.replot.read_text(encoding="utf-8"))
+        for language, path in plot_paths(args.plot).items():
+            plot(report, path, language)
+        return report
+    variants = [*args.ablations, *args.variant]
+    if args.url and (args.peers is not None or variants):
+        parser.error(tr("--peers, --variant and --ablations need --model (the servers are started on that folder)"))
     names = args.peers or [OURS]
     if server_flags and (args.url or OURS not in names):
         parser.error(tr("unknown arguments {flags} (server flags are allowed only with --model and minisgl among --peers)",
                         flags=server_flags))
+    if variants and OURS not in names and any(v.base == OURS for v in variants):
+        parser.error(tr("variants of minisgl are compared with minisgl itself: add minisgl to --peers"))
+    labels = [*names, *(v.name for v in variants)]
+    if len(set(labels)) != len(labels):
+        parser.error(tr("every server and variant needs its own name: {names}", names=labels))
+    if args.seed < 0:
+        parser.error(tr("--seed must not be negative (Random(-n) draws the same numbers as Random(n))"))
+    if args.repeats < 1:
+        parser.error(tr("--repeats must be at least 1"))
     tokenizer = args.tokenizer or args.model
     if tokenizer is None:
         parser.error(tr("with --url, give --tokenizer DIR (its vocabulary gives the prompt token ids)"))
@@ -1102,18 +1615,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    output_len=args.output_len, prefix_len=args.prefix_len, tail_len=args.tail_len, seed=args.seed,
                    timeout=args.timeout, ignore_eos=not args.no_ignore_eos, slo=Slo(args.slo_ttft, args.slo_tpot))
     vocab = load_vocab(tokenizer)
-    peers = [Peer("url", url=args.url)] if args.url else build_peers(names, args.model, server_flags)
+    peers = [Peer("url", url=args.url)] if args.url else build_peers(names, args.model, server_flags, variants)
 
+    machine = machine_info()
     print(tr("{requests} set, {n} requests per run; every server gets the same requests (seed {seed})",
              requests=args.requests, n=args.num_requests, seed=args.seed))
-    outcomes = [run_peer(peer, runs, vocab, opts, args) for peer in peers]
+    with QuietWatch() if args.record else contextlib.nullcontext() as watch:
+        before = cpu_times()
+        outcomes = [run_peer(peer, runs, vocab, opts, args) for peer in peers]
+        machine["steal_percent"] = steal_percent(before, cpu_times())
+    if watch is not None:
+        machine.update(recorded=True, intruders=sorted(watch.intruders.values()), quiet=not watch.intruders)
+        if watch.intruders:
+            print(tr("Other processes took CPU during the runs, so these timings are not fit for the book: {who}",
+                     who="; ".join(watch.intruders.values())))
     ratios = ratio_rows(outcomes)
     print_report(outcomes, ratios, peers, opts)
-    report: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                              "server_flags": server_flags, "peers": [o.report() for o in outcomes], "ratios": ratios}
+    report: dict[str, Any] = {"args": {k: _plain(v) for k, v in vars(args).items()}, "server_flags": server_flags,
+                              "machine": machine, "peers": [o.report() for o in outcomes], "ratios": ratios,
+                              "ratio_spreads": ratio_spreads(ratios)}
     if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         print(tr("Records and summaries written to {path}", path=args.json))
+    if args.plot is not None:
+        for language, path in plot_paths(args.plot).items():
+            plot(report, path, language)
+        print(tr("Plots written to {path}", path=args.plot))
     return report
 
 

@@ -11,36 +11,24 @@ asked for, and the server leaves no process behind once stopped.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import importlib.util
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from checks.stage3.conftest import tiny_model
 from minisgl.i18n import tr
-from minisgl.paths import REPO_ROOT
+from minisgl.paths import REPO_ROOT, load_script
 
 
-def _load() -> ModuleType:
-    """``bench/serve.py`` 是脚本不是包：按路径加载（先登记进 ``sys.modules``，数据类要用）。
-
-    en: ``bench/serve.py`` is a script, not a package: load it by path (registered in ``sys.modules`` first, as
-    dataclasses need).
-    """
-    spec = importlib.util.spec_from_file_location("bench_serve", REPO_ROOT / "bench" / "serve.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+# bench/serve.py 是脚本不是包：按路径加载
+# en: bench/serve.py is a script, not a package: loaded by path
+bench = load_script("bench/serve.py", "bench_serve")
 Record = bench.Record
 
 #: 小服务器的参数（与第 3 阶段检查的一样，fp32）。
@@ -260,6 +248,61 @@ def test_ratios() -> None:
     assert bench.ratio_rows([failed, *peers]) == [], tr("Without our own results there is nothing to compare")
 
 
+def test_ratio_spreads_over_passes() -> None:
+    run = bench.Run("closed", 8)
+    ours = bench.Outcome("minisgl", "ok", [bench.RunResult(run, [], _summary(t, 1.0, 0.1), repeat=i)
+                                           for i, t in enumerate((30.0, 20.0, 40.0))])
+    theirs = bench.Outcome("llamacpp", "ok", [bench.RunResult(run, [], _summary(10.0, 2.0, None), repeat=i)
+                                              for i in range(3)])
+    rows = bench.ratio_rows([ours, theirs])
+    assert [x["repeat"] for x in rows] == [0, 1, 2] and {x["key"] for x in rows} == {"closed:8"}, \
+        tr("One row per pass, paired pass by pass: {rows}", rows=rows)
+    [spread] = bench.ratio_spreads(rows)
+    tput = spread["output_throughput"]
+    _approx((tput["min"], tput["median"], tput["max"]), (2.0, 3.0, 4.0), "min / median / max of the throughput ratio")
+    _approx(spread["ttft_p99"]["median"], 0.5, "p99 TTFT ratio")
+    assert spread["tpot_p99"] is None, tr("No ratio when the peer has no value in any pass: {spread}", spread=spread)
+
+
+def test_variants_and_ablations() -> None:
+    v = bench.parse_variant("chunk256=minisgl --max-extend-tokens 256 MINISGL_X=1")
+    assert v == bench.Variant("chunk256", "minisgl", ("--max-extend-tokens", "256"), (("MINISGL_X", "1"),)), \
+        tr("Flags and KEY=VALUE environment words are told apart: {v}", v=v)
+    for bad in ("minisgl=minisgl --x 1", "v=nobody --x 1", "v=", "no-equals-sign"):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(bad))):
+            bench.parse_variant(bad)
+    assert bench.parse_ablations("all") == list(bench.ABLATIONS.values())
+    with pytest.raises(argparse.ArgumentTypeError, match="no-batching"):
+        bench.parse_ablations("no-such-thing")
+    peers = bench.build_peers(["minisgl"], "models/m", ["--dtype", "float32"],
+                              [bench.ABLATIONS["no-overlap"], bench.ABLATIONS["no-batching"],
+                               bench.parse_variant("tf-small=transformers --cb-max-batch-tokens 512")])
+    ours, no_overlap, no_batching, tf = peers
+    assert no_overlap.command == ours.command and no_overlap.env == {"MINISGL_DISABLE_OVERLAP_SCHEDULING": "1"}, \
+        tr("Overlap is turned off through the environment of the same command: {peer}", peer=no_overlap)
+    assert no_batching.command == [*ours.command, "--max-running-req", "1"] and no_batching.counters, \
+        tr("An ablation appends its flags after our flags and keeps our counters: {peer}", peer=no_batching)
+    assert tf.command[-2:] == ["--cb-max-batch-tokens", "512"] and tf.settings["variant_of"] == "transformers", \
+        tr("A peer's variant appends its flags and says what it is based on: {peer}", peer=tf)
+    proc = no_overlap.process(5)
+    assert proc.env["MINISGL_DISABLE_OVERLAP_SCHEDULING"] == "1", tr("The environment reaches the started process")
+    for argv in (["--variant", "minisgl-no-overlap=minisgl"], ["--peers", "transformers", "--ablations", "no-overlap"],
+                 ["--seed", "-1"], ["--repeats", "0"]):
+        with pytest.raises(SystemExit):
+            bench.main(["--model", "models/m", "--ablations", "no-overlap", *argv] if argv[0] == "--variant"
+                       else ["--model", "models/m", *argv])
+
+
+def test_warmup_prompts_are_no_run_prefix() -> None:
+    # Random(-1) 与 Random(1) 抽出同样的数：预热曾经和第 2 次运行的第一个请求一字不差
+    # en: Random(-1) and Random(1) draw the same numbers: the warm-up once equalled the first request of run 2
+    warm = [s.prompt for s in bench.warmup_requests(2, IDS, 0)]
+    runs = [s.prompt for seed in range(0, 6) for s in bench.random_requests(8, IDS, (16, 16), (4, 4), seed)]
+    shared = [w for w in warm for r in runs if w[:4] == r[:4]]
+    assert not shared, tr("A warm-up prompt starts like a measured request (a free prefix-cache hit): {shared}",
+                          shared=shared)
+
+
 # ----------------------------------------------------------------------------- 对真服务器冒烟
 # en: ----------------------------------------------------------------------------- smoke run against the real server
 
@@ -272,9 +315,19 @@ def test_smoke_run_against_our_server(tmp_path: Path, monkeypatch: pytest.Monkey
     out = tmp_path / "serve.json"
     report = bench.main(["--serve-model", tiny_model(), "--concurrency", "3", "--num-requests", "6",
                          "--prompt-len", "8,24", "--output-len", "3,10", "--warmup", "1", "--timeout", "60",
-                         "--no-progress", "--json", str(out), *SERVER_FLAGS])
+                         "--no-progress", "--json", str(out), "--repeats", "2", "--plot", str(tmp_path / "serve.svg"),
+                         *SERVER_FLAGS])
     printed = capsys.readouterr().out
     [server] = report["peers"]
+    assert (tmp_path / "serve.svg").is_file() and (tmp_path / "serve.en.svg").is_file(), tr("Both pictures are drawn")
+    assert [r["repeat"] for r in server["runs"]] == [0, 1], tr("Two passes of the one run")
+    for run in server["runs"]:
+        c, sent = run["counters"], run["summary"]["prompt_tokens_sent"]
+        assert (c["prefill_tokens"], c["prefix_hit_tokens"]) == (sent, 0), \
+            tr("Random prompts: every prompt token computed, no prefix-cache hit (the warm-up shares nothing): "
+               "{counters}, {sent} sent", counters=c, sent=sent)
+        assert c["decode_tokens"] >= run["summary"]["output_tokens"] - 6, tr("Our counters see the decoded tokens: {c}", c=c)
+    server = {**server, "runs": server["runs"][:1]}
     assert server["status"] == "ok" and server["exit_code"] == 0 and not server["left_behind"], \
         tr("The server must exit with 0 and leave no process: {server}", server={k: v for k, v in server.items() if k != "runs"})
     assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(report)), \
@@ -296,3 +349,75 @@ def test_smoke_run_against_our_server(tmp_path: Path, monkeypatch: pytest.Monkey
     p = s["ttft"]
     assert p["n"] == 6 and p["p50"] <= p["p90"] <= p["p99"] <= s["e2e"]["p99"], tr("Percentiles in order: {summary}", summary=s)
     assert run["name"] in printed and "6/6" in printed, tr("The table shows the run:\n{printed}", printed=printed)
+
+
+# ----------------------------------------------------------------------------- 讲义的录制
+# en: ----------------------------------------------------------------------------- the book's recordings
+
+#: 讲义“压力下的服务”引用的录制（``bench/serve.py --record --json docs/outputs/<名字>.json``）。
+#: en: The recordings the book page "Serving under load" cites (``bench/serve.py --record --json docs/outputs/<name>.json``).
+RECORDINGS = ("serve", "serve-ablations", "serve-prefix", "serve-0.6b")
+#: 页面里引用一个比值的写法：``2.3×<!-- serve 录制 运行 对方 量 -->``（讲义其他页面的 ``<!-- ratio -->`` 引用文本录制，
+#: 见 checks/docs/test_recorded_ratios.py）。
+#: en: How the page cites a ratio: ``2.3×<!-- serve recording run peer quantity -->`` (the book's other pages cite text
+#: recordings with ``<!-- ratio -->``, see checks/docs/test_recorded_ratios.py).
+CITED = re.compile(r"(?P<num>\d+(?:\.\d+)?)×\s*<!-- serve (?P<rec>[\w.-]+) (?P<key>\S+) (?P<peer>\S+) (?P<metric>\w+) -->")
+BARE = re.compile(r"\d+(?:\.\d+)?×(?!\s*<!-- serve )")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def _recording(name: str) -> dict:
+    return json.loads((REPO_ROOT / "docs" / "outputs" / f"{name}.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_recordings_are_whole_and_quiet(name: str) -> None:
+    report = _recording(name)
+    machine = report["machine"]
+    assert machine.get("recorded") and machine.get("quiet"), \
+        tr("{name}: recorded with --record on a quiet machine: {machine}", name=name, machine=machine)
+    for peer in report["peers"]:
+        assert peer["status"] == "ok" and not peer["left_behind"], \
+            tr("{name}: every server measured, nothing left behind: {peer}", name=name,
+               peer={k: v for k, v in peer.items() if k != "runs"})
+        ours = peer["settings"].get("variant_of", peer["name"]) == "minisgl"
+        for run in peer["runs"]:
+            s = run["summary"]
+            # 别家答得比要的少时记成失败、照样报出来；我们的服务器一个也不许
+            # en: a peer answering less than asked is recorded as a failure and reported; our server may have none
+            assert s["ok"] + s["failed"] == s["requests"] == len(run["records"]) and not (ours and s["failed"]), \
+                tr("{name}: {peer}, {run}: every request got the tokens it asked for: {errors}", name=name,
+                   peer=peer["name"], run=run["name"], errors=s["errors"])
+            again = bench.summarize([Record(**r) for r in run["records"]],
+                                    bench.Slo(report["args"]["slo_ttft"], report["args"]["slo_tpot"]))
+            _approx(again.output_throughput, s["output_throughput"], f"{name}: {peer['name']}, {run['name']}: tok/s from the records")
+    # 比值由录下的汇总重新算，确认没有手改
+    # en: the ratios recomputed from the recorded summaries, so nothing was edited by hand
+    ours = next(p for p in report["peers"] if p["name"] == "minisgl")
+    for row in report["ratios"]:
+        peer = next(p for p in report["peers"] if p["name"] == row["peer"])
+        mine = next(r for r in ours["runs"] if r["key"] == row["key"] and r["repeat"] == row["repeat"])
+        theirs = next(r for r in peer["runs"] if r["key"] == row["key"] and r["repeat"] == row["repeat"])
+        _approx(row["output_throughput"], mine["summary"]["output_throughput"] / theirs["summary"]["output_throughput"],
+                f"{name}: {row['run']} / {row['peer']}: the throughput ratio")
+    if name == "serve":
+        assert [p["name"] for p in report["peers"]] == list(bench.PEERS), \
+            tr("The main recording has all three servers: {names}", names=[p["name"] for p in report["peers"]])
+
+
+@pytest.mark.parametrize("page", ["docs/serving.md", "docs/serving.en.md"])
+def test_book_page_cites_the_recordings(page: str) -> None:
+    text = (REPO_ROOT / page).read_text(encoding="utf-8")
+    cited = list(CITED.finditer(text))
+    assert len(cited) >= 8, tr("{page} cites its ratios from the recordings ({n} found)", page=page, n=len(cited))
+    spreads = {name: _recording(name)["ratio_spreads"] for name in RECORDINGS}
+    for m in cited:
+        row = next((r for r in spreads[m["rec"]] if r["key"] == m["key"] and r["peer"] == m["peer"]), None)
+        assert row is not None and row[m["metric"]] is not None, \
+            tr("{page}: no such ratio in the recording: {cite}", page=page, cite=m[0])
+        decimals = len(m["num"].partition(".")[2])
+        recorded = round(row[m["metric"]]["median"], decimals)
+        assert abs(recorded - float(m["num"])) < 1e-9, \
+            tr("{page}: cites {cite} but the recording says {recorded}×", page=page, cite=m[0], recorded=recorded)
+    bare = BARE.findall(FENCE.sub("", text))
+    assert not bare, tr("{page}: ratios not tied to a recording: {bare}", page=page, bare=bare)

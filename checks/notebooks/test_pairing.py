@@ -11,20 +11,15 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
-import sys
 
 import nbformat
 import pytest
 
 from minisgl.course.registry import BUILTIN_CHAPTERS
-from minisgl.paths import REPO_ROOT
+from minisgl.paths import REPO_ROOT, load_script
 
-_spec = importlib.util.spec_from_file_location("build_notebooks", REPO_ROOT / "tools" / "build_notebooks.py")
-build = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("build_notebooks", build)  # dataclasses 需要在 sys.modules 里找到模块
-_spec.loader.exec_module(build)
+build = load_script("tools/build_notebooks.py", "build_notebooks")
 
 PAIRS = build.pairs()  # 中文版（默认）
 EN_PAIRS = build.pairs("en")

@@ -12,6 +12,8 @@ A directive is a whole line (it may be indented, e.g. inside an admonition) of t
                                                            anchor used in the skeleton's NotImplementedError,
                                                            the hint, the skeleton's code and the solution
     [[practice]]                                           this chapter's files, notebook and check commands
+    [[serve serve results]]                                a table of the recorded serving benchmark
+                                                           docs/outputs/serve.json (bench/serve.py --record)
 
 Directives inside fenced code blocks are left alone. Any problem (unknown file, symbol, task, output or
 directive) is logged as an error, which fails ``mkdocs build --strict``, and shows as a red box on the page.
@@ -34,7 +36,7 @@ from minisgl.course.bilingual import for_language
 from minisgl.course.registry import CHAPTERS, Chapter, notebook_edition
 from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message
 from minisgl.i18n import tr
-from minisgl.paths import REPO_ROOT as REPO
+from minisgl.paths import REPO_ROOT as REPO, load_script
 
 log = logging.getLogger("mkdocs.plugins.minisgl_docs")
 
@@ -185,6 +187,19 @@ def output_block(name: str, language: str) -> list[str]:
     return [f'```` {{ .text .recorded-output title="{title}" }}', *text, "````"]
 
 
+def serve_block(arg: str, language: str) -> list[str]:
+    """A table of a recorded serving benchmark: ``[[serve RECORDING TABLE]]`` reads docs/outputs/RECORDING.json
+    (written by ``bench/serve.py --record --json``) and renders TABLE with ``bench/serve.py``'s ``book_table``."""
+    recording, _, table = arg.partition(" ")
+    path = REPO / "docs" / "outputs" / f"{recording}.json"
+    if not path.is_file():
+        raise DocsError(f"没有录制的服务基准 docs/outputs/{recording}.json：用 bench/serve.py --record --json 录制")
+    bench = load_script("bench/serve.py", "bench_serve")
+    if table.strip() not in bench.BOOK_TABLES:
+        raise DocsError(f"[[serve {arg}]]：表名是 {', '.join(bench.BOOK_TABLES)} 之一")
+    return bench.book_table(json.loads(path.read_text(encoding="utf-8")), table.strip(), language)
+
+
 # ---------------------------------------------------------------- chapter tasks
 
 
@@ -284,12 +299,14 @@ def expand(markdown: str, src_uri: str) -> str:
                 block = code_block(path.strip(), symbol.strip() or None, signature=kind == "sig", language=language)
             elif kind == "output":
                 block = output_block(arg, language)
+            elif kind == "serve":
+                block = serve_block(arg, language)
             elif kind == "task":
                 block = task_block(chapter_of(src_uri), arg, language)
             elif kind == "practice":
                 block = practice_block(chapter_of(src_uri), language)
             else:
-                raise DocsError(f"不认识的指令 [[{kind} ...]]；可用：code、sig、output、task、practice")
+                raise DocsError(f"不认识的指令 [[{kind} ...]]；可用：code、sig、output、serve、task、practice")
         except (DocsError, SyntaxError) as err:
             log.error(f"docs/{src_uri}:{lineno}: {err}")
             block = ["!!! failure \"文档引用出错\"", "", f"    {err}"]
