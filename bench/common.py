@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from minisgl.i18n import tr
@@ -73,3 +74,8 @@ def print_table(stats: dict[str, Stats], baseline: str, title: str | None = None
     print(f"{'':{width}}" + tr("  {title}    vs {baseline}", title=title, baseline=baseline))
     for name, s in stats.items():
         print(f"{name:{width}}  {s}    {s.median / stats[baseline].median:5.2f}×")
+
+
+def plot_paths(path: Path) -> dict[str, Path]:
+    """一次画两张图：``X.svg`` 是中文的，旁边的 ``X.en.svg`` 是英文的（讲义的英文版用它）。"""
+    return {"zh": path, "en": path.with_suffix(".en" + path.suffix)}

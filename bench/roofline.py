@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from common import Stats
+from common import Stats, plot_paths
 from transformers import AutoModelForCausalLM
 
 from minisgl.core import SamplingParams
@@ -278,11 +278,6 @@ def row_color(name: str) -> str:
     if name.startswith("ours"):
         return "#9fa8da" if "narrow" in name else "#1a237e" if "fused" in name else "#3f51b5"
     return "#ff7043"
-
-
-def plot_paths(path: Path) -> dict[str, Path]:
-    """一次运行画两张图：``X.svg`` 是中文的，旁边的 ``X.en.svg`` 是英文的（讲义的英文版用它）。"""
-    return {"zh": path, "en": path.with_suffix(".en" + path.suffix)}
 
 
 def plot(path: Path, language: str, model: str, dtype: str, bounds: dict[int, Stats],

@@ -62,13 +62,13 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import openai
-from common import Stats  # bench/common.py (this script's folder is on sys.path)
+from common import Stats, plot_paths  # bench/common.py (this script's folder is on sys.path)
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from minisgl.course.cli import format_table
@@ -1267,14 +1267,6 @@ def print_report(outcomes: Sequence[Outcome], ratios: Sequence[dict[str, Any]], 
                  ttft=_times(row["ttft_p99"]), tpot=_times(row["tpot_p99"])))
 
 
-def plot_paths(path: Path) -> dict[str, Path]:
-    """一次画两张图：``X.svg`` 是中文的，旁边的 ``X.en.svg`` 是英文的（讲义的英文版用它）。
-
-    en: Two pictures at once: ``X.svg`` in Chinese and ``X.en.svg`` beside it in English (for the English book).
-    """
-    return {"zh": path, "en": path.with_suffix(".en" + path.suffix)}
-
-
 def _curves(report: dict[str, Any], shape: str, value: Callable[[dict[str, Any]], float | None]
             ) -> dict[str, tuple[list[float], list[float]]]:
     """每家测成了的服务器一条线：``shape`` 这种负载的每个取值（速率或并发数）→ ``value(summary)`` 在各遍里的中位数。
@@ -1361,15 +1353,19 @@ def _median_spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
     return fmt(st.median) + (f" ({fmt(st.min)}–{fmt(st.max)})" if len(values) > 1 else "")
 
 
-def _by_run(peer: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """一家服务器的各遍结果按运行（``key``）归在一起，保持运行的顺序。
+def _passes(report: dict[str, Any], language: str) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    """每家测成了的服务器、每次运行：(服务器, 运行的名字, 这次运行的各遍)，保持运行的顺序。
 
-    en: One server's passes grouped by run (``key``), in run order.
+    en: For every measured server and run: (server, the run's name, that run's passes), in run order.
     """
-    out: dict[str, list[dict[str, Any]]] = {}
-    for run in peer.get("runs", []):
-        out.setdefault(run["key"], []).append(run)
-    return out
+    for peer in report["peers"]:
+        if peer["status"] != "ok":
+            continue
+        by_run: dict[str, list[dict[str, Any]]] = {}
+        for run in peer["runs"]:
+            by_run.setdefault(run["key"], []).append(run)
+        for runs in by_run.values():
+            yield peer["name"], run_label(runs[0]["shape"], runs[0]["value"], language), runs
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -1393,7 +1389,6 @@ def book_table(report: dict[str, Any], table: str, language: str) -> list[str]:
     server's latency and throughput per run (median over passes, min – max in brackets); ``ratios`` ours / the peer;
     ``prefill`` prompt tokens sent, prefill tokens really computed (our counters) and TTFT.
     """
-    measured = [peer for peer in report["peers"] if peer["status"] == "ok"]
     if table == "machine":
         m = report["machine"]
         quiet = tr("yes", language=language) if m.get("quiet") else tr("no", language=language)
@@ -1417,18 +1412,16 @@ def book_table(report: dict[str, Any], table: str, language: str) -> list[str]:
                           tr("status", language=language)], rows)
     if table == "results":
         rows = []
-        for peer in measured:
-            for runs in _by_run(peer).values():
-                sums = [r["summary"] for r in runs]
+        for server, label, runs in _passes(report, language):
+            sums = [r["summary"] for r in runs]
 
-                def ms(get: Callable[[dict[str, Any]], float | None]) -> str:
-                    return _median_spread([v * 1000 for x in sums if (v := get(x)) is not None], lambda v: f"{v:.0f}")
+            def ms(get: Callable[[dict[str, Any]], float | None]) -> str:
+                return _median_spread([v * 1000 for x in sums if (v := get(x)) is not None], lambda v: f"{v:.0f}")
 
-                rows.append([peer["name"], run_label(runs[0]["shape"], runs[0]["value"], language),
-                             f"{sum(x['ok'] for x in sums)}/{sum(x['requests'] for x in sums)}",
-                             ms(lambda x: x["ttft"]["p50"]), ms(lambda x: x["ttft"]["p99"]),
-                             ms(lambda x: x["tpot"]["p50"]), ms(lambda x: x["tpot"]["p99"]),
-                             _median_spread([x["output_throughput"] for x in sums], lambda v: f"{v:.0f}")])
+            rows.append([server, label, f"{sum(x['ok'] for x in sums)}/{sum(x['requests'] for x in sums)}",
+                         ms(lambda x: x["ttft"]["p50"]), ms(lambda x: x["ttft"]["p99"]),
+                         ms(lambda x: x["tpot"]["p50"]), ms(lambda x: x["tpot"]["p99"]),
+                         _median_spread([x["output_throughput"] for x in sums], lambda v: f"{v:.0f}")])
         return _markdown([tr("server", language=language), tr("run", language=language), tr("ok", language=language),
                           tr("TTFT p50 ms", language=language), tr("TTFT p99 ms", language=language),
                           tr("TPOT p50 ms", language=language), tr("TPOT p99 ms", language=language),
@@ -1441,16 +1434,14 @@ def book_table(report: dict[str, Any], table: str, language: str) -> list[str]:
                           tr("p99 TPOT", language=language)], rows)
     if table == "prefill":
         rows = []
-        for peer in measured:
-            for runs in _by_run(peer).values():
-                sums = [r["summary"] for r in runs]
-                computed = [r["counters"]["prefill_tokens"] for r in runs if r.get("counters")]
-                rows.append([peer["name"], run_label(runs[0]["shape"], runs[0]["value"], language),
-                             _median_spread([x["prompt_tokens_sent"] for x in sums], lambda v: f"{v:.0f}"),
-                             _median_spread(computed, lambda v: f"{v:.0f}") if computed
-                             else tr("not reported", language=language),
-                             _median_spread([v * 1000 for x in sums if (v := x["ttft"]["p50"]) is not None],
-                                            lambda v: f"{v:.0f}")])
+        for server, label, runs in _passes(report, language):
+            sums = [r["summary"] for r in runs]
+            computed = [r["counters"]["prefill_tokens"] for r in runs if r.get("counters")]
+            rows.append([server, label, _median_spread([x["prompt_tokens_sent"] for x in sums], lambda v: f"{v:.0f}"),
+                         _median_spread(computed, lambda v: f"{v:.0f}") if computed
+                         else tr("not reported", language=language),
+                         _median_spread([v * 1000 for x in sums if (v := x["ttft"]["p50"]) is not None],
+                                        lambda v: f"{v:.0f}")])
         return _markdown([tr("server", language=language), tr("run", language=language),
                           tr("prompt tokens sent", language=language), tr("prefill tokens computed", language=language),
                           tr("TTFT p50 ms", language=language)], rows)
@@ -1518,14 +1509,6 @@ def steal_percent(before: list[int] | None, after: list[int] | None) -> float | 
     return round(100 * (after[7] - before[7]) / total, 1) if total > 0 else None
 
 
-def _recording_tools() -> Any:  # noqa: ANN401 - the module tools/record_outputs.py
-    """``tools/record_outputs.py``：讲义录制用的“机器安静吗”的判断，这里原样沿用。
-
-    en: ``tools/record_outputs.py``: the book recordings' "is the machine quiet" rules, reused as they are.
-    """
-    return load_script("tools/record_outputs.py", "record_outputs")
-
-
 class QuietWatch:
     """录制时用：开始前等机器安静（同讲义的录制），测量期间每隔几秒看一次有没有别的进程抢 CPU（我们起的服务器是
     子进程，不算）。
@@ -1535,7 +1518,7 @@ class QuietWatch:
     """
 
     def __init__(self, period: float = 5.0) -> None:
-        self.tools = _recording_tools()
+        self.tools = load_script("tools/record_outputs.py", "record_outputs")  # 讲义录制的规则 | en: the book recordings' rules
         self.quiet = self.tools.Quiet(max_load=self.tools.default_max_load(), busy_cpu=20.0, wait=1800.0)
         self.period = period
         self.intruders: dict[int, str] = {}

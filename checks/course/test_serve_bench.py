@@ -286,11 +286,10 @@ def test_variants_and_ablations() -> None:
         tr("A peer's variant appends its flags and says what it is based on: {peer}", peer=tf)
     proc = no_overlap.process(5)
     assert proc.env["MINISGL_DISABLE_OVERLAP_SCHEDULING"] == "1", tr("The environment reaches the started process")
-    for argv in (["--variant", "minisgl-no-overlap=minisgl"], ["--peers", "transformers", "--ablations", "no-overlap"],
-                 ["--seed", "-1"], ["--repeats", "0"]):
+    for argv in (["--ablations", "no-overlap", "--variant", "minisgl-no-overlap=minisgl"],
+                 ["--peers", "transformers", "--ablations", "no-overlap"], ["--seed", "-1"], ["--repeats", "0"]):
         with pytest.raises(SystemExit):
-            bench.main(["--model", "models/m", "--ablations", "no-overlap", *argv] if argv[0] == "--variant"
-                       else ["--model", "models/m", *argv])
+            bench.main(["--model", "models/m", *argv])
 
 
 def test_warmup_prompts_are_no_run_prefix() -> None:
