@@ -230,9 +230,9 @@ class EngineConfig:
     # CPU 上线性层走快速路径（见 cpu_kernel）；False 则一律走参考路径 F.linear
     # en: linear layers take a fast path on the CPU (see cpu_kernel); False: always the reference path F.linear
     cpu_fast_linear: bool = True
-    # 快速路径优先用 minisgl.kernel 的小批量内核（fp32，要有 C 编译器）；False 或编不出来时用 oneDNN
-    # en: the fast path prefers minisgl.kernel's small-batch kernel (fp32, needs a C compiler); oneDNN when False or
-    # en: when it cannot be built
+    # 快速路径优先用 minisgl.kernel 的小批量内核（fp32 或 bf16，要有 C 编译器）；False 或编不出来时用 oneDNN
+    # en: the fast path prefers minisgl.kernel's small-batch kernel (fp32 or bf16, needs a C compiler); oneDNN when
+    # en: False or when it cannot be built
     cpu_kernel: bool = True
     # 解码的 CUDA 图（见 minisgl/graph.py）：auto（CUDA 上开）| off | eager（CPU 上检查图路径）| cuda
     # en: CUDA graphs for decoding (see minisgl/graph.py): auto (on for CUDA) / off / eager (checks the graph path on
@@ -279,7 +279,7 @@ class Engine:
         # en: the path linear layers actually take: torch (F.linear) / onednn / kernel
         self.linear_kind = "torch"
         if self.fast_linear:
-            use_kernel = config.cpu_kernel and self.dtype == torch.float32 and kernel.available()
+            use_kernel = config.cpu_kernel and self.dtype in (torch.float32, torch.bfloat16) and kernel.available()
             self.linear_kind = "kernel" if use_kernel else "onednn"
             pack_linear_weights(self.model, self.linear_kind)
 

@@ -1,7 +1,10 @@
-"""CPU 小批量线性层内核（minisgl/kernel）：编得出来、与 F.linear 一致、与线程数无关、编不出来时退回 oneDNN。"""
+"""CPU 小批量线性层内核（minisgl/kernel）：编得出来、与 F.linear 一致、与线程数无关、编不出来时退回 oneDNN；
+内核用到几行由第一次用到时的测量决定：量一次、存下来、可以用环境变量指定。"""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from minisgl.layers import Linear
 def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """另一个缓存目录、清掉已加载的库：这个测试里重新编一次。"""
     monkeypatch.setenv("MINISGL_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernel, "_chosen", {})
     kernel.library.cache_clear()
     yield tmp_path
     kernel.library.cache_clear()
@@ -50,12 +54,13 @@ def test_matches_f_linear(n: int, k: int, bias: bool) -> None:
     gen = torch.Generator().manual_seed(n * k)
     w = torch.randn(n, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias else None
-    for m in (0, 1, 2, 3, 4, 5, 7, 8, 9, 40, kernel.MAX_ROWS + 1):  # 最后一个走 F.linear
+    for m in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 40, 300):  # 每种余下的行数（AVX2 每趟 3 行，AVX-512 每趟 6 行）
         x = torch.randn(m, k, generator=gen)
-        got = kernel.cpu_linear(x, w, b)
+        got = kernel.kernel_linear(x, w, b)
         assert got.shape == (m, n)
         torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
     x3 = torch.randn(2, 3, k, generator=gen)
+    torch.testing.assert_close(kernel.kernel_linear(x3, w, b), F.linear(x3, w, b), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(kernel.cpu_linear(x3, w, b), F.linear(x3, w, b), atol=1e-4, rtol=1e-4)
 
 
@@ -67,7 +72,7 @@ def test_result_does_not_depend_on_threads() -> None:
         outs = []
         for t in (1, 2, 3):
             torch.set_num_threads(t)
-            outs.append(kernel.cpu_linear(x, w))
+            outs.append(kernel.kernel_linear(x, w))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
@@ -89,3 +94,86 @@ def test_linear_pack_kinds() -> None:
     odd.pack("kernel")
     assert not odd._kernel and odd._packed is not None and odd.weight is None
     torch.testing.assert_close(odd.forward(x[:, :12]), want, atol=1e-5, rtol=1e-5)
+
+
+def test_calibration_rule() -> None:
+    """解码的批大小（< 8 行）输了也接着量；之后 F.linear 要连赢两遍（同一个行数重量一遍）才停；结果是停之前内核最后赢的行数。"""
+
+    def fake(kernel_wins: set[int], second_try_wins: frozenset[int] = frozenset()):  # noqa: ANN202
+        asked: list[int] = []
+
+        def measure(m: int) -> tuple[float, float]:
+            asked.append(m)
+            win = m in kernel_wins or (m in second_try_wins and asked.count(m) == 2)
+            return (1.0, 2.0) if win else (2.0, 1.0)  # (内核的秒数, F.linear 的秒数)
+
+        return measure, asked
+
+    w = torch.empty(0, 8)
+    measure, asked = fake({4, 8, 16, 64})
+    assert kernel.calibrate(w, measure) == 16, "the first confirmed loss (M = 32) ends the measuring"
+    assert asked == [1, 2, 4, 8, 16, 32, 32]
+    measure, asked = fake({8, 16}, frozenset({32, 64}))
+    assert kernel.calibrate(w, measure) == 64, "a loss that the second try does not confirm is noise"
+    assert asked == [1, 2, 4, 8, 16, 32, 32, 64, 64, 128, 128]
+    measure, asked = fake(set())
+    assert kernel.calibrate(w, measure) == 0 and asked == [1, 2, 4, 8, 8], "losses below M = 8 must not stop the measuring"
+    measure, asked = fake({1, 2}, frozenset({8}))
+    assert kernel.calibrate(w, measure) == 8 and asked == [1, 2, 4, 8, 8, 16, 16]
+    measure, asked = fake(set(kernel.ROW_STEPS))
+    assert kernel.calibrate(w, measure) == kernel.ROW_STEPS[-1] and asked == list(kernel.ROW_STEPS)
+
+
+def test_rows_measured_once_then_read_back(fresh_build: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """第一次遇到一种形状时量、打印一行、存进库旁边的 JSON；换个进程（清掉内存里的表）直接读文件，不再量。"""
+    w, x = torch.randn(24, 16), torch.randn(5, 16)
+    torch.testing.assert_close(kernel.cpu_linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-4)
+    err = capsys.readouterr().err
+    assert "16→24" in err and kernel.isa() in err, err
+    plan = kernel.plan_path()
+    assert plan.parent == fresh_build and json.loads(plan.read_text())["16x24"] == kernel.max_rows(w)
+    monkeypatch.setattr(kernel, "_chosen", {})
+    monkeypatch.setattr(kernel, "calibrate", lambda *a: pytest.fail("a saved row count must be read back, not measured again"))
+    plan.write_text(json.dumps({"16x24": 3}))
+    assert kernel.max_rows(w) == 3 and capsys.readouterr().err == ""
+    with pytest.raises(pytest.fail.Exception):  # 没量过的形状照样要量
+        kernel.cpu_linear(torch.randn(2, 16), torch.randn(8, 16))
+
+
+@pytest.mark.parametrize("rows", [0, 4])
+def test_dispatch_follows_the_row_count(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """不超过那个行数走内核，更多行走 F.linear；``MINISGL_KERNEL_MAX_ROWS`` 给了就不量。"""
+    monkeypatch.setenv("MINISGL_KERNEL_MAX_ROWS", str(rows))
+    monkeypatch.setattr(kernel, "calibrate", lambda *a: pytest.fail("a row count given by the setting is not measured"))
+    used: list[str] = []
+    real_kernel, real_linear = kernel.kernel_linear, F.linear
+    monkeypatch.setattr(kernel, "kernel_linear", lambda *a: used.append("kernel") or real_kernel(*a))
+    monkeypatch.setattr(kernel.F, "linear", lambda *a: used.append("torch") or real_linear(*a))
+    w = torch.randn(8, 16)
+    for m in (1, 4, 5, 9):
+        kernel.cpu_linear(torch.randn(m, 16), w)
+    assert used == ["kernel" if m <= rows else "torch" for m in (1, 4, 5, 9)]
+    kernel.cpu_linear(torch.randn(2, 3, 16), w)  # 三维输入按总行数（6）算
+    assert used[-1] == "torch"
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "2.5"])
+def test_bad_row_setting_says_what_to_do(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINISGL_KERNEL_MAX_ROWS", value)
+    with pytest.raises(ValueError, match=re.escape(f"MINISGL_KERNEL_MAX_ROWS={value!r}")):
+        kernel.cpu_linear(torch.randn(1, 16), torch.randn(8, 16))
+
+
+@pytest.mark.parametrize(("n", "k"), [(7, 16), (13, 24), (1030, 128)])
+def test_bf16_weights(n: int, k: int) -> None:
+    """bf16 权重：内核 fp32 累加，结果只差最后一次舍入到 bf16（相对这一行最大值不超过 2⁻⁸）。"""
+    gen = torch.Generator().manual_seed(n + k)
+    w, b = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(n, generator=gen).bfloat16()
+    assert kernel.supports(w)
+    for m in (1, 2, 5, 7, 8, 13):
+        x = torch.randn(m, k, generator=gen).bfloat16()
+        got = kernel.kernel_linear(x, w, b)
+        want = F.linear(x.float(), w.float(), b.float())
+        assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+        torch.testing.assert_close(got.float(), want, atol=want.abs().max().item() * 2**-8, rtol=0)

@@ -2,39 +2,47 @@
 全部解码层（``cpu_decode.c``，引擎选项 ``EngineConfig.cpu_fused_decode``，见 ``minisgl/fused.py``）。都不是某一章的内容。
 
 小批次解码每步要把全部权重从内存读一遍，线性层几乎只是在搬数据。PyTorch 在 CPU 上现成的两条路在这里都吃亏
-（数字见 ``bench/README.md``）：MKL 的 ``F.linear`` 在 M = 1 时只用一个线程、在 AMD 处理器上 M = 8 时更慢；
-oneDNN 打包后的线性层只用到读带宽的六七成。这个几十行的 C 内核把 4 行权重读进来一次、同时乘 3 行输入，
-M = 1 时接近读带宽，M = 8 时接近乘加的峰值。它不给输入分块：输入超过 :data:`MAX_ROWS` 行（长提示词的预填充）
-时每块权重都要把整个输入重读一遍，这时交给 ``F.linear``（MKL 分块的矩阵乘）更快。
+（数字见 ``bench/README.md``）：MKL 的 ``F.linear`` 在 M = 1 时只用一个线程、M = 8 时慢一倍；oneDNN 打包后的
+线性层只用到读带宽的六七成。这个几十行的 C 内核把几行权重读进来一次、同时乘好几行输入，M = 1 时接近读带宽。
+它不给输入分块，所以输入行数多了（长提示词的预填充）MKL 的分块矩阵乘更快。在哪儿换因机器而异（AVX2 的
+Zen 1 上约 256 行，AVX-512 的至强上 16–32 行），所以每种权重形状第一次用到时现量一次（:func:`max_rows`），
+结果按 CPU 和线程数缓存，打印一行 ``线性层 …``；环境变量 ``MINISGL_KERNEL_MAX_ROWS=N`` 跳过测量、一律用 N。
 
-第一次用到时用系统的 C 编译器（``cc``，可以用环境变量 ``CC`` 换）现编一次，结果按源码、编译选项和机器缓存在
-``~/.cache/minisgl/kernels``（``MINISGL_KERNEL_CACHE`` 可以换位置），之后直接加载。没有编译器、编译失败或不是
-x86-64 / ARM64 时 :func:`available` 返回 False，引擎退回 oneDNN——慢一些，结果一样对。
+第一次用到时用系统的 C 编译器（``cc``，可以用环境变量 ``CC`` 换）按这颗 CPU 最宽的向量指令集现编一次
+（``-march=native``：AVX-512、AVX2 或 NEON），结果按源码、编译选项和机器缓存在 ``~/.cache/minisgl/kernels``
+（``MINISGL_KERNEL_CACHE`` 可以换位置），之后直接加载。没有编译器、编译失败或不是 x86-64 / ARM64 时
+:func:`available` 返回 False，引擎退回 oneDNN——慢一些，结果一样对。
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
+import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from minisgl.i18n import tr
 
-__all__ = ["SOURCES", "available", "cpu_linear", "library", "supports"]
+__all__ = ["SOURCES", "available", "calibrate", "cpu_linear", "kernel_linear", "library", "max_rows", "supports"]
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_decode.c")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
-MAX_ROWS = 256  # 更多行时 F.linear 更快（0.6B 的各层形状，M = 1024 时内核约慢三成）
+ROW_STEPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # 测量时试的行数
+MARGIN = 1.1  # F.linear 要快过一成才算赢：只差一点时留给内核（它的结果与线程数无关）
+COLD_BYTES = 512 << 20  # 测量时轮流用这么多字节的权重副本：比常见的最后一级缓存大，每次调用都从内存读权重
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -87,6 +95,8 @@ def library() -> ctypes.CDLL | None:
         return None
     lib.cpu_linear.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
     lib.cpu_linear.restype = None
+    lib.cpu_linear_bf16w.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
+    lib.cpu_linear_bf16w.restype = None
     lib.cpu_decode.argtypes = [_PTR] * 8 + [_I64, _PTR, _PTR, _I64, _PTR]  # 各参数见 cpu_decode.c
     lib.cpu_decode.restype = None
     lib.cpu_decode_work_floats.argtypes = [_PTR, _I64]
@@ -100,27 +110,143 @@ def available() -> bool:
 
 
 def supports(weight: torch.Tensor) -> bool:
-    """这块权重能走内核吗：CPU 上连续的 fp32，输入维是 8 的倍数。"""
+    """这块权重能走内核吗：CPU 上连续的 fp32 或 bf16，输入维是 8 的倍数。"""
     return (
-        weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
+        weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and weight.dim() == 2
         and weight.is_contiguous() and weight.shape[1] % 8 == 0
     )
 
 
-def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` 的同义实现（``weight`` 要满足 :func:`supports`，先确认 :func:`available`）。
+def isa() -> str:
+    """内核编成了哪种向量指令（``-march=native`` 按这颗 CPU 选最宽的）。"""
+    flags = _cpu_id().split()
+    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "NEON" if "asimd" in flags else "SSE"
 
-    每步要调用上百次，所以只做必要的事：二维、连续的输入（引擎里的常态）不做任何变形。
+
+def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``，不论几行都用 C 内核（``weight`` 要满足 :func:`supports`，先确认 :func:`available`）。
+
+    每步要调用上百次，所以只做必要的事：二维、连续的 fp32 输入（引擎里的常态）不做任何变形。bf16 权重时
+    输入和偏置先转成 fp32（几行而已），内核读 bf16 权重、fp32 累加，结果再舍入回 bf16——读的字节减半。
     """
     n, k = weight.shape
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
+    x2 = x2.float().contiguous()  # 已是连续的 fp32 时两步都不复制
     m = x2.shape[0]
-    if m > MAX_ROWS:
-        return F.linear(x, weight, bias)
     y = torch.empty((m, n), dtype=torch.float32)
     if m:
-        library().cpu_linear(x2.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                              y.data_ptr(), m, k, n)
+        fn = library().cpu_linear_bf16w if weight.dtype == torch.bfloat16 else library().cpu_linear
+        b = None if bias is None else bias.float()
+        fn(x2.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, k, n)
+    y = y.to(weight.dtype)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
+def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``：不超过 :func:`max_rows` 行时用 C 内核，更多行交给 ``F.linear``（MKL）。"""
+    rows = x.numel() // weight.shape[1]
+    if rows > max_rows(weight):
+        return F.linear(x, weight, bias)
+    return kernel_linear(x, weight, bias)
+
+
+_chosen: dict[tuple[int, int, torch.dtype, int], int] = {}  # (K, N, 类型, 线程数) → 这个进程里已定的行数
+
+
+def max_rows(weight: torch.Tensor) -> int:
+    """这种形状的权重，内核用到几行为止（含）。
+
+    第一次遇到一种形状（这颗 CPU、这个线程数、这个 PyTorch）时现量一次（:func:`calibrate`，大权重要几秒），
+    结果存进编好的库旁边的 JSON，打印一行；之后直接查表。``MINISGL_KERNEL_MAX_ROWS=N`` 时一律是 N，不量。
+    """
+    if (forced := os.environ.get("MINISGL_KERNEL_MAX_ROWS")) is not None:
+        if not forced.strip().isdigit():
+            raise ValueError(tr("MINISGL_KERNEL_MAX_ROWS={value!r} is not a row count: set a whole number ≥ 0 "
+                                "(0: always F.linear), or unset it to measure on this CPU", value=forced))
+        return int(forced)
+    n, k = weight.shape
+    key = (k, n, weight.dtype, torch.get_num_threads())
+    if key not in _chosen:
+        path = plan_path()
+        name = f"{k}x{n}" + ("" if weight.dtype == torch.float32 else f"-{str(weight.dtype).removeprefix('torch.')}")
+        if (rows := _read_plan(path).get(name)) is None:
+            rows = calibrate(weight)
+            _write_plan(path, {**_read_plan(path), name: rows})  # 几个进程同时量也不丢别人量的形状
+            print(tr("Linear layer {k}→{n} ({dtype}): the C kernel ({isa}) up to {rows} rows, F.linear (MKL) beyond "
+                     "(measured once on this CPU with {threads} threads, saved in {path})",
+                     k=k, n=n, dtype=str(weight.dtype).removeprefix("torch."), isa=isa(), rows=rows, threads=key[3],
+                     path=path), file=sys.stderr)
+        _chosen[key] = rows
+    return _chosen[key]
+
+
+def plan_path() -> Path:
+    """量出来的表存在哪儿：编好的库旁边，按库（源码 + CPU）、PyTorch 版本和线程数各存一份。"""
+    lib = Path(library()._name)  # noqa: SLF001
+    return lib.with_name(f"{lib.stem}.rows-torch{torch.__version__}-t{torch.get_num_threads()}.json")
+
+
+def _read_plan(path: Path) -> dict[str, int]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_plan(path: Path, plan: dict[str, int]) -> None:
+    """先写临时文件再改名：别的进程不会读到半个文件。"""
+    fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(plan, f, indent=0, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _race(fns: list[Callable[[], object]], rounds: int = 7, batch_s: float = 1e-3) -> list[float]:
+    """每个函数一次调用的秒数。各自先定每批调用几次（一批至少 ``batch_s`` 秒，计时器的误差才可以忽略），然后
+    轮流各跑一批、跑 ``rounds`` 轮，取各自最快一批的平均：轮流跑，机器忽快忽慢时两边吃到的一样；取最快，偶尔被
+    打断的那批不算。"""
+    calls = []
+    for fn in fns:
+        start = time.perf_counter()
+        fn()
+        calls.append(max(1, int(batch_s / max(time.perf_counter() - start, 1e-7))))
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, (fn, n) in enumerate(zip(fns, calls)):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best[i] = min(best[i], (time.perf_counter() - start) / n)
+    return best
+
+
+def calibrate(weight: torch.Tensor, measure: Callable[[int], tuple[float, float]] | None = None) -> int:
+    """内核用到几行：依次试 :data:`ROW_STEPS`，``measure(m)`` 给出 m 行时 (内核的秒数, ``F.linear`` 的秒数)，
+    缺省用这块权重的几份副本现量。F.linear 要快过 :data:`MARGIN` 才算赢。
+
+    结果是第一次确认 F.linear 赢之前、内核最后赢的行数（0：一次都没赢）。M ≥ 8 时输一次要重量一遍，两遍都输才算数：
+    一次偶然的慢就把解码的批大小让给 F.linear，代价是每一步都慢。M < 8 的输不停：M = 1、2 时两边都卡在读带宽，
+    输赢常常只是噪声。
+    """
+    if measure is None:
+        # 解码时权重从内存来，不在缓存里：轮流用几份副本（合计约 COLD_BYTES，最多 256 份）量，才量得到这一点
+        copies = max(1, min(256, COLD_BYTES // (weight.numel() * weight.element_size())))
+        ws = list(weight.unsqueeze(0).expand(copies, -1, -1).contiguous().unbind(0))
+
+        def measure(m: int) -> tuple[float, float]:
+            x = torch.randn(m, weight.shape[1], dtype=weight.dtype)
+            for_kernel, for_torch = itertools.cycle(ws), itertools.cycle(ws)
+            kernel_s, torch_s = _race([lambda: kernel_linear(x, next(for_kernel)), lambda: F.linear(x, next(for_torch))])
+            return kernel_s, torch_s
+
+    def kernel_wins(m: int) -> bool:
+        kernel_s, torch_s = measure(m)
+        return kernel_s <= torch_s * MARGIN
+
+    rows = 0
+    for m in ROW_STEPS:
+        if kernel_wins(m) or (m >= 8 and kernel_wins(m)):
+            rows = m
+        elif m >= 8:
+            break
+    return rows
