@@ -3,8 +3,8 @@
 
 小批次解码每步要把全部权重从内存读一遍，线性层几乎只是在搬数据。PyTorch 在 CPU 上现成的两条路在这里都吃亏
 （数字见 ``bench/README.md``）：MKL 的 ``F.linear`` 在 M = 8 时比内核慢一倍（Zen 1 上 M = 1 时还只用一个线程）；
-oneDNN 要另打包一份权重，在 Zen 1 上只用到读带宽的六七成。这个几十行的 C 内核把几行权重读进来一次、同时乘好几行输入，M = 1 时接近读带宽。
-它不给输入分块，所以输入行数多了（长提示词的预填充）MKL 的分块矩阵乘更快。在哪儿换因机器而异（AVX2 的
+oneDNN 要另打包一份权重，在 Zen 1 上只用到读带宽的六七成。这个几十行的 C 内核把几行权重读进来一次、同时乘
+好几行输入，M = 1 时接近读带宽。它不给输入分块，所以输入行数多了（长提示词的预填充）MKL 的分块矩阵乘更快。在哪儿换因机器而异（AVX2 的
 Zen 1 上约 256 行，AVX-512 的至强上 16–32 行），所以每种权重形状第一次用到时现量一次（:func:`max_rows`），
 结果按 CPU 和线程数缓存，打印一行 ``线性层 …``；环境变量 ``MINISGL_KERNEL_MAX_ROWS=N`` 跳过测量、一律用 N。
 
@@ -237,7 +237,7 @@ def calibrate(weight: torch.Tensor, measure: Callable[[int], tuple[float, float]
             x = torch.randn(m, weight.shape[1], dtype=weight.dtype)
             for_kernel, for_torch = itertools.cycle(ws), itertools.cycle(ws)
             kernel_s, torch_s = _race([lambda: kernel_linear(x, next(for_kernel)), lambda: F.linear(x, next(for_torch))])
-            return kernel_s, torch_s
+            return kernel_s, torch_s  # 两个都是秒
 
     def kernel_wins(m: int) -> bool:
         kernel_s, torch_s = measure(m)
