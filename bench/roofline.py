@@ -44,6 +44,7 @@ import torch
 from common import Stats, plot_paths
 from transformers import AutoModelForCausalLM
 
+from minisgl import kernel
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.i18n import tr
@@ -299,8 +300,6 @@ def main() -> int:
 
 def print_linear_plan(llm: LLM) -> None:
     """这颗 CPU 上每种线性层形状在哪儿从 C 内核换到 F.linear（第一次用到时量的，见 ``minisgl/kernel``）。"""
-    from minisgl import kernel
-
     weights = {tuple(op.weight.shape): op.weight for _, op in llm.engine.model.named_ops() if getattr(op, "_kernel", False)}
     table = tr(", ").join(f"{k}→{n} ≤ {kernel.max_rows(w)}" for (n, k), w in sorted(weights.items(), key=lambda kv: kv[0][::-1]))
     print(tr("Linear layers on this CPU: the C kernel ({isa}) up to this many rows, F.linear beyond: {table}",

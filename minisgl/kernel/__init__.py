@@ -167,15 +167,14 @@ def max_rows(weight: torch.Tensor) -> int:
     n, k = weight.shape
     key = (k, n, weight.dtype, torch.get_num_threads())
     if key not in _chosen:
-        path = plan_path()
-        name = f"{k}x{n}" + ("" if weight.dtype == torch.float32 else f"-{str(weight.dtype).removeprefix('torch.')}")
+        path, dtype = plan_path(), str(weight.dtype).removeprefix("torch.")
+        name = f"{k}x{n}" + ("" if weight.dtype == torch.float32 else f"-{dtype}")
         if (rows := _read_plan(path).get(name)) is None:
             rows = calibrate(weight)
             _write_plan(path, {**_read_plan(path), name: rows})  # 几个进程同时量也不丢别人量的形状
             print(tr("Linear layer {k}→{n} ({dtype}): the C kernel ({isa}) up to {rows} rows, F.linear (MKL) beyond "
                      "(measured once on this CPU with {threads} threads, saved in {path})",
-                     k=k, n=n, dtype=str(weight.dtype).removeprefix("torch."), isa=isa(), rows=rows, threads=key[3],
-                     path=path), file=sys.stderr)
+                     k=k, n=n, dtype=dtype, isa=isa(), rows=rows, threads=key[3], path=path), file=sys.stderr)
         _chosen[key] = rows
     return _chosen[key]
 
