@@ -97,7 +97,7 @@ def read_bandwidths(buf: torch.Tensor) -> list[float]:
 def peak_gflops(x: torch.Tensor, packed: torch.Tensor) -> float:
     """GFLOP/s：放得进缓存的 oneDNN 矩阵乘（权重已打包），五次里最快的。"""
     flops = 2 * x.shape[0] * x.shape[1] * packed.shape[0]
-    run = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # noqa: E731
+    run = lambda: kernel.onednn_linear(x, packed)  # noqa: E731
     return flops / best_seconds(run, 5) / 1e9
 
 
@@ -199,7 +199,7 @@ def main() -> int:
     nbytes, params = weight_bytes(hf), linear_params(hf)
     buf = probe_buffer()
     hot_x = torch.randn(256, 1024)
-    hot_w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(1024, 1024), None)
+    hot_w = kernel.onednn_pack(torch.randn(1024, 1024))
     saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # 逐步计时：不让主线程的活儿和前向抢 CPU
 
@@ -299,11 +299,18 @@ def main() -> int:
 
 
 def print_linear_plan(llm: LLM) -> None:
-    """这颗 CPU 上每种线性层形状在哪儿从 C 内核换到 F.linear（第一次用到时量的，见 ``minisgl/kernel``）。"""
-    weights = {tuple(op.weight.shape): op.weight for _, op in llm.engine.model.named_ops() if getattr(op, "_kernel", False)}
-    table = tr(", ").join(f"{k}→{n} ≤ {kernel.max_rows(w)}" for (n, k), w in sorted(weights.items(), key=lambda kv: kv[0][::-1]))
-    print(tr("Linear layers on this CPU: the C kernel ({isa}) up to this many rows, F.linear beyond: {table}",
-             isa=kernel.isa(), table=table))
+    """这颗 CPU 上每种线性层形状怎么算（第一次用到时量的，见 ``minisgl/kernel``）：几行到几行用 C 内核、其余
+    F.linear，或者整个换成 oneDNN 的打包布局。"""
+    plan = {}
+    for _, op in llm.engine.model.named_ops():
+        if getattr(op, "_packed", None) is not None:
+            plan[tuple(op._packed.shape)] = "oneDNN"
+        elif getattr(op, "_kernel", False):
+            c = kernel.choice(op.weight)
+            plan[tuple(op.weight.shape)] = c.rows() if c.kernel_to >= c.kernel_from else "F.linear"
+    table = tr(", ").join(f"{k}→{n} {how}" for (n, k), how in sorted(plan.items(), key=lambda kv: kv[0][::-1]))
+    print(tr("Linear layers on this CPU (the rows that go through the C kernel ({isa}), F.linear for the others; or "
+             "oneDNN's packed layout for every row count): {table}", isa=kernel.isa(), table=table))
 
 
 def row_label(name: str, language: str | None = None) -> str:

@@ -230,9 +230,10 @@ class EngineConfig:
     # CPU 上线性层走快速路径（见 cpu_kernel）；False 则一律走参考路径 F.linear
     # en: linear layers take a fast path on the CPU (see cpu_kernel); False: always the reference path F.linear
     cpu_fast_linear: bool = True
-    # 快速路径优先用 minisgl.kernel 的小批量内核（fp32 或 bf16，要有 C 编译器）；False 或编不出来时用 oneDNN
-    # en: the fast path prefers minisgl.kernel's small-batch kernel (fp32 or bf16, needs a C compiler); oneDNN when
-    # en: False or when it cannot be built
+    # 快速路径用 minisgl.kernel 的小批量内核（fp32 或 bf16，要有 C 编译器），每种权重形状量过 oneDNN 更快时换成它；
+    # False 或编不出来时一律 oneDNN
+    # en: the fast path uses minisgl.kernel's small-batch kernel (fp32 or bf16, needs a C compiler), or oneDNN for a
+    # en: weight shape where that measured faster; always oneDNN when False or when the kernel cannot be built
     cpu_kernel: bool = True
     # 解码的 CUDA 图（见 minisgl/graph.py）：auto（CUDA 上开）| off | eager（CPU 上检查图路径）| cuda
     # en: CUDA graphs for decoding (see minisgl/graph.py): auto (on for CUDA) / off / eager (checks the graph path on
@@ -275,13 +276,18 @@ class Engine:
         else:
             load_weights(self.model, config.model_path)
         self.fast_linear = config.cpu_fast_linear and fast_linear_supported(self.device, self.dtype)
-        # 线性层实际走哪条路径：torch（F.linear）| onednn | kernel
-        # en: the path linear layers actually take: torch (F.linear) / onednn / kernel
+        # 线性层实际走哪条路径：torch（F.linear）| onednn | kernel（量过 oneDNN 更快的形状用 oneDNN）
+        # en: the path linear layers actually take: torch (F.linear) / onednn / kernel (oneDNN for the shapes where it
+        # en: measured faster)
         self.linear_kind = "torch"
         if self.fast_linear:
             use_kernel = config.cpu_kernel and self.dtype in (torch.float32, torch.bfloat16) and kernel.available()
             self.linear_kind = "kernel" if use_kernel else "onednn"
-            pack_linear_weights(self.model, self.linear_kind)
+            # 融合解码要每个线性层都是原样的权重（全走内核）；否则每种形状量一下内核和 oneDNN 哪条快
+            # en: fused decode needs the plain weight in every linear layer (all through the kernel); otherwise each
+            # en: shape measures whether the kernel or oneDNN is faster
+            pack = "onednn" if not use_kernel else "kernel" if config.cpu_fused_decode else "auto"
+            pack_linear_weights(self.model, pack)
 
         # KV 池、页表、token 池（开 CUDA 图时 KV 池多一页，给补齐批次的假请求写 K/V，不分给任何请求）
         # en: KV pool, page table, token pool (with CUDA graphs the KV pool has one extra page, where the dummy requests

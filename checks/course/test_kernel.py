@@ -1,5 +1,5 @@
 """CPU 小批量线性层内核（minisgl/kernel）：编得出来、与 F.linear 一致、与线程数无关、编不出来时退回 oneDNN；
-内核用到几行由第一次用到时的测量决定：量一次、存下来、可以用环境变量指定。"""
+内核用到几行、要不要换成 oneDNN 由第一次用到时的测量决定：量一次、存下来、可以用环境变量指定。"""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from checks.hf_reference import greedy_reference
 from minisgl import kernel, model_zoo
+from minisgl.core import SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.layers import Linear
+from minisgl.llm import LLM
 
 
 @pytest.fixture
@@ -40,7 +43,8 @@ def test_falls_back_without_a_compiler(fresh_build: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("CC", "false")  # 一个总是失败的“编译器”
     assert not kernel.available()
     assert "oneDNN" in capsys.readouterr().err
-    engine = Engine(EngineConfig(str(model_zoo.tiny_qwen3()), num_page_override=64, max_seq_len_override=32))
+    engine = Engine(EngineConfig(str(model_zoo.tiny_qwen3()), dtype=torch.float32, device="cpu", num_page_override=64,
+                                 max_seq_len_override=32))
     try:
         assert engine.linear_kind == "onednn", "without the kernel the engine must fall back to oneDNN"
     finally:
@@ -78,16 +82,23 @@ def test_result_does_not_depend_on_threads() -> None:
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
-def test_linear_pack_kinds() -> None:
-    """``pack("kernel")`` 保留原权重；内核不认的形状（输入维不是 8 的倍数）退回 oneDNN。"""
+@pytest.mark.parametrize("onednn", [False, True])
+def test_linear_pack_kinds(onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pack("kernel")`` 保留原权重；``pack("auto")`` 按量出来的选择走内核或 oneDNN；内核不认的形状（输入维不是
+    8 的倍数）一律退回 oneDNN。"""
+    monkeypatch.setattr(kernel, "choice", lambda w: kernel.Choice(1, 4, onednn=onednn))
     x = torch.randn(3, 16)
-    op = Linear(16, [4, 6], dtype=torch.float32, device="cpu")
-    op.weight.copy_(torch.randn(10, 16))
-    want = op.forward(x)
-    weight = op.weight
-    op.pack("kernel")
-    assert op.weight is weight and op._kernel and op._packed is None
-    torch.testing.assert_close(op.forward(x), want, atol=1e-5, rtol=1e-5)
+    for kind in ("kernel", "auto"):
+        op = Linear(16, [4, 6], dtype=torch.float32, device="cpu")
+        op.weight.copy_(torch.randn(10, 16))
+        want = op.forward(x)
+        weight = op.weight
+        op.pack(kind)
+        if kind == "auto" and onednn:
+            assert op.weight is None and not op._kernel and op._packed is not None
+        else:
+            assert op.weight is weight and op._kernel and op._packed is None
+        torch.testing.assert_close(op.forward(x), want, atol=1e-5, rtol=1e-5)
     odd = Linear(12, 5, dtype=torch.float32, device="cpu")
     odd.weight.copy_(torch.randn(5, 12))
     want = odd.forward(x[:, :12])
@@ -96,32 +107,73 @@ def test_linear_pack_kinds() -> None:
     torch.testing.assert_close(odd.forward(x[:, :12]), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_engine_follows_the_measured_choice(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """每种形状都量出 oneDNN 更快时：缺省的引擎把线性层都打包成 oneDNN，结果仍与 HF 逐 token 相同；开着融合解码时
+    一律留原样的权重（C 函数直接读它们）。"""
+    monkeypatch.setattr(kernel, "choice", lambda w: kernel.Choice(1, 8, onednn=True))
+    path, prompts = model_zoo.tiny_qwen3(), [[100 + 7 * i + j for j in range(3 + 4 * i)] for i in range(3)]
+    want = greedy_reference(path, prompts, 6)
+    llm = LLM(path, dtype=torch.float32, device="cpu", max_running_req=2, num_page_override=64, max_seq_len_override=32,
+              page_size=4, cpu_fused_decode=fused)
+    try:
+        linears = [op for _, op in llm.engine.model.named_ops() if isinstance(op, Linear)]
+        packed = [op._packed is not None for op in linears]
+        got = [r["token_ids"] for r in llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))]
+    finally:
+        llm.shutdown()
+    assert llm.engine.linear_kind == "kernel" and packed == [not fused] * len(linears), packed
+    assert got == want
+
+
 def test_calibration_rule() -> None:
-    """解码的批大小（< 8 行）输了也接着量；之后 F.linear 要连赢两遍（同一个行数重量一遍）才停；结果是停之前内核最后赢的行数。"""
+    """输了的行数重量一遍；解码的批大小（< 8 行）输了也接着量，之后 F.linear 确认赢了就停；内核用到停之前它最后赢的
+    行数，从那往下 F.linear 赢过的行数以下都给 F.linear。"""
 
     def fake(kernel_wins: set[int], second_try_wins: frozenset[int] = frozenset()):  # noqa: ANN202
         asked: list[int] = []
 
-        def measure(m: int) -> tuple[float, float]:
+        def measure(m: int) -> kernel.Timing:
             asked.append(m)
             win = m in kernel_wins or (m in second_try_wins and asked.count(m) == 2)
-            return (1.0, 2.0) if win else (2.0, 1.0)  # (内核的秒数, F.linear 的秒数)
+            return (1.0, 2.0, 3.0) if win else (2.0, 1.0, 3.0)  # (内核, F.linear, oneDNN) 的秒数
 
         return measure, asked
 
     w = torch.empty(0, 8)
     measure, asked = fake({4, 8, 16, 64})
-    assert kernel.calibrate(w, measure) == 16, "the first confirmed loss (M = 32) ends the measuring"
-    assert asked == [1, 2, 4, 8, 16, 32, 32]
-    measure, asked = fake({8, 16}, frozenset({32, 64}))
-    assert kernel.calibrate(w, measure) == 64, "a loss that the second try does not confirm is noise"
-    assert asked == [1, 2, 4, 8, 16, 32, 32, 64, 64, 128, 128]
+    assert kernel.calibrate(w, measure) == kernel.Choice(3, 16), "F.linear keeps M ≤ 2, where it won; M = 32 ends it"
+    assert asked == [1, 1, 2, 2, 4, 8, 16, 32, 32]
+    measure, asked = fake({8, 16}, frozenset({1, 2, 4, 32, 64}))
+    assert kernel.calibrate(w, measure) == kernel.Choice(1, 64), "a loss that the second try does not confirm is noise"
+    assert asked == [1, 1, 2, 2, 4, 4, 8, 16, 32, 32, 64, 64, 128, 128]
     measure, asked = fake(set())
-    assert kernel.calibrate(w, measure) == 0 and asked == [1, 2, 4, 8, 8], "losses below M = 8 must not stop the measuring"
-    measure, asked = fake({1, 2}, frozenset({8}))
-    assert kernel.calibrate(w, measure) == 8 and asked == [1, 2, 4, 8, 8, 16, 16]
+    assert kernel.calibrate(w, measure) == kernel.Choice(1, 0), "the kernel never won: F.linear everywhere"
+    assert asked == [1, 1, 2, 2, 4, 4, 8, 8], "losses below M = 8 must not stop the measuring"
+    measure, asked = fake({1, 4}, frozenset({8}))
+    assert kernel.calibrate(w, measure) == kernel.Choice(3, 8) and asked == [1, 2, 2, 4, 8, 8, 16, 16]
     measure, asked = fake(set(kernel.ROW_STEPS))
-    assert kernel.calibrate(w, measure) == kernel.ROW_STEPS[-1] and asked == list(kernel.ROW_STEPS)
+    assert kernel.calibrate(w, measure) == kernel.Choice(1, kernel.ROW_STEPS[-1]) and asked == list(kernel.ROW_STEPS)
+
+
+@pytest.mark.parametrize(("decode", "more", "onednn"), [
+    (0.8, 1.0, True),    # 解码的批大小上快两成，更多行上打平：换
+    (0.95, 0.5, False),  # 解码上只快 5%（不到一成）：不换，哪怕更多行上快一倍
+    (0.8, 1.2, False),   # 解码上快，更多行上慢两成：不换
+    (1.2, 1.0, False),
+])
+def test_onednn_rule(decode: float, more: float, onednn: bool) -> None:
+    """oneDNN 的打包布局要在解码的批大小（≤ 8 行）上平均快过一成、在量过的更多行上平均不慢过一成，才整个换成它；
+    比的是原样权重实际会走的那条（M = 1 和 32 起 F.linear，2–16 行内核）。"""
+
+    def measure(m: int) -> kernel.Timing:
+        kernel_s, torch_s = (1.0, 2.0) if 2 <= m <= 16 else (2.0, 1.0)
+        return kernel_s, torch_s, min(kernel_s, torch_s) * (decode if m <= 8 else more)
+
+    chosen = kernel.calibrate(torch.empty(0, 8), measure)
+    assert chosen == kernel.Choice(2, 16, onednn=onednn), chosen
+    assert kernel.calibrate(torch.empty(0, 8), lambda m: (*measure(m)[:2], None)) == kernel.Choice(2, 16), (
+        "where oneDNN cannot run this dtype, it is never chosen")
 
 
 def test_rows_measured_once_then_read_back(fresh_build: Path, monkeypatch: pytest.MonkeyPatch,
@@ -130,20 +182,20 @@ def test_rows_measured_once_then_read_back(fresh_build: Path, monkeypatch: pytes
     w, x = torch.randn(24, 16), torch.randn(5, 16)
     torch.testing.assert_close(kernel.cpu_linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-4)
     err = capsys.readouterr().err
-    assert "16→24" in err and kernel.isa() in err, err
     plan = kernel.plan_path()
-    assert plan.parent == fresh_build and json.loads(plan.read_text())["16x24"] == kernel.max_rows(w)
+    assert "16→24" in err and str(plan) in err, err
+    assert plan.parent == fresh_build and json.loads(plan.read_text())["16x24"] == vars(kernel.choice(w))
     monkeypatch.setattr(kernel, "_chosen", {})
-    monkeypatch.setattr(kernel, "calibrate", lambda *a: pytest.fail("a saved row count must be read back, not measured again"))
-    plan.write_text(json.dumps({"16x24": 3}))
-    assert kernel.max_rows(w) == 3 and capsys.readouterr().err == ""
+    monkeypatch.setattr(kernel, "calibrate", lambda *a: pytest.fail("a saved choice must be read back, not measured again"))
+    plan.write_text(json.dumps({"16x24": {"kernel_from": 2, "kernel_to": 3, "onednn": True}}))
+    assert kernel.choice(w) == kernel.Choice(2, 3, onednn=True) and capsys.readouterr().err == ""
     with pytest.raises(pytest.fail.Exception):  # 没量过的形状照样要量
         kernel.cpu_linear(torch.randn(2, 16), torch.randn(8, 16))
 
 
 @pytest.mark.parametrize("rows", [0, 4])
 def test_dispatch_follows_the_row_count(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """不超过那个行数走内核，更多行走 F.linear；``MINISGL_KERNEL_MAX_ROWS`` 给了就不量。"""
+    """不超过那个行数走内核，更多行走 F.linear；``MINISGL_KERNEL_MAX_ROWS`` 给了就不量，也不换 oneDNN。"""
     monkeypatch.setenv("MINISGL_KERNEL_MAX_ROWS", str(rows))
     monkeypatch.setattr(kernel, "calibrate", lambda *a: pytest.fail("a row count given by the setting is not measured"))
     used: list[str] = []
@@ -151,11 +203,17 @@ def test_dispatch_follows_the_row_count(rows: int, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(kernel, "kernel_linear", lambda *a: used.append("kernel") or real_kernel(*a))
     monkeypatch.setattr(kernel.F, "linear", lambda *a: used.append("torch") or real_linear(*a))
     w = torch.randn(8, 16)
+    assert kernel.choice(w) == kernel.Choice(1, rows)
     for m in (1, 4, 5, 9):
         kernel.cpu_linear(torch.randn(m, 16), w)
     assert used == ["kernel" if m <= rows else "torch" for m in (1, 4, 5, 9)]
     kernel.cpu_linear(torch.randn(2, 3, 16), w)  # 三维输入按总行数（6）算
     assert used[-1] == "torch"
+    used.clear()
+    monkeypatch.setattr(kernel, "choice", lambda w: kernel.Choice(3, 5))  # 量出来的：M ≤ 2 时 F.linear 更快
+    for m in (1, 2, 3, 5, 6):
+        kernel.cpu_linear(torch.randn(m, 16), w)
+    assert used == ["torch", "torch", "kernel", "kernel", "torch"]
 
 
 @pytest.mark.parametrize("value", ["-1", "many", "2.5"])

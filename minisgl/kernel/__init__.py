@@ -1,12 +1,13 @@
 """CPU 上的 C 内核：小批量的线性层（``cpu_linear.c``，引擎选项 ``EngineConfig.cpu_kernel``）和一整步解码的
 全部解码层（``cpu_decode.c``，引擎选项 ``EngineConfig.cpu_fused_decode``，见 ``minisgl/fused.py``）。都不是某一章的内容。
 
-小批次解码每步要把全部权重从内存读一遍，线性层几乎只是在搬数据。PyTorch 在 CPU 上现成的两条路在这里都吃亏
-（数字见 ``bench/README.md``）：MKL 的 ``F.linear`` 在 M = 8 时比内核慢一倍（Zen 1 上 M = 1 时还只用一个线程）；
-oneDNN 要另打包一份权重，在 Zen 1 上只用到读带宽的六七成。这个几十行的 C 内核把几行权重读进来一次、同时乘
-好几行输入，M = 1 时接近读带宽。它不给输入分块，所以输入行数多了（长提示词的预填充）MKL 的分块矩阵乘更快。在哪儿换因机器而异（AVX2 的
-Zen 1 上约 256 行，AVX-512 的至强上 16–32 行），所以每种权重形状第一次用到时现量一次（:func:`max_rows`），
-结果按 CPU 和线程数缓存，打印一行 ``线性层 …``；环境变量 ``MINISGL_KERNEL_MAX_ROWS=N`` 跳过测量、一律用 N。
+小批次解码每步要把全部权重从内存读一遍，线性层几乎只是在搬数据。PyTorch 在 CPU 上现成的两条路在这里各有长短
+（数字见 ``bench/README.md``）：MKL 的 ``F.linear`` 在 M = 8 时可能比内核慢一倍（Zen 1 上 M = 1 时还只用一个线程）；
+oneDNN 要另打包一份权重，在 Zen 1 上只用到读带宽的六七成，在别的 CPU 上却可能更快。这个几十行的 C 内核把几行权重
+读进来一次、同时乘好几行输入，M = 1 时接近读带宽。它不给输入分块，所以输入行数多了（长提示词的预填充）MKL 的分块
+矩阵乘更快。哪条路在哪儿赢因机器而异，所以每种权重形状第一次用到时现量一次（:func:`choice`）：原样的权重用内核
+到几行为止、再往上交给 ``F.linear``，还是整个换成 oneDNN 的打包布局。结果按 CPU、PyTorch 和线程数缓存，打印一行
+``线性层 …``；环境变量 ``MINISGL_KERNEL_MAX_ROWS=N`` 跳过测量、一律用内核到 N 行（不用 oneDNN）。
 
 第一次用到时用系统的 C 编译器（``cc``，可以用环境变量 ``CC`` 换）按这颗 CPU 最宽的向量指令集现编一次
 （``-march=native``：AVX-512、AVX2 或 NEON），结果按源码、编译选项和机器缓存在 ``~/.cache/minisgl/kernels``
@@ -20,6 +21,7 @@ import ctypes
 import hashlib
 import itertools
 import json
+import math
 import os
 import platform
 import shutil
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
@@ -36,12 +39,13 @@ import torch.nn.functional as F
 
 from minisgl.i18n import tr
 
-__all__ = ["SOURCES", "available", "calibrate", "cpu_linear", "kernel_linear", "library", "max_rows", "supports"]
+__all__ = ["SOURCES", "Choice", "available", "calibrate", "choice", "cpu_linear", "kernel_linear", "library", "onednn_linear",
+           "onednn_pack", "onednn_supports", "supports"]
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_decode.c")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
 ROW_STEPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # 测量时试的行数
-MARGIN = 1.1  # F.linear 要快过一成才算赢：只差一点时留给内核（它的结果与线程数无关）
+MARGIN = 1.1  # 别的路要快过一成才算赢：只差一点时留给内核（它的结果与线程数无关）
 COLD_BYTES = 512 << 20  # 测量时轮流用这么多字节的权重副本：比常见的最后一级缓存大，每次调用都从内存读权重
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -117,6 +121,23 @@ def supports(weight: torch.Tensor) -> bool:
     )
 
 
+def onednn_supports(dtype: torch.dtype) -> bool:
+    """oneDNN 的打包布局在这颗 CPU 上能算这种类型吗：fp32 总可以，bf16 要 CPU 支持。"""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    """把权重重排成 oneDNN 的布局（不透明张量，不能切片）。批大小提示传 ``None``：传 1 会得到批大于 1 时很慢的布局。"""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``，权重是 :func:`onednn_pack` 打包过的。"""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 def isa() -> str:
     """内核编成了哪种向量指令（``-march=native`` 按这颗 CPU 选最宽的）。"""
     flags = _cpu_id().split()
@@ -143,56 +164,78 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``：不超过 :func:`max_rows` 行时用 C 内核，更多行交给 ``F.linear``（MKL）。"""
-    rows = x.numel() // weight.shape[1]
-    if rows > max_rows(weight):
-        return F.linear(x, weight, bias)
-    return kernel_linear(x, weight, bias)
+    """``F.linear(x, weight, bias)``：行数在 :func:`choice` 给的范围里时用 C 内核，否则交给 ``F.linear``（MKL）。"""
+    rows, chosen = x.numel() // weight.shape[1], choice(weight)
+    if chosen.kernel_from <= rows <= chosen.kernel_to:
+        return kernel_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
-_chosen: dict[tuple[int, int, torch.dtype, int], int] = {}  # (K, N, 类型, 线程数) → 这个进程里已定的行数
+@dataclass(frozen=True)
+class Choice:
+    """一种权重形状在这颗 CPU 上怎么算。"""
+
+    kernel_from: int  # 原样的权重：从这么多行到 kernel_to 行（含）用 C 内核，其余交给 F.linear
+    kernel_to: int  # 0：一律 F.linear
+    onednn: bool = False  # 不用上面那条：权重打包成 oneDNN 的布局，什么行数都交给 oneDNN
+
+    def describe(self) -> str:
+        """一句话：什么行数走哪条路。"""
+        if self.onednn:
+            return tr("oneDNN's packed layout for every row count")
+        if self.kernel_to < self.kernel_from:
+            return tr("F.linear (MKL) for every row count")
+        return tr("the C kernel ({isa}) for {rows} rows, F.linear (MKL) for the others", isa=isa(), rows=self.rows())
+
+    def rows(self) -> str:
+        """内核管的行数，例如 ``3–16``（只有一个时就是那一个）。"""
+        return str(self.kernel_to) if self.kernel_from == self.kernel_to else f"{self.kernel_from}–{self.kernel_to}"
 
 
-def max_rows(weight: torch.Tensor) -> int:
-    """这种形状的权重，内核用到几行为止（含）。
+_chosen: dict[tuple[int, int, torch.dtype, int], Choice] = {}  # (K, N, 类型, 线程数) → 这个进程里已定的选择
+
+
+def choice(weight: torch.Tensor) -> Choice:
+    """这种形状的权重在这颗 CPU 上怎么算。
 
     第一次遇到一种形状（这颗 CPU、这个线程数、这个 PyTorch）时现量一次（:func:`calibrate`，大权重要几秒），
-    结果存进编好的库旁边的 JSON，打印一行；之后直接查表。``MINISGL_KERNEL_MAX_ROWS=N`` 时一律是 N，不量。
+    结果存进编好的库旁边的 JSON，打印一行；之后直接查表。``MINISGL_KERNEL_MAX_ROWS=N`` 时一律是内核用到 N 行，不量。
     """
     if (forced := os.environ.get("MINISGL_KERNEL_MAX_ROWS")) is not None:
         if not forced.strip().isdigit():
             raise ValueError(tr("MINISGL_KERNEL_MAX_ROWS={value!r} is not a row count: set a whole number ≥ 0 "
                                 "(0: always F.linear), or unset it to measure on this CPU", value=forced))
-        return int(forced)
+        return Choice(1, int(forced))
     n, k = weight.shape
     key = (k, n, weight.dtype, torch.get_num_threads())
     if key not in _chosen:
         path, dtype = plan_path(), str(weight.dtype).removeprefix("torch.")
         name = f"{k}x{n}" + ("" if weight.dtype == torch.float32 else f"-{dtype}")
-        if (rows := _read_plan(path).get(name)) is None:
-            rows = calibrate(weight)
-            _write_plan(path, {**_read_plan(path), name: rows})  # 几个进程同时量也不丢别人量的形状
-            print(tr("Linear layer {k}→{n} ({dtype}): the C kernel ({isa}) up to {rows} rows, F.linear (MKL) beyond "
-                     "(measured once on this CPU with {threads} threads, saved in {path})",
-                     k=k, n=n, dtype=dtype, isa=isa(), rows=rows, threads=key[3], path=path), file=sys.stderr)
-        _chosen[key] = rows
+        try:
+            chosen = Choice(**_read_plan(path)[name])
+        except (KeyError, TypeError):  # 没量过（或者文件里是别的写法）：现量
+            chosen = calibrate(weight)
+            _write_plan(path, {**_read_plan(path), name: vars(chosen)})  # 几个进程同时量也不丢别人量的形状
+            print(tr("Linear layer {k}→{n} ({dtype}): {how} (measured once on this CPU with {threads} threads, saved in "
+                     "{path})", k=k, n=n, dtype=dtype, how=chosen.describe(), threads=key[3], path=path), file=sys.stderr)
+        _chosen[key] = chosen
     return _chosen[key]
 
 
 def plan_path() -> Path:
     """量出来的表存在哪儿：编好的库旁边，按库（源码 + CPU）、PyTorch 版本和线程数各存一份。"""
     lib = Path(library()._name)  # noqa: SLF001
-    return lib.with_name(f"{lib.stem}.rows-torch{torch.__version__}-t{torch.get_num_threads()}.json")
+    return lib.with_name(f"{lib.stem}.linear-torch{torch.__version__}-t{torch.get_num_threads()}.json")
 
 
-def _read_plan(path: Path) -> dict[str, int]:
+def _read_plan(path: Path) -> dict[str, dict]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 
 
-def _write_plan(path: Path, plan: dict[str, int]) -> None:
+def _write_plan(path: Path, plan: dict[str, dict]) -> None:
     """先写临时文件再改名：别的进程不会读到半个文件。"""
     fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -219,33 +262,64 @@ def _race(fns: list[Callable[[], object]], rounds: int = 7, batch_s: float = 1e-
     return best
 
 
-def calibrate(weight: torch.Tensor, measure: Callable[[int], tuple[float, float]] | None = None) -> int:
-    """内核用到几行：依次试 :data:`ROW_STEPS`，``measure(m)`` 给出 m 行时 (内核的秒数, ``F.linear`` 的秒数)，
-    缺省用这块权重的几份副本现量。F.linear 要快过 :data:`MARGIN` 才算赢。
+Timing = tuple[float, float, float | None]  # 一个行数上 (内核, F.linear, oneDNN 打包) 各要几秒；oneDNN 算不了时是 None
 
-    结果是第一次确认 F.linear 赢之前、内核最后赢的行数（0：一次都没赢）。M ≥ 8 时输一次要重量一遍，两遍都输才算数：
-    一次偶然的慢就把解码的批大小让给 F.linear，代价是每一步都慢。M < 8 的输不停：M = 1、2 时两边都卡在读带宽，
-    输赢常常只是噪声。
+
+def calibrate(weight: torch.Tensor, measure: Callable[[int], Timing] | None = None) -> Choice:
+    """这种形状怎么算：依次试 :data:`ROW_STEPS`，``measure(m)`` 给出 m 行时三条路的秒数，缺省用这块权重的几份
+    副本现量。别的路要快过 :data:`MARGIN` 才算赢内核，输了的行数重量一遍、两遍都输才算数（偶然的一次慢不该让
+    每一步都慢）。
+
+    先定原样权重的那条路。内核用到第一次确认 F.linear 赢之前、内核最后赢的行数；M < 8 的输不停（M = 1、2 时两边都卡在
+    读带宽上，谁赢因机器而异）。从那往下，F.linear 赢过的最大行数以下（含）都给它。
+
+    再和 oneDNN 的打包布局比：解码的批大小（不超过 8 行）上平均（几何平均）要快过 :data:`MARGIN`、量过的更多行上
+    平均又不慢过 :data:`MARGIN`，才整个换成它（打包的副本取代原权重，两种布局只能留一种）。更多的行（长提示词的
+    预填充）两边都是分块矩阵乘，不再量。
     """
     if measure is None:
-        # 解码时权重从内存来，不在缓存里：轮流用几份副本（合计约 COLD_BYTES，最多 256 份）量，才量得到这一点
-        copies = max(1, min(256, COLD_BYTES // (weight.numel() * weight.element_size())))
-        ws = list(weight.unsqueeze(0).expand(copies, -1, -1).contiguous().unbind(0))
-
-        def measure(m: int) -> tuple[float, float]:
-            x = torch.randn(m, weight.shape[1], dtype=weight.dtype)
-            for_kernel, for_torch = itertools.cycle(ws), itertools.cycle(ws)
-            kernel_s, torch_s = _race([lambda: kernel_linear(x, next(for_kernel)), lambda: F.linear(x, next(for_torch))])
-            return kernel_s, torch_s  # 两个都是秒
+        measure = _measure_cold(weight)
+    timings: dict[int, Timing] = {}
 
     def kernel_wins(m: int) -> bool:
-        kernel_s, torch_s = measure(m)
+        kernel_s, torch_s, _ = timings[m]
         return kernel_s <= torch_s * MARGIN
 
-    rows = 0
+    high = 0
     for m in ROW_STEPS:
-        if kernel_wins(m) or (m >= 8 and kernel_wins(m)):
-            rows = m
+        timings[m] = measure(m)
+        if not kernel_wins(m):
+            timings[m] = measure(m)
+        if kernel_wins(m):
+            high = m
         elif m >= 8:
             break
-    return rows
+    low = 1 + max((m for m in timings if m < high and not kernel_wins(m)), default=0)
+    chosen = Choice(low, high)
+    if any(onednn is None for *_, onednn in timings.values()):
+        return chosen
+
+    def mean_ratio(ms: list[int]) -> float:  # oneDNN ÷ 原样权重实际走的那条，几何平均
+        plain = {m: timings[m][0] if low <= m <= high else timings[m][1] for m in ms}
+        return math.exp(sum(math.log(timings[m][2] / plain[m]) for m in ms) / len(ms)) if ms else 1.0
+
+    decode, more = [m for m in timings if m <= 8], [m for m in timings if m > 8]
+    return Choice(low, high, onednn=mean_ratio(decode) * MARGIN <= 1 and mean_ratio(more) <= MARGIN)
+
+
+def _measure_cold(weight: torch.Tensor) -> Callable[[int], Timing]:
+    """解码时权重从内存来，不在缓存里：轮流用几份副本（合计约 COLD_BYTES，最多 256 份）量，才量得到这一点。"""
+    copies = max(1, min(256, COLD_BYTES // (weight.numel() * weight.element_size())))
+    plain = list(weight.unsqueeze(0).expand(copies, -1, -1).contiguous().unbind(0))
+    packed = [onednn_pack(w) for w in plain] if onednn_supports(weight.dtype) else []
+
+    def measure(m: int) -> Timing:
+        x = torch.randn(m, weight.shape[1], dtype=weight.dtype)
+        ws, ts, ps = itertools.cycle(plain), itertools.cycle(plain), itertools.cycle(packed)
+        fns = [lambda: kernel_linear(x, next(ws)), lambda: F.linear(x, next(ts))]
+        if packed:
+            fns.append(lambda: onednn_linear(x, next(ps)))
+        seconds = _race(fns)
+        return seconds[0], seconds[1], seconds[2] if packed else None
+
+    return measure

@@ -5,8 +5,8 @@
 几个张量按行拼进同一块权重，一次矩阵乘法算完。没有 autograd、没有 hook，推理只要这些。
 
 线性层有一条参考路径和两条 CPU 快速路径：``F.linear`` 是易读的参考实现；在 CPU 上，加载完权重后可以把
-权重一次性重排成 oneDNN 喜欢的布局，或者交给本项目自己的小批量内核（:func:`pack_linear_weights`），之后每步解码
-快好几倍。
+权重一次性重排成 oneDNN 喜欢的布局，或者交给本项目自己的小批量内核，或者每种形状量一下哪条快
+（:func:`pack_linear_weights`），之后每步解码快好几倍。
 
 en: Chapter 1.2 layers: operator layers without ``nn.Module``.
 
@@ -17,7 +17,8 @@ autograd, no hooks: inference needs only this.
 
 A linear layer has one reference path and two fast CPU paths: ``F.linear`` is the readable reference; on the CPU, once
 the weights are loaded, they can be reordered once into the layout oneDNN prefers, or handed to this project's own
-small-batch kernel (:func:`pack_linear_weights`), after which each decode step is several times faster.
+small-batch kernel, or each shape can measure which of the two is faster (:func:`pack_linear_weights`), after which each
+decode step is several times faster.
 """
 
 from __future__ import annotations
@@ -136,11 +137,7 @@ def fast_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
 
     en: Whether the oneDNN fast path is available on the CPU: always for fp32; bf16 needs CPU support.
     """
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return dtype == torch.float32
+    return device.type == "cpu" and kernel.onednn_supports(dtype)
 
 
 class Linear(BaseOP):
@@ -206,39 +203,42 @@ class Linear(BaseOP):
     def pack(self, kind: str = "onednn") -> None:
         """为 CPU 换一条更快的路径（只做一次）。
 
-        ``onednn``：把权重重排成 oneDNN 的布局，重排后的副本取代原权重以省内存（批大小提示传 ``None``：
-        传 1 会得到一个批大于 1 时很慢的布局）。``kernel``：权重原样不动，前向交给 ``minisgl.kernel``
-        的小批量内核（它不认的权重形状照旧用 oneDNN）。
+        ``onednn``：把权重重排成 oneDNN 的布局，重排后的副本取代原权重以省内存。``kernel``：权重原样不动，前向交给
+        ``minisgl.kernel`` 的小批量内核（行数多了它自己转给 ``F.linear``）。``auto``：这种形状在这颗 CPU 上量过
+        哪条快（``minisgl.kernel.choice``，第一次遇到时量）就走哪条。内核不认的权重形状一律用 oneDNN。
 
         en: Switch to a faster path for the CPU (once only).
 
         ``onednn``: reorder the weight into oneDNN's layout; the reordered copy replaces the original weight to save
-        memory (the batch-size hint is ``None``: passing 1 gives a layout that is slow for batches above 1). ``kernel``:
-        the weight stays as it is and the forward goes to ``minisgl.kernel``'s small-batch kernel (weight shapes it does
-        not handle still use oneDNN).
+        memory. ``kernel``: the weight stays as it is and the forward goes to ``minisgl.kernel``'s small-batch kernel
+        (which hands larger row counts to ``F.linear`` itself). ``auto``: whichever of the two this CPU measured faster
+        for this shape (``minisgl.kernel.choice``, measured the first time the shape is seen). Weight shapes the kernel
+        does not handle always use oneDNN.
         """
         if self.weight is None:
             return
-        if kind == "kernel" and kernel.supports(self.weight):
-            self._kernel = True
-        else:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+        if kind in ("kernel", "auto") and kernel.supports(self.weight):
+            self._kernel = kind == "kernel" or not kernel.choice(self.weight).onednn
+        if not self._kernel:
+            # 重排用的是 torch.ops.mkldnn._reorder_linear_weight（见 minisgl.kernel.onednn_pack）
+            # en: the reorder is torch.ops.mkldnn._reorder_linear_weight (see minisgl.kernel.onednn_pack)
+            self._packed = kernel.onednn_pack(self.weight)
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+            return kernel.onednn_linear(x, self._packed, self.bias)
         if self._kernel:
             return kernel.cpu_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
 def pack_linear_weights(root: BaseOP, kind: str = "onednn") -> int:
-    """把 ``root`` 下所有线性层（含 LM head）换成 CPU 快速路径（``onednn`` 或 ``kernel``，见 :meth:`Linear.pack`），
-    返回换了几个。加载完权重后调用一次。
+    """把 ``root`` 下所有线性层（含 LM head）换成 CPU 快速路径（``onednn``、``kernel`` 或 ``auto``，见
+    :meth:`Linear.pack`），返回换了几个。加载完权重后调用一次。
 
-    en: Switch every linear layer under ``root`` (the LM head included) to a fast CPU path (``onednn`` or ``kernel``,
-    see :meth:`Linear.pack`) and return how many were switched. Call once, after the weights are loaded.
+    en: Switch every linear layer under ``root`` (the LM head included) to a fast CPU path (``onednn``, ``kernel`` or
+    ``auto``, see :meth:`Linear.pack`) and return how many were switched. Call once, after the weights are loaded.
     """
     ops = [op for _, op in root.named_ops() if isinstance(op, Linear)]
     for op in ops:
