@@ -322,8 +322,15 @@ def test_push_pull_and_asyncio_variants(ipc_dir: str) -> None:
 def _sub_before_pub(ipc_dir: str, name: str, ctx: zmq.Context) -> ZmqSubQueue:
     """订阅端先连（发布端还没绑定：ZMQ 在后台每隔 RECONNECT_IVL 重试），让“订阅还没到”这件事确定无疑。
 
+    ``connect()`` 立刻返回，真正的第一次连接由 ZMQ 的 I/O 线程稍后去做：机器忙时发布端可能抢先绑定好，第一次就连上。
+    所以等到第一次尝试有了结果（连上，或者失败、排好了 RECONNECT_IVL 之后重试）才返回。
+
     en: The subscriber connects first (the publisher is not bound yet: ZMQ retries in the background every
     RECONNECT_IVL), which makes "the subscription has not arrived yet" certain.
+
+    ``connect()`` returns at once and ZMQ's I/O thread makes the first attempt a little later: on a busy machine the
+    publisher could bind first and that attempt would succeed. So this returns only once the first attempt has an
+    outcome (connected, or failed with a retry scheduled RECONNECT_IVL later).
     """
     sub = ZmqSubQueue.__new__(ZmqSubQueue)
     sub.ctx = ctx
@@ -331,7 +338,13 @@ def _sub_before_pub(ipc_dir: str, name: str, ctx: zmq.Context) -> ZmqSubQueue:
     sub.socket.setsockopt(zmq.RECONNECT_IVL, 300)
     sub.socket.setsockopt(zmq.SUBSCRIBE, b"")
     sub.addr = ipc_addr(ipc_dir, name)
-    sub.socket.connect(sub.addr)
+    monitor = sub.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
+    try:
+        sub.socket.connect(sub.addr)
+        assert monitor.poll(5000), tr("The subscriber's first connection attempt had no outcome within 5 s")
+    finally:
+        sub.socket.disable_monitor()
+        monitor.close(linger=0)
     return sub
 
 
