@@ -306,8 +306,7 @@ def print_linear_plan(llm: LLM) -> None:
         if getattr(op, "_packed", None) is not None:
             plan[tuple(op._packed.shape)] = "oneDNN"
         elif getattr(op, "_kernel", False):
-            c = kernel.choice(op.weight)
-            plan[tuple(op.weight.shape)] = c.rows() if c.kernel_to >= c.kernel_from else "F.linear"
+            plan[tuple(op.weight.shape)] = kernel.choice(op.weight).rows() or "F.linear"
     table = tr(", ").join(f"{k}→{n} {how}" for (n, k), how in sorted(plan.items(), key=lambda kv: kv[0][::-1]))
     print(tr("Linear layers on this CPU (the rows that go through the C kernel ({isa}), F.linear for the others; or "
              "oneDNN's packed layout for every row count): {table}", isa=kernel.isa(), table=table))

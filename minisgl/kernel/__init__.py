@@ -183,12 +183,14 @@ class Choice:
         """一句话：什么行数走哪条路。"""
         if self.onednn:
             return tr("oneDNN's packed layout for every row count")
-        if self.kernel_to < self.kernel_from:
+        if not (rows := self.rows()):
             return tr("F.linear (MKL) for every row count")
-        return tr("the C kernel ({isa}) for {rows} rows, F.linear (MKL) for the others", isa=isa(), rows=self.rows())
+        return tr("the C kernel ({isa}) for {rows} rows, F.linear (MKL) for the others", isa=isa(), rows=rows)
 
     def rows(self) -> str:
-        """内核管的行数，例如 ``3–16``（只有一个时就是那一个）。"""
+        """内核管的行数，例如 ``3–16``（只有一个时就是那一个，一个也没有时是空串）。"""
+        if self.kernel_to < self.kernel_from:
+            return ""
         return str(self.kernel_to) if self.kernel_from == self.kernel_to else f"{self.kernel_from}–{self.kernel_to}"
 
 
