@@ -1,4 +1,4 @@
-"""第 2.5 章 overlap 的检查：第 N 步的结果在第 N+1 步发出之后才处理；CPU 上前向在后台线程；结束标志不提前；
+"""第 2.5 章 overlap 的检查：第 N 步的结果在第 N+1 步发出之后才处理；CPU 上前向在后台线程、进程里只有一个 OpenMP 线程池；结束标志不提前；
 EOS 之后多算的 token 丢掉；槽位在用到它的批次算完之前不复用；预填充在途时取消；前缀插入晚一个迭代；
 开关（也能用环境变量）；以及完整的组合——缓存种类 × 块大小 × 重叠开 / 关 × page_size——都与 HF 逐 token 一致。"""
 
@@ -211,6 +211,49 @@ def test_switch_from_environment_variable(tiny_path: str) -> None:
     env = {**os.environ, "MINISGL_DISABLE_OVERLAP_SCHEDULING": "1", "MINISGL_IMPL": impl}
     res = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "OK" in res.stdout, tr("MINISGL_DISABLE_OVERLAP_SCHEDULING=1 must turn overlap scheduling off:\n{value}", value=res.stderr[-3000:])
+
+
+def test_one_openmp_pool_on_cpu(tiny_path: str) -> None:
+    """CPU 上前向在后台线程时，主线程不能再留一个 OpenMP 线程池：两个池挤在两个核上，前向慢到一半左右。
+    数进程的线程：主线程算过东西就有一个池（n 个计算线程多出 n - 1 个）；开着重叠调度时，多出来的只能是后台线程
+    和它的池，一批请求算完后后台线程的池也要退场，把核还给主线程上的代码。"""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip(tr("Counting a process's threads needs /proc (Linux)"))
+    two_pools = tr("While the forward runs in the background thread the process has {during} threads, {baseline} before "
+                   "the run (the main thread and its OpenMP pool): the main thread's OpenMP pool must be let go before the "
+                   "launch, or two pools share the cores")
+    left_behind = tr("After generate() the process still has {after} threads (at most {limit} expected): the background "
+                     "thread's OpenMP pool must be let go once the requests are done")
+    script = textwrap.dedent(
+        f"""
+        import os, torch
+        from minisgl.env import ENV
+        from minisgl.llm import LLM
+        from minisgl.core import SamplingParams
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+        llm = LLM({tiny_path!r}, dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=128)
+        sp = SamplingParams(max_tokens=6, ignore_eos=True)
+        llm.generate(["warm up the main thread"], sp)
+        n = torch.get_num_threads()
+        baseline = threads()  # the main thread + its pool
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = False
+        seen = []
+        llm.add_step_listener(lambda trace: seen.append(threads()))
+        llm.generate(["hello there", "a b c"], sp)
+        during, after = max(seen), threads()
+        assert n >= 2, n
+        assert during <= baseline + 1, {two_pools!r}.format(during=during, baseline=baseline)
+        assert after <= baseline + 1 - (n - 1), {left_behind!r}.format(after=after, limit=baseline + 1 - (n - 1))
+        llm.shutdown()
+        print("OK")
+        """
+    )
+    impl = ",".join(f"{chapter}={choice.impl}" for chapter, choice in select.active.items())
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MINISGL_IMPL": impl}
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
 
 
 _CACHE: dict[tuple, object] = {}
