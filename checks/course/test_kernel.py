@@ -4,17 +4,21 @@
 from __future__ import annotations
 
 import json
+import platform
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 from checks.hf_reference import greedy_reference
 from minisgl import kernel, model_zoo
 from minisgl.core import SamplingParams
 from minisgl.engine import Engine, EngineConfig
+from minisgl.i18n import tr
 from minisgl.layers import Linear
 from minisgl.llm import LLM
 
@@ -235,3 +239,116 @@ def test_bf16_weights(n: int, k: int) -> None:
         want = F.linear(x.float(), w.float(), b.float())
         assert got.dtype == torch.bfloat16 and got.shape == (m, n)
         torch.testing.assert_close(got.float(), want, atol=want.abs().max().item() * 2**-8, rtol=0)
+
+
+
+def _rounding_probe() -> tuple[torch.Tensor, torch.Tensor]:
+    """x = (1 + 2⁻⁹, −1, 0, …)，w = (1, 1, 0, …)：x 按 fp32 乘时 y = 2⁻⁹（bf16 也表示得出）；x 先舍入成 bf16 时
+    1 + 2⁻⁹ 变成 1（bf16 在 1 附近的间距是 2⁻⁷），y = 0。据此看出内核走的是哪条路。"""
+    x, w = torch.zeros(1, 8), torch.zeros(1, 8, dtype=torch.bfloat16)
+    x[0, :2] = torch.tensor([1 + 2**-9, -1.0])
+    w[0, :2] = 1
+    return x, w
+
+
+@pytest.mark.parametrize(("n", "k"), [(7, 8), (13, 24), (9, 40), (66, 72), (1030, 128), (21, 584)])
+def test_bf16_dot_product_path(n: int, k: int) -> None:
+    """AVX512_BF16 的点积（vdpbf16ps）：输入舍入成 bf16、bf16 对相乘、fp32 累加，结果舍入成 bf16。
+
+    对照 F.linear 在 fp32 里算舍入成 bf16 的输入：bf16 对的乘积在 fp32 里是精确的，只差求和顺序（fp32，误差远小于
+    bf16 的间距）和最后一次舍入到 bf16（不超过结果的 2⁻⁹），所以容差是这一行最大绝对值的 2⁻⁸（留一倍余量）。
+    K 取 32 的倍数和不是的（最后一段用掩码读）；行数取 0–13 和 40，走遍每种余下的行数（AVX-512 每趟 6 行）。
+    """
+    if not kernel.bf16_dot():
+        pytest.skip(tr("this CPU lacks the avx512_bf16 flag (no vdpbf16ps): bf16 weights take the 16-bit-shift path, "
+                       "checked by test_bf16_weights"))
+    gen = torch.Generator().manual_seed(n * k + 1)
+    w, b = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(n, generator=gen)
+    assert kernel.supports(w) and not kernel.supports(torch.zeros(n, k + 4, dtype=torch.bfloat16)), tr(
+        "the kernel takes K a multiple of 8 and refuses the others (they go to oneDNN)")
+    for m in (*range(14), 40):
+        x = torch.randn(m, k, generator=gen)
+        for bias in (None, b):
+            got = kernel.kernel_linear(x, w, bias)
+            assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+            want = F.linear(x.bfloat16().float(), w.float(), bias)
+            tol = want.abs().amax(dim=1, keepdim=True) * 2**-8
+            bad = (got.float() - want).abs() > tol
+            assert not bad.any(), tr("bf16 dot product, M={m}, N={n}, K={k}: {count} outputs off by more than 2^-8 of "
+                                     "their row's largest value", m=m, n=n, k=k, count=int(bad.sum()))
+    x3 = torch.randn(2, 3, k, generator=gen).bfloat16()
+    assert torch.equal(kernel.kernel_linear(x3, w, b), kernel.kernel_linear(x3.view(6, k), w, b).view(2, 3, n))
+    x, w = _rounding_probe()
+    assert kernel.kernel_linear(x, w).item() == 0, tr("the dot-product path rounds the activations to bf16")
+
+
+@pytest.mark.parametrize("flag", ["-mno-avx512bf16", "-mno-avx512f"])
+def test_builds_without_avx512_bf16(flag: str, fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """编译器不给 AVX512_BF16（或整个 AVX-512）时照样编得出来：bf16 权重走左移 16 位的那条，输入留在 fp32。
+    用一个在命令行末尾加上 ``flag`` 的编译器包装脚本模拟没有这些指令的 CPU。"""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(tr("{flag} is an x86-64 compiler flag; this machine is {machine}", flag=flag, machine=platform.machine()))
+    wrapper = fresh_build / "cc-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nexec "{shutil.which("cc")}" "$@" {flag}\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", str(wrapper))
+    assert kernel.available(), tr("the kernel must build with {flag}", flag=flag)
+    assert not kernel.bf16_dot(), tr("built with {flag}, the library must not claim the AVX512_BF16 dot product", flag=flag)
+    gen = torch.Generator().manual_seed(7)
+    w, b = torch.randn(13, 40, generator=gen).bfloat16(), torch.randn(13, generator=gen).bfloat16()
+    for m in (1, 5, 7, 13):
+        x = torch.randn(m, 40, generator=gen)
+        want = F.linear(x, w.float(), b.float())  # 这条路的输入不舍入
+        torch.testing.assert_close(kernel.kernel_linear(x, w, b).float(), want, atol=want.abs().max().item() * 2**-8, rtol=0)
+        wf = torch.randn(13, 40, generator=gen)
+        torch.testing.assert_close(kernel.kernel_linear(x, wf), F.linear(x, wf), atol=1e-4, rtol=1e-4)
+    x, w = _rounding_probe()
+    assert kernel.kernel_linear(x, w).item() == 2**-9, tr("the shift path keeps the activations in fp32")
+
+
+#: 提示词（SmolLM2 的 token id："The capital of France is"、"1, 2, 3, 4, 5, 6,"、"A B C D E F"）和每个生成几个 token。
+BF16_PROMPTS = [[504, 3575, 282, 4649, 314], [33, 28, 216, 34, 28, 216, 35, 28, 216, 36, 28, 216, 37, 28, 216, 38, 28],
+                [49, 389, 340, 422, 414, 426]]
+BF16_NEW_TOKENS = 8
+#: HF 的 logits 里最大的两个相差不到这么多时，两个 bf16 实现选哪个都对：从那个位置起不再比。量过：这几个提示词上
+#: HF 的 bf16 与 fp32 的这个差距最多相差 0.45（多数不到 0.2），bf16 实现之间的出入不会比这更大。
+BF16_MARGIN = 0.75
+
+
+def test_bf16_engine_matches_hf_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """引擎用 bf16（线性层全走内核：有 AVX512_BF16 时就是点积那条）与 Hugging Face 用 bf16 跑同一个模型，贪心输出
+    逐 token 相同——比到 HF 第一次“犹豫”的位置为止。
+
+    两个 bf16 实现的求和顺序不同，logits 会差零点几（SmolLM2 的 logits 最大在 15–35 之间，bf16 在那里的间距是
+    1/16–1/8，再经过 30 层的累积）。所以容差规则是：HF 每一步最大的两个 logits 相差不到 BF16_MARGIN（0.75）时，
+    这一步选哪个都算对，从这一步起不再比（之后的上下文已可能不同）；在那之前必须逐 token 相同，并且至少比了
+    一半的 token（否则这条检查什么也没证明）。HF 那边对“提示词 + 我们的输出”做一次前向（比逐步生成快）：到第一个
+    不同的 token 为止，上下文与 HF 自己贪心生成时相同。
+    """
+    monkeypatch.setenv("MINISGL_KERNEL_MAX_ROWS", "64")  # 预填充和解码都走内核；不量，也不换 oneDNN
+    path = model_zoo.smollm2()
+    llm = LLM(str(path), dtype=torch.bfloat16, device="cpu", max_running_req=4, num_page_override=256,
+              max_seq_len_override=64)
+    try:
+        assert llm.engine.linear_kind == "kernel"
+        params = SamplingParams(max_tokens=BF16_NEW_TOKENS, ignore_eos=True)
+        ours = [r["token_ids"] for r in llm.generate(BF16_PROMPTS, params)]
+    finally:
+        llm.shutdown()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).eval()
+    compared = 0
+    for row, (prompt, got) in enumerate(zip(BF16_PROMPTS, ours)):
+        with torch.inference_mode():  # 一次前向：第 i 行 logits 决定第 i 个生成的 token（前面都相同时就是 HF 的贪心那一步）
+            logits = hf(torch.tensor([prompt + got])).logits[0, len(prompt) - 1 : -1].float()
+        for i, scores in enumerate(logits):
+            top, best = scores.topk(2)
+            if top[0] - top[1] < BF16_MARGIN:
+                break
+            want = int(best[0])
+            assert got[i] == want, tr("prompt {row}, token {i}: ours {got}, Hugging Face (bf16) {want}, whose top-2 "
+                                         "logit margin there is {margin:.3f}", row=row, i=i, got=got[i], want=want,
+                                         margin=float(top[0] - top[1]))
+            compared += 1
+    assert compared * 2 >= BF16_NEW_TOKENS * len(BF16_PROMPTS), tr(
+        "only {compared} tokens had a top-2 margin of at least {bound}: the check proves too little",
+        compared=compared, bound=BF16_MARGIN)

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from minisgl.i18n import tr
 
-__all__ = ["SOURCES", "Choice", "available", "calibrate", "choice", "cpu_linear", "kernel_linear", "library", "onednn_linear",
+__all__ = ["SOURCES", "Choice", "available", "bf16_dot", "calibrate", "choice", "cpu_linear", "kernel_linear", "library", "onednn_linear",
            "onednn_pack", "onednn_supports", "supports"]
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_decode.c")]
@@ -101,6 +101,11 @@ def library() -> ctypes.CDLL | None:
     lib.cpu_linear.restype = None
     lib.cpu_linear_bf16w.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
     lib.cpu_linear_bf16w.restype = None
+    lib.cpu_linear_bf16_dot.restype = ctypes.c_int
+    lib.bf16_dot = bool(lib.cpu_linear_bf16_dot())  # 编成了 AVX512_BF16 的点积（cpu_linear_bf16）吗
+    if lib.bf16_dot:
+        lib.cpu_linear_bf16.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
+        lib.cpu_linear_bf16.restype = None
     lib.cpu_decode.argtypes = [_PTR] * 8 + [_I64, _PTR, _PTR, _I64, _PTR]  # 各参数见 cpu_decode.c
     lib.cpu_decode.restype = None
     lib.cpu_decode_work_floats.argtypes = [_PTR, _I64]
@@ -111,6 +116,13 @@ def library() -> ctypes.CDLL | None:
 def available() -> bool:
     """内核能用吗（第一次调用时编译，可能要一两秒）。"""
     return library() is not None
+
+
+def bf16_dot() -> bool:
+    """bf16 权重走不走 AVX512_BF16 的点积指令（vdpbf16ps）：编这个库的 CPU 有这条指令才走，否则读进来左移 16 位
+    变成 fp32 再 FMA。点积这条把输入也舍入成 bf16（与 Hugging Face 用 bf16 跑模型时一样），fp32 累加。"""
+    lib = library()
+    return lib is not None and lib.bf16_dot
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -149,14 +161,25 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
     每步要调用上百次，所以只做必要的事：二维、连续的 fp32 输入（引擎里的常态）不做任何变形。bf16 权重时
     输入和偏置先转成 fp32（几行而已），内核读 bf16 权重、fp32 累加，结果再舍入回 bf16——读的字节减半。
+    CPU 有 AVX512_BF16 时（:func:`bf16_dot`）输入改为舍入成 bf16（引擎里本来就是 bf16，不用转），vdpbf16ps 直接乘
+    bf16 对、fp32 累加，内核自己把结果舍入成 bf16。
     """
     n, k = weight.shape
+    lib = library()
+    if weight.dtype == torch.bfloat16 and lib.bf16_dot:
+        xb = (x if x.dim() == 2 else x.reshape(-1, k)).to(torch.bfloat16).contiguous()  # 已是连续的 bf16 时不复制
+        m = xb.shape[0]
+        y = torch.empty((m, n), dtype=torch.bfloat16)
+        if m:
+            b = None if bias is None else bias.float()
+            lib.cpu_linear_bf16(xb.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, k, n)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
     x2 = x2.float().contiguous()  # 已是连续的 fp32 时两步都不复制
     m = x2.shape[0]
     y = torch.empty((m, n), dtype=torch.float32)
     if m:
-        fn = library().cpu_linear_bf16w if weight.dtype == torch.bfloat16 else library().cpu_linear
+        fn = lib.cpu_linear_bf16w if weight.dtype == torch.bfloat16 else lib.cpu_linear
         b = None if bias is None else bias.float()
         fn(x2.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, k, n)
     y = y.to(weight.dtype)
@@ -179,13 +202,14 @@ class Choice:
     kernel_to: int  # 0：一律 F.linear
     onednn: bool = False  # 不用上面那条：权重打包成 oneDNN 的布局，什么行数都交给 oneDNN
 
-    def describe(self) -> str:
-        """一句话：什么行数走哪条路。"""
+    def describe(self, dtype: torch.dtype = torch.float32) -> str:
+        """一句话：什么行数走哪条路（``dtype``：权重类型；bf16 权重走点积指令时内核写作 AVX512_BF16）。"""
         if self.onednn:
             return tr("oneDNN's packed layout for every row count")
         if not (rows := self.rows()):
             return tr("F.linear (MKL) for every row count")
-        return tr("the C kernel ({isa}) for {rows} rows, F.linear (MKL) for the others", isa=isa(), rows=rows)
+        kind = "AVX512_BF16" if dtype == torch.bfloat16 and bf16_dot() else isa()
+        return tr("the C kernel ({isa}) for {rows} rows, F.linear (MKL) for the others", isa=kind, rows=rows)
 
     def rows(self) -> str:
         """内核管的行数，例如 ``3–16``（只有一个时就是那一个，一个也没有时是空串）。"""
@@ -219,7 +243,7 @@ def choice(weight: torch.Tensor) -> Choice:
             chosen = calibrate(weight)
             _write_plan(path, {**_read_plan(path), name: vars(chosen)})  # 几个进程同时量也不丢别人量的形状
             print(tr("Linear layer {k}→{n} ({dtype}): {how} (measured once on this CPU with {threads} threads, saved in "
-                     "{path})", k=k, n=n, dtype=dtype, how=chosen.describe(), threads=key[3], path=path), file=sys.stderr)
+                     "{path})", k=k, n=n, dtype=dtype, how=chosen.describe(weight.dtype), threads=key[3], path=path), file=sys.stderr)
         _chosen[key] = chosen
     return _chosen[key]
 
