@@ -7,6 +7,17 @@ en: ``python -m minisgl --model DIR ...``: start the OpenAI-compatible server (t
 if __name__ == "__main__":
     # spawn 出的工作进程不会重新执行这里，所以在守卫里导入：它们不必加载 API 服务器
     # en: spawned workers do not run this again, so the import sits inside the guard: they need not load the API server
+    import sys
+
+    from minisgl.i18n import tr
+    from minisgl.serving import offline_hub, preflight
+
+    # 先花几秒查模型目录和端口，再导入 torch、加载模型
+    # en: first spend seconds checking the model folder and the port, then import torch and load the model
+    if (problem := preflight(sys.argv[1:])) is not None:
+        print(tr("Error: {error}", error=problem), file=sys.stderr, flush=True)
+        sys.exit(1)
+    offline_hub()
     from minisgl.api_server import main
 
     main()

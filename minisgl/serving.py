@@ -6,6 +6,7 @@ addresses between its processes.
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import ctypes
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -56,6 +58,9 @@ class ServerArgs:
     page_size: int = 1
     max_extend_tokens: int | None = None
     num_pages: int | None = None
+    # KV 池的 token 数（SGLang 的 --max-total-tokens）：页数 = 它 // page_size；与 num_pages 二选一
+    # en: the KV pool's size in tokens (SGLang's --max-total-tokens): pages = it // page_size; num_pages or this, not both
+    max_total_tokens: int | None = None
     max_seq_len: int | None = None
     memory_ratio: float | None = None
 
@@ -67,11 +72,82 @@ class ServerArgs:
         names = {"dtype": "dtype", "device": "device", "max_running_req": "max_running_req", "cache_type": "cache_type",
                  "page_size": "page_size", "max_extend_tokens": "max_extend_tokens", "num_pages": "num_page_override",
                  "max_seq_len": "max_seq_len_override", "memory_ratio": "memory_ratio"}
-        return {kw: getattr(self, name) for name, kw in names.items() if getattr(self, name) is not None}
+        kwargs = {kw: getattr(self, name) for name, kw in names.items() if getattr(self, name) is not None}
+        if self.num_pages is None and self.max_total_tokens is not None:
+            kwargs["num_page_override"] = self.max_total_tokens // self.page_size
+        return kwargs
 
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def check_model_dir(model_path: str) -> str | None:
+    """启动前查模型目录：不是含 config.json 的目录就返回一行说明（不去模型仓库下载，也不打印调用栈）。
+
+    en: Check the model folder before starting: return a one-line explanation unless it is a folder with a config.json
+    (nothing is downloaded from the model hub, no traceback is printed).
+    """
+    path = Path(model_path)
+    if not path.is_dir():
+        return tr("the model folder {path} does not exist (--model takes a local folder; this server never downloads)", path=model_path)
+    if not (path / "config.json").is_file():
+        return tr("{path} has no config.json: is it a Hugging Face model folder?", path=model_path)
+    return None
+
+
+def port_problem(host: str, port: int, error: OSError) -> str:
+    return tr("cannot listen on {host}:{port} ({error}); is another server using it? Choose another with --port",
+              host=host, port=port, error=error.strerror or error)
+
+
+def check_port(host: str, port: int) -> str | None:
+    """试着绑定（并马上放开）``host:port``：绑不上就返回一行说明。端口 0 总能绑上。
+
+    en: Try to bind (and at once release) ``host:port``: return a one-line explanation if that fails. Port 0 always
+    binds.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(1)
+    except OSError as e:
+        return port_problem(host, port, e)
+    return None
+
+
+def offline_hub() -> None:
+    """只用本地文件：之后起的工作进程继承这两个环境变量，找不到文件时不会去模型仓库反复重试。
+
+    en: Local files only: the workers started afterwards inherit these two variables, so a missing file never retries
+    the model hub.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def preflight(argv: list[str]) -> str | None:
+    """``python -m minisgl`` 在导入任何重的东西（torch、模型）之前做的检查：模型目录和端口；几秒内出结果。
+    有问题返回一行说明；命令行本身有错（或 ``--help``）留给完整的解析器去说。
+
+    en: The checks ``python -m minisgl`` makes before importing anything heavy (torch, the model): the model folder and
+    the port, within seconds. Returns a one-line explanation on a problem; mistakes in the command line itself (or
+    ``--help``) are left to the full parser.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--model", "--model-path", dest="model_path")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("-h", "--help", action="store_true")
+    try:
+        ns, _ = parser.parse_known_args(argv)
+    except SystemExit:
+        return None
+    if ns.help or ns.model_path is None:
+        return None
+    return check_model_dir(ns.model_path) or check_port(ns.host, ns.port)
 
 
 @dataclass

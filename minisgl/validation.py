@@ -163,4 +163,4 @@ def validate_config(config: Any) -> None:
         positive_int("cuda_graph_max_bs")
     ratio = config.memory_ratio
     if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio <= 1):
-        raise ValueError(tr("memory_ratio must be in (0, 1] or None (automatic), got {ratio!r}", ratio=ratio))
+        raise ValueError(tr("memory_ratio (server: --mem-fraction-static) must be in (0, 1] or None (automatic), got {ratio!r}", ratio=ratio))

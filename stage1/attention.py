@@ -208,6 +208,12 @@ class SDPAAttnBackend(BaseAttnBackend):
         # TODO 任务 padded_metadata：算出 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k] 和 mask [B, max_q, max_k]（布尔，头维下面再加）；q_index、out_index、mask 可以在 CPU 上造（下面统一 .to(device)），kv_slots 直接取页表里 table_idx 那几行的前 max_k 列（已在设备上，转成 long）；补的 query 行的位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，不会整行被屏蔽
         # TODO task padded_metadata: compute q_index [B, max_q], out_index [T], kv_slots [B, max_k] and mask [B, max_q, max_k] (bool; the head dim is added below); q_index, out_index and mask may be built on the CPU (moved with .to(device) below), kv_slots is taken straight from the first max_k columns of the page-table rows table_idx (already on the device, convert to long); a padding query row still gets position cached_len + i, which lies beyond seq_len, so it sees all keys of its request and is never fully masked
         raise TaskNotDone("attention", "padded_metadata")
+        # 补齐的 key 位置改指本请求的第一个槽位（总已写过）：KV 池用 torch.empty 分配，没写过的槽位里可能是 NaN，
+        # 被掩掉的 key 权重是 0，但 0 × NaN 仍是 NaN
+        # en: padded key positions are pointed at the request's first slot (always written): the KV pool is allocated
+        # en: with torch.empty, so an unwritten slot may hold NaN; a masked key gets weight 0, but 0 × NaN is still NaN
+        valid = torch.arange(kv_slots.shape[1], device=device)[None, :] < torch.tensor(base.seq_lens, device=device)[:, None]
+        kv_slots = torch.where(valid, kv_slots, kv_slots[:, :1])
         batch.attn_metadata = PaddedMetadata(
             **vars(base),
             q_index=q_index.to(device),

@@ -91,6 +91,29 @@ def get_free_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def model_nbytes(model: object) -> int:
+    """模型占的字节数，按它的张量算（每块存储只算一次：共享的嵌入、打包后的权重也都算对）。
+
+    en: The bytes a model takes, counted from its tensors (each storage once, so tied embeddings and packed weights
+    are counted right).
+    """
+    seen: set[int] = set()
+    total = 0
+    for _, op in model.named_ops():
+        for value in vars(op).values():
+            if not isinstance(value, torch.Tensor):
+                continue
+            try:
+                storage = value.untyped_storage()
+                key, size = storage.data_ptr(), storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # 没有普通存储的张量（如 oneDNN 的） | en: tensors without a plain storage (e.g. oneDNN's)
+                key, size = id(value), value.numel() * value.element_size()
+            if key not in seen:
+                seen.add(key)
+                total += size
+    return total
+
+
 class HostCopyDone:
     """CPU 上的“拷贝完成事件”：拷贝是同步的，``synchronize()`` 什么也不用等。
 
@@ -212,16 +235,20 @@ class EngineConfig:
     model_path: str
     dtype: torch.dtype | str | None = None  # None：CUDA 上 bf16，CPU 上 fp32 | en: None: bf16 on CUDA, fp32 on the CPU
     max_running_req: int = 8
-    num_page_override: int | None = None  # None：由剩余内存推出 | en: None: worked out from the free memory
+    # None：由内存推出（CPU 上按需要，见 Engine._determine_num_pages）；服务器里是 --num-pages / --max-total-tokens
+    # en: None: worked out from the memory (on the CPU from what is needed, see Engine._determine_num_pages); the
+    # en: server's --num-pages / --max-total-tokens
+    num_page_override: int | None = None
     # None：模型的 max_position_embeddings（再受 KV 池容量限制）
     # en: None: the model's max_position_embeddings (also limited by the KV pool's capacity)
     max_seq_len_override: int | None = None
     page_size: int = 1
     attention_backend: str = "auto"  # auto | torch | sdpa | fi | fa
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # 可用内存里给模型 + KV 的比例；None：CUDA 0.9，CPU 0.3（CPU 内存还要留给别的进程）
-    # en: share of the free memory for model + KV; None: 0.9 on CUDA, 0.3 on the CPU (CPU memory is also needed by other
-    # en: processes)
+    # 加载前的可用内存里最多给模型 + KV 的比例；None：CUDA 0.9，CPU 0.3（CPU 内存还要留给别的进程）；
+    # 服务器里是 --mem-fraction-static
+    # en: the most of the memory available before loading that model + KV may take; None: 0.9 on CUDA, 0.3 on the CPU
+    # en: (CPU memory is also needed by other processes); the server's --mem-fraction-static
     memory_ratio: float | None = None
     seed: int = 0
     # 不读权重文件，填随机数（只测速度）
@@ -267,8 +294,11 @@ class Engine:
         self.ctx = Context(config.page_size)
         set_global_ctx(self.ctx)
 
-        # 模型：先记下空闲内存，加载后的差值就是模型占的
-        # en: the model: note the free memory first; the difference after loading is what the model takes
+        # 模型：先记下加载前的可用内存（KV 池的上限按它算）；模型的大小之后按它的张量算，
+        # 不用加载前后的差值（加载期间别的进程占的内存会被算成模型的）
+        # en: the model: note the memory available before loading (the KV pool's cap is worked out from it); the model's
+        # en: size is counted from its tensors afterwards, not as a difference before/after loading (memory other
+        # en: processes take during the load would be counted as the model's)
         free_before = get_free_memory(self.device)
         self.model = create_model(self.model_config, self.dtype, self.device)
         if config.use_dummy_weight:
@@ -292,13 +322,20 @@ class Engine:
         # KV 池、页表、token 池（开 CUDA 图时 KV 池多一页，给补齐批次的假请求写 K/V，不分给任何请求）
         # en: KV pool, page table, token pool (with CUDA graphs the KV pool has one extra page, where the dummy requests
         # en: that pad a batch write their K/V; it belongs to no request)
-        self.num_pages = self._determine_num_pages(free_before)
+        self.num_pages = self._determine_num_pages(free_before, model_nbytes(self.model))
         self.graph_mode = resolve_graph_mode(config.cuda_graph, self.device)
         c = self.model_config
         pool_pages = self.num_pages + (self.graph_mode != "off")
         self.ctx.kv_cache = self.kv_cache = MHAKVCache(
             c.num_kv_heads, c.num_layers, c.head_dim, pool_pages, config.page_size, self.dtype, self.device
         )
+        # 池子用 torch.empty 分配（见 MHAKVCache）。CUDA 上清零：CUDA 图路径和 FlashAttention 会读到请求长度之外、
+        # 被掩掉的槽位，而显存上清零很快、不占主机内存；CPU 上开着 CUDA 图的检查路径（eager）也一样
+        # en: the pool is allocated with torch.empty (see MHAKVCache). Zeroed on CUDA: the CUDA-graph path and
+        # en: FlashAttention read masked slots past a request's length, and zeroing GPU memory is fast and takes no host
+        # en: memory; likewise for the CUDA-graph check path (eager) on the CPU
+        if self.device.type == "cuda" or self.graph_mode != "off":
+            self.kv_cache._kv_buffer.zero_()
         max_seq_len = config.max_seq_len_override or c.max_position_embeddings
         self.max_seq_len = min(max_seq_len, self.num_pages * config.page_size)
         self.ctx.page_table = self.page_table = create_page_table(config.max_running_req, self.max_seq_len, self.device)
@@ -311,14 +348,23 @@ class Engine:
         self.graph_runner = None if self.graph_mode == "off" else GraphRunner(self, self.graph_mode, config.cuda_graph_max_bs)
         self.fused_decoder = FusedDecoder(self) if config.cpu_fused_decode else None
 
-    def _determine_num_pages(self, free_before: int) -> int:
-        """``num_page_override`` 优先；否则（可用内存 × 比例 − 模型占用）÷ 每页字节数。
+    def _determine_num_pages(self, free_before: int, model_bytes: int) -> int:
+        """``num_page_override`` 优先；否则先算上限：（加载前的可用内存 × 比例 − 模型大小）÷ 每页字节数。
+        CUDA 上就用这个上限（显存本来就是留给推理的）；CPU 上只分配需要的：``max_running_req`` 个请求各占满
+        ``max_seq_len``（``max_seq_len_override``，缺省为模型的 ``max_position_embeddings``）所需的页数，再加 50%
+        给前缀缓存——请求结束后它留着这些 KV 等下一个同前缀的请求复用；不加这份，满负荷时缓存一点也留不住，
+        再多则只是占着内存。两者取小。
 
-        en: ``num_page_override`` first; otherwise (free memory × ratio − model size) ÷ bytes per page.
+        en: ``num_page_override`` first; otherwise first the cap: (memory available before loading × ratio − model size)
+        ÷ bytes per page. On CUDA that cap is the answer (the GPU's memory is there for inference anyway); on the CPU
+        only what is needed is allocated: the pages for ``max_running_req`` requests each filling ``max_seq_len``
+        (``max_seq_len_override``, default the model's ``max_position_embeddings``), plus 50% for the prefix cache,
+        which keeps finished requests' KV for the next request with the same prefix; without that share the cache
+        could keep nothing at full load, and more would only hold memory. The smaller of the two.
         """
         c, config = self.model_config, self.config
-        # TODO 任务 determine_num_pages：有 override 直接用；否则按上面的公式算（比例缺省 CUDA 0.9、CPU 0.3；模型占用 = free_before − 现在的 get_free_memory；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；不足 1 页就抛 RuntimeError，消息里告诉用户调大 memory_ratio 或指定 num_page_override
-        # TODO task determine_num_pages: use the override if given; otherwise apply the formula above (ratio defaults to 0.9 on CUDA, 0.3 on CPU; model memory = free_before − current get_free_memory; bytes per page from MHAKVCache.bytes_per_page, mind page_size and dtype); raise RuntimeError if less than 1 page fits, telling the user to raise memory_ratio or set num_page_override
+        # TODO 任务 determine_num_pages：有 override 直接用；上限 =（int(free_before × 比例) − model_bytes）// 每页字节数（比例缺省 CUDA 0.9、CPU 0.3；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；CPU 上再与需要的页数取小：ceil(1.5 × max_running_req × ceil(max_seq_len / page_size))，max_seq_len = max_seq_len_override 或模型的 max_position_embeddings；不足 1 页就抛 RuntimeError，消息里同时写出 Python 参数名（memory_ratio、num_page_override）和服务器的命令行参数（--mem-fraction-static、--max-total-tokens）
+        # TODO task determine_num_pages: use the override if given; cap = (int(free_before × ratio) − model_bytes) // bytes per page (ratio defaults to 0.9 on CUDA, 0.3 on CPU; bytes per page from MHAKVCache.bytes_per_page, mind page_size and dtype); on the CPU take the smaller of that and the pages needed: ceil(1.5 × max_running_req × ceil(max_seq_len / page_size)), max_seq_len = max_seq_len_override or the model's max_position_embeddings; raise RuntimeError if less than 1 page fits, naming both the Python parameters (memory_ratio, num_page_override) and the server's flags (--mem-fraction-static, --max-total-tokens)
         raise TaskNotDone("engine", "determine_num_pages")
 
     # 不用 inference_mode：它产出的张量之后在模式外不能原地修改，调度器会踩坑

@@ -4,6 +4,8 @@ forward_batch 的约定（只算不记账：不推进请求、不写 token 池�
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -223,49 +225,76 @@ def test_forward_batch_contract(tiny_path: str, hand) -> None:  # noqa: ANN001
     engine.shutdown()
 
 
-def test_num_pages(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = tiny_engine(tiny_path)
+def _pages(engine: Engine, free_before: int, model_bytes: int, device: str = "cpu", **kw) -> int:  # noqa: ANN003
+    """直接调用 ``_determine_num_pages``，换掉配置里的几项（和设备类型：它只看 ``device.type``）。"""
+    engine.config = dataclasses.replace(engine.config, **kw)
+    engine.device = torch.device(device)
+    return engine._determine_num_pages(free_before, model_bytes)
+
+
+def test_num_pages(tiny_path: str) -> None:
+    engine = tiny_engine(tiny_path, dtype=torch.float32, device="cpu")
     expect((engine.num_pages, engine.max_seq_len), (320, 64), tr("(num_pages, max_seq_len) with num_page_override=320, max_seq_len_override=64"))
     per_page = engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32)
-    free = iter([10**9, 10**9 - 10**8] * 2)  # 加载前 1 GB 空闲，模型占了 100 MB
-    monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
-    engine = Engine(EngineConfig(tiny_path, dtype=torch.float32, device="cpu", memory_ratio=0.5, max_seq_len_override=64))
-    assert engine.num_pages == (5 * 10**8 - 10**8) // per_page, tr("Pages = (free × ratio − model usage) ÷ bytes per page")
-    free = iter([10**9, 10**9 - 10**8])  # 不给 memory_ratio：CPU 上缺省 0.3（内存还要留给别的进程）
-    engine = Engine(EngineConfig(tiny_path, dtype=torch.float32, max_seq_len_override=64, device="cpu"))
-    assert engine.num_pages == (3 * 10**8 - 10**8) // per_page, tr("On CPU memory_ratio defaults to 0.3 (0.9 is for CUDA only)")
-    free = iter([10**6, 10**6 - 6 * 10**5])  # 模型占掉的比 1 MB × 0.5 还多
-    with pytest.raises(RuntimeError, match="memory_ratio|num_page_override"):
-        Engine(EngineConfig(tiny_path, dtype=torch.float32, device="cpu", memory_ratio=0.5))
+    expect(per_page, 1024, tr("bytes_per_page(2 kv heads, 2 layers, head_dim 32, page_size 1, fp32) = 2 (K and V) x 2 x 2 x 32 x 4 bytes"))
+    base = dict(num_page_override=None, memory_ratio=0.5, page_size=1)
+    # CPU：按需要——4 个请求 × 64 个 token，再加 50% 给前缀缓存；内存足够，上限不起作用
+    expect(_pages(engine, 10**9, 10**8, max_running_req=4, max_seq_len_override=64, **base), 384,
+           tr("CPU pages = ceil(1.5 × max_running_req × ceil(max_seq_len / page_size)) when memory is plentiful: 4 requests × 64 tokens + 50% for the prefix cache"))
+    expect(_pages(engine, 10**9, 10**8, max_running_req=3, max_seq_len_override=64, **base), 288,
+           tr("CPU pages with max_running_req=3, max_seq_len_override=64: 1.5 × 3 × 64"))
+    expect(_pages(engine, 10**9, 10**8, max_running_req=2, max_seq_len_override=None, **base), 3 * 4096,
+           tr("CPU pages without max_seq_len_override: the model's max_position_embeddings (4096) × 2 requests × 1.5"))
+    # page_size=4：每个请求 ceil(61 / 4) = 16 页；1.5 × 3 × 16 = 72；每页 4096 字节
+    expect(_pages(engine, 10**9, 10**8, max_running_req=3, max_seq_len_override=61, **{**base, "page_size": 4}), 72,
+           tr("CPU pages with page_size=4, max_seq_len_override=61, max_running_req=3: 1.5 × 3 × ceil(61 / 4) = 72"))
+    # 1.5 × 3 × 15 = 67.5 → 向上取整
+    expect(_pages(engine, 10**9, 10**8, max_running_req=3, max_seq_len_override=60, **{**base, "page_size": 4}), 68,
+           tr("CPU pages: 1.5 × 3 × ceil(60 / 4) = 67.5 is rounded up to 68"))
+    # 内存不够时由上限决定：（可用 × 比例 − 模型）÷ 每页字节数
+    expect(_pages(engine, 2_000_000, 800_000, max_running_req=4, max_seq_len_override=64, **base), (1_000_000 - 800_000) // 1024,
+           tr("CPU pages are capped by (available × memory_ratio − model bytes) ÷ bytes per page"))
+    expect(_pages(engine, 2_000_000, 400_000, max_running_req=4, max_seq_len_override=64, **{**base, "memory_ratio": None}), (600_000 - 400_000) // 1024,
+           tr("On CPU memory_ratio defaults to 0.3 (0.9 is for CUDA only)"))
+    # CUDA：不按需要，只按比例（缺省 0.9）
+    expect(_pages(engine, 10**9, 10**8, "cuda", max_running_req=4, max_seq_len_override=64, **base), (5 * 10**8 - 10**8) // 1024,
+           tr("On CUDA pages = (available × memory_ratio − model bytes) ÷ bytes per page, without the CPU's need-based limit"))
+    expect(_pages(engine, 10**9, 10**8, "cuda", max_running_req=4, max_seq_len_override=64, **{**base, "memory_ratio": None}), (9 * 10**8 - 10**8) // 1024,
+           tr("On CUDA memory_ratio defaults to 0.9"))
+    for kw in ({"page_size": 4}, {"page_size": 1}):
+        expect(_pages(engine, 10**9, 10**8, max_running_req=4, max_seq_len_override=64, **{**base, "num_page_override": 7, **kw}), 7,
+               tr("num_page_override wins over every rule"))
+    with pytest.raises(RuntimeError) as raised:
+        _pages(engine, 10**6, 6 * 10**5, max_running_req=4, max_seq_len_override=64, **base)  # 模型占掉的比 1 MB × 0.5 还多
         pytest.fail(tr("Must raise RuntimeError when memory cannot hold the KV cache"))
+    assert not isinstance(raised.value, NotImplementedError), tr("_determine_num_pages is not implemented yet: {value}", value=raised.value)
+    for name in ("memory_ratio", "num_page_override", "--mem-fraction-static", "--max-total-tokens"):
+        assert name in str(raised.value), tr("The error must name {name} (the Python parameters and the server's flags), got: {value}", name=name, value=raised.value)
+    engine.shutdown()
 
 
-@pytest.mark.parametrize("free_before,expected", [(204_800_000, 100_000), (204_799_998, 99_999)])
-def test_num_pages_when_free_memory_grows_during_loading(tiny_path: str, monkeypatch: pytest.MonkeyPatch, free_before: int, expected: int) -> None:
-    """加载模型期间空闲内存反而变多了（别的进程放了内存）：模型占用按 0 算，不是负数，也不是 1。
-    每页 1024 字节；两个 free_before 让“多减 1”“少减 1”都恰好差一页。"""
-    free = iter([free_before, 250_000_000])
+def test_num_pages_ignores_memory_others_take_while_loading(tiny_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """加载模型期间别的进程占了 900 MB：模型的大小按它的张量算，不按前后的差值；页数照样是需要的 384 页。"""
+    free = iter([10**9, 10**8, 10**8, 10**8])
     monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
-    engine = Engine(EngineConfig(tiny_path, dtype=torch.float32, memory_ratio=0.5, max_seq_len_override=64, device="cpu"))
-    expect(engine.kv_cache.bytes_per_page(2, 2, 32, 1, torch.float32), 1024, tr("bytes_per_page(2 kv heads, 2 layers, head_dim 32, page_size 1, fp32) = 2 (K and V) x 2 x 2 x 32 x 4 bytes"))
-    assert engine.num_pages == expected, tr("The number of pages must be int({free_before} × 0.5) ÷ 1024 = {expect} (model usage is max(difference, 0)), got {num_pages}", free_before=free_before, expect=expected, num_pages=engine.num_pages)
+    engine = Engine(EngineConfig(tiny_path, dtype=torch.float32, memory_ratio=0.5, max_running_req=4, max_seq_len_override=64, device="cpu"))
+    assert engine.num_pages == 384, tr("Memory other processes take while the model loads is not the model's: expected 384 pages, got {num_pages}", num_pages=engine.num_pages)
     engine.shutdown()
 
 
 @pytest.mark.parametrize("model_bytes,pages", [(102_398_976, 1), (102_398_977, 0)])
-def test_exactly_one_page_is_enough_and_zero_is_refused(tiny_path: str, monkeypatch: pytest.MonkeyPatch, model_bytes: int, pages: int) -> None:
+def test_exactly_one_page_is_enough_and_zero_is_refused(tiny_path: str, model_bytes: int, pages: int) -> None:
     """可用 102,400,000 字节（2.048 亿 × 0.5），每页 1024 字节：模型占掉后刚好剩 1 页就建得起来，剩 0 页必须报错。"""
-    free = iter([204_800_000, 204_800_000 - model_bytes])
-    monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
-    config = EngineConfig(tiny_path, dtype=torch.float32, memory_ratio=0.5, max_seq_len_override=64, device="cpu")
+    engine = tiny_engine(tiny_path, dtype=torch.float32, device="cpu")
+    kw = dict(num_page_override=None, memory_ratio=0.5, max_seq_len_override=64, page_size=1)
     if pages == 0:
         with pytest.raises(RuntimeError, match="memory_ratio|num_page_override") as raised:
-            Engine(config)
+            _pages(engine, 204_800_000, model_bytes, **kw)
             pytest.fail(tr("Must raise RuntimeError when not even one KV cache page fits"))
         assert not isinstance(raised.value, NotImplementedError), tr("_determine_num_pages is not implemented yet: {value}", value=raised.value)
         return
-    engine = Engine(config)
-    assert engine.num_pages == 1, tr("Exactly one page left: num_pages must be 1, got {num_pages}", num_pages=engine.num_pages)
+    got = _pages(engine, 204_800_000, model_bytes, **kw)
+    assert got == 1, tr("Exactly one page left: num_pages must be 1, got {num_pages}", num_pages=got)
     engine.shutdown()
 
 
@@ -354,14 +383,13 @@ def test_top_p_renormalizes_after_top_k() -> None:
 
 
 @pytest.mark.parametrize("page_size,dtype", [(4, torch.float32), (1, torch.bfloat16)])
-def test_num_pages_counts_page_size_and_dtype(tiny_path: str, monkeypatch: pytest.MonkeyPatch, page_size: int, dtype: torch.dtype) -> None:
-    """每页字节数随 page_size 和 dtype 变：page_size=4 一页是 4 个 token，bf16 每个元素 2 字节。"""
+def test_num_pages_counts_page_size_and_dtype(tiny_path: str, page_size: int, dtype: torch.dtype) -> None:
+    """每页字节数随 page_size 和 dtype 变：page_size=4 一页是 4 个 token，bf16 每个元素 2 字节（内存不够、由上限决定页数时）。"""
     per_page = engine_module.MHAKVCache.bytes_per_page(2, 2, 32, page_size, dtype)
-    free = iter([10**9, 10**9 - 10**8])  # 加载前 1 GB 空闲，模型占了 100 MB
-    monkeypatch.setattr(engine_module, "get_free_memory", lambda device: next(free))
-    engine = Engine(EngineConfig(tiny_path, dtype=dtype, memory_ratio=0.5, max_seq_len_override=64, page_size=page_size, device="cpu"))
-    expect = (5 * 10**8 - 10**8) // per_page
-    assert engine.num_pages == expect, (
-        tr("page_size={page_size}, dtype={dtype}: {per_page} bytes per page (2 × layers × page_size × KV heads × head_dim × bytes per element), so the number of pages must be (1e9 × 0.5 − 1e8) ÷ {per_page} = {expect}, got {num_pages}", page_size=page_size, dtype=dtype, per_page=per_page, expect=expect, num_pages=engine.num_pages)
+    engine = tiny_engine(tiny_path, dtype=dtype, page_size=page_size, num_page_override=80 // page_size, device="cpu")
+    got = _pages(engine, 2_000_000, 800_000, num_page_override=None, memory_ratio=0.5, max_running_req=8)
+    expect = (1_000_000 - 800_000) // per_page
+    assert got == expect, (
+        tr("page_size={page_size}, dtype={dtype}: {per_page} bytes per page (2 × layers × page_size × KV heads × head_dim × bytes per element), so the number of pages must be (2e6 × 0.5 − 8e5) ÷ {per_page} = {expect}, got {num_pages}", page_size=page_size, dtype=dtype, per_page=per_page, expect=expect, num_pages=got)
     )
     engine.shutdown()

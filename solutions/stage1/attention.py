@@ -248,6 +248,12 @@ class SDPAAttnBackend(BaseAttnBackend):
         j = torch.arange(max_k)
         mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < seq[:, None, None])
         # <<< TASK
+        # 补齐的 key 位置改指本请求的第一个槽位（总已写过）：KV 池用 torch.empty 分配，没写过的槽位里可能是 NaN，
+        # 被掩掉的 key 权重是 0，但 0 × NaN 仍是 NaN
+        # en: padded key positions are pointed at the request's first slot (always written): the KV pool is allocated
+        # en: with torch.empty, so an unwritten slot may hold NaN; a masked key gets weight 0, but 0 × NaN is still NaN
+        valid = torch.arange(kv_slots.shape[1], device=device)[None, :] < torch.tensor(base.seq_lens, device=device)[:, None]
+        kv_slots = torch.where(valid, kv_slots, kv_slots[:, :1])
         batch.attn_metadata = PaddedMetadata(
             **vars(base),
             q_index=q_index.to(device),

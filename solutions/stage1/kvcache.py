@@ -35,13 +35,19 @@ import torch
 class MHAKVCache:
     """多头注意力的 KV 池：一个 ``[2, 层数, num_pages, page_size, KV 头数, head_dim]`` 的大张量。
 
-    用 0 初始化而不是 ``torch.empty``：批量注意力会读到还没写过的槽位（再用掩码屏蔽），
-    未初始化内存里可能有 NaN，而 ``0 × NaN`` 仍是 NaN，会污染输出。
+    用 ``torch.empty`` 分配、不填 0：填 0 要把整块内存逐页碰一遍，启动变慢，CPU 上整个池子立刻计入进程内存；
+    不填则只有真正写过的页才占物理内存。没写过的槽位里可能是任何值（包括 NaN），所以注意力只读写过的槽位：
+    参考后端只取前 ``seq_len`` 个；SDPA 后端把补齐的 key 指向本请求的第一个槽位（被掩掉的 key 权重是 0，
+    但 ``0 × NaN`` 仍是 NaN）。CUDA 上（以及 CUDA 图路径）引擎另行把池子清零，见 ``Engine``。
 
     en: The KV pool for multi-head attention: one big ``[2, layers, num_pages, page_size, KV heads, head_dim]`` tensor.
 
-    Zero-initialised rather than ``torch.empty``: batched attention reads slots not written yet (and masks them out),
-    and uninitialised memory may hold NaN; ``0 × NaN`` is still NaN and would spoil the output.
+    Allocated with ``torch.empty``, not filled with 0: filling touches the whole block page by page, which slows the
+    start and, on the CPU, makes the whole pool count in the process's memory at once; unfilled, only pages actually
+    written take physical memory. An unwritten slot may hold anything (NaN included), so attention reads written slots
+    only: the reference backend takes the first ``seq_len``; the SDPA backend points padded keys at the request's
+    first slot (a masked key gets weight 0, but ``0 × NaN`` is still NaN). On CUDA (and on the CUDA-graph path) the
+    engine zeroes the pool separately, see ``Engine``.
     """
 
     def __init__(
@@ -59,9 +65,9 @@ class MHAKVCache:
         self.head_dim = head_dim
         self.num_pages = num_pages
         self.page_size = page_size
-        # >>> TASK kv_buffer: 分配 [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] 的全 0 张量，存为 self._kv_buffer
-        # en: allocate a zero tensor of shape [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] and store it as self._kv_buffer
-        self._kv_buffer = torch.zeros(
+        # >>> TASK kv_buffer: 用 torch.empty（不填 0，原因见上）分配 [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] 的张量，存为 self._kv_buffer
+        # en: allocate a tensor of shape [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] with torch.empty (not filled with 0, see above) and store it as self._kv_buffer
+        self._kv_buffer = torch.empty(
             (2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
         )
         # <<< TASK

@@ -93,7 +93,8 @@ from minisgl.message import (
     ZmqPushQueue,
     unwrap,
 )
-from minisgl.serving import DEFAULT_PORT, ServerAddrs, ServerArgs, make_ipc_dir, set_process_name
+from minisgl.serving import (DEFAULT_PORT, ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, port_problem,
+                             set_process_name)
 
 T = TypeVar("T")
 
@@ -1026,9 +1027,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-extend-tokens", "--max-extend-length", "--max-prefill-length", dest="max_extend_tokens", type=int,
                    default=None, help=tr("the most prefill tokens in one step (chunked prefill)"))
     p.add_argument("--num-pages", type=int, default=None, help=tr("the number of KV pages (default: from the memory)"))
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help=tr("the KV pool's size in tokens (pages = it // page size; default: on the CPU 1.5 × --max-running-req × --max-seq-len, the extra half for the prefix cache; on CUDA from the memory)"))
     p.add_argument("--max-seq-len", "--max-seq-len-override", dest="max_seq_len", type=int, default=None,
                    help=tr("the context length of one request, prompt included"))
-    p.add_argument("--memory-ratio", type=float, default=None, help=tr("the share of free memory for the KV cache"))
+    p.add_argument("--mem-fraction-static", "--memory-ratio", "--gpu-memory-utilization", dest="memory_ratio", type=float, default=None,
+                   help=tr("the most of the memory available before loading that the model and the KV cache may take (default 0.9 on CUDA, 0.3 on the CPU)"))
     p.add_argument("--device", default="auto", help=tr("cpu, cuda or auto"))
     p.add_argument("--api-key", default=None, help=tr("require Authorization: Bearer <key> on /v1/* and /generate"))
     p.add_argument("--served-model-name", dest="model_name", default=None, help=tr("the name in /v1/models (default: the model folder's name)"))
@@ -1036,10 +1040,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
     values = vars(ns)
     if values["dtype"] == "auto":
         values["dtype"] = None
+    if values["num_pages"] is not None and values["max_total_tokens"] is not None:
+        parser.error(tr("give --num-pages or --max-total-tokens, not both"))
+    if values["max_total_tokens"] is not None and values["max_total_tokens"] < max(values["page_size"], 1):
+        parser.error(tr("--max-total-tokens must be at least the page size ({page_size})", page_size=values["page_size"]))
     return ServerArgs(**values)
 
 
@@ -1194,6 +1203,20 @@ def launch(argv: list[str] | None = None) -> int:
     if a worker died).
     """
     args = parse_args(argv)
+    # 先做几秒内就能发现的检查，再花时间加载模型：模型目录、端口
+    # en: first the checks that take seconds, before spending time on loading the model: the model folder, the port
+    # （``python -m minisgl`` 在导入本模块之前已用 minisgl.serving.preflight 查过一遍，见 minisgl/__main__.py）
+    # en: (``python -m minisgl`` already checked once with minisgl.serving.preflight before importing this module, see
+    # en: minisgl/__main__.py)
+    if (problem := check_model_dir(args.model_path)) is not None:
+        print(tr("Error: {error}", error=problem), file=sys.stderr, flush=True)
+        return 1
+    offline_hub()
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as e:
+        print(tr("Error: {error}", error=port_problem(args.host, args.port, e)), file=sys.stderr, flush=True)
+        return 1
     set_process_name("msgl-api-server")
     launcher = Launcher(args)
     stop_requested = threading.Event()
@@ -1211,7 +1234,6 @@ def launch(argv: list[str] | None = None) -> int:
                  max_seq_len=info.get("max_seq_len"), num_pages=info.get("num_pages"), slots=info.get("max_running_req")),
               flush=True)
         state = ServerState(args, launcher.addrs, info)
-        sock = _listen(args.host, args.port)
         host, port = sock.getsockname()[:2]
         config = uvicorn.Config(create_app(state), log_level="warning", access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=2)
@@ -1229,7 +1251,6 @@ def launch(argv: list[str] | None = None) -> int:
         print(tr("listening on http://{host}:{port}", host=shown, port=port), flush=True)
         if not stop_requested.is_set():
             server.run(sockets=[sock])  # 收到 SIGINT / SIGTERM 时 uvicorn 自己收尾，然后把信号再交给我们 | en: on SIGINT / SIGTERM uvicorn winds down, then hands the signal back to us
-        sock.close()
     except KeyboardInterrupt:
         pass
     except (RuntimeError, OSError) as e:
@@ -1237,6 +1258,7 @@ def launch(argv: list[str] | None = None) -> int:
         launcher.died = launcher.died or str(e)
     finally:
         stop_requested.set()
+        sock.close()
         print(tr("Shutting down ..."), flush=True)
         launcher.shutdown()
         for sig, handler in old.items():
