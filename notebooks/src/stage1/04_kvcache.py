@@ -76,21 +76,25 @@ for name, layers, kv_heads, head_dim in rows:
 # %% [markdown] tags=["lang-zh"]
 # ## 2. 池子、视图和写入
 #
-# 整个池子是一个 `[2, 层数, num_pages, page_size, KV 头数, head_dim]` 的大张量，用 0 初始化
-# （批量注意力会读到没写过的槽位再用掩码屏蔽，未初始化内存里的 NaN 乘 0 还是 NaN）。
+# 整个池子是一个 `[2, 层数, num_pages, page_size, KV 头数, head_dim]` 的大张量，用 `torch.empty` 分配、不填 0
+# （填 0 要把整块内存碰一遍：CPU 上整个池子立刻计入进程内存；不填则只有写过的页才占物理内存）。
+# 所以没写过的槽位里可能是任何值，注意力只能读写过的槽位。下面先把这个小池子清零，写入的位置才看得出来。
 # `k_cache(layer)` 是摊平成 `[槽位数, KV 头数, head_dim]` 的 **视图**，不拷贝。
 # `store_kv` 只写 `out_loc` 指定的槽位，别处一个也不碰。
 
 # %% [markdown] tags=["lang-en"]
 # ## 2. The pool, views and writes
 #
-# The whole pool is one large `[2, layers, num_pages, page_size, KV heads, head_dim]` tensor, initialized with zeros
-# (batched attention reads slots that were never written and then masks them out; a NaN in uninitialized memory times 0 is still NaN).
+# The whole pool is one large `[2, layers, num_pages, page_size, KV heads, head_dim]` tensor, allocated with `torch.empty`,
+# not filled with 0 (filling touches the whole block: on the CPU the whole pool would count in the process's memory at once;
+# unfilled, only pages written take physical memory). So an unwritten slot may hold anything, and attention must read
+# written slots only. Below, the small pool is zeroed first so that the written slots show.
 # `k_cache(layer)` is a **view** flattened to `[slots, KV heads, head_dim]`, no copy.
 # `store_kv` writes only the slots given by `out_loc` and touches nothing else.
 
 # %%
 cache = MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=4, num_pages=6, page_size=4, dtype=torch.float32, device="cpu")
+cache._kv_buffer.zero_()
 print(tr("KV pool shape: {shape} ; slots: {num_slots}", shape=tuple(cache._kv_buffer.shape), num_slots=cache.num_slots))
 k0 = cache.k_cache(0)
 shared = k0.data_ptr() == cache._kv_buffer[0, 0].data_ptr()
@@ -233,12 +237,13 @@ explorer.run(page_size=8, num_pages=3, lengths="5, 9, 3")
 # 读写都不会越界，也不会弄脏别人的行。
 # </details>
 #
-# 3. 为什么 KV 池用 `torch.zeros` 而不是 `torch.empty`？
+# 3. KV 池用 `torch.empty` 分配，没写过的槽位里可能有 NaN。补齐成矩形的批量注意力为什么不能让补齐的 key 读这些槽位，
+#    哪怕掩码把它们的权重变成了 0？
 #
 # <details><summary>答案</summary>
 #
-# 补齐成矩形的批量注意力会读到还没写过的槽位，再用掩码把它们的权重变成 0。未初始化的内存里可能有 NaN，
-# 而 `0 × NaN = NaN`，会污染输出。
+# 权重是 0 也要乘：`0 × NaN = NaN`，会污染输出。所以 SDPA 后端把补齐的 key 指向本请求写过的第一个槽位，
+# 参考后端只取前 `seq_len` 个；CUDA 上引擎另行把池子清零（显存上清零很快）。
 # </details>
 #
 # 4. 页表里存 token 级的槽位（而不是页号），有什么好处？
@@ -267,12 +272,14 @@ explorer.run(page_size=8, num_pages=3, lengths="5, 9, 3")
 # must not be written back): what they write belongs to no real request, reads and writes stay in bounds, and nobody else's row gets dirty.
 # </details>
 #
-# 3. Why does the KV pool use `torch.zeros` rather than `torch.empty`?
+# 3. The KV pool is allocated with `torch.empty`, so an unwritten slot may hold NaN. Why may batched attention, padded to a
+#    rectangle, not let its padded keys read such slots, even though the mask gives them weight 0?
 #
 # <details><summary>Answer</summary>
 #
-# Batched attention, padded to a rectangle, reads slots that have not been written yet and then masks their weights to 0.
-# Uninitialized memory may hold NaN, and `0 × NaN = NaN` would pollute the output.
+# A weight of 0 is still multiplied: `0 × NaN = NaN` would pollute the output. So the SDPA backend points padded keys at
+# the request's first written slot and the reference backend takes the first `seq_len` only; on CUDA the engine zeroes
+# the pool separately (zeroing GPU memory is fast).
 # </details>
 #
 # 4. What is gained by storing token-level slots in the page table (rather than page numbers)?
