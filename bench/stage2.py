@@ -1,8 +1,8 @@
 """第 2 阶段基准（不是测试）：默认在 Qwen3-0.6B 形状的模型上用 fp32，一次运行里轮流重复跑，报中位数 / 最小 / 最大：
 
 1. 里程碑的 8 个请求 × 16 个 token：``LLM.generate`` 对 Hugging Face 成批 ``generate`` 的 token/s 倍数（目标 ≥ 3.0×），
-   另加关掉重叠调度（2 个 / 1 个计算线程）的 ``LLM.generate``，以及解码层整个交给 C 函数的 ``LLM.generate``
-   （``cpu_fused_decode=True``，见 ``minisgl/fused.py``）；
+   另加关掉重叠调度（2 个 / 1 个计算线程）的 ``LLM.generate``，以及逐层走各章代码的 ``LLM.generate``
+   （``cpu_fused_decode=False``；缺省时第 1.2–1.5 章是参考解答，解码层整个交给 C 函数，见 ``minisgl/fused.py``）；
 2. 共享系统提示词的工作负载（第一个单独跑，计后三个一起跑的时间）：radix 对 naive（目标 ≥ 1.7×），
    以及 radix 对 HF 成批生成同样三个提示词；
 3. 进步的过程：第 0 步（1 个请求）→ 第 1 阶段手工成批（4 个）→ 第 2 阶段 ``LLM.generate``（8 个）。
@@ -63,12 +63,13 @@ def main() -> None:
         print(tr("(random weights: only the speed is compared; the generated text is meaningless)"))
 
     # ------------------------------------------------------------------ 1 与 2：对 HF、radix 对 naive
-    print(tr("\nLoading: the Hugging Face model and three LLMs (radix, naive, radix with fused decode) ..."))
+    print(tr("\nLoading: the Hugging Face model and three LLMs (radix, naive, radix decoding layer by layer) ..."))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # 与 ignore_eos 一样，保证生成满 n 个 token
     radix = LLM(model, **SEED_KW)
     naive = LLM(model, **SEED_KW, cache_type="naive")
-    fused = LLM(model, **SEED_KW, cpu_fused_decode=True)
+    layered = LLM(model, **SEED_KW, cpu_fused_decode=False)
+    print(radix.engine.decode_path)
     sp8 = SamplingParams(max_tokens=n, ignore_eos=True)
     hf_ids, hf_mask = hf_left_padded(tok, enc)
 
@@ -91,21 +92,21 @@ def main() -> None:
             torch.set_num_threads(saved_threads)
 
     no_overlap, one_thread = tr("LLM, no overlap ×8"), tr("LLM, no overlap, 1 thread ×8")  # 表格的行名
-    fused8 = tr("LLM, fused decode ×8")
+    layered8 = tr("LLM, layer by layer ×8")
     cases = [
         Case("HF generate ×8", lambda: hf_generate(hf_ids, hf_mask, n), 8 * n),
         Case("LLM.generate ×8", lambda: timed(lambda: radix.generate(enc, sp8)), 8 * n),
         Case(no_overlap, lambda: without_overlap(torch.get_num_threads()), 8 * n),
         Case(one_thread, lambda: without_overlap(1), 8 * n),
-        Case(fused8, lambda: timed(lambda: fused.generate(enc, sp8)), 8 * n),
+        Case(layered8, lambda: timed(lambda: layered.generate(enc, sp8)), 8 * n),
     ]
     print(tr("\n[1] milestone workload: 8 requests × {n} tokens", n=n))
     s1 = interleaved(cases, args.repeats)
     print_table(s1, baseline="HF generate ×8")
     print(tr("LLM.generate / HF (per-round ratio): {ratio} (target ≥ 3.0×)",
              ratio=ratio_stats(s1["LLM.generate ×8"], s1["HF generate ×8"])))
-    print(tr("fused decode / HF (per-round ratio): {ratio}", ratio=ratio_stats(s1[fused8], s1["HF generate ×8"])))
-    fused.shutdown()
+    print(tr("layer by layer / HF (per-round ratio): {ratio}", ratio=ratio_stats(s1[layered8], s1["HF generate ×8"])))
+    layered.shutdown()
 
     # 共享系统提示词：每一轮换一个前缀（前面加轮次编号），radix 缓存每轮都从空开始共享
     rounds = iter(range(1000))

@@ -4,26 +4,37 @@ Python 逐层发算子，每层几十个小算子（归一化、RoPE、切分、
 小模型的一步解码里，这些开销比把权重读一遍还费时（``docs/roofline.md`` 里“窄模型”那一行量的就是它）。
 CUDA 图靠“录一次、回放”消掉它；CPU 上没有图可录，于是把同样的计算写成一个 C 函数，每步只调用一次。
 
-不是某一章的内容，而是引擎的一个选项（``EngineConfig.cpu_fused_decode``，缺省关）：打开后解码批次绕过
-第 1.2–1.5 章的 Python 代码，所以学习时保持关闭，让自己写的每一层都真正跑起来。预填充照常走 Python。
-要求：CPU、fp32、线性层走 ``minisgl.kernel`` 的内核（``cpu_kernel=True``，权重是原样的连续张量）。
+不是某一章的内容，而是引擎的一个选项（``EngineConfig.cpu_fused_decode``）。它绕过第 1.2–1.5 章的 Python 代码，
+所以缺省（``None``）只在这几章都用参考解答时打开：学员自己写的章节总会真正跑起来。``True`` 强制打开，``False`` 关掉。
+要求：CPU、fp32、线性层走 ``minisgl.kernel`` 的内核（权重是原样的连续张量）、不开 CUDA 图。预填充照常走 Python。
+
+en: All decoder layers of one decode step on the CPU in one call (``minisgl/kernel/cpu_decode.c``): the CPU's
+counterpart of CUDA graphs. Issued layer by layer from Python, each layer is dozens of small operators, each with a fixed
+cost of a few microseconds; in a small model's decode step that costs more than reading the weights once. Not a
+chapter's content but an engine option (``EngineConfig.cpu_fused_decode``). It bypasses the Python code of chapters
+1.2–1.5, so by default (``None``) it is on only when those chapters all run the reference solution: a chapter the learner
+wrote always runs. ``True`` forces it, ``False`` turns it off. Needs the CPU, fp32, linear layers through
+``minisgl.kernel``'s kernel (plain contiguous weights) and no CUDA graphs. Prefill takes the Python path as always.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from minisgl import kernel
+from minisgl.course.registry import get_chapter
+from minisgl.course.select import loaded_impl
 from minisgl.i18n import tr
 from minisgl.layers import Linear
 
 if TYPE_CHECKING:
     from minisgl.engine import Engine
 
-__all__ = ["FusedDecoder"]
+__all__ = ["BYPASSED_CHAPTERS", "FusedDecoder", "plan_decode"]
 
 _I64, _F32 = ctypes.c_int64, ctypes.c_float
 
@@ -35,6 +46,64 @@ class _Shape(ctypes.Structure):
                 ("batch", "hidden", "q_heads", "kv_heads", "head_dim", "intermediate", "layers")] + [("eps", _F32)]
 
 
+#: 融合解码绕过的章节：算子层、模型、KV 缓存、注意力后端（C 函数里各有一份同样的计算）。
+#: en: the chapters a fused decode step bypasses: layers, models, KV cache, attention backends (the C function does
+#: en: the same computation for each).
+BYPASSED_CHAPTERS = ("layers", "models", "kvcache", "attention")
+
+
+def _own_chapters() -> list[str]:
+    """被绕过的章节里此刻不是参考解答的那些（学员代码或骨架），按编号。"""
+    chapters = [get_chapter(cid) for cid in BYPASSED_CHAPTERS]
+    return [ch.label for ch in chapters if loaded_impl(importlib.import_module(ch.public_module)) not in (None, "solution")]
+
+
+def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
+    """装不装融合解码，以及说明解码走哪条路的一句话（服务器启动时打印，``Engine.decode_path``）。
+
+    在模型加载之后、线性层打包之前调用（融合解码要原样的权重）；``requested`` 是 ``EngineConfig.cpu_fused_decode``，
+    ``True`` 而条件不满足时抛 ValueError，说出缺的那一条。
+
+    en: Whether to install the fused decode, and the sentence saying which path decoding takes (printed by the server
+    at start, ``Engine.decode_path``). Called after the model is loaded and before the linear layers are packed (the
+    fused decode needs the plain weights); ``requested`` is ``EngineConfig.cpu_fused_decode``, and ``True`` while a
+    condition is not met raises ValueError naming it.
+    """
+    matrices = [op.weight for layer in engine.model.model.layers for op in _linears(layer)]
+    if engine.device.type != "cpu" or engine.dtype != torch.float32:
+        problem = tr("cpu_fused_decode works only on the CPU in float32")
+    elif engine.linear_kind != "kernel":
+        problem = tr("cpu_fused_decode needs the CPU kernel (cpu_kernel=True and a C compiler)")
+    elif engine.graph_mode != "off":
+        problem = tr("cpu_fused_decode and cuda_graph cannot be used together")
+    elif not all(kernel.supports(w) for w in matrices):
+        problem = tr("cpu_fused_decode: a linear layer of this model does not fit the CPU kernel")
+    else:
+        problem = None
+    if requested and problem:
+        raise ValueError(problem)
+    if requested:
+        return True, tr("Decode: every decoder layer in one C call per step (cpu_fused_decode=True)")
+    if requested is False:
+        return False, tr("Decode: layer by layer through the chapters' code (cpu_fused_decode=False)")
+    if engine.graph_mode != "off":
+        return False, tr("Decode: layer by layer through the chapters' code, replayed from CUDA graphs")
+    if problem:
+        return False, tr("Decode: layer by layer through the chapters' code (no fused C path: {problem})",
+                         problem=problem)
+    own = _own_chapters()
+    if own:
+        return False, tr("Decode: layer by layer, through your chapters {labels} (the fused C path runs only when "
+                         "chapters 1.2–1.5 are the reference solution)", labels=", ".join(own))
+    return True, tr("Decode: every decoder layer in one C call per step, as chapters 1.2–1.5 are the reference "
+                    "solution (cpu_fused_decode=False runs them layer by layer)")
+
+
+def _linears(layer: Any) -> tuple[Any, ...]:
+    """一个解码层里 C 函数要用内核算的四个线性层。"""
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
 def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
@@ -44,15 +113,10 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
 
 
 class FusedDecoder:
-    """装上以后 ``engine.model.forward`` 先经过这里：解码批次交给 C 函数，其余照常前向。"""
+    """装上以后 ``engine.model.forward`` 先经过这里：解码批次交给 C 函数，其余照常前向。引擎先用
+    :func:`plan_decode` 判断能不能装。"""
 
     def __init__(self, engine: Engine) -> None:
-        if engine.device.type != "cpu" or engine.dtype != torch.float32:
-            raise ValueError(tr("cpu_fused_decode works only on the CPU in float32"))
-        if engine.linear_kind != "kernel":
-            raise ValueError(tr("cpu_fused_decode needs the CPU kernel (cpu_kernel=True and a C compiler)"))
-        if engine.graph_mode != "off":
-            raise ValueError(tr("cpu_fused_decode and cuda_graph cannot be used together"))
         c, model = engine.model_config, engine.model
         self.ctx, self.page_table, self.model = engine.ctx, engine.page_table, model
         self.shape = _Shape(0, c.hidden_size, c.num_qo_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
@@ -60,8 +124,7 @@ class FusedDecoder:
         rows = []
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            if not all(op._kernel for op in linears):
+            if not all(op._kernel for op in _linears(layer)):
                 raise ValueError(tr("cpu_fused_decode: a linear layer of this model does not fit the CPU kernel"))
             rows.append([
                 _ptr(layer.input_layernorm.weight), _ptr(attn.qkv_proj.weight), _ptr(attn.qkv_proj.bias),

@@ -173,6 +173,7 @@ class Scheduler(_Scheduler):
             "eos_token_id": self.eos_token_id,
             "cache_type": self.config.cache_type,
             "device": str(self.device),
+            "decode_path": self.engine.decode_path,
         }
 
     # ------------------------------------------------------------------ 请求的账目（给定）

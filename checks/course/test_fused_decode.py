@@ -1,6 +1,14 @@
-"""融合解码（minisgl/fused.py + minisgl/kernel/cpu_decode.c）：与 Hugging Face 逐 token 相同，用错了给出清楚的错误。"""
+"""融合解码（minisgl/fused.py + minisgl/kernel/cpu_decode.c）：与 Hugging Face 逐 token 相同，用错了给出清楚的错误；
+缺省只在第 1.2–1.5 章都是参考解答时打开，学员自己写的章节总会真正跑起来。"""
 
 from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +16,9 @@ import torch
 from checks.hf_reference import greedy_reference
 from minisgl import model_zoo
 from minisgl.core import SamplingParams
+from minisgl.i18n import tr
 from minisgl.llm import LLM
+from minisgl.paths import REPO_ROOT
 
 #: 长短不一的提示词，请求槽比提示词少：批大小在 1 到 4 之间变化，新请求在别的请求解码到一半时加入。
 PROMPTS = [[100 + 7 * i + j for j in range(3 + 5 * i)] for i in range(5)]
@@ -39,3 +49,53 @@ def test_matches_hf(model: str) -> None:
 def test_unsupported_settings_fail_clearly(kw: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         LLM(model_zoo.tiny_qwen3(), cpu_fused_decode=True, **{**KW, **kw})
+
+
+def test_on_by_default_with_the_reference_solutions() -> None:
+    """CPU、fp32、内核线性层，第 1.2–1.5 章都是参考解答（这个检查进程就是）：不给 cpu_fused_decode 时走融合解码，
+    给 False 时逐层走；两条路的输出相同，引擎用一句话说出走的是哪条。"""
+    path = model_zoo.tiny_qwen3()
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    out = {}
+    for requested in (None, False):
+        llm = LLM(path, cpu_fused_decode=requested, **KW)
+        try:
+            out[requested] = [r["token_ids"] for r in llm.generate(PROMPTS, params)]
+            fused, said = llm.engine.fused_decoder is not None, llm.engine.decode_path
+        finally:
+            llm.shutdown()
+        assert fused == (requested is None), tr("cpu_fused_decode={requested}: fused decode installed: {fused} ({said})",
+                                                requested=requested, fused=fused, said=said)
+        assert ("1.2" in said) == (requested is None) and "cpu_fused_decode=False" in said, said
+    assert out[None] == out[False], tr("Fused and layer-by-layer decoding must give the same tokens")
+
+
+def test_a_learner_chapter_always_runs(tmp_path: Path) -> None:
+    """学员写了第 1.5 章（这里是参考解答的一份拷贝，照样算学员代码）：缺省不走融合解码，解码批次真的调用学员的
+    注意力后端，引擎的那句话点出第 1.5 章。在子进程里跑：章节的选择在进程启动时定下。"""
+    learner = tmp_path / "stage1" / "attention.py"
+    learner.parent.mkdir()
+    shutil.copy(REPO_ROOT / "solutions" / "stage1" / "attention.py", learner)
+    script = textwrap.dedent(f"""
+        import torch
+        from minisgl.core import SamplingParams
+        from minisgl.llm import LLM
+        llm = LLM({str(model_zoo.tiny_qwen3())!r}, dtype=torch.float32, device="cpu", max_running_req=4,
+                  num_page_override=128, max_seq_len_override=64, page_size=4)
+        backend = llm.engine.attn_backend
+        calls = []
+        forward = backend.forward
+        backend.forward = lambda q, k, v, layer_id, batch: calls.append(batch.is_decode) or forward(q, k, v, layer_id, batch)
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+        print(type(backend).__module__, llm.engine.fused_decoder is None, sum(calls), sep="\\n")
+        print(llm.engine.decode_path)
+        llm.shutdown()
+    """)
+    env = {**os.environ, "MINISGL_WORKSPACE": str(tmp_path), "MINISGL_IMPL": "attention=learner", "MINISGL_LANG": "en"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    module, unfused, decode_calls, said = proc.stdout.strip().splitlines()[-4:]
+    assert module.startswith("_minisgl_impl.learner."), module
+    assert unfused == "True", tr("With chapter 1.5 your code, the fused decode must stay off by default: {said}", said=said)
+    assert int(decode_calls) > 0, tr("Decode batches must call your attention backend")
+    assert "1.5" in said, said

@@ -254,6 +254,18 @@ def _load(ch: Chapter, impl: str) -> ModuleType:
     return module
 
 
+def loaded_impl(module: ModuleType) -> str | None:
+    """查找器加载的一章模块是哪份实现（learner / solution / skeleton），从模块名 ``_minisgl_impl.<实现>.…`` 读出；
+    别的模块返回 None。引擎据此判断能不能绕过某一章的代码（见 ``minisgl/fused.py``）。
+
+    en: Which implementation (learner / solution / skeleton) a chapter module loaded by the finder is, read from its
+    name ``_minisgl_impl.<impl>.…``; None for any other module. The engine uses it to decide whether a chapter's code
+    may be bypassed (see ``minisgl/fused.py``).
+    """
+    prefix, _, rest = module.__name__.partition(".")
+    return rest.partition(".")[0] if prefix == _MODULE_PREFIX else None
+
+
 #: 本进程里各章实际用了哪份实现（pytest 表头、status 读它）。
 active: dict[str, Choice] = {}
 

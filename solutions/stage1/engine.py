@@ -2,7 +2,7 @@
 
 ``Engine`` 按顺序初始化：设备与 dtype → 全局上下文 → 模型与权重 → 由剩余内存定出 KV 页数 →
 KV 池 → 页表与 token 池 → 注意力后端 → 采样器 →（CUDA 上）录制解码的 CUDA 图（``minisgl/graph.py``），或（CPU 上，
-可选）装上融合解码（``minisgl/fused.py``）；这两样都不在本章的任务里。``forward_batch`` 跑一次前向、为每个请求采样一个 token 并拷回主机；推进请求的长度记账（``complete_one``）由发出这一步的调用者来做。
+第 1.2–1.5 章都是参考解答时）装上融合解码（``minisgl/fused.py``）；这两样都不在本章的任务里。``forward_batch`` 跑一次前向、为每个请求采样一个 token 并拷回主机；推进请求的长度记账（``complete_one``）由发出这一步的调用者来做。
 
 与 CUDA 有关的东西（设备、空闲显存、异步拷回主机）都收在几个小函数里，CPU 上有对应的做法。
 
@@ -10,7 +10,8 @@ en: Chapter 1.6 engine: the first five chapters put together into an engine, plu
 
 ``Engine`` initialises in order: device and dtype -> global context -> model and weights -> the number of KV pages, from
 the free memory -> KV pool -> page table and token pool -> attention backend -> sampler -> (on CUDA) capturing the
-decode CUDA graphs (``minisgl/graph.py``), or (on the CPU, optional) installing the fused decode (``minisgl/fused.py``);
+decode CUDA graphs (``minisgl/graph.py``), or (on the CPU, when chapters 1.2–1.5 are the reference solution) installing
+the fused decode (``minisgl/fused.py``);
 neither of these two is part of this chapter's tasks. ``forward_batch`` runs one forward, samples one token per request
 and copies them back to the host; advancing the requests' length bookkeeping (``complete_one``) is up to whoever
 launches the step.
@@ -31,7 +32,7 @@ from minisgl import kernel
 from minisgl.i18n import tr
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, SamplingParams, set_global_ctx
-from minisgl.fused import FusedDecoder
+from minisgl.fused import FusedDecoder, plan_decode
 from minisgl.graph import GraphRunner, resolve_graph_mode
 from minisgl.kvcache import MHAKVCache, create_page_table
 from minisgl.layers import fast_linear_supported, pack_linear_weights
@@ -299,10 +300,11 @@ class EngineConfig:
     # 录制到多大的批；更大的解码批次照常前向
     # en: the largest batch captured; larger decode batches run the normal forward
     cuda_graph_max_bs: int = 64
-    # CPU 上解码批次的全部解码层交给一个 C 函数（见 minisgl/fused.py）；学习时别开
-    # en: on the CPU, every decoder layer of a decode batch goes to one C function (see minisgl/fused.py); leave it off
-    # en: while learning
-    cpu_fused_decode: bool = False
+    # CPU 上解码批次的全部解码层交给一个 C 函数（见 minisgl/fused.py）。None：第 1.2–1.5 章都是参考解答时才开
+    # （自己写的章节总会真正跑起来）；True：强制开；False：关
+    # en: on the CPU, every decoder layer of a decode batch goes to one C function (see minisgl/fused.py). None: on only
+    # en: when chapters 1.2–1.5 are all the reference solution (a chapter you wrote always runs); True: force it; False: off
+    cpu_fused_decode: bool | None = None
 
 
 class ForwardOutput(NamedTuple):
@@ -335,6 +337,7 @@ class Engine:
             load_dummy_weights(self.model, config.seed)
         else:
             load_weights(self.model, config.model_path)
+        self.graph_mode = resolve_graph_mode(config.cuda_graph, self.device)
         self.fast_linear = config.cpu_fast_linear and fast_linear_supported(self.device, self.dtype)
         # 线性层实际走哪条路径：torch（F.linear）| onednn | kernel（量过 oneDNN 更快的形状用 oneDNN）
         # en: the path linear layers actually take: torch (F.linear) / onednn / kernel (oneDNN for the shapes where it
@@ -343,17 +346,21 @@ class Engine:
         if self.fast_linear:
             use_kernel = config.cpu_kernel and self.dtype in (torch.float32, torch.bfloat16) and kernel.available()
             self.linear_kind = "kernel" if use_kernel else "onednn"
+        # 解码走哪条路（见 minisgl/fused.py）：融合的 C 函数，还是逐层走各章的代码
+        # en: which path decoding takes (see minisgl/fused.py): the fused C function, or layer by layer through the
+        # en: chapters' code
+        self.fused_decode, self.decode_path = plan_decode(self, config.cpu_fused_decode)
+        if self.fast_linear:
             # 融合解码要每个线性层都是原样的权重（全走内核）；否则每种形状量一下内核和 oneDNN 哪条快
             # en: fused decode needs the plain weight in every linear layer (all through the kernel); otherwise each
             # en: shape measures whether the kernel or oneDNN is faster
-            pack = "onednn" if not use_kernel else "kernel" if config.cpu_fused_decode else "auto"
+            pack = "onednn" if self.linear_kind == "onednn" else "kernel" if self.fused_decode else "auto"
             pack_linear_weights(self.model, pack)
 
         # KV 池、页表、token 池（开 CUDA 图时 KV 池多一页，给补齐批次的假请求写 K/V，不分给任何请求）
         # en: KV pool, page table, token pool (with CUDA graphs the KV pool has one extra page, where the dummy requests
         # en: that pad a batch write their K/V; it belongs to no request)
         self.num_pages = self._determine_num_pages(free_before, model_nbytes(self.model))
-        self.graph_mode = resolve_graph_mode(config.cuda_graph, self.device)
         c = self.model_config
         pool_pages = self.num_pages + (self.graph_mode != "off")
         self.ctx.kv_cache = self.kv_cache = MHAKVCache(
@@ -376,7 +383,7 @@ class Engine:
         )
         self.sampler = Sampler(self.device, c.vocab_size, config.seed)
         self.graph_runner = None if self.graph_mode == "off" else GraphRunner(self, self.graph_mode, config.cuda_graph_max_bs)
-        self.fused_decoder = FusedDecoder(self) if config.cpu_fused_decode else None
+        self.fused_decoder = FusedDecoder(self) if self.fused_decode else None
 
     def _determine_num_pages(self, free_before: int, model_bytes: int) -> int:
         """``num_page_override`` 优先；否则先算上限：（加载前的可用内存 × 比例 − 模型大小）÷ 每页字节数。

@@ -1233,6 +1233,8 @@ def launch(argv: list[str] | None = None) -> int:
         print(tr("Ready: context {max_seq_len} tokens, {num_pages} KV pages, {slots} request slots",
                  max_seq_len=info.get("max_seq_len"), num_pages=info.get("num_pages"), slots=info.get("max_running_req")),
               flush=True)
+        if info.get("decode_path"):
+            print(info["decode_path"], flush=True)
         state = ServerState(args, launcher.addrs, info)
         host, port = sock.getsockname()[:2]
         config = uvicorn.Config(create_app(state), log_level="warning", access_log=False, lifespan="on",
