@@ -321,7 +321,7 @@ def row_label(name: str, language: str | None = None) -> str:
             return tr("ours batch {bs}, narrow", bs=bs, language=language)
         if variant == "fused":
             return tr("ours batch {bs}, fused decode", bs=bs, language=language)
-        return tr("ours batch {bs}", bs=bs, language=language)
+        return tr("ours batch {bs}, layer by layer", bs=bs, language=language)
     return name
 
 
