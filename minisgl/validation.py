@@ -37,8 +37,19 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _check_sampling_types(sp: SamplingParams) -> None:
-    """类型和 NaN / inf：这些值连比较都不可靠（NaN 和谁比都是 False），先于 ``SamplingParams.validate`` 挡掉。"""
+#: 种子的范围：消息（msgpack）能带的整数，也是 ``torch.Generator.manual_seed`` 收的 64 位。
+#: en: the seed's range: the integers a message (msgpack) can carry, and the 64 bits ``torch.Generator.manual_seed`` takes.
+SEED_RANGE = range(-(2**63), 2**64)
+
+
+def check_sampling_types(sp: SamplingParams) -> None:
+    """类型和 NaN / inf：这些值连比较都不可靠（NaN 和谁比都是 False），先于 ``SamplingParams.validate`` 挡掉；
+    种子还要在 :data:`SEED_RANGE` 里。服务器在登记请求之前也调用它（错误里第一个词是参数名）。
+
+    en: Types and NaN / inf: such values cannot even be compared reliably, so they are stopped before
+    ``SamplingParams.validate``; the seed must also lie in :data:`SEED_RANGE`. The server calls it too, before it
+    registers a request (the error's first word is the parameter's name).
+    """
     for name in ("temperature", "top_p"):
         value = getattr(sp, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
@@ -48,6 +59,8 @@ def _check_sampling_types(sp: SamplingParams) -> None:
             raise ValueError(tr("{name} must be an integer, got {value!r}", name=name, value=getattr(sp, name)))
     if sp.seed is not None and not _is_int(sp.seed):
         raise ValueError(tr("seed must be None or an integer, got {seed!r}", seed=sp.seed))
+    if sp.seed is not None and sp.seed not in SEED_RANGE:
+        raise ValueError(tr("seed must be in [-2**63, 2**64), got {seed}", seed=sp.seed))
 
 
 def validate_requests(
@@ -82,7 +95,7 @@ def validate_requests(
             raise TypeError(tr("The sampling parameters of prompt {i} are not a SamplingParams but a {type_name}",
                                i=i, type_name=type(sp).__name__))
         try:
-            _check_sampling_types(sp)
+            check_sampling_types(sp)
             sp.validate()
         except ValueError as e:
             raise ValueError(tr("Invalid sampling parameters for prompt {i}: {e}", i=i, e=e)) from None

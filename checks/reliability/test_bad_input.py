@@ -15,6 +15,7 @@ from .conftest import TINY_KW, assert_idle
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.paths import REPO_ROOT
+from minisgl.i18n import tr
 
 SP = SamplingParams
 
@@ -49,6 +50,7 @@ REFUSED_INPUTS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
     ("`SamplingParams(max_tokens=0)`", _gen(["a"], SP(max_tokens=0)), ValueError, "max_tokens"),
     ("`SamplingParams(max_tokens=1.5)`", _gen(["a"], SP(max_tokens=1.5)), ValueError, "max_tokens"),  # type: ignore[arg-type]
     ('`SamplingParams(seed="x")`', _gen(["a"], SP(seed="x")), ValueError, "seed"),  # type: ignore[arg-type]
+    ("`SamplingParams(seed=2**64)`", _gen(["a"], SP(seed=2**64)), ValueError, "seed"),
     ("`LLM(..., max_running_req=0)`", _make(max_running_req=0), ValueError, "max_running_req"),
     ("`LLM(..., num_page_override=0)`", _make(num_page_override=0), ValueError, "num_page_override"),
     ("`LLM(..., page_size=0)`", _make(page_size=0), ValueError, "page_size"),
@@ -89,6 +91,16 @@ def test_bad_input_refused_clearly_and_engine_still_works(llm, small_pool, case)
     assert_idle(target)
     out = target.generate(["still alive"], SP(max_tokens=3, ignore_eos=True))
     assert len(out[0]["token_ids"]) == 3, f"{text}：拒绝之后引擎应当照常可用"
+
+
+def test_every_64_bit_seed_samples(llm) -> None:  # noqa: ANN001
+    """种子取范围两端（消息能带、发生器收得下的 64 位）也能采样，同一个种子两次结果相同。"""
+    for seed in (-(2**63), 2**64 - 1):
+        params = SP(temperature=1.0, max_tokens=4, ignore_eos=True, seed=seed)
+        first, again = (llm.generate(["a"], params)[0]["token_ids"] for _ in range(2))
+        assert len(first) == 4 and first == again, tr("seed={seed}: expected the same 4 tokens twice, got {first} and {again}",
+                                                      seed=seed, first=first, again=again)
+    assert_idle(llm)
 
 
 def test_max_tokens_clipped_to_the_sequence_limit(llm) -> None:  # noqa: ANN001

@@ -223,7 +223,7 @@ class Sampler:
         top_ks = [p.top_k if p.top_k >= 1 and not g else self.vocab_size for g, p in zip(greedy, params)]
         top_ps = [1.0 if g else p.top_p for g, p in zip(greedy, params)]
         generators = [
-            None if p.seed is None else torch.Generator(self.device).manual_seed(p.seed * 1_000_003 + r.device_len)
+            None if p.seed is None else torch.Generator(self.device).manual_seed((p.seed * 1_000_003 + r.device_len) % 2**64)
             for p, r in zip(params, batch.reqs)
         ]
         return BatchSamplingArgs(

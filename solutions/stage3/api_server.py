@@ -77,6 +77,7 @@ import zmq
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minisgl.core import SamplingParams
@@ -95,6 +96,7 @@ from minisgl.message import (
 )
 from minisgl.serving import (DEFAULT_PORT, ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, port_problem,
                              set_process_name)
+from minisgl.validation import check_sampling_types
 
 T = TypeVar("T")
 
@@ -659,7 +661,12 @@ class ServerState:
         queue: asyncio.Queue[UserReply] = asyncio.Queue()
         self.live[uid] = queue
         self.started[uid] = time.monotonic()
-        await self.send.put(TokenizeMsg(uid, req.prompt, req.sampling_params, req.stop))
+        try:
+            await self.send.put(TokenizeMsg(uid, req.prompt, req.sampling_params, req.stop))
+        except BaseException:  # 没发出去：不留登记（否则 minisgl_active_requests 永远降不下来） | en: not sent: unregister (or minisgl_active_requests never comes down)
+            self.live.pop(uid, None)
+            self.started.pop(uid, None)
+            raise
         return uid, queue
 
     @staticmethod
@@ -793,6 +800,11 @@ def parse_request(kind: str, body: Any, state: ServerState, *, stream_default: b
                                names=", ".join(bad)), param=bad[0], code="unsupported_parameter")
     sp, stop = sampling_params_from(body, max_seq_len=state.max_seq_len,
                                     default_max_tokens=None if kind == "chat" else COMPLETION_MAX_TOKENS)
+    try:
+        check_sampling_types(sp)  # 同一道门：离线接口和调度器也用它 | en: the same gate the offline API and the scheduler use
+    except ValueError as e:
+        named = [n for n in ("temperature", "top_p", "top_k", "max_tokens", "seed") if n in str(e)]
+        raise ApiError(400, str(e), param=named[0] if named else None, code="invalid_value") from None
     stream = body.get("stream", stream_default)
     stream = stream_default if stream is None else stream
     if not isinstance(stream, bool):
@@ -914,6 +926,15 @@ def create_app(state: ServerState) -> FastAPI:
             err = ApiError(503, state.dead)
         state.metrics.errors[err.status] = state.metrics.errors.get(err.status, 0) + 1
         return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, err: HTTPException) -> JSONResponse:
+        # 路径不存在（404）、方法不对（405）：也回 OpenAI 的错误体，客户端只需认一种
+        # en: an unknown path (404) or a wrong method (405) gets OpenAI's error body too: clients know one shape only
+        why = tr("{method} {path}: {detail}", method=request.method, path=request.url.path, detail=err.detail)
+        state.metrics.errors[err.status_code] = state.metrics.errors.get(err.status_code, 0) + 1
+        return JSONResponse(ApiError(err.status_code, why, type="invalid_request_error").body(), status_code=err.status_code,
+                            headers=err.headers)
 
     @app.exception_handler(ClientGone)
     async def on_client_gone(request: Request, err: ClientGone) -> Response:
