@@ -69,14 +69,13 @@ def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
     fused decode needs the plain weights); ``requested`` is ``EngineConfig.cpu_fused_decode``, and ``True`` while a
     condition is not met raises ValueError naming it.
     """
-    matrices = [op.weight for layer in engine.model.model.layers for op in _linears(layer)]
     if engine.device.type != "cpu" or engine.dtype != torch.float32:
         problem = tr("cpu_fused_decode works only on the CPU in float32")
     elif engine.linear_kind != "kernel":
         problem = tr("cpu_fused_decode needs the CPU kernel (cpu_kernel=True and a C compiler)")
     elif engine.graph_mode != "off":
         problem = tr("cpu_fused_decode and cuda_graph cannot be used together")
-    elif not all(kernel.supports(w) for w in matrices):
+    elif not all(kernel.supports(op.weight) for layer in engine.model.model.layers for op in _linears(layer)):
         problem = tr("cpu_fused_decode: a linear layer of this model does not fit the CPU kernel")
     else:
         problem = None
