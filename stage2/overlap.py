@@ -12,7 +12,8 @@
 
 - GPU 上：前向跑在引擎自己的 CUDA 流上，发出前等待调度器所在的流；结果用事件通知主机；
 - CPU 上：前向交给一个后台线程（PyTorch 的算子执行时会释放 GIL），主线程同时做调度。进程里只留一个 OpenMP
-  线程池——后台线程的（见 :mod:`minisgl.threads`）：两个池挤在两个核上，前向会慢到一半左右。
+  线程池——后台线程的；主线程把核交出去，自己只用一个线程调度（见 :mod:`minisgl.threads`）：两个池挤在两个核上，
+  前向会慢到一半左右。
 
 几个坑（都有检查）：
 
@@ -44,8 +45,9 @@ where the next step reads it.
 - on a GPU: the forward runs on the engine's own CUDA stream, which waits for the scheduler's stream before launching;
   an event tells the host when results are ready;
 - on the CPU: the forward goes to a background thread (PyTorch releases the GIL while an operator runs), and the main
-  thread schedules meanwhile. The process keeps a single OpenMP pool, the background thread's (see
-  :mod:`minisgl.threads`): two pools crowding two cores make the forward about half as fast.
+  thread schedules meanwhile. The process keeps a single OpenMP pool, the background thread's; the main thread hands
+  the cores over and schedules on one thread (see :mod:`minisgl.threads`): two pools crowding two cores make the
+  forward about half as fast.
 
 Some traps (all checked):
 
@@ -78,7 +80,7 @@ from minisgl.core import Req
 from minisgl.engine import ForwardOutput
 from minisgl.env import ENV
 from minisgl.scheduling import ForwardInput
-from minisgl.threads import release_thread_pool
+from minisgl.threads import hand_over_cores, release_thread_pool, take_back_cores
 
 InFlight = tuple[ForwardInput, "Future[ForwardOutput]"]
 
@@ -102,9 +104,9 @@ class Scheduler(_Scheduler):
             self.engine_stream = torch.cuda.Stream(self.device)
         else:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-forward")
-            # 后台线程算过，它的 OpenMP 线程池可能还在
-            # en: the worker has computed, so its OpenMP pool may still exist
-            self._worker_computed = False
+            # 主线程把核交给了后台线程时，它原来的线程数（None：核在主线程手里）
+            # en: the main thread's own thread count while it has handed the cores to the worker (None: it holds them)
+            self._handed_over: int | None = None
 
     @property
     def overlap(self) -> bool:
@@ -118,10 +120,12 @@ class Scheduler(_Scheduler):
     # en: ------------------------------------------------------------------ launching the forward
 
     def _launch(self, fi: ForwardInput) -> Future[ForwardOutput]:
-        """让设备开始算这一步，不等它算完。CPU：先让主线程的 OpenMP 线程池退场，再交给后台线程；GPU：在引擎自己的流上排队。
+        """让设备开始算这一步，不等它算完。CPU：交给后台线程（第一次先把核交出去：主线程的 OpenMP 线程池退场、自己只用
+        1 个线程调度）；GPU：在引擎自己的流上排队。
 
-        en: Start the device on this step without waiting for it to finish. CPU: let the main thread's OpenMP pool go,
-        then hand the step to the background thread; GPU: queue it on the engine's own stream.
+        en: Start the device on this step without waiting for it to finish. CPU: hand it to the background thread (the
+        first time, hand the cores over first: the main thread's OpenMP pool goes and it schedules on 1 thread); GPU:
+        queue it on the engine's own stream.
         """
         if self.device.type == "cuda":
             with torch.cuda.stream(self.engine_stream):
@@ -129,8 +133,8 @@ class Scheduler(_Scheduler):
                 launched: Future[ForwardOutput] = Future()
                 launched.set_result(self._run_batch(fi))
                 return launched
-        release_thread_pool()
-        self._worker_computed = True
+        if self._handed_over is None:
+            self._handed_over = hand_over_cores()
         return self._worker.submit(self._run_batch, fi)
 
     def _forward(self, fi: ForwardInput) -> ForwardOutput | Future[ForwardOutput]:
@@ -212,17 +216,19 @@ class Scheduler(_Scheduler):
         """等在途的一步算完并处理它的结果，然后归还所有延后的资源；CPU 上再让后台线程的 OpenMP 线程池退场。
 
         en: Wait for the step in flight to finish and process its results, then free every deferred resource; on the
-        CPU, also let the background thread's OpenMP pool go.
+        CPU, also take the cores back from the background thread.
         """
         last, self._last_data = self._last_data, None
         self._in_flight = set()
         self._finish(last)
         self._free_deferred()
-        if self.device.type != "cuda" and self._worker_computed:
-            # 主线程（和用户自己的代码）又要用这两个核了：后台线程的池退场
-            # en: the main thread (and the user's own code) gets the cores back: the worker's pool goes
-            self._worker_computed = False
+        if self.device.type != "cuda" and self._handed_over is not None:
+            # 主线程（和用户自己的代码）又要用这些核了：后台线程的池退场，主线程恢复原来的线程数
+            # en: the main thread (and the user's own code) gets the cores back: the worker's pool goes, the main thread's
+            # en: thread count is restored
             self._worker.submit(release_thread_pool).result()
+            take_back_cores(self._handed_over)
+            self._handed_over = None
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -216,12 +216,12 @@ def test_switch_from_environment_variable(tiny_path: str) -> None:
 def test_one_openmp_pool_on_cpu(tiny_path: str) -> None:
     """CPU 上前向在后台线程时，主线程不能再留一个 OpenMP 线程池：两个池挤在两个核上，前向慢到一半左右。
     数进程的线程：主线程算过东西就有一个池（n 个计算线程多出 n - 1 个）；开着重叠调度时，多出来的只能是后台线程
-    和它的池，一批请求算完后后台线程的池也要退场，把核还给主线程上的代码。"""
+    和它的池——主线程在这期间做并行计算也不能再建池；一批请求算完后后台线程的池也要退场，把核还给主线程上的代码。"""
     if not os.path.isdir("/proc/self/task"):
         pytest.skip(tr("Counting a process's threads needs /proc (Linux)"))
     two_pools = tr("While the forward runs in the background thread the process has {during} threads, {baseline} before "
-                   "the run (the main thread and its OpenMP pool): the main thread's OpenMP pool must be let go before the "
-                   "launch, or two pools share the cores")
+                   "the run (the main thread and its OpenMP pool): the main thread must hand the cores over before the "
+                   "launch (its OpenMP pool let go, none built again while the requests run), or two pools share the cores")
     left_behind = tr("After generate() the process still has {after} threads (at most {limit} expected): the background "
                      "thread's OpenMP pool must be let go once the requests are done")
     script = textwrap.dedent(
@@ -240,7 +240,10 @@ def test_one_openmp_pool_on_cpu(tiny_path: str) -> None:
         baseline = threads()  # the main thread + its pool
         ENV.DISABLE_OVERLAP_SCHEDULING.value = False
         seen = []
-        llm.add_step_listener(lambda trace: seen.append(threads()))
+        def host_work(trace):
+            torch.ones(1 << 20).sum()  # a parallel computation on the main thread, as scheduling may do
+            seen.append(threads())
+        llm.add_step_listener(host_work)
         llm.generate(["hello there", "a b c"], sp)
         during, after = max(seen), threads()
         assert n >= 2, n
