@@ -1,7 +1,8 @@
-"""llama.cpp 作对照（可选）：同一份 SmolLM2 权重，fp32，一个请求的一步解码。
+"""llama.cpp 作对照（可选）：同一份 SmolLM2 权重（F32 或 BF16），一个请求的一步解码。
 
 ``models/SmolLM2-135M-Instruct`` 是从 PyPI 上一个 GGUF（Q4_1）反量化成 fp32 的；这里用 ``gguf`` 库把同一个 GGUF
-的每个张量反量化成 F32，另写一个 GGUF 给 llama.cpp，所以两边算的是逐元素相同的权重。
+的每个张量反量化成 F32（BF16 时再按最近偶数舍入成 bf16，和 torch 的 ``.to(torch.bfloat16)`` 一样），另写一个 GGUF
+给 llama.cpp，所以两边算的是逐元素相同的权重。
 llama.cpp 的 Python 绑定 ``llama-cpp-python`` 不在依赖里：没装时 :func:`load` 抛 :class:`LlamaCppMissing`，
 消息里写怎样安装（在 PyPI 上是源码包，安装时现编译 llama.cpp）。
 """
@@ -25,13 +26,15 @@ class LlamaCppMissing(RuntimeError):
     """没有安装 llama-cpp-python。"""
 
 
-def f32_gguf() -> Path:
-    """SmolLM2 的 F32 GGUF（与 models/SmolLM2-135M-Instruct 同样的权重），第一次调用时生成，之后直接用。"""
+def weights_gguf(weights: str = "F32") -> Path:
+    """SmolLM2 的 F32 / BF16 GGUF（与 models/SmolLM2-135M-Instruct 同样的权重），第一次调用时生成，之后直接用。"""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
-    from gguf.quants import dequantize
+    from gguf.quants import dequantize, quantize
 
+    qtype, file_type = {"F32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
+                        "BF16": (GGMLQuantizationType.BF16, LlamaFileType.MOSTLY_BF16)}[weights]
     cache = models_dir() / ".cache" / "gguf"
-    out = cache / "SmolLM2-135M-Instruct.F32.gguf"
+    out = cache / f"SmolLM2-135M-Instruct.{weights}.gguf"
     if out.is_file():
         return out
     source = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,10 +49,14 @@ def f32_gguf() -> Path:
             continue  # the writer adds these itself
         sub_type = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
         writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
-    writer.add_file_type(LlamaFileType.ALL_F32)
+    writer.add_file_type(file_type)
     for tensor in reader.tensors:
         data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        writer.add_tensor(tensor.name, data, raw_dtype=GGMLQuantizationType.F32)
+        # 1 维的（各层的 norm）llama.cpp 只认 F32
+        if qtype != GGMLQuantizationType.F32 and data.ndim > 1:
+            writer.add_tensor(tensor.name, quantize(data, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(tensor.name, data, raw_dtype=GGMLQuantizationType.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -58,8 +65,8 @@ def f32_gguf() -> Path:
     return out
 
 
-def load(threads: int, n_ctx: int = 512):  # noqa: ANN201 - llama_cpp.Llama, an optional dependency
-    """llama.cpp 加载 F32 GGUF（``threads`` 个线程）。"""
+def load(threads: int, n_ctx: int = 512, weights: str = "F32"):  # noqa: ANN201 - llama_cpp.Llama, an optional dependency
+    """llama.cpp 加载 F32 / BF16 GGUF（``threads`` 个线程）。"""
     try:
         from llama_cpp import Llama
     except ImportError as err:
@@ -68,7 +75,7 @@ def load(threads: int, n_ctx: int = 512):  # noqa: ANN201 - llama_cpp.Llama, an 
             "(a source package: it compiles llama.cpp, about {minutes:.0f} minutes on a 2-core machine)",
             minutes=BUILD_MINUTES,
         )) from err
-    return Llama(str(f32_gguf()), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_ctx,
+    return Llama(str(weights_gguf(weights)), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_ctx,
                  verbose=False)
 
 

@@ -21,11 +21,12 @@
     python bench/roofline.py --repeats 5 --model models/SmolLM2-135M-Instruct
     python bench/roofline.py --llamacpp      # SmolLM2，另加 llama.cpp 一个请求的一步（要先装 llama-cpp-python）
     python bench/roofline.py --dtype bf16    # 权重用 bf16（我们和 HF 都是）：每步少读一半字节
-    python bench/roofline.py --llamacpp --dtype bf16   # 我们 bf16 对 llama.cpp 同一检查点的 F32
+    python bench/roofline.py --llamacpp --dtype bf16   # 我们 bf16 对 llama.cpp 同一份权重的 BF16
     python bench/roofline.py --linear onednn # 我们的线性层换成 oneDNN（或 torch：F.linear），看内核省了多少
     python bench/roofline.py --plot docs/assets/plots/roofline.svg   # 另把结果画成图（标注用当前语言）
 
-``--llamacpp`` 时先比 llama.cpp 与我们的贪心输出（同一份权重；fp32 时应逐 token 相同，bf16 时只供参考），再计时。
+``--llamacpp`` 时先比 llama.cpp 与我们的贪心输出（同一份权重、同一种精度；fp32 时应逐 token 相同，bf16 时两边的
+累加顺序不同，只供参考），再计时。
 """
 
 from __future__ import annotations
@@ -165,9 +166,9 @@ def main() -> int:
     parser.add_argument("--model", default=None, help=tr("model directory (default: Qwen3-0.6B, or the random-weight model of the same shape if that is missing)"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--llamacpp", action="store_true",
-                        help=tr("SmolLM2, plus llama.cpp's batch-1 decode step on the same fp32 weights"))
+                        help=tr("SmolLM2, plus llama.cpp's batch-1 decode step on the same weights in the same dtype"))
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                        help=tr("weight dtype for ours and HF (default fp32; llama.cpp always runs the F32 weights)"))
+                        help=tr("weight dtype for ours, HF and llama.cpp (default fp32; llama.cpp runs the F32 or BF16 GGUF)"))
     parser.add_argument("--linear", choices=("kernel", "onednn", "torch"), default="kernel",
                         help=tr("our linear layers: the small-batch kernel (default), oneDNN, or plain F.linear"))
     parser.add_argument("--plot", default=None, help=tr("also draw the result into this image file (svg or png; the English one goes beside it as X.en.svg)"))
@@ -178,7 +179,7 @@ def main() -> int:
 
         args.model = args.model or str(smollm2())
         try:
-            llama = llamacpp.load(torch.get_num_threads())
+            llama = llamacpp.load(torch.get_num_threads(), weights={"fp32": "F32", "bf16": "BF16"}[args.dtype])
         except llamacpp.LlamaCppMissing as err:
             print(err, file=sys.stderr)
             return 2

@@ -823,7 +823,7 @@ def _make_f32_gguf(model: str | Path) -> Path:
         raise FileNotFoundError(tr("{path} is missing: bench/llamacpp.py makes the F32 GGUF of SmolLM2-135M-Instruct only",
                                    path=gguf))
     module = load_script("bench/llamacpp.py", "bench_llamacpp")
-    return Path(module.f32_gguf())
+    return Path(module.weights_gguf("F32"))
 
 
 def llamacpp_peer(model: str | Path, port: int | None = None, threads: int | None = None) -> Peer:
