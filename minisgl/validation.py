@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from minisgl.core import SamplingParams
+from minisgl.core import InvalidParam, SamplingParams
 from minisgl.graph import GRAPH_MODES
 from minisgl.i18n import tr
 
@@ -44,23 +44,51 @@ SEED_RANGE = range(-(2**63), 2**64)
 
 def check_sampling_types(sp: SamplingParams) -> None:
     """类型和 NaN / inf：这些值连比较都不可靠（NaN 和谁比都是 False），先于 ``SamplingParams.validate`` 挡掉；
-    种子还要在 :data:`SEED_RANGE` 里。服务器在登记请求之前也调用它（错误里第一个词是参数名）。
+    种子还要在 :data:`SEED_RANGE` 里。抛 :class:`~minisgl.core.InvalidParam`（点名字段）。
 
     en: Types and NaN / inf: such values cannot even be compared reliably, so they are stopped before
-    ``SamplingParams.validate``; the seed must also lie in :data:`SEED_RANGE`. The server calls it too, before it
-    registers a request (the error's first word is the parameter's name).
+    ``SamplingParams.validate``; the seed must also lie in :data:`SEED_RANGE`. Raises
+    :class:`~minisgl.core.InvalidParam` (naming the field).
     """
     for name in ("temperature", "top_p"):
         value = getattr(sp, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise ValueError(tr("{name} must be a finite real number, got {value!r}", name=name, value=value))
+            raise InvalidParam(name, tr("{name} must be a finite real number, got {value!r}", name=name, value=value))
     for name in ("top_k", "max_tokens"):
         if not _is_int(getattr(sp, name)):
-            raise ValueError(tr("{name} must be an integer, got {value!r}", name=name, value=getattr(sp, name)))
+            raise InvalidParam(name, tr("{name} must be an integer, got {value!r}", name=name, value=getattr(sp, name)))
+    if not isinstance(sp.ignore_eos, bool):
+        raise InvalidParam("ignore_eos", tr("ignore_eos must be true or false, got {value!r}", value=sp.ignore_eos))
     if sp.seed is not None and not _is_int(sp.seed):
-        raise ValueError(tr("seed must be None or an integer, got {seed!r}", seed=sp.seed))
+        raise InvalidParam("seed", tr("seed must be None or an integer, got {seed!r}", seed=sp.seed))
     if sp.seed is not None and sp.seed not in SEED_RANGE:
-        raise ValueError(tr("seed must be in [-2**63, 2**64), got {seed}", seed=sp.seed))
+        raise InvalidParam("seed", tr("seed must be in [-2**63, 2**64), got {seed}", seed=sp.seed))
+
+
+def check_sampling(sp: SamplingParams) -> None:
+    """采样参数的那一道门：先查类型（:func:`check_sampling_types`），再查取值范围（第 1.1 章的
+    ``SamplingParams.validate``，范围只写在那里）。离线接口、调度器和服务器都调用它；不合法时抛
+    :class:`~minisgl.core.InvalidParam`，服务器把它变成点名参数的 400。
+
+    en: The one gate for sampling parameters: types first (:func:`check_sampling_types`), then ranges (chapter 1.1's
+    ``SamplingParams.validate``, the only place that knows them). The offline API, the scheduler and the server all
+    call it; an invalid value raises :class:`~minisgl.core.InvalidParam`, which the server turns into a 400 naming the
+    parameter.
+    """
+    check_sampling_types(sp)
+    sp.validate()
+
+
+def check_token_ids(ids: Sequence[int], vocab: int) -> None:
+    """词表的那一道门：每个 id 都要在 [0, vocab) 里。离线接口和分词进程都调用它。
+
+    en: The one vocabulary check: every id must lie in [0, vocab). The offline API and the tokenizer process both call
+    it.
+    """
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(tr("The prompt has token ids outside the vocabulary (size {vocab}): {bad}", vocab=vocab,
+                            bad=bad[:5]))
 
 
 def validate_requests(
@@ -95,8 +123,7 @@ def validate_requests(
             raise TypeError(tr("The sampling parameters of prompt {i} are not a SamplingParams but a {type_name}",
                                i=i, type_name=type(sp).__name__))
         try:
-            check_sampling_types(sp)
-            sp.validate()
+            check_sampling(sp)
         except ValueError as e:
             raise ValueError(tr("Invalid sampling parameters for prompt {i}: {e}", i=i, e=e)) from None
         if isinstance(prompt, str):
@@ -108,10 +135,10 @@ def validate_requests(
                                i=i, type_name=type(prompt).__name__))
         if len(ids) == 0:
             raise ValueError(tr("Prompt {i} is empty: it needs at least 1 token", i=i))
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(tr("Prompt {i} has token ids outside the vocabulary (size {vocab}): {bad}",
-                                i=i, vocab=vocab, bad=bad[:5]))
+        try:
+            check_token_ids(ids, vocab)
+        except ValueError as e:
+            raise ValueError(tr("Prompt {i}: {e}", i=i, e=e)) from None
         if len(ids) >= max_seq_len:
             raise ValueError(
                 tr("Prompt {i} has {n_ids} tokens, reaching the length limit of a single request, {max_seq_len} (at least 1 output token must fit after the prompt; the limit is the smaller of max_seq_len_override and the KV pool capacity): shorten the prompt, or raise max_seq_len_override / num_page_override",

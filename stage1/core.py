@@ -33,6 +33,18 @@ if TYPE_CHECKING:
     from minisgl.kvcache import MHAKVCache
 
 
+class InvalidParam(ValueError):
+    """一个不合法的采样参数：``param`` 是字段名，消息说为什么。服务器把它变成点名这个参数的 400。
+
+    en: An invalid sampling parameter: ``param`` is the field's name, the message says why. The server turns it into a
+    400 that names the parameter.
+    """
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass
 class SamplingParams:
     """一个请求怎么采样。temperature <= 0 或 top_k == 1 时就是贪心（取 argmax）。
@@ -55,12 +67,15 @@ class SamplingParams:
         return self.temperature <= 0.0 or self.top_k == 1
 
     def validate(self) -> None:
-        """把不可能的参数挡在门外，免得到采样时才出现 NaN 或越界。
+        """把不可能的参数挡在门外，免得到采样时才出现 NaN 或越界。参数的取值范围只写在这里：离线接口、调度器和服务器
+        都经过它（:func:`minisgl.validation.check_sampling`），服务器按 ``InvalidParam.param`` 点名参数。
 
-        en: Reject impossible parameters here, rather than getting NaN or an out-of-range index at sampling time.
+        en: Reject impossible parameters here, rather than getting NaN or an out-of-range index at sampling time. The
+        parameters' ranges are written here only: the offline API, the scheduler and the server all pass through it
+        (:func:`minisgl.validation.check_sampling`), and the server names the parameter from ``InvalidParam.param``.
         """
-        # TODO 任务 validate_sampling_params：检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 ValueError
-        # TODO task validate_sampling_params: check temperature >= 0, top_k == -1 or >= 1, 0 < top_p <= 1, max_tokens >= 1; raise ValueError otherwise
+        # TODO 任务 validate_sampling_params：检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 InvalidParam(字段名, 说明)
+        # TODO task validate_sampling_params: check temperature >= 0, top_k == -1 or >= 1, 0 < top_p <= 1, max_tokens >= 1; otherwise raise InvalidParam(field name, message)
         raise TaskNotDone("core", "validate_sampling_params")
 
 

@@ -74,6 +74,7 @@ from minisgl.message import (
     unwrap,
 )
 from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
+from minisgl.validation import check_token_ids
 
 #: 解码到一半的字符变成的替换字符。
 #: en: The replacement character a half-decoded character turns into.
@@ -111,10 +112,7 @@ class TokenizeManager:
                                                           return_dict=False))
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = [int(t) for t in prompt]
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(tr("The prompt has token ids outside the vocabulary (size {vocab}): {bad}",
-                                    vocab=self.vocab_size, bad=bad[:5]))
+            check_token_ids(ids, self.vocab_size)
         else:
             raise TypeError(tr("The prompt must be a string, a list of chat messages or a list of token ids, got {type}",
                                type=type(prompt).__name__))

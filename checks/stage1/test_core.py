@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minisgl.i18n import tr
-from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, set_global_ctx
+from minisgl.core import Batch, Context, InvalidParam, Req, SamplingParams, get_global_ctx, set_global_ctx
 from minisgl.engine import Engine, EngineConfig
 from minisgl.overlap import LLM as FinalLLM
 
@@ -25,17 +25,18 @@ def test_sampling_params_validate() -> None:
     expect(SamplingParams(temperature=1.0, top_k=1).is_greedy, True, tr("top_k=1 is greedy whatever the temperature"))
     expect(SamplingParams(temperature=0.5).is_greedy, False, tr("temperature=0.5 without top_k=1 is not greedy"))
     bad = [
-        SamplingParams(temperature=-0.1),
-        SamplingParams(top_k=0),
-        SamplingParams(top_k=-2),
-        SamplingParams(top_p=0.0),
-        SamplingParams(top_p=1.5),
-        SamplingParams(max_tokens=0),
+        (SamplingParams(temperature=-0.1), "temperature"),
+        (SamplingParams(top_k=0), "top_k"),
+        (SamplingParams(top_k=-2), "top_k"),
+        (SamplingParams(top_p=0.0), "top_p"),
+        (SamplingParams(top_p=1.5), "top_p"),
+        (SamplingParams(max_tokens=0), "max_tokens"),
     ]
-    for params in bad:
-        with pytest.raises(ValueError):
+    for params, field in bad:
+        with pytest.raises(InvalidParam) as info:
             params.validate()
-            pytest.fail(tr("validate() must reject {params} (ValueError)", params=params))
+            pytest.fail(tr("validate() must reject {params} (InvalidParam)", params=params))
+        expect(info.value.param, field, tr("validate() rejected {params}: InvalidParam.param names the field", params=params))
 
 
 def test_req_lengths() -> None:

@@ -29,6 +29,18 @@ if TYPE_CHECKING:
     from minisgl.kvcache import MHAKVCache
 
 
+class InvalidParam(ValueError):
+    """一个不合法的采样参数：``param`` 是字段名，消息说为什么。服务器把它变成点名这个参数的 400。
+
+    en: An invalid sampling parameter: ``param`` is the field's name, the message says why. The server turns it into a
+    400 that names the parameter.
+    """
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass
 class SamplingParams:
     """一个请求怎么采样。temperature <= 0 或 top_k == 1 时就是贪心（取 argmax）。
@@ -51,20 +63,23 @@ class SamplingParams:
         return self.temperature <= 0.0 or self.top_k == 1
 
     def validate(self) -> None:
-        """把不可能的参数挡在门外，免得到采样时才出现 NaN 或越界。
+        """把不可能的参数挡在门外，免得到采样时才出现 NaN 或越界。参数的取值范围只写在这里：离线接口、调度器和服务器
+        都经过它（:func:`minisgl.validation.check_sampling`），服务器按 ``InvalidParam.param`` 点名参数。
 
-        en: Reject impossible parameters here, rather than getting NaN or an out-of-range index at sampling time.
+        en: Reject impossible parameters here, rather than getting NaN or an out-of-range index at sampling time. The
+        parameters' ranges are written here only: the offline API, the scheduler and the server all pass through it
+        (:func:`minisgl.validation.check_sampling`), and the server names the parameter from ``InvalidParam.param``.
         """
-        # >>> TASK validate_sampling_params: 检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 ValueError
-        # en: check temperature >= 0, top_k == -1 or >= 1, 0 < top_p <= 1, max_tokens >= 1; raise ValueError otherwise
+        # >>> TASK validate_sampling_params: 检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 InvalidParam(字段名, 说明)
+        # en: check temperature >= 0, top_k == -1 or >= 1, 0 < top_p <= 1, max_tokens >= 1; otherwise raise InvalidParam(field name, message)
         if self.temperature < 0:
-            raise ValueError(tr("temperature must not be negative, got {temperature}", temperature=self.temperature))
+            raise InvalidParam("temperature", tr("temperature must not be negative, got {temperature}", temperature=self.temperature))
         if self.top_k != -1 and self.top_k < 1:
-            raise ValueError(tr("top_k must be either -1 (no limit) or >= 1, got {top_k}", top_k=self.top_k))
+            raise InvalidParam("top_k", tr("top_k must be either -1 (no limit) or >= 1, got {top_k}", top_k=self.top_k))
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(tr("top_p must be in (0, 1], got {top_p}", top_p=self.top_p))
+            raise InvalidParam("top_p", tr("top_p must be in (0, 1], got {top_p}", top_p=self.top_p))
         if self.max_tokens < 1:
-            raise ValueError(tr("max_tokens must be at least 1, got {max_tokens}", max_tokens=self.max_tokens))
+            raise InvalidParam("max_tokens", tr("max_tokens must be at least 1, got {max_tokens}", max_tokens=self.max_tokens))
         # <<< TASK
 
 

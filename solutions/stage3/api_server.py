@@ -56,7 +56,6 @@ import asyncio
 import hmac
 import importlib
 import json
-import math
 import multiprocessing
 import os
 import shutil
@@ -80,7 +79,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from minisgl.core import SamplingParams
+from minisgl.core import InvalidParam, SamplingParams
 from minisgl.i18n import lang, tr
 from minisgl.paths import REPO_ROOT
 from minisgl.message import (
@@ -96,7 +95,7 @@ from minisgl.message import (
 )
 from minisgl.serving import (DEFAULT_PORT, ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, port_problem,
                              set_process_name)
-from minisgl.validation import check_sampling_types
+from minisgl.validation import check_sampling
 
 T = TypeVar("T")
 
@@ -182,34 +181,6 @@ class ClientGone(Exception):
     """
 
 
-def _number(body: dict[str, Any], name: str, default: float) -> float:
-    """``body[name]`` 作为一个有限的实数（缺省 ``default``）；布尔值、字符串、NaN、无穷大都是 400。
-
-    en: ``body[name]`` as a finite real number (``default`` when absent); a boolean, a string, NaN or infinity is a 400.
-    """
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(400, tr("{name} must be a finite number, got {value!r}", name=name, value=value), param=name,
-                       code="invalid_value")
-    return float(value)
-
-
-def _integer(body: dict[str, Any], name: str, default: int | None) -> int | None:
-    """``body[name]`` 作为整数（缺省 ``default``）；``2.5``、``true``、字符串都是 400。
-
-    en: ``body[name]`` as an integer (``default`` when absent); ``2.5``, ``true`` or a string is a 400.
-    """
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, tr("{name} must be an integer, got {value!r}", name=name, value=value), param=name,
-                       code="invalid_value")
-    return value
-
-
 # ----------------------------------------------------------------------------- 请求 → 采样参数
 # en: ----------------------------------------------------------------------------- request → sampling parameters
 
@@ -226,72 +197,65 @@ def unsupported_params(body: dict[str, Any]) -> list[str]:
     # <<< TASK
 
 
+def _field(body: dict[str, Any], name: str, default: Any) -> Any:
+    """``body[name]``，缺省或 ``null`` 时是 ``default``。
+
+    en: ``body[name]``, or ``default`` when absent or ``null``.
+    """
+    value = body.get(name)
+    return default if value is None else value
+
+
 def sampling_params_from(body: dict[str, Any], *, max_seq_len: int,
                          default_max_tokens: int | None) -> tuple[SamplingParams, list[str]]:
     """按 OpenAI 的语义把请求体变成 ``(SamplingParams, 停止字符串列表)``，不合法就抛 :class:`ApiError` (400)。
 
-    - ``temperature``：缺省 1.0，必须 ≥ 0（0 是贪心）；``top_p``：缺省 1.0，必须在 (0, 1]；
-    - ``top_k``（上游的扩展）：缺省 -1（不限），否则 ≥ 1；``ignore_eos``（上游的扩展）：布尔值，缺省 False；
-      ``seed``：整数或不给；
-    - ``max_tokens``（对话接口也认 ``max_completion_tokens``）：整数，≥ 1，且小于上下文长度 ``max_seq_len``
-      （提示词至少还要占一个位置）；不给就用 ``default_max_tokens``，它是 None 时表示“上下文放得下多少就生成多少”，
-      即 ``max_seq_len - 1``（调度器会按提示词的实际长度截短）；
+    - 缺省值：``temperature`` 1.0（OpenAI 的缺省，不是贪心）、``top_p`` 1.0、``top_k``（上游的扩展）-1（不限）、
+      ``ignore_eos``（上游的扩展）False、``seed`` 不给；
+    - ``max_tokens``（对话接口也认 ``max_completion_tokens``）：不给就用 ``default_max_tokens``，它是 None 时表示
+      “上下文放得下多少就生成多少”，即 ``max_seq_len - 1``（调度器会按提示词的实际长度截短）；要小于上下文长度
+      ``max_seq_len``（提示词至少还要占一个位置），否则是 ``context_length_exceeded``；
     - ``stop``：不给、一个字符串、或字符串列表。
 
-    数值用 :func:`_number` / :func:`_integer` 取（类型不对、NaN 它们会抛 400）；错误的 ``param`` 写参数名。
+    类型和取值范围不在这里查：它们只有一道门，:func:`~minisgl.validation.check_sampling`（类型，再加第 1.1 章的
+    ``SamplingParams.validate``）。它抛的 :class:`~minisgl.core.InvalidParam` 点名了字段，错误的 ``param`` 就写它
+    （``max_tokens`` 出错而请求用的是 ``max_completion_tokens`` 时写后者）。
 
     en: Turn the request body into ``(SamplingParams, list of stop strings)`` with OpenAI's semantics; raise
     :class:`ApiError` (400) when something is invalid.
 
-    - ``temperature``: default 1.0, must be ≥ 0 (0 is greedy); ``top_p``: default 1.0, must be in (0, 1];
-    - ``top_k`` (upstream's extra): default -1 (no limit), otherwise ≥ 1; ``ignore_eos`` (upstream's extra): a boolean,
-      default False; ``seed``: an integer or absent;
-    - ``max_tokens`` (the chat endpoint also takes ``max_completion_tokens``): an integer, ≥ 1 and below the context
-      length ``max_seq_len`` (the prompt needs at least one place); when absent, ``default_max_tokens``, where None
-      means "as many as the context holds", i.e. ``max_seq_len - 1`` (the scheduler clips it to the prompt's real
-      length);
+    - defaults: ``temperature`` 1.0 (OpenAI's default, not greedy), ``top_p`` 1.0, ``top_k`` (upstream's extra) -1 (no
+      limit), ``ignore_eos`` (upstream's extra) False, no ``seed``;
+    - ``max_tokens`` (the chat endpoint also takes ``max_completion_tokens``): when absent, ``default_max_tokens``,
+      where None means "as many as the context holds", i.e. ``max_seq_len - 1`` (the scheduler clips it to the
+      prompt's real length); it must stay below the context length ``max_seq_len`` (the prompt needs at least one
+      place), otherwise it is ``context_length_exceeded``;
     - ``stop``: absent, one string, or a list of strings.
 
-    Numbers are read with :func:`_number` / :func:`_integer` (they raise a 400 for a wrong type or NaN); the error's
-    ``param`` is the parameter's name.
+    Types and ranges are not checked here: they have one gate, :func:`~minisgl.validation.check_sampling` (types, then
+    chapter 1.1's ``SamplingParams.validate``). The :class:`~minisgl.core.InvalidParam` it raises names the field, which
+    becomes the error's ``param`` (``max_completion_tokens`` when that is what the request used for ``max_tokens``).
     """
-    # >>> TASK sampling_params: 依次取 temperature（<0 → 400）、top_p（不在 (0,1] → 400）、top_k（不是 -1 也不 ≥1 → 400）、max_tokens（先 max_tokens 再 max_completion_tokens；缺省按 default_max_tokens，None 即 max_seq_len-1；<1 或 ≥ max_seq_len → 400）、ignore_eos（不是布尔 → 400）、seed、stop（字符串 → [它]，列表里都得是字符串）；组成 SamplingParams，返回 (它, stop 列表)
-    # en: read temperature (<0 → 400), top_p (outside (0,1] → 400), top_k (neither -1 nor ≥1 → 400), max_tokens (max_tokens first, then max_completion_tokens; default default_max_tokens, None meaning max_seq_len-1; <1 or ≥ max_seq_len → 400), ignore_eos (not a boolean → 400), seed, stop (a string → [it], a list must hold only strings); build SamplingParams and return (it, the stop list)
-    temperature = _number(body, "temperature", 1.0)
-    if temperature < 0:
-        raise ApiError(400, tr("temperature must be >= 0 (0 is greedy), got {value}", value=temperature),
-                       param="temperature", code="invalid_value")
-    top_p = _number(body, "top_p", 1.0)
-    if not 0.0 < top_p <= 1.0:
-        raise ApiError(400, tr("top_p must be in (0, 1], got {value}", value=top_p), param="top_p", code="invalid_value")
-    top_k = _integer(body, "top_k", -1)
-    assert top_k is not None
-    if top_k != -1 and top_k < 1:
-        raise ApiError(400, tr("top_k must be -1 (no limit) or >= 1, got {value}", value=top_k), param="top_k",
-                       code="invalid_value")
+    # >>> TASK sampling_params: 按 OpenAI 的缺省值取 temperature、top_p、top_k、ignore_eos、seed 和 max_tokens（先 max_tokens 再 max_completion_tokens；缺省按 default_max_tokens，None 即 max_seq_len-1），组成 SamplingParams 交给 check_sampling（InvalidParam → 400，param 用请求里的名字）；max_tokens ≥ max_seq_len → 400 context_length_exceeded；stop：字符串 → [它]，列表里都得是字符串；返回 (SamplingParams, stop 列表)
+    # en: read temperature, top_p, top_k, ignore_eos, seed and max_tokens with OpenAI's defaults (max_tokens first, then max_completion_tokens; default default_max_tokens, None meaning max_seq_len-1), build SamplingParams and pass it to check_sampling (InvalidParam → 400, param named as in the request); max_tokens ≥ max_seq_len → 400 context_length_exceeded; stop: a string → [it], a list must hold only strings; return (SamplingParams, the stop list)
     name = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
-    max_tokens = _integer(body, name, default_max_tokens)
-    if max_tokens is None:
-        max_tokens = max_seq_len - 1
-    if max_tokens < 1:
-        raise ApiError(400, tr("{name} must be at least 1, got {value}", name=name, value=max_tokens), param=name,
-                       code="invalid_value")
-    if max_tokens >= max_seq_len:
+    max_tokens = _field(body, name, default_max_tokens)
+    sp = SamplingParams(temperature=_field(body, "temperature", 1.0), top_k=_field(body, "top_k", -1),
+                        top_p=_field(body, "top_p", 1.0), ignore_eos=_field(body, "ignore_eos", False),
+                        max_tokens=max_seq_len - 1 if max_tokens is None else max_tokens, seed=body.get("seed"))
+    try:
+        check_sampling(sp)
+    except InvalidParam as e:
+        raise ApiError(400, str(e), param=name if e.param == "max_tokens" else e.param, code="invalid_value") from None
+    if sp.max_tokens >= max_seq_len:
         raise ApiError(400, tr("{name}={value} is beyond the context of this server ({max_seq_len} tokens, prompt included)",
-                               name=name, value=max_tokens, max_seq_len=max_seq_len),
+                               name=name, value=sp.max_tokens, max_seq_len=max_seq_len),
                        param=name, code="context_length_exceeded")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise ApiError(400, tr("ignore_eos must be true or false, got {value!r}", value=ignore_eos), param="ignore_eos",
-                       code="invalid_value")
-    seed = _integer(body, "seed", None)
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise ApiError(400, tr("stop must be a string or a list of strings, got {value!r}", value=body.get("stop")),
                        param="stop", code="invalid_value")
-    sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, ignore_eos=ignore_eos,
-                        max_tokens=max_tokens, seed=seed)
     return sp, stop
     # <<< TASK
 
@@ -800,11 +764,6 @@ def parse_request(kind: str, body: Any, state: ServerState, *, stream_default: b
                                names=", ".join(bad)), param=bad[0], code="unsupported_parameter")
     sp, stop = sampling_params_from(body, max_seq_len=state.max_seq_len,
                                     default_max_tokens=None if kind == "chat" else COMPLETION_MAX_TOKENS)
-    try:
-        check_sampling_types(sp)  # 同一道门：离线接口和调度器也用它 | en: the same gate the offline API and the scheduler use
-    except ValueError as e:
-        named = [n for n in ("temperature", "top_p", "top_k", "max_tokens", "seed") if n in str(e)]
-        raise ApiError(400, str(e), param=named[0] if named else None, code="invalid_value") from None
     stream = body.get("stream", stream_default)
     stream = stream_default if stream is None else stream
     if not isinstance(stream, bool):
