@@ -51,6 +51,7 @@ REFUSED_INPUTS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
     ("`SamplingParams(max_tokens=1.5)`", _gen(["a"], SP(max_tokens=1.5)), ValueError, "max_tokens"),  # type: ignore[arg-type]
     ('`SamplingParams(seed="x")`', _gen(["a"], SP(seed="x")), ValueError, "seed"),  # type: ignore[arg-type]
     ("`SamplingParams(seed=2**64)`", _gen(["a"], SP(seed=2**64)), ValueError, "seed"),
+    ('`SamplingParams(ignore_eos="yes")`', _gen(["a"], SP(ignore_eos="yes")), ValueError, "ignore_eos"),  # type: ignore[arg-type]
     ("`LLM(..., max_running_req=0)`", _make(max_running_req=0), ValueError, "max_running_req"),
     ("`LLM(..., num_page_override=0)`", _make(num_page_override=0), ValueError, "num_page_override"),
     ("`LLM(..., page_size=0)`", _make(page_size=0), ValueError, "page_size"),
