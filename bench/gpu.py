@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 import torch
-from common import Case, interleaved, print_table, ratio_stats, timed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bench.common import Case, interleaved, print_table, ratio_stats, timed
 from minisgl.core import SamplingParams
 from minisgl.i18n import tr
 from minisgl.llm import LLM

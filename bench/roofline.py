@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from common import Stats, plot_paths
 from transformers import AutoModelForCausalLM
 
+from bench.common import Stats, plot_paths
 from minisgl import kernel
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
@@ -175,7 +175,7 @@ def main() -> int:
     args = parser.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     if args.llamacpp:
-        import llamacpp
+        from bench import llamacpp
 
         args.model = args.model or str(smollm2())
         try:

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import torch
-from common import Case, interleaved, print_table, timed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bench.common import Case, interleaved, print_table, timed
 from minisgl.engine import Engine, EngineConfig
 from minisgl.i18n import tr
 from minisgl.model_zoo import default_model

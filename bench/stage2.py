@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 import torch
-from common import Case, Stats, interleaved, print_table, ratio_stats, timed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bench.common import Case, Stats, interleaved, print_table, ratio_stats, timed
 from minisgl.core import SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.env import ENV

@@ -17,10 +17,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_script(relpath: str, name: str) -> ModuleType:
-    """把仓库里的一个脚本（``bench/``、``tools/`` 下的，不是包）按路径加载成模块 ``name``：先登记进 ``sys.modules``
+    """把仓库里的一个脚本（``tools/`` 下的，不是包）按路径加载成模块 ``name``：先登记进 ``sys.modules``
     （数据类要用；再次加载直接返回它），脚本所在的目录放进 ``sys.path``（它导入旁边的模块，像直接运行时一样）。
 
-    en: Load a script of the repo (under ``bench/`` or ``tools/``, not a package) by path as module ``name``: registered
+    en: Load a script of the repo (under ``tools/``, not a package) by path as module ``name``: registered
     in ``sys.modules`` first (dataclasses need it; loading again returns it), with the script's folder on ``sys.path``
     (it imports its neighbours, as when run directly).
     """

@@ -21,15 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from bench import accounting, client, peers, report, serve, workload
+from bench.accounting import Record
 from checks.stage3.conftest import tiny_model
 from minisgl.i18n import tr
-from minisgl.paths import REPO_ROOT, load_script
-
-
-# bench/serve.py 是脚本不是包：按路径加载
-# en: bench/serve.py is a script, not a package: loaded by path
-bench = load_script("bench/serve.py", "bench_serve")
-Record = bench.Record
+from minisgl.paths import REPO_ROOT
 
 #: 小服务器的参数（与第 3 阶段检查的一样，fp32）。
 #: en: The small server's flags (as in the stage-3 checks, fp32).
@@ -48,9 +44,9 @@ def _approx(actual: object, expected: object, what: str) -> None:
 def test_percentile_interpolates() -> None:
     xs = [float(x) for x in range(10, 0, -1)]  # 乱序的 1..10 | en: 1..10 out of order
     for q, expected in [(0, 1.0), (50, 5.5), (90, 9.1), (99, 9.91), (100, 10.0)]:
-        _approx(bench.percentile(xs, q), expected, f"p{q} of 1..10")
-    _approx(bench.percentile([3.0], 99), 3.0, "p99 of one sample")
-    assert bench.percentile([], 50) is None, tr("The percentile of no samples is None")
+        _approx(accounting.percentile(xs, q), expected, f"p{q} of 1..10")
+    _approx(accounting.percentile([3.0], 99), 3.0, "p99 of one sample")
+    assert accounting.percentile([], 50) is None, tr("The percentile of no samples is None")
 
 
 def _records() -> list:
@@ -71,7 +67,7 @@ def _records() -> list:
 
 def test_summary_from_known_times() -> None:
     records = _records()
-    s = bench.summarize(records, bench.Slo(ttft=2.0, tpot=0.2))
+    s = accounting.summarize(records, accounting.Slo(ttft=2.0, tpot=0.2))
     assert (s.requests, s.ok, s.failed) == (6, 4, 2), tr("requests / ok / failed: expected (6, 4, 2), got {got}",
                                                          got=(s.requests, s.ok, s.failed))
     assert records[3].failure() is not None and "4" in records[3].failure(), \
@@ -99,12 +95,12 @@ def test_summary_from_known_times() -> None:
 
 def test_single_token_and_empty_runs() -> None:
     one = Record(send=0.0, asked=1, first_token=0.5, chunks=[0.5], end=0.5, got=1)
-    s = bench.summarize([one], bench.Slo())
+    s = accounting.summarize([one], accounting.Slo())
     assert one.tpot is None and s.tpot.n == 0 and s.good == 1, \
         tr("One token has no TPOT, and the request still meets the SLO on TTFT alone")
     silent = Record(send=0.0, asked=2, end=1.0, got=None)
     assert silent.failure() is not None, tr("A stream without usage cannot prove its token count: a failure")
-    empty = bench.summarize([], bench.Slo())
+    empty = accounting.summarize([], accounting.Slo())
     assert (empty.requests, empty.duration, empty.output_throughput, empty.ttft.p50) == (0, 0.0, 0.0, None), \
         tr("A run without records is all zeros")
 
@@ -117,17 +113,19 @@ IDS = list(range(1000, 6000))
 
 
 def test_random_requests_follow_the_seed() -> None:
-    a = bench.random_requests(50, IDS, (16, 64), (4, 12), seed=7)
-    assert a == bench.random_requests(50, IDS, (16, 64), (4, 12), seed=7), tr("The same seed must give the same request set")
-    assert a != bench.random_requests(50, IDS, (16, 64), (4, 12), seed=8), tr("Another seed must give another request set")
+    a = workload.random_requests(50, IDS, (16, 64), (4, 12), seed=7)
+    assert a == workload.random_requests(50, IDS, (16, 64), (4, 12), seed=7), \
+        tr("The same seed must give the same request set")
+    assert a != workload.random_requests(50, IDS, (16, 64), (4, 12), seed=8), \
+        tr("Another seed must give another request set")
     assert all(16 <= len(r.prompt) <= 64 and 4 <= r.max_tokens <= 12 and set(r.prompt) <= set(IDS) for r in a), \
         tr("Prompt and output lengths stay within their ranges, and every token id comes from the vocabulary")
     assert len({len(r.prompt) for r in a}) > 5 and len({r.max_tokens for r in a}) > 3, tr("The lengths really vary")
 
 
 def test_shared_prefix_requests_share_the_prefix() -> None:
-    a = bench.shared_prefix_requests(20, IDS, 200, (8, 32), (4, 12), seed=3)
-    assert a == bench.shared_prefix_requests(20, IDS, 200, (8, 32), (4, 12), seed=3), \
+    a = workload.shared_prefix_requests(20, IDS, 200, (8, 32), (4, 12), seed=3)
+    assert a == workload.shared_prefix_requests(20, IDS, 200, (8, 32), (4, 12), seed=3), \
         tr("The same seed must give the same request set")
     prefix = a[0].prompt[:200]
     assert all(r.prompt[:200] == prefix and 8 <= len(r.prompt) - 200 <= 32 for r in a), \
@@ -136,13 +134,14 @@ def test_shared_prefix_requests_share_the_prefix() -> None:
 
 
 def test_poisson_schedule() -> None:
-    times = bench.poisson_schedule(20000, 4.0, seed=1)
-    assert times == bench.poisson_schedule(20000, 4.0, seed=1) and times[0] == 0.0, \
+    times = workload.poisson_schedule(20000, 4.0, seed=1)
+    assert times == workload.poisson_schedule(20000, 4.0, seed=1) and times[0] == 0.0, \
         tr("The schedule follows the seed and starts at 0")
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert min(gaps) >= 0 and abs(statistics.mean(gaps) - 0.25) < 0.25 * 0.05, \
         tr("The mean gap is 1/rate = {expected} s, got {actual:.4f} s", expected=0.25, actual=statistics.mean(gaps))
-    assert bench.poisson_schedule(5, float("inf"), seed=1) == [0.0] * 5, tr("An infinite rate sends everything at once")
+    assert workload.poisson_schedule(5, float("inf"), seed=1) == [0.0] * 5, \
+        tr("An infinite rate sends everything at once")
 
 
 # ----------------------------------------------------------------------------- 几家服务器
@@ -151,11 +150,11 @@ def test_poisson_schedule() -> None:
 
 def test_peer_commands() -> None:
     model = "models/SmolLM2-135M-Instruct"
-    ours = bench.minisgl_peer(model, ["--dtype", "float32"])
+    ours = peers.minisgl_peer(model, ["--dtype", "float32"])
     assert ours.command[1:] == ["-m", "minisgl", "--model", model, "--host", "127.0.0.1", "--port", "0",
                                 "--dtype", "float32"] and ours.port is None, \
         tr("Our server: python -m minisgl on port 0 with the extra flags: {command}", command=ours.command)
-    hf = bench.transformers_peer(model, port=4321)
+    hf = peers.transformers_peer(model, port=4321)
     assert hf.command[1:] == ["-m", "transformers.cli.transformers", "serve", "--continuous-batching",
                               "--host", "127.0.0.1", "--port", "4321", "--device", "cpu", "--dtype", "float32",
                               "--cb-num-blocks", "32", "--cb-max-batch-tokens", "2048", "--log-level", "warning", model], \
@@ -163,40 +162,40 @@ def test_peer_commands() -> None:
     assert hf.form.text_prompt and "ignore_eos" not in hf.form.no_stop and hf.settings["version"], \
         tr("transformers gets text prompts, no ignore_eos, and its version is recorded: {peer}", peer=hf)
     gguf = Path("/m/SmolLM2-135M-Instruct.F32.gguf")
-    cmd = bench.llamacpp_command(gguf, 5678, 2)
+    cmd = peers.llamacpp_command(gguf, 5678, 2)
     assert cmd[1:] == ["-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", "5678",
-                       "--n_ctx", str(bench.LLAMACPP_N_CTX), "--n_batch", "512", "--n_threads", "2",
+                       "--n_ctx", str(peers.LLAMACPP_N_CTX), "--n_batch", "512", "--n_threads", "2",
                        "--n_threads_batch", "2", "--interrupt_requests", "false", "--logits_all", "false"], \
         tr("llama-cpp-python's server: the GGUF, the port, two threads, no interrupted requests: {command}", command=cmd)
-    vocab = bench.Vocab(IDS, [0, 1, 2], lambda ids: " ".join(map(str, ids)))
-    body = bench.llamacpp_peer(model, port=5678, threads=2).form.extra_body(7, vocab)
+    vocab = workload.Vocab(IDS, [0, 1, 2], lambda ids: " ".join(map(str, ids)))
+    body = peers.llamacpp_peer(model, port=5678, threads=2).form.extra_body(7, vocab)
     assert body == {"repeat_penalty": 1.0, "min_tokens": 7, "logit_bias": {"0": -100.0, "1": -100.0, "2": -100.0}}, \
         tr("llama.cpp is asked not to stop early with min_tokens and the special tokens pushed down: {body}", body=body)
-    assert bench.RequestForm().extra_body(7, vocab, no_stop=False) == {}, tr("--no-ignore-eos sends no extra field")
+    assert client.RequestForm().extra_body(7, vocab, no_stop=False) == {}, tr("--no-ignore-eos sends no extra field")
 
 
 def test_absent_llamacpp_is_reported(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # 不管这台机器装没装，都按没装走一遍（不跳过）
     # en: whether or not this machine has it, go through the not-installed path (never skipped)
-    monkeypatch.setattr(bench, "llamacpp_installed", lambda: False)
-    report = bench.main(["--model", tiny_model(), "--peers", "llamacpp", "--concurrency", "1", "--num-requests", "1",
+    monkeypatch.setattr(peers, "llamacpp_installed", lambda: False)
+    result = serve.main(["--model", tiny_model(), "--peers", "llamacpp", "--concurrency", "1", "--num-requests", "1",
                          "--no-progress"])
     printed = capsys.readouterr().out
-    [peer] = report["peers"]
-    assert peer["status"] == "absent" and bench.LLAMACPP_INSTALL in peer["error"] and peer["command"], \
+    [peer] = result["peers"]
+    assert peer["status"] == "absent" and peers.LLAMACPP_INSTALL in peer["error"] and peer["command"], \
         tr("An absent llama.cpp is reported with its install command and the command it would run: {peer}", peer=peer)
-    assert bench.LLAMACPP_INSTALL in printed and "llamacpp" in printed, \
+    assert peers.LLAMACPP_INSTALL in printed and "llamacpp" in printed, \
         tr("The absent server is printed, with the install command:\n{printed}", printed=printed)
-    assert bench.exit_code(report) == 0 and report["ratios"] == [], tr("An absent server is not a failure: {report}",
-                                                                      report=report)
+    assert serve.exit_code(result) == 0 and result["ratios"] == [], tr("An absent server is not a failure: {report}",
+                                                                      report=result)
 
 
 def test_failed_peer_keeps_its_output(capsys: pytest.CaptureFixture[str]) -> None:
-    args, _ = bench.build_parser().parse_known_args(["--model", "unused", "--start-timeout", "30"])
-    broken = bench.Peer("broken", [sys.executable, "-c", "print('no weights here'); raise SystemExit(3)"],
-                        port=bench.free_port())
-    vocab = bench.Vocab(IDS, [], str)
-    out = bench.run_peer(broken, [bench.Run("closed", 1)], vocab, bench.Options(), args)
+    args, _ = serve.build_parser().parse_known_args(["--model", "unused", "--start-timeout", "30"])
+    broken = peers.Peer("broken", [sys.executable, "-c", "print('no weights here'); raise SystemExit(3)"],
+                        port=peers.free_port())
+    vocab = workload.Vocab(IDS, [], str)
+    out = peers.run_peer(broken, [workload.Run("closed", 1)], vocab, client.Options(), args)
     assert out.status == "failed" and "3" in out.info["error"] and "no weights here" in out.info["output_tail"], \
         tr("A server that does not come up is failed, with why and the tail of its output: {info}", info=out.info)
     assert out.info["ready"] is False and not out.info["left_behind"], tr("Not ready, nothing left: {info}", info=out.info)
@@ -204,12 +203,12 @@ def test_failed_peer_keeps_its_output(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_peer_process_stops_its_group() -> None:
-    port = bench.free_port()
+    port = peers.free_port()
     # 一个会就绪的小服务器，再带一个子进程：整组都得停掉
     # en: a small server that gets ready, with a child process of its own: the whole group must stop
     code = ("import subprocess, sys, http.server; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
-    server = bench.PeerProcess([sys.executable, "-c", code], port, "/", timeout=30)
+    server = peers.PeerProcess([sys.executable, "-c", code], port, "/", timeout=30)
     server.start()
     assert server.children, tr("The child process is noted once the server is ready")
     server.stop(timeout=10)
@@ -221,43 +220,43 @@ def test_peer_process_stops_its_group() -> None:
 
 
 def _summary(tput: float, ttft_p99: float | None, tpot_p99: float | None) -> object:
-    s = bench.summarize(_records(), bench.Slo())
-    return dataclasses.replace(s, output_throughput=tput, ttft=bench.Percentiles(None, None, ttft_p99, 1),
-                               tpot=bench.Percentiles(None, None, tpot_p99, 1))
+    s = accounting.summarize(_records(), accounting.Slo())
+    return dataclasses.replace(s, output_throughput=tput, ttft=accounting.Percentiles(None, None, ttft_p99, 1),
+                               tpot=accounting.Percentiles(None, None, tpot_p99, 1))
 
 
 def test_ratios() -> None:
-    r = bench.peer_ratios(_summary(30.0, 0.5, 0.1), _summary(10.0, 2.0, None))
+    r = report.peer_ratios(_summary(30.0, 0.5, 0.1), _summary(10.0, 2.0, None))
     _approx((r["output_throughput"], r["ttft_p99"]), (3.0, 0.25), "ours / theirs: output tok/s and p99 TTFT")
-    assert r["tpot_p99"] is None and bench.ratio(1.0, 0.0) is None, tr("A missing or zero value gives no ratio")
-    run1, run2 = bench.Run("closed", 1), bench.Run("closed", 4)
+    assert r["tpot_p99"] is None and report.ratio(1.0, 0.0) is None, tr("A missing or zero value gives no ratio")
+    run1, run2 = workload.Run("closed", 1), workload.Run("closed", 4)
 
     def outcome(name: str, status: str, *summaries: object) -> object:
-        results = [bench.RunResult(run, [], s) for run, s in zip((run1, run2), summaries)]
-        return bench.Outcome(name, status, results)
+        results = [client.RunResult(run, [], s) for run, s in zip((run1, run2), summaries)]
+        return peers.Outcome(name, status, results)
 
     ours = outcome("minisgl", "ok", _summary(30.0, 0.5, 0.1), _summary(40.0, 1.0, 0.2))
-    peers = [outcome("transformers", "ok", _summary(10.0, 1.0, 0.5), _summary(8.0, 4.0, 0.4)),
-             outcome("llamacpp", "absent")]
-    rows = bench.ratio_rows([ours, *peers])
+    others = [outcome("transformers", "ok", _summary(10.0, 1.0, 0.5), _summary(8.0, 4.0, 0.4)),
+              outcome("llamacpp", "absent")]
+    rows = report.ratio_rows([ours, *others])
     assert [(x["run"], x["peer"]) for x in rows] == [(run1.name, "transformers"), (run2.name, "transformers")], \
         tr("One ratio row per run and per measured peer: {rows}", rows=rows)
     _approx([(x["output_throughput"], x["ttft_p99"], x["tpot_p99"]) for x in rows], [(3.0, 0.5, 0.2), (5.0, 0.25, 0.5)],
             "ratios per run")
     failed = outcome("minisgl", "failed")
-    assert bench.ratio_rows([failed, *peers]) == [], tr("Without our own results there is nothing to compare")
+    assert report.ratio_rows([failed, *others]) == [], tr("Without our own results there is nothing to compare")
 
 
 def test_ratio_spreads_over_passes() -> None:
-    run = bench.Run("closed", 8)
-    ours = bench.Outcome("minisgl", "ok", [bench.RunResult(run, [], _summary(t, 1.0, 0.1), repeat=i)
+    run = workload.Run("closed", 8)
+    ours = peers.Outcome("minisgl", "ok", [client.RunResult(run, [], _summary(t, 1.0, 0.1), repeat=i)
                                            for i, t in enumerate((30.0, 20.0, 40.0))])
-    theirs = bench.Outcome("llamacpp", "ok", [bench.RunResult(run, [], _summary(10.0, 2.0, None), repeat=i)
+    theirs = peers.Outcome("llamacpp", "ok", [client.RunResult(run, [], _summary(10.0, 2.0, None), repeat=i)
                                               for i in range(3)])
-    rows = bench.ratio_rows([ours, theirs])
+    rows = report.ratio_rows([ours, theirs])
     assert [x["repeat"] for x in rows] == [0, 1, 2] and {x["key"] for x in rows} == {"closed:8"}, \
         tr("One row per pass, paired pass by pass: {rows}", rows=rows)
-    [spread] = bench.ratio_spreads(rows)
+    [spread] = report.ratio_spreads(rows)
     tput = spread["output_throughput"]
     _approx((tput["min"], tput["median"], tput["max"]), (2.0, 3.0, 4.0), "min / median / max of the throughput ratio")
     _approx(spread["ttft_p99"]["median"], 0.5, "p99 TTFT ratio")
@@ -265,19 +264,19 @@ def test_ratio_spreads_over_passes() -> None:
 
 
 def test_variants_and_ablations() -> None:
-    v = bench.parse_variant("chunk256=minisgl --max-extend-tokens 256 MINISGL_X=1")
-    assert v == bench.Variant("chunk256", "minisgl", ("--max-extend-tokens", "256"), (("MINISGL_X", "1"),)), \
+    v = serve.parse_variant("chunk256=minisgl --max-extend-tokens 256 MINISGL_X=1")
+    assert v == peers.Variant("chunk256", "minisgl", ("--max-extend-tokens", "256"), (("MINISGL_X", "1"),)), \
         tr("Flags and KEY=VALUE environment words are told apart: {v}", v=v)
     for bad in ("minisgl=minisgl --x 1", "v=nobody --x 1", "v=", "no-equals-sign"):
         with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(bad))):
-            bench.parse_variant(bad)
-    assert bench.parse_ablations("all") == list(bench.ABLATIONS.values())
+            serve.parse_variant(bad)
+    assert serve.parse_ablations("all") == list(peers.ABLATIONS.values())
     with pytest.raises(argparse.ArgumentTypeError, match="no-batching"):
-        bench.parse_ablations("no-such-thing")
-    peers = bench.build_peers(["minisgl"], "models/m", ["--dtype", "float32"],
-                              [bench.ABLATIONS["no-overlap"], bench.ABLATIONS["no-batching"],
-                               bench.parse_variant("tf-small=transformers --cb-max-batch-tokens 512")])
-    ours, no_overlap, no_batching, tf = peers
+        serve.parse_ablations("no-such-thing")
+    built = peers.build_peers(["minisgl"], "models/m", ["--dtype", "float32"],
+                              [peers.ABLATIONS["no-overlap"], peers.ABLATIONS["no-batching"],
+                               serve.parse_variant("tf-small=transformers --cb-max-batch-tokens 512")])
+    ours, no_overlap, no_batching, tf = built
     assert no_overlap.command == ours.command and no_overlap.env == {"MINISGL_DISABLE_OVERLAP_SCHEDULING": "1"}, \
         tr("Overlap is turned off through the environment of the same command: {peer}", peer=no_overlap)
     assert no_batching.command == [*ours.command, "--max-running-req", "1"] and no_batching.counters, \
@@ -289,14 +288,14 @@ def test_variants_and_ablations() -> None:
     for argv in (["--ablations", "no-overlap", "--variant", "minisgl-no-overlap=minisgl"],
                  ["--peers", "transformers", "--ablations", "no-overlap"], ["--seed", "-1"], ["--repeats", "0"]):
         with pytest.raises(SystemExit):
-            bench.main(["--model", "models/m", *argv])
+            serve.main(["--model", "models/m", *argv])
 
 
 def test_warmup_prompts_are_no_run_prefix() -> None:
     # Random(-1) 与 Random(1) 抽出同样的数：预热曾经和第 2 次运行的第一个请求一字不差
     # en: Random(-1) and Random(1) draw the same numbers: the warm-up once equalled the first request of run 2
-    warm = [s.prompt for s in bench.warmup_requests(2, IDS, 0)]
-    runs = [s.prompt for seed in range(0, 6) for s in bench.random_requests(8, IDS, (16, 16), (4, 4), seed)]
+    warm = [s.prompt for s in workload.warmup_requests(2, IDS, 0)]
+    runs = [s.prompt for seed in range(0, 6) for s in workload.random_requests(8, IDS, (16, 16), (4, 4), seed)]
     shared = [w for w in warm for r in runs if w[:4] == r[:4]]
     assert not shared, tr("A warm-up prompt starts like a measured request (a free prefix-cache hit): {shared}",
                           shared=shared)
@@ -312,12 +311,12 @@ def test_smoke_run_against_our_server(tmp_path: Path, monkeypatch: pytest.Monkey
     # en: this checks the load generator, not a learner's half-written server: the server runs the reference solution
     monkeypatch.setenv("MINISGL_IMPL", "solution")
     out = tmp_path / "serve.json"
-    report = bench.main(["--serve-model", tiny_model(), "--concurrency", "3", "--num-requests", "6",
+    result = serve.main(["--serve-model", tiny_model(), "--concurrency", "3", "--num-requests", "6",
                          "--prompt-len", "8,24", "--output-len", "3,10", "--warmup", "1", "--timeout", "60",
                          "--no-progress", "--json", str(out), "--repeats", "2", "--plot", str(tmp_path / "serve.svg"),
                          *SERVER_FLAGS])
     printed = capsys.readouterr().out
-    [server] = report["peers"]
+    [server] = result["peers"]
     assert (tmp_path / "serve.svg").is_file() and (tmp_path / "serve.en.svg").is_file(), tr("Both pictures are drawn")
     assert [r["repeat"] for r in server["runs"]] == [0, 1], tr("Two passes of the one run")
     for run in server["runs"]:
@@ -329,9 +328,9 @@ def test_smoke_run_against_our_server(tmp_path: Path, monkeypatch: pytest.Monkey
     server = {**server, "runs": server["runs"][:1]}
     assert server["status"] == "ok" and server["exit_code"] == 0 and not server["left_behind"], \
         tr("The server must exit with 0 and leave no process: {server}", server={k: v for k, v in server.items() if k != "runs"})
-    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(report)), \
+    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(result)), \
         tr("--json writes the same report that main() returns")
-    assert bench.exit_code(report) == 0, tr("A clean run exits with 0")
+    assert serve.exit_code(result) == 0, tr("A clean run exits with 0")
     [run] = server["runs"]
     records, s = run["records"], run["summary"]
     assert len(records) == 6 and all(r["error"] is None and r["got"] == r["asked"] for r in records), \
@@ -371,11 +370,11 @@ def _recording(name: str) -> dict:
 
 @pytest.mark.parametrize("name", RECORDINGS)
 def test_recordings_are_whole_and_quiet(name: str) -> None:
-    report = _recording(name)
-    machine = report["machine"]
+    recording = _recording(name)
+    machine = recording["machine"]
     assert machine.get("recorded") and machine.get("quiet"), \
         tr("{name}: recorded with --record on a quiet machine: {machine}", name=name, machine=machine)
-    for peer in report["peers"]:
+    for peer in recording["peers"]:
         assert peer["status"] == "ok" and not peer["left_behind"], \
             tr("{name}: every server measured, nothing left behind: {peer}", name=name,
                peer={k: v for k, v in peer.items() if k != "runs"})
@@ -387,21 +386,21 @@ def test_recordings_are_whole_and_quiet(name: str) -> None:
             assert s["ok"] + s["failed"] == s["requests"] == len(run["records"]) and not (ours and s["failed"]), \
                 tr("{name}: {peer}, {run}: every request got the tokens it asked for: {errors}", name=name,
                    peer=peer["name"], run=run["name"], errors=s["errors"])
-            again = bench.summarize([Record(**r) for r in run["records"]],
-                                    bench.Slo(report["args"]["slo_ttft"], report["args"]["slo_tpot"]))
+            again = accounting.summarize([Record(**r) for r in run["records"]],
+                                         accounting.Slo(recording["args"]["slo_ttft"], recording["args"]["slo_tpot"]))
             _approx(again.output_throughput, s["output_throughput"], f"{name}: {peer['name']}, {run['name']}: tok/s from the records")
     # 比值由录下的汇总重新算，确认没有手改
     # en: the ratios recomputed from the recorded summaries, so nothing was edited by hand
-    ours = next(p for p in report["peers"] if p["name"] == "minisgl")
-    for row in report["ratios"]:
-        peer = next(p for p in report["peers"] if p["name"] == row["peer"])
+    ours = next(p for p in recording["peers"] if p["name"] == "minisgl")
+    for row in recording["ratios"]:
+        peer = next(p for p in recording["peers"] if p["name"] == row["peer"])
         mine = next(r for r in ours["runs"] if r["key"] == row["key"] and r["repeat"] == row["repeat"])
         theirs = next(r for r in peer["runs"] if r["key"] == row["key"] and r["repeat"] == row["repeat"])
         _approx(row["output_throughput"], mine["summary"]["output_throughput"] / theirs["summary"]["output_throughput"],
                 f"{name}: {row['run']} / {row['peer']}: the throughput ratio")
     if name == "serve":
-        assert [p["name"] for p in report["peers"]] == list(bench.PEERS), \
-            tr("The main recording has all three servers: {names}", names=[p["name"] for p in report["peers"]])
+        assert [p["name"] for p in recording["peers"]] == list(peers.PEERS), \
+            tr("The main recording has all three servers: {names}", names=[p["name"] for p in recording["peers"]])
 
 
 @pytest.mark.parametrize("page", ["docs/serving.md", "docs/serving.en.md"])

@@ -32,11 +32,12 @@ import textwrap
 from functools import lru_cache
 from pathlib import Path
 
+from bench.report import BOOK_TABLES, book_table
 from minisgl.course.bilingual import for_language
 from minisgl.course.registry import CHAPTERS, Chapter, notebook_edition
 from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message
 from minisgl.i18n import tr
-from minisgl.paths import REPO_ROOT as REPO, load_script
+from minisgl.paths import REPO_ROOT as REPO
 
 log = logging.getLogger("mkdocs.plugins.minisgl_docs")
 
@@ -189,15 +190,14 @@ def output_block(name: str, language: str) -> list[str]:
 
 def serve_block(arg: str, language: str) -> list[str]:
     """A table of a recorded serving benchmark: ``[[serve RECORDING TABLE]]`` reads docs/outputs/RECORDING.json
-    (written by ``bench/serve.py --record --json``) and renders TABLE with ``bench/serve.py``'s ``book_table``."""
+    (written by ``bench/serve.py --record --json``) and renders TABLE with :func:`bench.report.book_table`."""
     recording, _, table = arg.partition(" ")
     path = REPO / "docs" / "outputs" / f"{recording}.json"
     if not path.is_file():
         raise DocsError(f"没有录制的服务基准 docs/outputs/{recording}.json：用 bench/serve.py --record --json 录制")
-    bench = load_script("bench/serve.py", "bench_serve")
-    if table.strip() not in bench.BOOK_TABLES:
-        raise DocsError(f"[[serve {arg}]]：表名是 {', '.join(bench.BOOK_TABLES)} 之一")
-    return bench.book_table(json.loads(path.read_text(encoding="utf-8")), table.strip(), language)
+    if table.strip() not in BOOK_TABLES:
+        raise DocsError(f"[[serve {arg}]]：表名是 {', '.join(BOOK_TABLES)} 之一")
+    return book_table(json.loads(path.read_text(encoding="utf-8")), table.strip(), language)
 
 
 # ---------------------------------------------------------------- chapter tasks
