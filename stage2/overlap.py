@@ -213,7 +213,7 @@ class Scheduler(_Scheduler):
             self._release_req(req)
 
     def _drain(self) -> None:
-        """等在途的一步算完并处理它的结果，然后归还所有延后的资源；CPU 上再让后台线程的 OpenMP 线程池退场。
+        """等在途的一步算完并处理它的结果，然后归还所有延后的资源；CPU 上再从后台线程把核拿回来。
 
         en: Wait for the step in flight to finish and process its results, then free every deferred resource; on the
         CPU, also take the cores back from the background thread.
