@@ -34,9 +34,9 @@ from typing import Any
 
 from openai import OpenAI
 
+from minisgl.harness import ServerProcess, child_pids
 from minisgl.i18n import tr
 from minisgl.model_zoo import default_model
-from minisgl.serving import ServerProcess, child_pids
 
 CONCURRENT = 8
 FLAGS = ("--dtype", "float32", "--num-pages", "2048", "--max-seq-len", "512")

@@ -1,12 +1,13 @@
-"""``python -m minisgl --model DIR ...``：启动 OpenAI 兼容的服务器（第 3.4 章的启动器，见 ``minisgl.api_server``）。
+"""``python -m minisgl --model DIR ...``：启动 OpenAI 兼容的服务器（启动器见 ``minisgl.launch``，HTTP 接口是第 3.4 章的
+``minisgl.api_server``）。
 
-en: ``python -m minisgl --model DIR ...``: start the OpenAI-compatible server (the launcher of chapter 3.4, see
-``minisgl.api_server``).
+en: ``python -m minisgl --model DIR ...``: start the OpenAI-compatible server (the launcher is ``minisgl.launch``, the
+HTTP API is chapter 3.4's ``minisgl.api_server``).
 """
 
 if __name__ == "__main__":
-    # spawn 出的工作进程不会重新执行这里，所以在守卫里导入：它们不必加载 API 服务器
-    # en: spawned workers do not run this again, so the import sits inside the guard: they need not load the API server
+    # spawn 出的工作进程不会重新执行这里，所以在守卫里导入：它们不必加载启动器
+    # en: spawned workers do not run this again, so the import sits inside the guard: they need not load the launcher
     import sys
 
     from minisgl.i18n import tr
@@ -18,6 +19,6 @@ if __name__ == "__main__":
         print(tr("Error: {error}", error=problem), file=sys.stderr, flush=True)
         sys.exit(1)
     offline_hub()
-    from minisgl.api_server import main
+    from minisgl.launch import main
 
     main()

@@ -1,7 +1,9 @@
-"""第 3 阶段共用的、不属于某一章的小东西：服务的设置（命令行参数）和各进程之间的 ipc 地址。
+"""第 3 阶段共用的、不属于某一章的小东西：服务的设置（命令行参数）、启动前的检查和各进程之间的 ipc 地址。
+在子进程里启动服务器、用完关掉的外壳（检查和基准测试用）在 :mod:`minisgl.harness`。
 
-en: Small shared pieces of stage 3 that belong to no chapter: the service's settings (command-line flags) and the ipc
-addresses between its processes.
+en: Small shared pieces of stage 3 that belong to no chapter: the service's settings (command-line flags), the checks
+before starting, and the ipc addresses between its processes. The harness that starts a server in a child process and
+stops it again (for checks and benchmarks) is :mod:`minisgl.harness`.
 """
 
 from __future__ import annotations
@@ -11,16 +13,9 @@ import atexit
 import contextlib
 import ctypes
 import os
-import re
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
-import threading
-import time
-import urllib.request
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -30,9 +25,6 @@ from minisgl.i18n import tr
 #: Linux 上 Unix 域套接字路径的上限（``sun_path`` 108 字节，含结尾的 0）。
 #: en: The limit on a Unix domain socket path on Linux (``sun_path`` is 108 bytes, including the final 0).
 MAX_IPC_PATH = 107
-#: 启动器就绪时打印的地址（不论哪种语言，这一段都一样）。
-#: en: The address the launcher prints once it is ready (the same in every language).
-LISTENING = re.compile(r"http://127\.0\.0\.1:\d+")
 #: 上游 mini-sglang 的缺省端口。
 #: en: Upstream mini-sglang's default port.
 DEFAULT_PORT = 1919
@@ -80,6 +72,52 @@ class ServerArgs:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """命令行参数（名字与上游一致；括号里是上游的别名）。
+
+    en: The command-line flags (upstream's names; upstream's aliases too).
+    """
+    p = argparse.ArgumentParser(prog="python -m minisgl", description=tr("Serve a model over an OpenAI-compatible HTTP API"))
+    p.add_argument("--model", "--model-path", dest="model_path", required=True, help=tr("the model folder"))
+    p.add_argument("--host", default="127.0.0.1", help=tr("the address to listen on (default 127.0.0.1)"))
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=tr("the port (default {port}; 0: a free port chosen by the system)", port=DEFAULT_PORT))
+    p.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], default="auto", help=tr("the data type of weights and activations"))
+    p.add_argument("--max-running-req", "--max-running-requests", dest="max_running_req", type=int, default=ServerArgs.max_running_req,
+                   help=tr("the most requests running at once (request slots)"))
+    p.add_argument("--cache-type", choices=["radix", "naive"], default=None, help=tr("the prefix cache (default radix)"))
+    p.add_argument("--page-size", type=int, default=ServerArgs.page_size, help=tr("tokens per KV page"))
+    p.add_argument("--max-extend-tokens", "--max-extend-length", "--max-prefill-length", dest="max_extend_tokens", type=int,
+                   default=None, help=tr("the most prefill tokens in one step (chunked prefill)"))
+    p.add_argument("--num-pages", type=int, default=None, help=tr("the number of KV pages (default: from the memory)"))
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help=tr("the KV pool's size in tokens (pages = it // page size; default: on the CPU 1.5 × --max-running-req × --max-seq-len, the extra half for the prefix cache; on CUDA from the memory)"))
+    p.add_argument("--max-seq-len", "--max-seq-len-override", dest="max_seq_len", type=int, default=None,
+                   help=tr("the context length of one request, prompt included"))
+    p.add_argument("--mem-fraction-static", "--memory-ratio", "--gpu-memory-utilization", dest="memory_ratio", type=float, default=None,
+                   help=tr("the most of the memory available before loading that the model and the KV cache may take (default 0.9 on CUDA, 0.3 on the CPU)"))
+    p.add_argument("--device", default="auto", help=tr("cpu, cuda or auto"))
+    p.add_argument("--api-key", default=None, help=tr("require Authorization: Bearer <key> on /v1/* and /generate"))
+    p.add_argument("--served-model-name", dest="model_name", default=None, help=tr("the name in /v1/models (default: the model folder's name)"))
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> ServerArgs:
+    """命令行 → :class:`ServerArgs`；写错了就像 argparse 一样打印用法并退出（状态 2）。
+
+    en: Command line → :class:`ServerArgs`; a mistake prints the usage and exits (status 2), as argparse does.
+    """
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    values = vars(ns)
+    if values["dtype"] == "auto":
+        values["dtype"] = None
+    if values["num_pages"] is not None and values["max_total_tokens"] is not None:
+        parser.error(tr("give --num-pages or --max-total-tokens, not both"))
+    if values["max_total_tokens"] is not None and values["max_total_tokens"] < max(values["page_size"], 1):
+        parser.error(tr("--max-total-tokens must be at least the page size ({page_size})", page_size=values["page_size"]))
+    return ServerArgs(**values)
 
 
 def check_model_dir(model_path: str) -> str | None:
@@ -197,160 +235,6 @@ def ipc_addr(ipc_dir: str, name: str) -> str:
         raise ValueError(tr("The ipc socket path {path!r} is {n} bytes, over the Linux limit of {limit}: use a shorter directory",
                             path=path, n=len(path.encode()), limit=MAX_IPC_PATH))
     return f"ipc://{path}"
-
-
-def child_pids(pid: int) -> list[int]:
-    """``pid`` 的全部后代进程（读 /proc，不依赖 psutil）：检查“关掉服务后没有留下子进程”用。
-
-    en: Every descendant of ``pid`` (read from /proc, no psutil): used to check that no child is left after shutdown.
-    """
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields_ = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields_[0] != "Z":  # 僵尸进程已经退出，只差被回收 | en: a zombie has exited, it only awaits reaping
-            parents[int(stat.parent.name)] = int(fields_[1])
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
-        found += kids
-        frontier += kids
-    return found
-
-
-class ServerProcess:
-    """在子进程里启动 ``python -m minisgl``（端口由系统挑），等它就绪，用完关掉并确认没有留下任何子进程。
-    示例、笔记本和检查都用它，启动与关闭的规矩只写一次。
-
-    en: Start ``python -m minisgl`` in a child process (the OS picks the port), wait until it is ready, and when done
-    stop it and make sure no child process is left. Examples, notebooks and checks all use it, so starting and stopping
-    are written once.
-    """
-
-    def __init__(self, model: str | Path, *flags: str, env: dict[str, str] | None = None, timeout: float = 300.0) -> None:
-        self.command = [sys.executable, "-m", "minisgl", "--model", str(model), "--host", "127.0.0.1", "--port", "0", *flags]
-        self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-        self.timeout = timeout
-        self.url = ""
-        self.lines: list[str] = []
-        self.proc: subprocess.Popen[str] | None = None
-        self.children: list[int] = []  # 就绪时记下的子孙进程 | en: the descendants noted when ready
-        self.left_behind: list[int] = []
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines[-80:])
-
-    def __enter__(self) -> ServerProcess:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        """启动并等到 ``/health`` 回 200；起不来就整组杀掉、抛 RuntimeError（带上服务的输出）。
-
-        en: Start and wait until ``/health`` answers 200; if it does not come up, kill the whole group and raise
-        RuntimeError (with the service's output).
-        """
-        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace",
-                                     start_new_session=True)
-        found = threading.Event()
-        threading.Thread(target=self._pump, args=(found,), daemon=True).start()
-        deadline = time.monotonic() + self.timeout
-        while not found.wait(0.1):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(tr("The server did not start within {timeout:.0f} s; its output:\n{output}",
-                                      timeout=self.timeout, output=self.output))
-        while not self._healthy():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(tr("The server never answered /health; its output:\n{output}", output=self.output))
-            time.sleep(0.1)
-        self.children = child_pids(self.proc.pid)
-
-    def _pump(self, found: threading.Event) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if not found.is_set() and (m := LISTENING.search(line)) is not None:
-                self.url = m.group(0)
-                found.set()
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def metrics(self) -> dict[str, float]:
-        """``/metrics``（Prometheus 文本格式）→ ``{名字{标签}: 值}``。
-
-        en: ``/metrics`` (Prometheus text format) → ``{name{labels}: value}``.
-        """
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
-
-    def kill(self) -> None:
-        """最后的手段：整个进程组 SIGKILL，连同记下的子孙进程（出错时也不留下进程）。
-
-        en: The last resort: SIGKILL the whole process group and the descendants noted (no process is left even on an
-        error).
-        """
-        if self.proc is None:
-            return
-        pids = {self.proc.pid, *self.children, *child_pids(self.proc.pid)}
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 60.0) -> int | None:
-        """发 ``sig``（缺省 Ctrl-C 那个 SIGINT），等它和它的子孙进程退出；超时就整组杀掉。返回退出码（被杀时为负），
-        没退出的子孙进程记在 ``left_behind``。
-
-        en: Send ``sig`` (SIGINT, Ctrl-C's, by default) and wait for it and its descendants to exit; kill the group on
-        timeout. Returns the exit code (negative when killed); descendants that did not exit go to ``left_behind``.
-        """
-        if self.proc is None:
-            return None
-        pids = set(self.children) | set(child_pids(self.proc.pid))
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        # 子进程在父进程退出后才收尾（例如 multiprocessing 的 resource_tracker）
-        # en: children wind down after the parent exits (e.g. multiprocessing's resource_tracker)
-        deadline = time.monotonic() + timeout
-        while (alive := sorted(p for p in pids if _alive(p))) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        self.left_behind = alive
-        return self.proc.returncode
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def set_process_name(name: str) -> None:

@@ -26,8 +26,8 @@ import pytest
 
 from minisgl import model_zoo
 from minisgl.course import select
+from minisgl.harness import ServerProcess, child_pids as descendants
 from minisgl.i18n import tr
-from minisgl.serving import ServerProcess, child_pids as descendants
 
 #: 检查里的小服务器：fp32（和 HF 逐 token 比）、不用前缀缓存（空闲时页面正好全部归还，好数）。
 #: en: The small server of the checks: fp32 (compared with HF token by token), no prefix cache (when idle, every page is
@@ -74,11 +74,11 @@ def smollm2_path() -> str:
 
 
 class Server(ServerProcess):
-    """一个在子进程里运行的 ``python -m minisgl``（启动、关闭和“没有留下进程”见 ``minisgl.serving.ServerProcess``），
+    """一个在子进程里运行的 ``python -m minisgl``（启动、关闭和“没有留下进程”见 ``minisgl.harness.ServerProcess``），
     加上检查用的几个 HTTP 小工具。
 
     en: One ``python -m minisgl`` running in a child process (starting, stopping and "no process left" are
-    ``minisgl.serving.ServerProcess``'s), plus a few HTTP helpers for the checks.
+    ``minisgl.harness.ServerProcess``'s), plus a few HTTP helpers for the checks.
     """
 
     stopped: bool = False

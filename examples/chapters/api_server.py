@@ -14,9 +14,9 @@ import re
 import urllib.error
 import urllib.request
 
+from minisgl.harness import ServerProcess
 from minisgl.i18n import tr
 from minisgl.model_zoo import tiny_qwen3
-from minisgl.serving import ServerProcess
 
 
 def post(url: str, body: dict) -> tuple[int, str]:

@@ -73,8 +73,8 @@ show_tasks("api_server")
 # resource tracker process.
 
 # %%
+from minisgl.harness import ServerProcess, child_pids
 from minisgl.model_zoo import tiny_qwen3
-from minisgl.serving import ServerProcess, child_pids
 
 server = ServerProcess(tiny_qwen3(), "--dtype", "float32", "--num-pages", "1024", "--max-seq-len", "256")
 server.start()

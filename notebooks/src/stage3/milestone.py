@@ -76,8 +76,8 @@ from concurrent.futures import ThreadPoolExecutor
 import ipywidgets as widgets
 from openai import OpenAI
 
+from minisgl.harness import ServerProcess
 from minisgl.notebook import Explorer
-from minisgl.serving import ServerProcess
 
 
 def concurrency(max_running_req: int) -> None:

@@ -1,0 +1,288 @@
+"""``python -m minisgl`` 的启动器：起两个工作进程、等它们就绪、监听、服务，关机时让每个进程都退出（给定）。
+
+顺序有讲究：先做几秒内就能发现的检查（模型目录、端口），再 spawn 工作进程，**然后**才导入第 3.4 章的 API 服务器
+（它连带导入 torch，要几秒）——这几秒和工作进程加载模型重叠，服务器更早就绪。
+
+en: The launcher of ``python -m minisgl``: start the two worker processes, wait until they are ready, listen, serve, and
+make every process exit on shutdown (given).
+
+The order matters: first the checks that take seconds (the model folder, the port), then spawn the workers, and only
+**then** import chapter 3.4's API server (it brings torch along, seconds) — those seconds overlap with the workers
+loading the model, so the server is ready sooner.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable
+
+import uvicorn
+
+from minisgl.by_name import ByName
+from minisgl.i18n import tr
+from minisgl.serving import (ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, parse_args, port_problem,
+                             set_process_name)
+
+#: 两个工作进程：名字 → (公共模块, 入口函数)。
+#: en: The two worker processes: name → (public module, entry function).
+WORKERS = {"tokenizer": ("minisgl.tokenizer", "tokenize_worker"), "scheduler": ("minisgl.scheduler_io", "scheduler_worker")}
+#: 等两个工作进程报告就绪的最长时间（秒）；加载大模型可能要一会儿。
+#: en: The longest wait (seconds) for both workers to report ready; loading a big model may take a while.
+READY_TIMEOUT_S = 600.0
+#: 关机时每一步等多久（秒）：先等调度器自己退出，再 SIGTERM，最后 SIGKILL。
+#: en: How long each shutdown step waits (seconds): first for the scheduler to exit by itself, then SIGTERM, last SIGKILL.
+SHUTDOWN_WAIT_S = 10.0
+#: 工作进程死了之后，服务器还留多久（秒）对请求回 503，然后退出。
+#: en: How long (seconds) the server keeps answering 503 after a worker died, before it exits.
+DEAD_WORKER_GRACE_S = 3.0
+
+
+def _stop_process(proc: multiprocessing.process.BaseProcess, timeout: float) -> None:
+    """等进程退出；不退就 SIGTERM，再不退就 SIGKILL。
+
+    en: Wait for a process to exit; SIGTERM if it does not, SIGKILL if it still does not.
+    """
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout)
+
+
+class Launcher:
+    """拉起两个工作进程并看着它们；关机时让它们全部退出。
+
+    en: Starts the two worker processes and watches them; on shutdown makes all of them exit.
+    """
+
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        self.ipc_dir = make_ipc_dir()
+        self.addrs = ServerAddrs.in_dir(self.ipc_dir)
+        self.procs: dict[str, multiprocessing.process.BaseProcess] = {}
+        self.pipes: dict[str, Connection] = {}
+        self.stopping = threading.Event()
+        self.died: str | None = None
+
+    def spawn_workers(self) -> None:
+        """spawn 出分词进程和调度器进程（不等它们）。
+
+        启动时暂时忽略 SIGINT：子进程继承“忽略”，终端里的 Ctrl-C 只由启动器处理，由它有序地关掉大家。
+
+        en: Spawn the tokenizer and scheduler processes (without waiting for them).
+
+        SIGINT is ignored while they start: the children inherit "ignore", so a Ctrl-C in the terminal is handled by the
+        launcher alone, which then shuts everyone down in order.
+        """
+        ctx = multiprocessing.get_context("spawn")
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for name, (module, entry) in WORKERS.items():
+                here, there = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=ByName(module, entry), args=(self.args, self.addrs, there), name=f"minisgl-{name}", daemon=False)
+                proc.start()
+                there.close()
+                self.procs[name], self.pipes[name] = proc, here
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def wait_ready(self) -> dict[str, Any]:
+        """等两个工作进程都经管道报告 ``("ready", 信息)``；返回调度器的信息（max_seq_len 等）。报告了错误、
+        没报告就退出了、或者超时：抛 RuntimeError，说清是哪个进程、为什么。
+
+        en: Wait until both workers report ``("ready", info)`` through their pipes; return the scheduler's info
+        (max_seq_len and so on). One that reports an error, exits without reporting or times out raises RuntimeError
+        saying which process and why.
+        """
+        infos: dict[str, dict[str, Any]] = {}
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while len(infos) < len(self.pipes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [n for n in self.pipes if n not in infos]
+                raise RuntimeError(tr("The {names} process did not report ready within {seconds:.0f} s",
+                                      names=", ".join(missing), seconds=READY_TIMEOUT_S))
+            waiting = {self.pipes[n]: n for n in self.pipes if n not in infos}
+            for conn in wait(list(waiting), timeout=min(left, 1.0)):
+                name = waiting[conn]  # type: ignore[index]
+                try:
+                    kind, payload = conn.recv()
+                except EOFError:
+                    self.procs[name].join(1.0)
+                    raise RuntimeError(tr("The {name} process exited before it was ready (exit code {code})",
+                                          name=name, code=self.procs[name].exitcode)) from None
+                if kind != "ready":
+                    raise RuntimeError(tr("The {name} process cannot start: {why}", name=name, why=payload))
+                infos[name] = dict(payload or {})
+        return infos["scheduler"]
+
+    def watch(self, on_death: Callable[[str], None]) -> threading.Thread:
+        """后台线程：有工作进程退出（而不是在关机）就调用 ``on_death(原因)``。
+
+        en: A background thread: when a worker exits (other than during shutdown), call ``on_death(why)``.
+        """
+
+        def run() -> None:
+            sentinels = {p.sentinel: name for name, p in self.procs.items()}
+            while not self.stopping.is_set():
+                gone = wait(list(sentinels), timeout=0.2)
+                if not gone:
+                    continue
+                if self.stopping.wait(0.3):  # Ctrl-C 也会让子进程退出：那是关机，不是故障 | en: Ctrl-C makes children exit too: a shutdown, not a failure
+                    return
+                name = sentinels[gone[0]]  # type: ignore[index]
+                self.died = tr("The {name} process died (exit code {code}); the server cannot answer any more",
+                               name=name, code=self.procs[name].exitcode)
+                on_death(self.died)
+                return
+
+        thread = threading.Thread(target=run, name="minisgl-watchdog", daemon=True)
+        thread.start()
+        return thread
+
+    def shutdown(self) -> None:
+        """调度器收到 :class:`ExitMsg` 自己退出，分词进程收到 SIGTERM 退出；不退的 SIGTERM、再 SIGKILL；删掉 ipc 目录。
+
+        en: The scheduler exits on an :class:`ExitMsg`, the tokenizer on SIGTERM; one that does not exit gets SIGTERM,
+        then SIGKILL; the ipc folder is removed.
+        """
+        self.stopping.set()
+        scheduler = self.procs.get("scheduler")
+        if scheduler is not None and scheduler.is_alive():
+            try:
+                self._send_exit()
+            except Exception:  # 例如消息那一章导入不了：改用 SIGTERM | en: e.g. the message chapter does not import: SIGTERM instead
+                scheduler.terminate()
+        tokenizer = self.procs.get("tokenizer")
+        if tokenizer is not None and tokenizer.is_alive():
+            tokenizer.terminate()
+        for proc in self.procs.values():
+            _stop_process(proc, SHUTDOWN_WAIT_S)
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def _send_exit(self) -> None:
+        import zmq
+
+        from minisgl.message import ExitMsg, ZmqPushQueue  # 通常 API 服务器早已导入了它 | en: usually the API server imported it long ago
+
+        queue = ZmqPushQueue(self.addrs.backend, create=False, ctx=zmq.Context.instance())
+        queue.put(ExitMsg())
+        queue.socket.close(linger=1000)  # 留一秒把 ExitMsg 送出去 | en: allow a second to deliver the ExitMsg
+
+
+class _Server(uvicorn.Server):
+    """关机时先让还在等回复的请求都收到一条“服务器正在关闭”的错误（503），它们马上结束，不必等 uvicorn 超时取消。
+
+    en: On shutdown, first give every request still waiting for replies a "server shutting down" error (503), so they end
+    at once instead of waiting for uvicorn's timeout to cancel them.
+    """
+
+    def __init__(self, config: uvicorn.Config, state: Any) -> None:
+        super().__init__(config)
+        self.state = state
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.state.dead is None:
+            self.state.mark_dead(tr("The server is shutting down"))
+        await super().shutdown(sockets)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def launch(argv: list[str] | None = None) -> int:
+    """``python -m minisgl`` 的主体：起工作进程、等就绪、监听、服务；返回退出码（工作进程死了是 1）。
+
+    en: The body of ``python -m minisgl``: start the workers, wait until ready, listen, serve; return the exit status (1
+    if a worker died).
+    """
+    args = parse_args(argv)
+    # 先做几秒内就能发现的检查，再花时间加载模型：模型目录、端口
+    # en: first the checks that take seconds, before spending time on loading the model: the model folder, the port
+    if (problem := check_model_dir(args.model_path)) is not None:
+        print(tr("Error: {error}", error=problem), file=sys.stderr, flush=True)
+        return 1
+    offline_hub()
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as e:
+        print(tr("Error: {error}", error=port_problem(args.host, args.port, e)), file=sys.stderr, flush=True)
+        return 1
+    set_process_name("msgl-api-server")
+    launcher = Launcher(args)
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if not stop_requested.is_set():
+            stop_requested.set()
+            raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(tr("Starting the tokenizer and scheduler processes for {model} ...", model=args.model_path), flush=True)
+        launcher.spawn_workers()
+        # 工作进程加载模型的同时导入 API 服务器（连带 torch）
+        # en: import the API server (torch along with it) while the workers load the model
+        from minisgl.api_server import ServerState, create_app
+
+        info = launcher.wait_ready()
+        print(tr("Ready: context {max_seq_len} tokens, {num_pages} KV pages, {slots} request slots",
+                 max_seq_len=info.get("max_seq_len"), num_pages=info.get("num_pages"), slots=info.get("max_running_req")),
+              flush=True)
+        if info.get("decode_path"):
+            print(info["decode_path"], flush=True)
+        state = ServerState(args, launcher.addrs, info)
+        host, port = sock.getsockname()[:2]
+        config = uvicorn.Config(create_app(state), log_level="warning", access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=2)
+        server = _Server(config, state)
+
+        def on_death(why: str) -> None:
+            print(why, file=sys.stderr, flush=True)
+            if state.loop is not None:
+                state.loop.call_soon_threadsafe(state.mark_dead, why)
+            time.sleep(DEAD_WORKER_GRACE_S)
+            server.should_exit = True
+
+        launcher.watch(on_death)
+        shown = f"[{host}]" if ":" in host else host
+        print(tr("listening on http://{host}:{port}", host=shown, port=port), flush=True)
+        if not stop_requested.is_set():
+            server.run(sockets=[sock])  # 收到 SIGINT / SIGTERM 时 uvicorn 自己收尾，然后把信号再交给我们 | en: on SIGINT / SIGTERM uvicorn winds down, then hands the signal back to us
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, OSError) as e:
+        print(tr("Error: {error}", error=e), file=sys.stderr, flush=True)
+        launcher.died = launcher.died or str(e)
+    finally:
+        stop_requested.set()
+        sock.close()
+        print(tr("Shutting down ..."), flush=True)
+        launcher.shutdown()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return 1 if launcher.died else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """命令行入口：``python -m minisgl --model DIR [...]``。
+
+    en: The command-line entry point: ``python -m minisgl --model DIR [...]``.
+    """
+    sys.exit(launch(argv))
