@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import transformers
@@ -111,14 +112,30 @@ def greedy_reference(model_path: str | Path, prompts: list[list[int]], max_token
     }
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
     path = cache_dir() / f"{name}.json"
-    cached = _read_json(path)
-    if isinstance(cached, dict) and cached.get("key") == key and cached.get("sha256") == _digest(key, cached.get("tokens")):
-        return cached["tokens"]
-    model = load_hf(model_path)
-    tokens = [hf_greedy(model, p, max_tokens) for p in key["prompts"]]
-    record = {"key": key, "tokens": tokens, "sha256": _digest(key, tokens), "computed_by": "transformers generate (generated automatically, do not edit)"}
-    _write_json(path, record)
-    return tokens
+    with _one_at_a_time(path):  # parallel check processes (pytest -n): one computes, the others then read its file
+        cached = _read_json(path)
+        if isinstance(cached, dict) and cached.get("key") == key and cached.get("sha256") == _digest(key, cached.get("tokens")):
+            return cached["tokens"]
+        model = load_hf(model_path)
+        tokens = [hf_greedy(model, p, max_tokens) for p in key["prompts"]]
+        record = {"key": key, "tokens": tokens, "sha256": _digest(key, tokens), "computed_by": "transformers generate (generated automatically, do not edit)"}
+        _write_json(path, record)
+        return tokens
+
+
+@contextmanager
+def _one_at_a_time(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``<entry>.lock`` (where the OS has ``fcntl``; elsewhere two processes may both compute
+    the same entry, which costs only time: the file is written atomically)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _digest(key: dict[str, Any], tokens: Any) -> str:

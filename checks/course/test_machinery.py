@@ -270,6 +270,43 @@ def test_plugin_speaks_english(course: Path):
     assert "every check must fail on the skeleton" in out.stdout, out.stdout
 
 
+XDIST = ("-p", "xdist", "-n", "2")  # the demo runs with plugin autoload off
+MILESTONE = "from minisgl.beta import quadruple\n\n\ndef test_red():\n    assert quadruple(3) == 12\n\n\ndef test_green():\n    pass\n"
+
+
+def test_modes_hold_under_xdist(course: Path):
+    """``make test`` runs the checks with pytest-xdist: the workers' counts reach the controller, which judges
+    --expect-red (each chapter check, a milestone file red on at least one worker) and --strict, and prints the summary."""
+    (course / "checks" / "stage1" / "test_milestone.py").write_text(MILESTONE, encoding="utf-8")
+    out = pytest_run(course, *XDIST, "--impl", "skeleton", "--expect-red")
+    assert out.returncode == 0 and "通过 1/1" in out.stdout and "通过 2/2" in out.stdout, out.stdout
+    out = pytest_run(course, *XDIST, "--impl", "solution", "--strict")
+    assert out.returncode == 0 and "各章结果" in out.stdout, out.stdout
+    assert pytest_run(course, *XDIST, "--strict").returncode != 0, "--strict under -n: skipped checks must fail the run"
+    (course / "checks" / "stage1" / "test_milestone.py").write_text("def test_green():\n    pass\n", encoding="utf-8")
+    check = course / "checks" / "stage1" / "test_beta.py"
+    check.write_text(check.read_text(encoding="utf-8") + VACUOUS, encoding="utf-8")
+    out = pytest_run(course, *XDIST, "--impl", "skeleton", "--expect-red")
+    assert out.returncode != 0 and "test_vacuous" in out.stdout, out.stdout
+    assert "这些里程碑检查在骨架上没有一个失败" in out.stdout, "a milestone green on every worker must be reported\n" + out.stdout
+
+
+def test_worker_results_merge():
+    """The controller adds the workers' counts; a milestone file is red when any worker saw it red."""
+    from minisgl.course.pytest_plugin import Plan
+
+    plan = Plan(impl="skeleton", expect_red=True, leave_one_out=None, strict=False)
+    plan.merge({"results": {"alpha": {"passed": 2}}, "records": {"alpha": {"impl": "skeleton"}},
+                "red_files": {"m.py": False, "n.py": False}, "not_started": []})
+    plan.merge({"results": {"alpha": {"passed": 1, "failed": 1}}, "records": {},
+                "red_files": {"m.py": True}, "not_started": ["x"]})
+    assert plan.results["alpha"] == {"passed": 3, "failed": 1} and plan.records["alpha"] == {"impl": "skeleton"}
+    assert plan.red_files == {"m.py": True, "n.py": False} and plan.not_started == {"x"}
+    worker = Plan(impl="skeleton", expect_red=True, leave_one_out=None, strict=False)
+    worker.merge(plan.shared())
+    assert worker.shared() == plan.shared(), "what a worker shares must merge back unchanged"
+
+
 # --- command line -----------------------------------------------------------------------------
 
 

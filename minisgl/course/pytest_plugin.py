@@ -68,6 +68,27 @@ class Plan:
     not_started: set[str] = field(default_factory=set)  # skip reasons of chapters skipped as "not started"
     _files: dict[Path, FilePlan] = field(default_factory=dict)
 
+    def shared(self) -> dict:
+        """xdist 的 worker 交给主进程的结果（只用 execnet 能传的类型）。
+
+        en: What an xdist worker hands to the controller (only types execnet can send).
+        """
+        return {"results": {k: dict(v) for k, v in self.results.items()}, "records": self.records,
+                "red_files": self.red_files, "not_started": sorted(self.not_started)}
+
+    def merge(self, shared: dict) -> None:
+        """主进程把一个 worker 的结果加进来：计数相加；里程碑文件只要有一个 worker 见过红就算红。
+
+        en: The controller adds one worker's results: counts add up; a milestone file is red if any worker saw it red.
+        """
+        for key, counts in shared["results"].items():
+            for name, n in counts.items():
+                self.results[key][name] += n
+        self.records.update(shared["records"])
+        for path, red in shared["red_files"].items():
+            self.red_files[path] = self.red_files.get(path, False) or red
+        self.not_started.update(shared["not_started"])
+
     def impl_for(self, ch: Chapter) -> str:
         if self.leave_one_out:
             return "skeleton" if ch.id == self.leave_one_out else "solution"
@@ -295,8 +316,27 @@ def _record(plan: Plan, path: Path, report: pytest.TestReport) -> None:
         plan.records[key] = plan.for_file(path).record
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 - xdist's WorkerController
+    """pytest-xdist（``-n``）：一个 worker 结束了，把它的结果并进主进程的计划，由主进程统一判断和汇总。
+
+    en: pytest-xdist (``-n``): a worker finished; merge its results into the controller's plan, which judges and
+    summarises for all of them.
+    """
+    shared = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
+    if shared is not None:
+        node.config.stash[_PLAN].merge(shared)
+
+
+_WORKER_KEY = "minisgl_plan"
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     plan: Plan = session.config.stash[_PLAN]
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller judges --strict / --expect-red and writes results
+        workeroutput[_WORKER_KEY] = plan.shared()
+        return
     problems: list[str] = []
     not_red = [p for p, red in plan.red_files.items() if not red]
     if not_red:
