@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -53,17 +53,55 @@ class PendingReq:
 
 @dataclass
 class RequestStatus:
-    """一个请求在主机这边的结果：输出的 token（不含 EOS）和状态。
+    """调度器对一个还没了结的请求的账目：输出了几个 token（不含 EOS）、是否结束及原因、占着资源的 ``Req``。
 
-    en: A request's result on the host side: the output tokens (without EOS) and its status.
+    请求的资源归还时，调度器就把它的账目删掉：结果靠 :class:`RequestEvent` 送到监听者手里，不留在这里。
+
+    en: The scheduler's bookkeeping for a request that is not settled yet: the tokens output so far (without EOS),
+    whether it finished and why, and the ``Req`` holding its resources.
+
+    Once the request's resources are given back the scheduler deletes this entry: results reach the listeners as
+    :class:`RequestEvent`, they are not kept here.
     """
 
     uid: int
     prompt_len: int
     max_tokens: int
     output_ids: list[int] = field(default_factory=list)
-    finished: bool = False
-    aborted: bool = False
+    #: ``"length"`` / ``"stop"`` / ``"abort"``；``None``：还没结束
+    #: en: ``"length"`` / ``"stop"`` / ``"abort"``; ``None``: not finished yet
+    finish_reason: str | None = None
+    #: 占着请求槽和页面的 ``Req``（每次被调度时更新）；``None``：还没被接纳
+    #: en: the ``Req`` holding the slot and pages (updated each time it is scheduled); ``None``: not admitted yet
+    req: Req | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class RequestEvent(NamedTuple):
+    """结果处理为一个请求做出的决定：一步一个（出了 token 或结束时），取消时一个。
+
+    - ``token``：这一步留下的输出 token；``None``：没有（遇到 EOS、被取消）；
+    - ``finished`` / ``reason``：结束了没有，为什么：``"length"``（到了 max_tokens）、``"stop"``（EOS）、``"abort"``（取消）。
+
+    en: What result processing decided for one request: one per step (when it output a token or finished), one on abort.
+
+    - ``token``: the output token kept this step; ``None``: none (EOS, aborted);
+    - ``finished`` / ``reason``: whether it finished and why: ``"length"`` (max_tokens reached), ``"stop"`` (EOS),
+      ``"abort"`` (aborted).
+    """
+
+    uid: int
+    token: int | None
+    finished: bool
+    reason: str | None
+
+
+#: 结果监听者：每个 :class:`RequestEvent` 调用一次。
+#: en: A result listener: called once per :class:`RequestEvent`.
+ResultListener = Callable[[RequestEvent], None]
 
 
 class ForwardInput(NamedTuple):

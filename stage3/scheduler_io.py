@@ -10,18 +10,18 @@
 - **处理消息**：``UserMsg`` 先校验（提示词要比单个请求的长度上限短，``max_tokens`` 像第 2 阶段一样截到上限之内），
   再用 API 服务器给的 **同一个 uid** 加进调度器；永远放不下的请求回一条 ``RejectMsg``，说清原因——绝不悄悄丢掉，
   否则客户端会一直等下去；``AbortBackendMsg`` 取消请求（不认识或已经结束的 uid 直接忽略）；``ExitMsg`` 结束循环；
-- **发**：每一步之后发**恰好一条** ``BatchTokenizerMsg``，这一步每个得到新 token 的请求一条 ``DetokenizeMsg``，
-  结束的那条带上原因：``"length"``（到了 max_tokens）、``"stop"``（遇到 EOS）、``"abort"``（被取消）；
+- **发**：调度器每做出一个决定就有一个 :class:`~minisgl.scheduling.RequestEvent`（第 2.1 章的结果监听）；每个事件变成
+  一条 ``DetokenizeMsg``，结束的那条带上原因：``"length"``（到了 max_tokens）或 ``"stop"``（遇到 EOS）。取消不回消息：
+  取消是分词进程发来的，它已经答复了客户端。每一步之后把这些消息打包成**恰好一条** ``BatchTokenizerMsg`` 发出；
 - **现状**：每一步之后、以及空闲下来时，直接给 API 服务器发一条 ``SchedulerStats``（``/metrics`` 读它）。
 
-``DetokenizeMsg.next_token`` 的约定：它是输出文本的一个 token；**不是**输出文本时为 -1——因 EOS 结束时
-（EOS 本身不是文本，也不计入 completion_tokens）和被取消时都是这样。
+``DetokenizeMsg.next_token`` 的约定：它是输出文本的一个 token；因 EOS 结束时为 -1（EOS 本身不是文本，也不计入
+completion_tokens），也就是事件的 ``token`` 为 ``None`` 的时候。
 
-重叠调度照旧默认开启：遇到 EOS 之后多算的那一步，第 2 阶段已经把它的 token 丢掉了；这里也绝不为已经结束的请求
-再发 ``DetokenizeMsg``。
+重叠调度照旧默认开启：遇到 EOS 之后多算的那一步，第 2 阶段已经把它的 token 丢掉了，不会有事件。
 
 进程入口 :func:`scheduler_worker`（建调度器、绑定套接字、报告就绪、收到 SIGTERM 或 ``ExitMsg`` 时干净地退出）是给定的。
-离线接口 ``minisgl.llm.LLM`` 不变；本章的 ``Scheduler`` 是服务器跑的那一个（它的 ``generate`` 也照样能用）。
+离线接口 ``minisgl.llm.LLM`` 不变；本章的 ``Scheduler`` 是服务器跑的那一个：接上套接字之后，它的每个结果都变成消息。
 
 en: Chapter 3.3 scheduler_io: the scheduler loop driven by messages.
 
@@ -37,22 +37,22 @@ have to go out step by step. This chapter connects chapter 2.5's ``Scheduler`` t
   server gave it; a request that can never fit is answered with a ``RejectMsg`` that says why, never silently dropped, or
   the client would wait forever; an ``AbortBackendMsg`` aborts a request (an unknown or finished uid is ignored); an
   ``ExitMsg`` ends the loop;
-- **send**: after each step, **exactly one** ``BatchTokenizerMsg`` holding one ``DetokenizeMsg`` per request that got a
-  new token this step; the last one of a request carries why it finished: ``"length"`` (max_tokens reached), ``"stop"``
-  (EOS) or ``"abort"`` (aborted);
+- **send**: each decision of the scheduler is a :class:`~minisgl.scheduling.RequestEvent` (chapter 2.1's result
+  listeners); each event becomes one ``DetokenizeMsg``, and the last one of a request carries why it finished:
+  ``"length"`` (max_tokens reached) or ``"stop"`` (EOS). An abort is not answered: it came from the tokenizer, which has
+  already answered the client. After each step these messages go out packed in **exactly one** ``BatchTokenizerMsg``;
 - **state**: after each step, and when it becomes idle, a ``SchedulerStats`` goes straight to the API server (which
   ``/metrics`` reads).
 
-The ``DetokenizeMsg.next_token`` convention: it is a token of the output text, and -1 whenever it is **not** output
-text: when a request ends on EOS (EOS itself is not text and does not count as a completion token) and when it is
-aborted.
+The ``DetokenizeMsg.next_token`` convention: it is a token of the output text, and -1 when a request ends on EOS (EOS
+itself is not text and does not count as a completion token), that is when the event's ``token`` is ``None``.
 
-Overlap scheduling stays on by default: stage 2 already drops the token computed in the extra step after EOS, and this
-chapter never sends a ``DetokenizeMsg`` for a request that has already finished.
+Overlap scheduling stays on by default: stage 2 already drops the token computed in the extra step after EOS, so there
+is no event for it.
 
 The process entry :func:`scheduler_worker` (build the scheduler, bind the sockets, report readiness, exit cleanly on
 SIGTERM or ``ExitMsg``) is given. The offline interface ``minisgl.llm.LLM`` stays as it was; this chapter's
-``Scheduler`` is the one the server runs (its ``generate`` still works too).
+``Scheduler`` is the one the server runs: once its sockets are attached, every result becomes a message.
 """
 
 from __future__ import annotations
@@ -63,13 +63,11 @@ import signal
 import sys
 import warnings
 from multiprocessing.connection import Connection
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import zmq
 
-from minisgl.core import SamplingParams
-from minisgl.engine import ForwardOutput
 from minisgl.i18n import tr
 from minisgl.message import (
     AbortBackendMsg,
@@ -87,13 +85,13 @@ from minisgl.message import (
     unwrap,
 )
 from minisgl.overlap import Scheduler as _Scheduler
-from minisgl.scheduling import ForwardInput, PendingReq, RequestStatus
+from minisgl.scheduling import RequestEvent
 from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
 from minisgl.trace import StepTrace
 from minisgl.validation import validate_requests
 
-#: ``DetokenizeMsg.next_token`` 不是输出文本时的值（EOS、取消）。
-#: en: The value of ``DetokenizeMsg.next_token`` when it is not output text (EOS, abort).
+#: ``DetokenizeMsg.next_token`` 不是输出文本时的值（EOS）。
+#: en: The value of ``DetokenizeMsg.next_token`` when it is not output text (EOS).
 NO_TOKEN = -1
 
 
@@ -116,9 +114,6 @@ class Scheduler(_Scheduler):
         # 这一步要发给反分词进程的消息（DetokenizeMsg、RejectMsg）
         # en: the messages for the detokenizer this step (DetokenizeMsg, RejectMsg)
         self._replies: list[BaseTokenizerMsg] = []
-        # 经消息加进来、还没被忘掉的 uid（离线的 generate 不在里面）
-        # en: uids added by message and not forgotten yet (offline generate's are not among them)
-        self._remote: set[int] = set()
         # 提示词正分块计算、还没算完的请求（统计前缀缓存命中时，后面的块不算命中）
         # en: requests whose prompt is being computed in chunks (when counting prefix-cache hits, later chunks are no hits)
         self._chunking: set[int] = set()
@@ -131,13 +126,15 @@ class Scheduler(_Scheduler):
     # en: ------------------------------------------------------------------ sockets (given)
 
     def connect(self, addrs: ServerAddrs) -> None:
-        """绑定自己的收信套接字（PULL），连上反分词进程和 API 服务器的收信套接字（PUSH）。
+        """绑定自己的收信套接字（PULL），连上反分词进程和 API 服务器的收信套接字（PUSH），从此结果变成消息。
 
-        en: Bind this process's inbox (PULL) and connect to the inboxes of the detokenizer and the API server (PUSH).
+        en: Bind this process's inbox (PULL) and connect to the inboxes of the detokenizer and the API server (PUSH);
+        from now on results become messages.
         """
         self.recv_queue = ZmqPullQueue(addrs.backend, create=True)
         self.send_tokenizer = ZmqPushQueue(addrs.tokenizer, create=False)
         self.send_frontend = ZmqPushQueue(addrs.frontend, create=False)
+        self.add_result_listener(self._on_result)
 
     def close(self) -> None:
         """关掉套接字（linger 0：进程退出时不会卡在没送出去的消息上）。
@@ -176,55 +173,6 @@ class Scheduler(_Scheduler):
             "decode_path": self.engine.decode_path,
         }
 
-    # ------------------------------------------------------------------ 请求的账目（给定）
-    # en: ------------------------------------------------------------------ bookkeeping of requests (given)
-
-    def add_request(
-        self, input_ids: torch.Tensor | Sequence[int], sampling_params: SamplingParams, uid: int | None = None
-    ) -> int:
-        """同第 2.1 章，但可以指定 ``uid``：服务器里的 uid 由 API 服务器分配，调度器沿用它。
-
-        en: As in chapter 2.1, but ``uid`` can be given: in the server the API server assigns uids, and the scheduler
-        keeps them.
-        """
-        if uid is None:
-            return super().add_request(input_ids, sampling_params)
-        input_ids = torch.as_tensor(input_ids, dtype=torch.int32).reshape(-1).cpu()
-        self.status[uid] = RequestStatus(uid, len(input_ids), sampling_params.max_tokens)
-        self.prefill_manager.add_one_req(PendingReq(uid, input_ids, sampling_params))
-        self._remote.add(uid)
-        return uid
-
-    def abort(self, uid: int) -> None:
-        """同第 2.5 章；还在排队（没占槽位）的请求被取消后，它的账目马上就可以忘掉。
-
-        en: As in chapter 2.5; a request cancelled while still queued (holding no slot) can be forgotten at once.
-        """
-        queued = any(p.uid == uid and p.chunked_req is None for p in self.prefill_manager.pending_list)
-        super().abort(uid)
-        if queued:
-            self._forget(uid)
-
-    def _free_req_resources(self, req: Any) -> None:
-        """资源真正归还时，已经没有哪个批次还会用到这个请求：它的账目也可以忘掉了。
-
-        en: When the resources are really given back, no batch will use this request any more: its bookkeeping can be
-        forgotten too.
-        """
-        super()._free_req_resources(req)
-        self._chunking.discard(req.uid)
-        self._forget(req.uid)
-
-    def _forget(self, uid: int) -> None:
-        """服务器里请求一个接一个地来：结束的请求的 ``status`` 要删掉，否则越积越多。离线 ``generate`` 自己删。
-
-        en: In the server requests keep coming: a finished request's ``status`` must be deleted, or they pile up. Offline
-        ``generate`` deletes its own.
-        """
-        if uid in self._remote:
-            self._remote.discard(uid)
-            self.status.pop(uid, None)
-
     def _reject(self, uid: int, error: str) -> None:
         self._replies.append(RejectMsg(uid=uid, error=error))
 
@@ -246,8 +194,8 @@ class Scheduler(_Scheduler):
 
         en: Handle one message: a new request, an abort or exit.
         """
-        # TODO 任务 process_msg：UserMsg 交给 _add_user_msg；AbortBackendMsg：status 存在、还没结束也没取消，才 abort 它并回一条 DetokenizeMsg(uid, NO_TOKEN, finished=True, finish_reason="abort")，否则什么都不做；ExitMsg 把 _exit_requested 设为真；别的类型抛 TypeError
-        # TODO task process_msg: a UserMsg goes to _add_user_msg; an AbortBackendMsg: only if its status exists and is neither finished nor aborted, abort it and reply DetokenizeMsg(uid, NO_TOKEN, finished=True, finish_reason="abort"), otherwise do nothing; an ExitMsg sets _exit_requested; any other type raises TypeError
+        # TODO 任务 process_msg：UserMsg 交给 _add_user_msg；AbortBackendMsg 就 abort 它（不认识、已经结束的 uid，abort 自己会忽略）；ExitMsg 把 _exit_requested 设为真；别的类型抛 TypeError
+        # TODO task process_msg: a UserMsg goes to _add_user_msg; an AbortBackendMsg aborts its uid (abort itself ignores an unknown or finished uid); an ExitMsg sets _exit_requested; any other type raises TypeError
         raise TaskNotDone("scheduler_io", "process_msg")
 
     def _add_user_msg(self, msg: UserMsg) -> None:
@@ -255,24 +203,23 @@ class Scheduler(_Scheduler):
 
         en: Validate a new request; if it fits, add it under its own uid; if it can never fit, answer with a RejectMsg.
         """
-        # TODO 任务 admit：uid 已在 status 里 → 拒绝（uid 重复）；其余交给 validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...)：提示词达到长度上限、token 不在词表里、采样参数不对，它都抛 ValueError / TypeError，就拒绝并带上它的消息；它截短 max_tokens 时会警告，这里不要警告（客户端从 finish_reason "length" 看得出来）；通过了就 add_request(ids, sp, uid=msg.uid)
-        # TODO task admit: a uid already in status → reject (duplicate uid); the rest goes to validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...): a prompt reaching the length limit, a token outside the vocabulary, bad sampling parameters all make it raise ValueError / TypeError: reject with its message; it warns when it clips max_tokens: no warning here (the client sees it from finish_reason "length"); once it passes, add_request(ids, sp, uid=msg.uid)
+        # TODO 任务 admit：validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...) 再 add_request(ids, sp, uid=msg.uid)：提示词达到长度上限、token 不在词表里、采样参数不对、uid 重复，它们都抛 ValueError / TypeError，就拒绝并带上它的消息；validate_requests 截短 max_tokens 时会警告，这里不要警告（客户端从 finish_reason "length" 看得出来）
+        # TODO task admit: validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...), then add_request(ids, sp, uid=msg.uid): a prompt reaching the length limit, a token outside the vocabulary, bad sampling parameters, a duplicate uid all make them raise ValueError / TypeError: reject with its message; validate_requests warns when it clips max_tokens: no warning here (the client sees it from finish_reason "length")
         raise TaskNotDone("scheduler_io", "admit")
 
     # ------------------------------------------------------------------ 发
     # en: ------------------------------------------------------------------ sending
 
-    def _process_last_data(self, last_data: tuple[ForwardInput, ForwardOutput] | None) -> None:
-        """第 2 阶段的结果处理照旧（记下 token、判断结束、归还资源）；之后看每个经消息来的请求这一步变了什么，
-        变了的写成 ``DetokenizeMsg``。
+    def _on_result(self, event: RequestEvent) -> None:
+        """结果监听者：把调度器的一个决定写成给反分词进程的消息（这一步结束时一起发出）。
 
-        en: Stage 2's result processing as before (record the token, decide the end, free resources); then look at what
-        changed this step for each request that came by message, and write each change as a ``DetokenizeMsg``.
+        en: The result listener: write one decision of the scheduler as a message for the detokenizer (sent with the
+        rest at the end of this step).
         """
-        if last_data is None:
-            return
-        # TODO 任务 collect_replies：先为批次里每个在 _remote 里的请求记下 (uid, status 对象, 输出长度, 是否已结束)——处理时请求可能被忘掉，要先拿住 status；再 super()._process_last_data；之后：原来就结束的跳过（重叠调度多算的那一步）；输出变长了 → DetokenizeMsg(uid, 最后一个 token, finished, 结束了就是 "length")；没变长却结束了 → 遇到了 EOS：DetokenizeMsg(uid, NO_TOKEN, True, "stop")；被取消的请求第 2 阶段不会再动它，两样都不会发生
-        # TODO task collect_replies: first note (uid, status object, output length, finished already) for each request of the batch that is in _remote (it may be forgotten during processing, so hold on to its status); then super()._process_last_data; afterwards: skip those finished before (the extra overlap step); the output grew → DetokenizeMsg(uid, the last token, finished, "length" if finished); it did not grow yet the request finished → EOS: DetokenizeMsg(uid, NO_TOKEN, True, "stop"); stage 2 never touches an aborted request, so neither happens for one
+        if event.finished:
+            self._chunking.discard(event.uid)
+        # TODO 任务 collect_replies：取消（reason 为 "abort"）不回消息——分词进程已经答复了客户端；其余每个事件一条 DetokenizeMsg(uid, token——没有就是 NO_TOKEN, finished, reason)，放进 _replies
+        # TODO task collect_replies: an abort (reason "abort") gets no message: the tokenizer has already answered the client; every other event becomes one DetokenizeMsg(uid, token, or NO_TOKEN when there is none, finished, reason) in _replies
         raise TaskNotDone("scheduler_io", "collect_replies")
 
     def stats(self) -> SchedulerStats:
@@ -294,8 +241,8 @@ class Scheduler(_Scheduler):
 
         en: The step listener: after each step is processed, add to the counters :meth:`stats` reports.
         """
-        # TODO 任务 count_step：steps 加一；预填充步：prefill_tokens 加上这一步的 token 数，每个请求的 cached_len 算作命中——但接着上一块算的分块请求（uid 在 _chunking 里）不算；这一步不出 token 的（outputs 为假：算了一块、提示词还没算完）记进 _chunking（请求的资源归还时会移出）；解码步：decode_tokens 加上请求数，请求数比 max_decode_batch 大就更新它
-        # TODO task count_step: steps += 1; a prefill step: add its token count to prefill_tokens and each request's cached_len to the hits, except for a chunked request continuing its previous chunk (uid in _chunking); a request whose token this step is no output (outputs false: one chunk computed, the prompt not finished) goes into _chunking (it leaves when the request's resources are freed); a decode step: add the number of requests to decode_tokens, and raise max_decode_batch if the number is larger
+        # TODO 任务 count_step：steps 加一；预填充步：prefill_tokens 加上这一步的 token 数，每个请求的 cached_len 算作命中——但接着上一块算的分块请求（uid 在 _chunking 里）不算；这一步不出 token 的（outputs 为假：算了一块、提示词还没算完）记进 _chunking（请求结束时会移出）；解码步：decode_tokens 加上请求数，请求数比 max_decode_batch 大就更新它
+        # TODO task count_step: steps += 1; a prefill step: add its token count to prefill_tokens and each request's cached_len to the hits, except for a chunked request continuing its previous chunk (uid in _chunking); a request whose token this step is no output (outputs false: one chunk computed, the prompt not finished) goes into _chunking (it leaves when the request ends); a decode step: add the number of requests to decode_tokens, and raise max_decode_batch if the number is larger
         raise TaskNotDone("scheduler_io", "count_step")
 
     # ------------------------------------------------------------------ 主循环

@@ -113,20 +113,28 @@ def sampling(r: Request) -> SamplingParams:
 
 
 def run(llm: Any, w: Workload) -> dict[int, tuple[list[int], bool]]:
-    """提交全部请求，一步一步地跑，按计划取消；返回每个请求的（输出，是否被取消）。"""
+    """提交全部请求，一步一步地跑，按计划取消；返回每个请求的（输出，是否被取消），都从结果事件里收集。"""
+    events: dict[int, list[Any]] = {}
+    stop_listening = llm.add_result_listener(lambda e: events.setdefault(e.uid, []).append(e))
     uids = [llm.add_request(list(r.prompt), sampling(r)) for r in w.requests]
     steps = 0
-    while llm.busy:
-        for uid, r in zip(uids, w.requests):
-            if r.abort_at == steps:
-                llm.abort(uid)
-        llm.step()
-        steps += 1
-        assert steps < 2000, "调度器停不下来"
-    llm.run_until_idle()
-    out = {i: (llm.status[uid].output_ids, llm.status[uid].aborted) for i, uid in enumerate(uids)}
-    for uid in uids:
-        del llm.status[uid]
+    try:
+        while llm.busy:
+            for uid, r in zip(uids, w.requests):
+                if r.abort_at == steps:
+                    llm.abort(uid)
+            llm.step()
+            steps += 1
+            assert steps < 2000, "调度器停不下来"
+        llm.run_until_idle()
+    finally:
+        stop_listening()
+    out = {}
+    for i, uid in enumerate(uids):
+        ends = [e.reason for e in events.get(uid, []) if e.finished]
+        assert len(ends) == 1, f"第 {i} 个请求应当恰好结束一次，实际结束事件：{ends}"
+        out[i] = ([e.token for e in events[uid] if e.token is not None], ends[0] == "abort")
+    assert llm.status == {}, f"了结的请求应当离开 scheduler.status，还剩 {sorted(llm.status)}"
     return out
 
 

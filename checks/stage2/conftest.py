@@ -18,6 +18,7 @@ from checks.hf_reference import greedy_reference
 from checks.common import expect  # noqa: F401 - 各章检查从这里导入 | en: the chapters' checks import it from here
 from minisgl.i18n import tr
 from minisgl import model_zoo
+from minisgl.scheduling import RequestEvent
 from minisgl.trace import StepTrace
 
 #: SmolLM2 上逐 token 比对的提示词：长短不一（1 到 40 多个 token），含代码、数字、对话模板、中文，
@@ -112,6 +113,27 @@ def record(llm: Any, after: Callable[[StepTrace], None] | None = None) -> Record
 
     rec.close = llm.add_step_listener(listen)
     return rec
+
+
+@dataclass
+class Results:
+    """用 ``llm.add_result_listener`` 收集每个请求的 :class:`~minisgl.scheduling.RequestEvent`。"""
+
+    events: dict[int, list[RequestEvent]] = field(default_factory=dict)
+    close: Callable[[], None] = lambda: None  # 取消监听
+
+    def tokens(self, uid: int) -> list[int]:
+        return [e.token for e in self.events.get(uid, []) if e.token is not None]
+
+    def ends(self, uid: int) -> list[str | None]:
+        """这个请求收到的结束事件的原因（正确时恰好一个）。"""
+        return [e.reason for e in self.events.get(uid, []) if e.finished]
+
+
+def results(llm: Any) -> Results:
+    res = Results()
+    res.close = llm.add_result_listener(lambda e: res.events.setdefault(e.uid, []).append(e))
+    return res
 
 
 @contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import QUESTIONS, SMOL_KW, SMOLLM2_TOKENS, SYSTEM_PROMPT, TINY_KW, assert_idle, expect, integrity_error, record, run_under_later_chapters
+from .conftest import QUESTIONS, SMOL_KW, SMOLLM2_TOKENS, SYSTEM_PROMPT, TINY_KW, assert_idle, expect, integrity_error, record, results, run_under_later_chapters
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.overlap import LLM as FinalLLM
@@ -441,6 +441,7 @@ def test_duplicate_prefix_end_to_end(smollm2_path, smollm2_prompts, smollm2_refe
     llm = make_llm(LLM, smollm2_path, **{**SMOL_KW, "num_page_override": 200})
     p, ref = smollm2_prompts[4], smollm2_reference[4]
     sp = SamplingParams(max_tokens=SMOLLM2_TOKENS, ignore_eos=True)
+    res = results(llm)
     uids = [llm.add_request(p, sp) for _ in range(2)]
     llm.step()  # 两个一起预填充，处理结果时都插入树：第二个发现重复
     reqs = list(llm.decode_manager.running_reqs)
@@ -449,7 +450,7 @@ def test_duplicate_prefix_end_to_end(smollm2_path, smollm2_prompts, smollm2_refe
     assert torch.equal(llm.page_table[rows[0], :n], llm.page_table[rows[1], :n]), tr("Duplicate prefix: both page-table rows point to the same pages")
     filler = llm.add_request(smollm2_prompts[7], sp)  # 新请求会用到刚释放的页
     llm.run_until_idle()
-    outs = [llm.status.pop(u).output_ids for u in (*uids, filler)]
+    outs = [res.tokens(u) for u in (*uids, filler)]
     assert outs[0] == ref and outs[1] == ref, tr("Both identical requests match HF")
     assert outs[2] == smollm2_reference[7], tr("The request that reused the freed pages differs from HF\nours: {ours}\nHF:   {ref}", ours=outs[2], ref=smollm2_reference[7])
     llm.check_integrity()

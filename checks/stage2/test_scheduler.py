@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import LATER_CHUNK, SMOLLM2_TOKENS, SMOL_KW, TINY_KW, assert_idle, expect, first_fresh_index, record, run_under_later_chapters
+from .conftest import LATER_CHUNK, SMOLLM2_TOKENS, SMOL_KW, TINY_KW, assert_idle, expect, first_fresh_index, record, results, run_under_later_chapters
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.core import Req
@@ -146,6 +146,7 @@ def test_finishes_on_eos_unless_ignore_eos(tiny) -> None:  # noqa: ANN001
     k = first_fresh_index(full)
     saved = tiny.eos_token_id
     tiny.eos_token_id = full[k]
+    res = results(tiny)
     try:
         stopped = tiny.generate(prompt, SamplingParams(max_tokens=12))[0]["token_ids"]
         ignored = tiny.generate(prompt, SamplingParams(max_tokens=12, ignore_eos=True))[0]["token_ids"]
@@ -153,6 +154,10 @@ def test_finishes_on_eos_unless_ignore_eos(tiny) -> None:  # noqa: ANN001
         tiny.eos_token_id = saved
     assert stopped == full[:k], tr("Finish on EOS; EOS itself is not in the result")
     assert ignored == full, tr("With ignore_eos=True generation continues past EOS")
+    first, second = res.events.values()
+    expect([(e.token, e.finished, e.reason) for e in first], [(t, False, None) for t in full[:k]] + [(None, True, "stop")],
+           tr("Events of the request that meets EOS after {k} tokens (token, finished, reason)", k=k))
+    assert (second[-1].token, second[-1].reason) == (full[-1], "length"), tr("With ignore_eos=True the last event keeps its token and ends with \"length\": {event}", event=second[-1])
     assert_idle(tiny)
 
 
@@ -260,10 +265,11 @@ def test_input_ids_grow_with_each_sampled_token(tiny) -> None:  # noqa: ANN001
 
     def check(trace) -> None:  # noqa: ANN001
         for req in trace.reqs:
-            n, out = len(req.input_ids), tiny.status[req.uid].output_ids
+            n, out = len(req.input_ids), res.tokens(req.uid)
             if n != req.device_len or req.input_ids[n - len(out) :].tolist() != out:
                 bad.append(tr("step {index} request {uid}: len(input_ids)={n}, device_len={device_len}, {n_out} output so far", index=trace.index, uid=req.uid, n=n, device_len=req.device_len, n_out=len(out)))
 
+    res = results(tiny)
     rec = record(tiny, after=check)
     try:
         tiny.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
@@ -351,25 +357,30 @@ def test_prefilled_requests_handed_to_cache_manager(tiny_path: str, make_llm) ->
         )
 
 
-def test_status_finished_and_abort_after_finish_is_a_no_op(tiny) -> None:  # noqa: ANN001
+def test_finish_events_and_abort_after_finish_is_a_no_op(tiny) -> None:  # noqa: ANN001
+    res = results(tiny)
     uid = tiny.add_request([5, 6, 7, 8], SamplingParams(max_tokens=2, ignore_eos=True))
     tiny.run_until_idle()
-    status = tiny.status[uid]
-    assert status.finished and not status.aborted, tr("After generating max_tokens the request must be marked finished: {status}", status=status)
+    events = res.events[uid]
+    expect([(e.finished, e.reason) for e in events], [(False, None), (True, "length")],
+           tr("Events of a request with max_tokens=2: one token kept, then one that finishes it (finished, reason)"))
+    assert all(e.token is not None for e in events), tr("Both steps keep their token: {events}", events=events)
+    assert tiny.status == {}, tr("A finished request leaves scheduler.status once its resources are back: left {uids}", uids=sorted(tiny.status))
     tiny.abort(uid)
-    assert status.finished and not status.aborted, tr("Aborting a finished request does nothing: {status}", status=status)
-    expect(len(tiny.status.pop(uid).output_ids), 2, tr("Tokens of the finished request (max_tokens=2)"))
+    expect(len(res.events[uid]), 2, tr("Aborting a finished request does nothing (no new event)"))
     assert_idle(tiny)
+
 
 
 def test_step_when_idle_returns_false(tiny) -> None:  # noqa: ANN001
     """没有请求时 step() 什么也不做、返回 False（调度不出批次就不前向）。"""
     expect(tiny.busy, False, tr("Test setup: the scheduler is idle"))
     assert tiny.step() is False, tr("step() must return False when idle")
+    res = results(tiny)
     uid = tiny.add_request([5, 6, 7], SamplingParams(max_tokens=1, ignore_eos=True))
     assert tiny.step() is True, tr("With requests, step() does one step and returns True")
     tiny.run_until_idle()
-    expect(len(tiny.status.pop(uid).output_ids), 1, tr("Tokens generated (max_tokens=1)"))
+    expect(len(res.tokens(uid)), 1, tr("Tokens generated (max_tokens=1)"))
     assert_idle(tiny)
 
 

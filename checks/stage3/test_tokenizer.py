@@ -153,18 +153,18 @@ def words(tok: Any, *chunks: str) -> list[int]:
 # en: ----------------------------------------------------------------------------- driving the detokenizer
 
 
-def stream(manager: Any, uid: int, ids: list[int], finish: str = "length", eos: int = 0) -> list[Any]:
-    """把 ``ids`` 一个一个送进 ``manager``（最后一个带 ``finish``；``"stop"`` 时再多送一个 EOS，``"abort"`` 时多送 -1），
-    返回每一步的回复（None 表示没有回复）。
+def stream(manager: Any, uid: int, ids: list[int], finish: str = "length") -> list[Any]:
+    """把 ``ids`` 一个一个送进 ``manager``（最后一个带 ``finish``；``"stop"`` 时再多送一条，``next_token`` 为 -1，
+    像调度器在 EOS 处那样），返回每一步的回复（None 表示没有回复）。
 
-    en: Feed ``ids`` into ``manager`` one by one (the last one with ``finish``; for ``"stop"`` one more message carrying
-    EOS, for ``"abort"`` one carrying -1) and return each step's reply (None for no reply).
+    en: Feed ``ids`` into ``manager`` one by one (the last one with ``finish``; for ``"stop"`` one more message whose
+    ``next_token`` is -1, as the scheduler sends at EOS) and return each step's reply (None for no reply).
     """
     msgs = [DetokenizeMsg(uid, t) for t in ids]
     if finish == "length":
         msgs[-1] = DetokenizeMsg(uid, ids[-1], True, "length")
     else:
-        msgs.append(DetokenizeMsg(uid, eos if finish == "stop" else -1, True, finish))
+        msgs.append(DetokenizeMsg(uid, -1, True, finish))
     return [manager.detokenize(m) for m in msgs]
 
 
@@ -205,7 +205,7 @@ chars = st.one_of(
 #: 一段文字，要么按分词器的正常分法，要么拆成一个字节一个 token。
 #: en: A piece of text, either tokenized normally or split into one token per byte.
 units = st.tuples(st.sampled_from(["encode", "bytes"]), st.text(chars, min_size=1, max_size=4))
-finishes = st.sampled_from(["length", "stop", "abort"])
+finishes = st.sampled_from(["length", "stop"])
 #: 固定种子（CI 每次跑同样的用例）；不做 explain 阶段（失败时它要再跑很多遍）。
 #: en: A fixed seed (CI runs the same cases every time); no explain phase (on a failure it reruns many times).
 HYPO = settings(max_examples=150, deadline=None, derandomize=True, print_blob=True,
@@ -227,7 +227,7 @@ def run_valid_text(tok: Any, parts: list[tuple[str, str]], finish: str) -> None:
     ids = ids_from_units(tok, parts)
     manager = DetokenizeManager(tok)
     manager.add(1, 5)
-    replies = stream(manager, 1, ids, finish, eos=tok.eos_token_id)
+    replies = stream(manager, 1, ids, finish)
     check_pieces(tok, ids, replies, valid_text=True)
     assert manager.decode_map == {}, tr("The state is freed when the request finishes: {left}", left=manager.decode_map)
 
@@ -235,7 +235,7 @@ def run_valid_text(tok: Any, parts: list[tuple[str, str]], finish: str) -> None:
 def run_random_ids(tok: Any, ids: list[int], finish: str) -> None:
     manager = DetokenizeManager(tok)
     manager.add(1, 5)
-    replies = stream(manager, 1, ids, finish, eos=tok.eos_token_id)
+    replies = stream(manager, 1, ids, finish)
     check_pieces(tok, ids, replies, valid_text=FFFD not in tok.decode(ids))
     assert replies[-1].completion_tokens == len(ids), tr("completion_tokens counts the output tokens ({n}), got {got}", n=len(ids),
                                                           got=replies[-1].completion_tokens)
@@ -332,7 +332,7 @@ def test_state_freed_and_stale_messages_create_none(qwen: Any) -> None:
                                                                         uids=sorted(manager.decode_map))
     # 重叠调度为已结束的请求多算的一步，以及它之后的消息
     # en: The extra step overlap scheduling computes for a finished request, and messages after it
-    for stale in (DetokenizeMsg(1, 11), DetokenizeMsg(1, 11, True, "length"), DetokenizeMsg(1, -1, True, "abort")):
+    for stale in (DetokenizeMsg(1, 11), DetokenizeMsg(1, 11, True, "length"), DetokenizeMsg(1, -1, True, "stop")):
         got = manager.detokenize(stale)
         assert got is None, tr("A message after the finish gives no reply, got {got}", got=got)
         assert set(manager.decode_map) == {2}, tr("A message after the finish creates no state, got {uids}", uids=sorted(manager.decode_map))
@@ -340,20 +340,20 @@ def test_state_freed_and_stale_messages_create_none(qwen: Any) -> None:
     assert reply.incremental_output == " Hello" and not reply.finished, tr("The other request goes on untouched, got {reply}", reply=reply)
 
 
-@pytest.mark.parametrize("finish", ["length", "stop", "abort"])
+@pytest.mark.parametrize("finish", ["length", "stop"])
 def test_finish_reason_and_usage(qwen: Any, finish: str) -> None:
     manager = DetokenizeManager(qwen)
     manager.add(4, 17)
     ids = words(qwen, " Hello", " world", ",", " peace")
-    replies = stream(manager, 4, ids, finish, eos=qwen.eos_token_id)
+    replies = stream(manager, 4, ids, finish)
     for r in replies[:-1]:
         assert not r.finished and r.finish_reason is None and r.uid == 4, tr("Replies before the last are not finished and have no finish_reason: {reply}", reply=r)
     last = replies[-1]
     assert last.finished and last.finish_reason == finish, tr("The last reply is finished with finish_reason {want!r}: {reply}", want=finish, reply=last)
     assert (last.prompt_tokens, last.completion_tokens) == (17, len(ids)), (
-        tr("Usage: prompt_tokens {p} and completion_tokens {c} (EOS and the abort marker are not output), got {reply}", p=17, c=len(ids), reply=last))
+        tr("Usage: prompt_tokens {p} and completion_tokens {c} (EOS is not output), got {reply}", p=17, c=len(ids), reply=last))
     text = "".join(r.incremental_output for r in replies)
-    assert text == " Hello world, peace", tr("The EOS token and the abort marker are not decoded: got {text!r}", text=text)
+    assert text == " Hello world, peace", tr("EOS is not decoded: got {text!r}", text=text)
     assert manager.decode_map == {}
 
 

@@ -139,16 +139,6 @@ class Scheduler(_Scheduler):
             cm.tokens_needed(p.input_len + p.output_len, p.chunked_req.cached_len) for p in chunked
         )
 
-    def abort(self, uid: int) -> None:
-        """取消还在分块的请求时，已经算过的那几块占着的槽位和页面也要还。
-
-        en: Cancelling a request still in chunks must also give back the slot and pages its computed chunks hold.
-        """
-        pending = next((p for p in self.prefill_manager.pending_list if p.uid == uid), None)
-        super().abort(uid)
-        if pending is not None and pending.chunked_req is not None:
-            self._release_req(pending.chunked_req)
-
 
 #: 离线接口：本章的调度器。
 #: en: Offline interface: this chapter's scheduler.

@@ -210,20 +210,6 @@ class Scheduler(_Scheduler):
                 self._free_req_resources(req)
         self._deferred = still
 
-    def abort(self, uid: int) -> None:
-        """最后一步已经发出的请求，发出时就离开了运行队列，也不在等待队列里：要在在途的批次里找到它来归还。
-
-        en: A request whose last step is already launched left the running queue at launch and is not in the waiting
-        queue either: find it in the batch in flight to free it.
-        """
-        status = self.status[uid]
-        if status.finished or status.aborted:
-            return
-        final_step = [r for r in self._in_flight if r.uid == uid and r.remain_len == 0]
-        super().abort(uid)
-        for req in final_step:
-            self._release_req(req)
-
     def _drain(self) -> None:
         """等在途的一步算完并处理它的结果，然后归还所有延后的资源；CPU 上再从后台线程把核拿回来。
 

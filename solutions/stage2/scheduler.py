@@ -9,18 +9,21 @@
   ``max_extend_tokens``，用完就不再接纳新请求；
 - **连续批处理**：请求一结束就离开、归还槽位，等待的请求下一步就能加入，不必等整批结束；
 - **结果处理**：把采样出的 token 接到请求后面，判断是否结束（``max_tokens``，或没设
-  ``ignore_eos`` 时遇到 EOS）。
+  ``ignore_eos`` 时遇到 EOS），并把决定告诉监听者：每个请求每一步一个 :class:`~minisgl.scheduling.RequestEvent`
+  （留下的 token、结束没有、为什么）。``generate`` 就是靠这些事件收集输出的。
 
 本章的 KV 页面还是静态分配：每个请求槽固定分到同样多的页（第一阶段手工填页表的做法，自动化了）。
 
-想看每一步做了什么，用 ``llm.add_step_listener(fn)``（见 :mod:`minisgl.trace`），不要去包私有方法。
+想知道每个请求的结果，用 ``llm.add_result_listener(fn)``；想看每一步做了什么，用 ``llm.add_step_listener(fn)``
+（见 :mod:`minisgl.trace`）。不要去包私有方法。
 
-后面几章各自派生本章的 ``Scheduler``，只改它们新增能力的那几处。本章为它们留的接口：
+派生本章 ``Scheduler`` 的调度器只改它新增能力的那几处，经由这些接口（约定写在各自的文档字符串里）：
 
-- 第 2.2 章：``_make_cache_manager``、``prefill_adder_cls``、``reserved_tokens``、``pages_in_use``；
-- 第 2.3 章：``supported_cache_types``；
-- 第 2.4 章：``PendingReq.chunked_req``、``PrefillAdder._add_one_req`` 的 ``req_cls`` / ``end`` 参数、``_samples_output``；
-- 第 2.5 章：``_release_req`` / ``_free_req_resources``（延后归还）、``_drain``、结果处理里跳过已结束的请求。
+- 部件：``_make_cache_manager``、``prefill_adder_cls``、``supported_cache_types``、``reserved_tokens``、``pages_in_use``；
+- 一步算什么：``_schedule_next_batch``、``_samples_output``、``PrefillAdder._add_one_req`` 的 ``req_cls`` / ``end``；
+- 怎么算：``step``、``_forward``；
+- 请求了结：``_end`` 是唯一的地方（生成完、EOS、取消都经过它），资源经 ``_release_req`` → ``_free_req_resources``
+  归还；``_drain`` 等在途的计算算完。
 
 en: Chapter 2.1 scheduler: the scheduler's skeleton and the offline interface ``LLM.generate``.
 
@@ -35,24 +38,27 @@ goes to. The scheduler automates this and lets requests come and go:
   a budget of ``max_extend_tokens`` tokens, and once it is spent no new request is admitted;
 - **continuous batching**: a request leaves and returns its slot as soon as it finishes, and a waiting request can join
   the next step without waiting for the whole batch to end;
-- **result processing**: append the sampled token to its request and decide whether the request is finished
-  (``max_tokens``, or EOS when ``ignore_eos`` is not set).
+- **result processing**: append the sampled token to its request, decide whether the request is finished
+  (``max_tokens``, or EOS when ``ignore_eos`` is not set), and tell the listeners: one
+  :class:`~minisgl.scheduling.RequestEvent` per request and step (the token kept, finished or not, why). ``generate``
+  collects its outputs from these events.
 
 KV pages are still allocated statically in this chapter: every request slot gets the same number of pages (stage 1's
 hand-filled page table, automated).
 
-To see what each step did, use ``llm.add_step_listener(fn)`` (see :mod:`minisgl.trace`) rather than wrapping private
-methods.
+To learn each request's results, use ``llm.add_result_listener(fn)``; to see what each step did, use
+``llm.add_step_listener(fn)`` (see :mod:`minisgl.trace`). Do not wrap private methods.
 
-Each later chapter derives from this chapter's ``Scheduler`` and changes only the places its new feature touches. The
-hooks left for them:
+A scheduler derived from this chapter's ``Scheduler`` changes only the places its new feature touches, through these
+hooks (their contracts are in their docstrings):
 
-- chapter 2.2: ``_make_cache_manager``, ``prefill_adder_cls``, ``reserved_tokens``, ``pages_in_use``;
-- chapter 2.3: ``supported_cache_types``;
-- chapter 2.4: ``PendingReq.chunked_req``, the ``req_cls`` / ``end`` parameters of ``PrefillAdder._add_one_req``,
-  ``_samples_output``;
-- chapter 2.5: ``_release_req`` / ``_free_req_resources`` (deferred freeing), ``_drain``, skipping finished requests in
-  result processing.
+- parts: ``_make_cache_manager``, ``prefill_adder_cls``, ``supported_cache_types``, ``reserved_tokens``,
+  ``pages_in_use``;
+- what a step computes: ``_schedule_next_batch``, ``_samples_output``, the ``req_cls`` / ``end`` parameters of
+  ``PrefillAdder._add_one_req``;
+- how it is computed: ``step``, ``_forward``;
+- a request's end: ``_end`` is the one place (generated enough, EOS and abort all go through it); resources go back via
+  ``_release_req`` -> ``_free_req_resources``; ``_drain`` waits for computations in flight.
 """
 
 from __future__ import annotations
@@ -67,7 +73,17 @@ from transformers import AutoTokenizer
 from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, ForwardOutput
-from minisgl.scheduling import DecodeManager, ForwardInput, PendingReq, RequestStatus, SchedulerConfig, TableManager, div_ceil
+from minisgl.scheduling import (
+    DecodeManager,
+    ForwardInput,
+    PendingReq,
+    RequestEvent,
+    RequestStatus,
+    ResultListener,
+    SchedulerConfig,
+    TableManager,
+    div_ceil,
+)
 from minisgl.trace import StepListener, StepTracer
 from minisgl.validation import validate_config, validate_requests
 
@@ -76,13 +92,13 @@ class StaticCacheManager:
     """本章的 KV 分配：每个请求槽固定分到 ``num_pages // max_running_req`` 页，启动时一次写进页表。
 
     这样每个请求最多只能放 ``max_req_tokens`` 个 token（提示词 + 输出），哪怕别的槽位空着也借不到；
-    第 2.2 章的 :class:`CacheManager` 改成按需分配来解决这个问题。
+    按需分配的缓存管理器（换掉 ``_make_cache_manager`` 即可）解决这个问题。
 
     en: This chapter's KV allocation: each request slot gets a fixed ``num_pages // max_running_req`` pages, written
     into the page table once at start-up.
 
     So a request holds at most ``max_req_tokens`` tokens (prompt + output), and cannot borrow from other slots even when
-    they are empty; chapter 2.2's :class:`CacheManager` solves this by allocating on demand.
+    they are empty; a cache manager that allocates on demand (swap ``_make_cache_manager``) solves this.
     """
 
     def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, max_running_req: int) -> None:
@@ -140,12 +156,12 @@ class PrefillAdder:
     """
 
     token_budget: int  # 这一步还能预填充多少个 token | en: how many more tokens this step can prefill
-    # 运行中的请求将来还要的 token 位置（第 2.2 章用来做准入）
-    # en: token positions the running requests will still need (used for admission from chapter 2.2 on)
+    # 运行中的请求将来还要的 token 位置（按需分配时用来做准入）
+    # en: token positions the running requests will still need (used for admission when pages are allocated on demand)
     reserved_size: int
     table_manager: TableManager
-    # StaticCacheManager，或第 2.2 章的 CacheManager
-    # en: StaticCacheManager, or chapter 2.2's CacheManager
+    # StaticCacheManager，或 _make_cache_manager 换上的那一个
+    # en: StaticCacheManager, or whichever _make_cache_manager provides
     cache_manager: Any
     token_pool: torch.Tensor
 
@@ -179,13 +195,13 @@ class PrefillAdder:
         """接纳提示词的 ``[cached_len, end)`` 这一段（``end`` 缺省为整段）：写进 token 池、扣预算、建请求。
 
         没有分块时，最后一个请求可以超出剩余预算（否则比预算长的提示词永远进不来）。
-        第 2.4 章切块时传入更小的 ``end`` 和 ``req_cls=ChunkedReq``。
+        分块预填充时传入更小的 ``end`` 和自己的 ``req_cls``。
 
         en: Admit the span ``[cached_len, end)`` of the prompt (``end`` defaults to the whole prompt): write it into the
         token pool, charge the budget, build the request.
 
         Without chunking, the last request may go over the remaining budget (otherwise a prompt longer than the budget
-        could never get in). Chapter 2.4 passes a smaller ``end`` and ``req_cls=ChunkedReq`` when it cuts chunks.
+        could never get in). Chunked prefill passes a smaller ``end`` and its own ``req_cls``.
         """
         end = pending.input_len if end is None else end
         # >>> TASK add_one_req: 把 input_ids[cached_len:end] 写进 token_pool 第 table_idx 行的同样位置；预算减去这段的长度；返回 req_cls(input_ids=input_ids[:end], ...)
@@ -223,13 +239,13 @@ class PrefillManager:
     def schedule_next_batch(self, adder: PrefillAdder) -> Batch | None:
         """从队首开始让 ``adder`` 接纳请求，第一个接纳不了的就停下；一个都没有就返回 None。
 
-        接纳了但提示词没算完的请求（第 2.4 章的分块）留在队首，下一步接着算。
+        接纳了但提示词没算完的请求（``PendingReq.chunked_req`` 不为空）留在队首，下一步接着算。
 
         en: Let ``adder`` admit requests from the front of the queue, stopping at the first it cannot admit; return None
         if none was admitted.
 
-        An admitted request whose prompt is not finished yet (chapter 2.4's chunks) stays at the front of the queue and
-        continues next step.
+        An admitted request whose prompt is not finished yet (``PendingReq.chunked_req`` is set) stays at the front of the
+        queue and continues next step.
         """
         # >>> TASK schedule_prefill: 依次 adder.try_add_one(队列里的请求)，遇到 None 就停；更新队列（没算完提示词的留在队首）；返回预填充批次
         # en: call adder.try_add_one(request in the queue) in order, stop at the first None; update the queue (requests whose prompt is not finished stay at the front); return the prefill batch
@@ -294,6 +310,7 @@ class Scheduler:
         self.prefill_budget = config.max_extend_tokens
         self.status: dict[int, RequestStatus] = {}
         self.tracer = StepTracer(self.device)
+        self._result_listeners: list[ResultListener] = []
         self._uid_counter = 0
 
     def add_step_listener(self, fn: StepListener) -> Callable[[], None]:
@@ -303,6 +320,19 @@ class Scheduler:
         function that removes the listener.
         """
         return self.tracer.add_listener(fn)
+
+    def add_result_listener(self, fn: ResultListener) -> Callable[[], None]:
+        """结果处理每为一个请求做出决定（出了 token、结束、被取消），就调用 ``fn(event)``。返回取消监听的函数。
+
+        en: Call ``fn(event)`` each time result processing decides something for a request (a token output, finished,
+        aborted). Returns a function that removes the listener.
+        """
+        self._result_listeners.append(fn)
+        return lambda: self._result_listeners.remove(fn) if fn in self._result_listeners else None
+
+    def _emit(self, event: RequestEvent) -> None:
+        for fn in list(self._result_listeners):
+            fn(event)
 
     # ------------------------------------------------------------------ 后面几章换掉的部件
     # en: ------------------------------------------------------------------ parts that later chapters replace
@@ -359,39 +389,48 @@ class Scheduler:
         return min(self.engine.max_seq_len, self.cache_manager.max_req_tokens)
 
     def _samples_output(self, req: Req) -> bool:
-        """这一步为 ``req`` 采样的 token 是否是真正的输出。本章总是；第 2.4 章的分块请求不是。
+        """这一步为 ``req`` 采样的 token 是否是真正的输出。本章总是；只算了提示词的一部分的请求不是。
 
-        en: Whether the token sampled for ``req`` this step is real output. Always in this chapter; not for chapter
-        2.4's chunked requests.
+        en: Whether the token sampled for ``req`` this step is real output. Always in this chapter; not for a request
+        that computed only part of its prompt.
         """
         return True
 
     # ------------------------------------------------------------------ 接收请求
     # en: ------------------------------------------------------------------ receiving requests
 
-    def add_request(self, input_ids: torch.Tensor | Sequence[int], sampling_params: SamplingParams) -> int:
-        """提交一个已经校验过的请求（token id），返回它的 uid。
+    def add_request(
+        self, input_ids: torch.Tensor | Sequence[int], sampling_params: SamplingParams, uid: int | None = None
+    ) -> int:
+        """提交一个已经校验过的请求（token id），返回它的 uid。``uid`` 可以由调用者指定（服务器自己分配 uid），
+        不能和还没了结的请求重复。
 
-        en: Submit a request that has been validated (token ids); returns its uid.
+        en: Submit a request that has been validated (token ids); returns its uid. The caller may choose ``uid`` (a server
+        assigns its own), which must not repeat one of a request not settled yet.
         """
         input_ids = torch.as_tensor(input_ids, dtype=torch.int32).reshape(-1).cpu()
-        uid = self._uid_counter
-        self._uid_counter += 1
+        if uid is None:
+            uid = self._uid_counter
+            self._uid_counter += 1
+        if uid in self.status:
+            raise ValueError(tr("Request id {uid} is already in use", uid=uid))
         self.status[uid] = RequestStatus(uid, len(input_ids), sampling_params.max_tokens)
         self.prefill_manager.add_one_req(PendingReq(uid, input_ids, sampling_params))
         return uid
 
     def abort(self, uid: int) -> None:
-        """取消一个请求：它不再输出任何 token，占用的槽位和页面全部归还（恰好一次）。
+        """取消一个请求：它离开等待和运行队列，不再输出任何 token，占用的槽位和页面全部归还（恰好一次）。
+        不认识或已经结束的 uid 什么也不做。
 
-        en: Cancel a request: it outputs no more tokens, and its slot and pages are all given back (exactly once).
+        en: Cancel a request: it leaves the waiting and running queues, outputs no more tokens, and its slot and pages
+        are all given back (exactly once). An unknown or finished uid does nothing.
         """
-        status = self.status[uid]
-        if status.finished or status.aborted:
+        status = self.status.get(uid)
+        if status is None or status.finished:
             return
-        status.aborted = True
-        if self.prefill_manager.abort_req(uid) is None and (req := self.decode_manager.abort_req(uid)) is not None:
-            self._release_req(req)
+        self.prefill_manager.abort_req(uid)
+        self.decode_manager.abort_req(uid)
+        self._end(status, None, "abort")
 
     # ------------------------------------------------------------------ 调度与准备
     # en: ------------------------------------------------------------------ scheduling and preparing
@@ -419,6 +458,8 @@ class Scheduler:
         """
         started = time.perf_counter()
         self.cache_manager.allocate_paged(batch.reqs)
+        for req in batch.reqs:
+            self.status[req.uid].req = req
         # >>> TASK prepare_batch: positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc
         # en: positions = the requests' arange(cached_len, device_len) concatenated; row numbers repeated by extend_len; out_loc = page_table[rows, positions]; write-back positions (table_idx, device_len), with non-output requests written to scratch_row; move both (row, position) pairs to the device with _to_device and store them as input_mapping / write_mapping (used below), and fill batch.positions (int32) and batch.out_loc
         reqs = batch.reqs
@@ -465,8 +506,8 @@ class Scheduler:
         self.decode_manager.filter_reqs(fi.batch.reqs)
         return output
 
-    # 推理模式是线程局部的：第 2.5 章在后台线程里调用它，也要在这里进入
-    # en: inference mode is per thread: chapter 2.5 calls this on a background thread, so enter it here as well
+    # 推理模式是线程局部的：派生类可能在后台线程里调用它，也要在这里进入
+    # en: inference mode is per thread: a derived scheduler may call this on a background thread, so enter it here too
     @torch.inference_mode()
     def _run_batch(self, fi: ForwardInput) -> ForwardOutput:
         """在设备上跑一步：从 token 池取输入 → 引擎前向并采样 → 新 token 按 ``write_mapping`` 写回 token 池。
@@ -498,39 +539,58 @@ class Scheduler:
         batch = fi.batch
         next_tokens = output.next_tokens_cpu.tolist()
         for req, token in zip(batch.reqs, next_tokens):
-            status = self.status[req.uid]
-            if not self._samples_output(req) or status.aborted:
+            if not self._samples_output(req):
                 continue
-            # 第 2.5 章：请求已经结束，这是它结束后多算的一步，丢掉
-            # en: chapter 2.5: the request has already finished; this is an extra step computed after its end, drop it
+            status = self.status[req.uid]
+            # 已经了结：被取消了，或者是结束之后（结束还不知道时）就发出的一步算出来的，丢掉
+            # en: already settled: aborted, or computed by a step launched after its end (before the end was known): drop
             if status.finished:
                 continue
-            # >>> TASK process_results: req.append_host(token)（input_ids 要跟着 device_len 长，第 2.3 章按它插前缀）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：status.finished、从 decode_manager 移除（EOS 提前结束的它不会自己离开）、_release_req；预填充完没结束的请求交给 cache_manager.cache_req(finished=False)
-            # en: req.append_host(token) (input_ids must grow with device_len: chapter 2.3 inserts prefixes by it); record it in status.output_ids (not on EOS unless ignore_eos is set); finish once max_tokens are generated, or on EOS without ignore_eos: status.finished, remove from decode_manager (a request ended early by EOS does not leave by itself), _release_req; a request that finished prefill but not generation goes to cache_manager.cache_req(finished=False)
+            # >>> TASK process_results: req.append_host(token)（input_ids 要跟着 device_len 长，前缀缓存按它插入）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：从 decode_manager 移除（EOS 提前结束的它不会自己离开），再 _end(status, 留下的 token 或 None, "length" 或 "stop")；没结束的：预填充步里要 cache_manager.cache_req(req, finished=False)，再告诉监听者 RequestEvent(uid, token, False, None)
+            # en: req.append_host(token) (input_ids must grow with device_len: the prefix cache inserts by it); record it in status.output_ids (not on EOS unless ignore_eos is set); finish once max_tokens are generated, or on EOS without ignore_eos: remove from decode_manager (a request ended early by EOS does not leave by itself), then _end(status, the token kept or None, "length" or "stop"); one not finished: in a prefill step cache_manager.cache_req(req, finished=False), then tell the listeners RequestEvent(uid, token, False, None)
             req.append_host(torch.tensor([token], dtype=torch.int32))
             is_eos = token == self.eos_token_id and not req.sampling_params.ignore_eos
             if not is_eos:
                 status.output_ids.append(token)
             if is_eos or len(status.output_ids) >= status.max_tokens:
-                status.finished = True
                 self.decode_manager.remove_req(req)
-                self._release_req(req)
-            elif batch.is_prefill:
-                self.cache_manager.cache_req(req, finished=False)
+                self._end(status, None if is_eos else token, "stop" if is_eos else "length")
+            else:
+                if batch.is_prefill:
+                    self.cache_manager.cache_req(req, finished=False)
+                self._emit(RequestEvent(req.uid, token, False, None))
             # <<< TASK
         self.tracer.finish(fi.trace, started)
 
-    def _release_req(self, req: Req) -> None:
-        """请求结束或被取消：归还资源（第 2.5 章要等用到它的批次都算完才能还）。
+    def _end(self, status: RequestStatus, token: int | None, reason: str) -> None:
+        """一个请求了结的唯一地方（生成够了、遇到 EOS、被取消）：记下原因，告诉监听者，归还资源。
 
-        en: A request finished or was cancelled: free its resources (chapter 2.5 must wait until every batch using them
-        is computed).
+        en: The one place a request ends (generated enough, EOS, aborted): note why, tell the listeners, give the
+        resources back.
+        """
+        status.finish_reason = reason
+        self._emit(RequestEvent(status.uid, token, True, reason))
+        if status.req is not None:
+            self._release_req(status.req)
+        else:  # 还没被接纳：什么也没占着 | en: never admitted: it holds nothing
+            del self.status[status.uid]
+
+    def _release_req(self, req: Req) -> None:
+        """请求了结：归还它的资源。本章立刻归还；设备还可能在用它时，派生类可以延后到用到它的批次都算完。
+
+        en: A request is settled: give its resources back. This chapter does so at once; while the device may still use
+        them, a derived scheduler can defer it until every batch using them is computed.
         """
         self._free_req_resources(req)
 
     def _free_req_resources(self, req: Req) -> None:
+        """真正归还：请求槽、页面（交给缓存管理器），最后删掉它的账目。
+
+        en: The actual freeing: the request slot, the pages (through the cache manager), and finally its bookkeeping.
+        """
         self.table_manager.free(req.table_idx)
         self.cache_manager.cache_req(req, finished=True)
+        self.status.pop(req.uid, None)
 
     # ------------------------------------------------------------------ 主循环
     # en: ------------------------------------------------------------------ main loop
@@ -578,9 +638,10 @@ class Scheduler:
         self._drain()
 
     def _drain(self) -> None:
-        """等在途的计算都结束（第 2.5 章用）。
+        """等在途的计算都结束，处理完它们的结果。本章一步一步同步地算，没有在途的计算。
 
-        en: Wait for computations in flight to finish (used by chapter 2.5).
+        en: Wait for computations in flight to finish and process their results. This chapter computes step by step,
+        synchronously: nothing is ever in flight.
         """
 
     def check_integrity(self) -> None:
@@ -616,13 +677,19 @@ class Scheduler:
             max_seq_len=self.max_seq_len,
         )
         uids = [self.add_request(ids, sp) for ids, sp in requests]
-        self.run_until_idle()
+        outputs: dict[int, list[int]] = {uid: [] for uid in uids}
+
+        def collect(event: RequestEvent) -> None:
+            if event.token is not None and event.uid in outputs:
+                outputs[event.uid].append(event.token)
+
+        stop_listening = self.add_result_listener(collect)
+        try:
+            self.run_until_idle()
+        finally:
+            stop_listening()
         self.check_integrity()
-        results = []
-        for uid in uids:
-            status = self.status.pop(uid)
-            results.append({"text": self.tokenizer.decode(status.output_ids), "token_ids": status.output_ids})
-        return results
+        return [{"text": self.tokenizer.decode(outputs[uid]), "token_ids": outputs[uid]} for uid in uids]
 
     def shutdown(self) -> None:
         self._drain()

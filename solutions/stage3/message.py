@@ -130,13 +130,13 @@ class AbortMsg(BaseTokenizerMsg):
 @dataclass
 class DetokenizeMsg(BaseTokenizerMsg):
     """调度器 → 反分词进程：请求 ``uid`` 这一步新得到的 token。结束时 ``finished`` 为真，``finish_reason`` 是
-    ``"length"``（到了 max_tokens）、``"stop"``（遇到 EOS）或 ``"abort"``（被取消）。``next_token`` 不是输出的文本时
-    就是 -1：取消时，以及请求停在 EOS（``"stop"``）时——EOS 不算输出，也不计入生成的 token 数。
+    ``"length"``（到了 max_tokens）或 ``"stop"``（遇到 EOS）；停在 EOS 时 ``next_token`` 是 -1——EOS 不算输出，
+    也不计入生成的 token 数。取消没有这条消息：取消是分词进程自己发起的。
 
     en: scheduler → detokenizer: the token request ``uid`` got this step. On the last one ``finished`` is true and
-    ``finish_reason`` is ``"length"`` (max_tokens reached), ``"stop"`` (EOS) or ``"abort"`` (aborted). ``next_token``
-    is -1 whenever it is not output text: on abort, and when the request ends at EOS (``"stop"``) — EOS is not output
-    and does not count as a generated token.
+    ``finish_reason`` is ``"length"`` (max_tokens reached) or ``"stop"`` (EOS); when the request ends at EOS
+    ``next_token`` is -1: EOS is not output and does not count as a generated token. An abort has no such message: the
+    tokenizer itself started it.
     """
 
     uid: int

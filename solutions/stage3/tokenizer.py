@@ -231,24 +231,22 @@ class DetokenizeManager:
     def detokenize(self, msg: DetokenizeMsg) -> UserReply | None:
         """处理调度器的一条 :class:`DetokenizeMsg`，返回给 API 服务器的回复；没有状态的请求返回 None。
 
-        ``finish_reason`` 为 ``"stop"``（遇到 EOS）时 ``next_token`` 是 EOS，``"abort"`` 时是 -1：两者都不是输出，
-        不解码、不计数。结束（调度器说结束了，或命中了停止字符串）时回复带上 ``finished``、``finish_reason``
+        ``finish_reason`` 为 ``"stop"``（遇到 EOS）时 ``next_token`` 不是输出（-1）：不解码、不计数。结束（调度器说结束了，或命中了停止字符串）时回复带上 ``finished``、``finish_reason``
         和 token 计数，并释放状态；``completion_tokens`` 是收到的输出 token 数。
 
         en: Handle one :class:`DetokenizeMsg` from the scheduler and return the reply for the API server; None for a
         request with no state.
 
-        With ``finish_reason`` ``"stop"`` (EOS) ``next_token`` is the EOS token, with ``"abort"`` it is -1: neither is
-        output, neither is decoded or counted. When the request finishes (the scheduler says so, or a stop string is
+        With ``finish_reason`` ``"stop"`` (EOS) ``next_token`` is not output (-1): it is neither decoded nor counted. When the request finishes (the scheduler says so, or a stop string is
         hit) the reply carries ``finished``, ``finish_reason`` and the token counts, and the state is freed;
         ``completion_tokens`` is the number of output tokens received.
         """
-        # >>> TASK detokenize: 没有状态 → None（不要新建）；finish_reason 不是 "stop"/"abort" 时把 next_token 加进 ids；decode_new 再 apply_stop；命中停止字符串也算结束，finish_reason 为 "stop"；结束就从 decode_map 删掉；回复 UserReply(uid, 这一段, finished, 结束时的 finish_reason, prompt_tokens, len(ids))
-        # en: no state → None (do not create any); unless finish_reason is "stop"/"abort", append next_token to ids; decode_new, then apply_stop; a stop-string hit finishes too, with finish_reason "stop"; on finishing delete it from decode_map; reply UserReply(uid, the piece, finished, the finish_reason when finished, prompt_tokens, len(ids))
+        # >>> TASK detokenize: 没有状态 → None（不要新建）；finish_reason 不是 "stop" 时把 next_token 加进 ids；decode_new 再 apply_stop；命中停止字符串也算结束，finish_reason 为 "stop"；结束就从 decode_map 删掉；回复 UserReply(uid, 这一段, finished, 结束时的 finish_reason, prompt_tokens, len(ids))
+        # en: no state → None (do not create any); unless finish_reason is "stop", append next_token to ids; decode_new, then apply_stop; a stop-string hit finishes too, with finish_reason "stop"; on finishing delete it from decode_map; reply UserReply(uid, the piece, finished, the finish_reason when finished, prompt_tokens, len(ids))
         s = self.decode_map.get(msg.uid)
         if s is None:
             return None
-        if msg.finish_reason not in ("stop", "abort"):
+        if msg.finish_reason != "stop":
             s.ids.append(msg.next_token)
         self.decode_new(s, msg.finished)
         piece, hit = self.apply_stop(s, msg.finished)

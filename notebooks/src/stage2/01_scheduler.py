@@ -81,6 +81,8 @@ for o in out:
 # - `input_mapping`：`(行号, 位置)`，`token_pool[input_mapping]` 就是本步的输入（提示词已由准入时写进 token 池）；
 # - `out_loc = page_table[input_mapping]`：本步每个 token 的 K/V 写到哪里；
 # - `write_mapping`：每个请求一对 `(行号, device_len)`，采样出的新 token 写回 token 池的这里。
+#
+# 输出不从调度器里读：`add_result_listener` 收下结果处理为每个请求、每一步做出的决定（`RequestEvent`），`generate` 也是这样收集的。
 
 # %% [markdown] tags=["lang-en"]
 # ## 2. One step, taken apart
@@ -93,9 +95,21 @@ for o in out:
 # - `input_mapping`: `(row, position)`; `token_pool[input_mapping]` is this step's input (the prompt was written into the token pool at admission);
 # - `out_loc = page_table[input_mapping]`: where the K/V of each token of this step is written;
 # - `write_mapping`: one `(row, device_len)` per request; the newly sampled token is written back to the token pool there.
+#
+# The outputs are not read out of the scheduler: `add_result_listener` receives what result processing decided for each
+# request at each step (a `RequestEvent`), which is also how `generate` collects them.
 
 # %%
 ids = [llm.tokenizer.encode(p) for p in ["Hello, my name is", "The sky is"]]
+outputs: dict[int, list[int]] = {}
+
+
+def collect(event):  # one RequestEvent per request and step / 每个请求每一步一个
+    if event.token is not None:
+        outputs.setdefault(event.uid, []).append(event.token)
+
+
+llm.add_result_listener(collect)
 uids = [llm.add_request(i, SamplingParams(max_tokens=3, ignore_eos=True)) for i in ids]
 for step in range(2):
     fi = llm._schedule_next_batch()
@@ -107,7 +121,7 @@ for step in range(2):
     print(tr("  write_mapping= rows {rows}, columns {cols}", rows=fi.write_mapping[0].tolist(), cols=fi.write_mapping[1].tolist()))
     llm._process_last_data((fi, llm._forward(fi)))
 llm.run_until_idle()
-print(tr("outputs:"), [llm.status.pop(u).output_ids for u in uids])
+print(tr("outputs:"), [outputs[u] for u in uids])
 llm.check_integrity()
 print(tr("integrity check passed: every request slot was returned"))
 

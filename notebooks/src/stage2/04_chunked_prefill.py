@@ -109,6 +109,13 @@ def long_arrives(max_extend_tokens: int, long_repeat: int = 25, show: bool = Tru
     llm = LLM(TINY, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512,
               max_extend_tokens=max_extend_tokens)  # fmt: skip
     rec = StepRecorder(llm)
+    outputs: dict[int, list[int]] = {}
+
+    def collect(event):  # one RequestEvent per request and step / 每个请求每一步一个
+        if event.token is not None:
+            outputs.setdefault(event.uid, []).append(event.token)
+
+    llm.add_result_listener(collect)
     sp = SamplingParams(max_tokens=10, ignore_eos=True)
     uids = [llm.add_request(llm.tokenizer.encode(p), sp) for p in SHORT]
     llm.step()
@@ -116,7 +123,7 @@ def long_arrives(max_extend_tokens: int, long_repeat: int = 25, show: bool = Tru
     long_ids = llm.tokenizer.encode("Explain, step by step, why the sky is blue. " * long_repeat)
     uids.append(llm.add_request(long_ids, SamplingParams(max_tokens=4, ignore_eos=True)))
     llm.run_until_idle()
-    outs = [llm.status.pop(u).output_ids for u in uids]
+    outs = [outputs.get(u, []) for u in uids]
     llm.check_integrity()
     totals = [sum(e for _, e, _ in s["reqs"]) for s in rec.steps]
     long_chunks = [e for s in rec.steps for u, e, _ in s["reqs"] if u == uids[-1] and s["phase"] == "prefill"]

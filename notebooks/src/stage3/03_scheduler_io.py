@@ -132,16 +132,19 @@ iterate()
 # %% [markdown] tags=["lang-zh"]
 # 第 0 次迭代只发出了预填充（重叠调度：结果下一次迭代才处理），但拒绝已经发出去了；此后每次迭代恰好一条
 # `BatchTokenizerMsg`。uid 1000 到了 max_tokens 就以 `length` 结束、离开批次，uid 7 接着解码。
-# 和离线的 `generate` 比一比：同一个引擎，token 逐个相同。
+# 和离线的 `LLM.generate` 比一比：同一个模型、同样的引擎代码，token 逐个相同。
 
 # %% [markdown] tags=["lang-en"]
 # Iteration 0 only launched the prefill (overlap scheduling: its results are processed in the next iteration), but the
 # refusal already went out; from then on each iteration sends exactly one `BatchTokenizerMsg`. uid 1000 finishes with
-# `length` at its max_tokens and leaves the batch; uid 7 keeps decoding. Compare with offline `generate`: the same engine,
-# the same tokens one by one.
+# `length` at its max_tokens and leaves the batch; uid 7 keeps decoding. Compare with the offline `LLM.generate`: the same
+# model and engine code, the same tokens one by one.
 
 # %%
-offline = sched.generate(["The capital of France is"], SamplingParams(max_tokens=5, ignore_eos=True))[0]["token_ids"]
+from minisgl.llm import LLM
+
+offline_llm = LLM(str(tiny_qwen3()), dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=48)
+offline = offline_llm.generate(["The capital of France is"], SamplingParams(max_tokens=5, ignore_eos=True))[0]["token_ids"]
 print(tr("offline generate for the prompt of uid 7: {tokens}", tokens=offline))
 
 # %% [markdown] tags=["lang-zh"]
@@ -180,7 +183,7 @@ iterate()
 #
 # 随机权重的小模型不会真的生成 EOS，这里把调度器的 `eos_token_id` 临时改成它一定会生成的一个 token。
 # 遇到 EOS 的请求以 `stop` 结束，最后一条的 `next_token` 是 -1（EOS 不是文本）；重叠调度为它多算的那一步
-# 什么也不发。另一个请求在运行中被取消：它回一条 `abort`，之后再没有它的消息。
+# 什么也不发。另一个请求在运行中被取消：之后再没有它的消息——取消来自分词进程，它自己已经答复了客户端。
 
 # %% [markdown] tags=["lang-en"]
 # ## 3. EOS and abort
@@ -188,10 +191,11 @@ iterate()
 # The small random-weight model never really generates EOS, so we temporarily set the scheduler's `eos_token_id` to a
 # token it is sure to generate. The request that meets EOS finishes with `stop`, and its last message has `next_token` -1
 # (EOS is not text); the extra step overlap scheduling computes for it sends nothing. Another request is aborted while
-# running: it gets one `abort`, and nothing after that.
+# running: nothing more is sent for it. The abort came from the tokenizer, which has answered the client itself.
 
 # %%
-full = sched.generate(["Hello, my name is"], SamplingParams(max_tokens=8, ignore_eos=True))[0]["token_ids"]
+full = offline_llm.generate(["Hello, my name is"], SamplingParams(max_tokens=8, ignore_eos=True))[0]["token_ids"]
+offline_llm.shutdown()
 saved_eos, sched.eos_token_id = sched.eos_token_id, full[3]
 print(tr("greedy output: {tokens}; EOS is now {eos}", tokens=full, eos=full[3]))
 
@@ -209,13 +213,12 @@ iterate(before=abort_12_at_iteration_3)
 sched.eos_token_id = saved_eos
 
 # %% [markdown] tags=["lang-zh"]
-# uid 12 的取消在第 3 次迭代里处理：回一条 `abort`，那时在途的一步为它算的 token 被丢掉。uid 11 在 EOS 处以 `stop` 结束；
+# uid 12 的取消在第 3 次迭代里处理：不回消息，那时在途的一步为它算的 token 被丢掉。uid 11 在 EOS 处以 `stop` 结束；
 # 最后一次迭代处理的正是重叠调度在 EOS 之后为它多算的那一步——什么也没发。
 # 空闲下来，看一眼现状：请求槽全空，页面只剩前缀缓存占着的那些。
 
 # %% [markdown] tags=["lang-en"]
-# The abort of uid 12 is handled in iteration 3: one `abort` reply, and the token the step in flight computed for it is
-# dropped. uid 11 finishes with `stop` at EOS; the last iteration processes exactly the extra step overlap scheduling
+# The abort of uid 12 is handled in iteration 3: no reply, and the token the step in flight computed for it is dropped. uid 11 finishes with `stop` at EOS; the last iteration processes exactly the extra step overlap scheduling
 # computed for it after EOS, and sends nothing.
 # Idle again, a look at the state: no slot in use, and only the pages the prefix cache holds.
 
