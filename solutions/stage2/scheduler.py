@@ -342,13 +342,9 @@ class Scheduler:
             return self.supported_cache_types[0]
         if cache_type not in self.supported_cache_types:
             known = ", ".join(repr(t) for t in self.supported_cache_types)
-            raise ValueError(
-                tr(
-                    "Unknown cache_type={cache_type!r}, or not supported in this chapter: this chapter's engine "
-                    "supports {known} (the radix prefix cache comes in chapter 2.3)",
-                    cache_type=cache_type, known=known,
-                )
-            )
+            raise ValueError(tr("Unknown cache_type={cache_type!r}, or not supported in this chapter: this chapter's "
+                                "engine supports {known} (the radix prefix cache comes in chapter 2.3)",
+                                cache_type=cache_type, known=known))
         return cache_type
 
     def _make_cache_manager(self) -> Any:
@@ -629,12 +625,8 @@ class Scheduler:
         """
         while self.busy:
             if not self.step() and self.busy:
-                raise RuntimeError(
-                    tr(
-                        "The scheduler is stuck: requests are waiting, yet none can be admitted (not enough slots or "
-                        "KV pages, and no running request will free them)",
-                    )
-                )
+                raise RuntimeError(tr("The scheduler is stuck: requests are waiting, yet none can be admitted (not "
+                                      "enough slots or KV pages, and no running request will free them)"))
         self._drain()
 
     def _drain(self) -> None:
