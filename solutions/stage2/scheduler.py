@@ -542,8 +542,8 @@ class Scheduler:
             # en: already settled: aborted, or computed by a step launched after its end (before the end was known): drop
             if status.finished:
                 continue
-            # >>> TASK process_results: req.append_host(token)（input_ids 要跟着 device_len 长，前缀缓存按它插入）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：从 decode_manager 移除（EOS 提前结束的它不会自己离开），再 _end(status, 留下的 token 或 None, "length" 或 "stop")；没结束的：预填充步里要 cache_manager.cache_req(req, finished=False)，再告诉监听者 RequestEvent(uid, token, False, None)
-            # en: req.append_host(token) (input_ids must grow with device_len: the prefix cache inserts by it); record it in status.output_ids (not on EOS unless ignore_eos is set); finish once max_tokens are generated, or on EOS without ignore_eos: remove from decode_manager (a request ended early by EOS does not leave by itself), then _end(status, the token kept or None, "length" or "stop"); one not finished: in a prefill step cache_manager.cache_req(req, finished=False), then tell the listeners RequestEvent(uid, token, False, None)
+            # >>> TASK process_results: req.append_host(token)（input_ids 要跟着 device_len 长，前缀缓存按它插入）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：从 decode_manager 移除（EOS 提前结束的它不会自己离开），再 _end(status, 留下的 token 或 None, "length" 或 "stop")；预填充完没结束的请求交给 cache_manager.cache_req(req, finished=False)
+            # en: req.append_host(token) (input_ids must grow with device_len: the prefix cache inserts by it); record it in status.output_ids (not on EOS unless ignore_eos is set); finish once max_tokens are generated, or on EOS without ignore_eos: remove from decode_manager (a request ended early by EOS does not leave by itself), then _end(status, the token kept or None, "length" or "stop"); a request that finished prefill but not generation goes to cache_manager.cache_req(req, finished=False)
             req.append_host(torch.tensor([token], dtype=torch.int32))
             is_eos = token == self.eos_token_id and not req.sampling_params.ignore_eos
             if not is_eos:
@@ -551,11 +551,11 @@ class Scheduler:
             if is_eos or len(status.output_ids) >= status.max_tokens:
                 self.decode_manager.remove_req(req)
                 self._end(status, None if is_eos else token, "stop" if is_eos else "length")
-            else:
-                if batch.is_prefill:
-                    self.cache_manager.cache_req(req, finished=False)
-                self._emit(RequestEvent(req.uid, token, False, None))
+            elif batch.is_prefill:
+                self.cache_manager.cache_req(req, finished=False)
             # <<< TASK
+            if not status.finished:  # 没结束：告诉监听者这一步留下的 token | en: not finished: tell the listeners the token kept
+                self._emit(RequestEvent(req.uid, token, False, None))
         self.tracer.finish(fi.trace, started)
 
     def _end(self, status: RequestStatus, token: int | None, reason: str) -> None:
