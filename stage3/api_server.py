@@ -16,9 +16,10 @@
 - **流式输出**（server-sent events）和**非流式输出**：真实的 ``usage``、正确的 ``finish_reason``；
 - **客户端断开就取消请求**：取消消息要真的发出去（只发一次），请求的槽位和页面才回得来。
 
-本模块里给定的：解析请求的其余部分、按 uid 分发回复的后台任务、接口的接线。别处给定的：错误体
-（:mod:`minisgl.api_errors`）、API 密钥和 503 的门（:mod:`minisgl.gate`）、``/metrics``（:mod:`minisgl.metrics`）、
-对话页面（:mod:`minisgl.chat_page`）、启动器（:mod:`minisgl.launch`）。
+本模块里给定的：请求的登记、接口的接线。别处给定的：按 uid 分发回复的后台任务（:mod:`minisgl.frontend`）、
+请求体里采样之外的部分（:mod:`minisgl.openai_body`）、错误体（:mod:`minisgl.api_errors`）、API 密钥和 503 的门
+（:mod:`minisgl.gate`）、``/metrics``（:mod:`minisgl.metrics`）、对话页面（:mod:`minisgl.chat_page`）、启动器
+（:mod:`minisgl.launch`）。
 
 en: Chapter 3.4 api_server: the OpenAI-compatible HTTP API and streaming.
 
@@ -40,8 +41,9 @@ You write the part that talks to the client:
 - **a client that disconnects aborts its request**: the abort message must really be sent (exactly once), or the
   request's slot and pages never come back.
 
-Given in this module: the rest of request parsing, the background task that hands replies out by uid, the endpoints'
-wiring. Given elsewhere: the error body (:mod:`minisgl.api_errors`), the gate for the API key and the 503
+Given in this module: registering a request, the endpoints' wiring. Given elsewhere: the background task that hands
+replies out by uid (:mod:`minisgl.frontend`), the parts of the request body other than sampling
+(:mod:`minisgl.openai_body`), the error body (:mod:`minisgl.api_errors`), the gate for the API key and the 503
 (:mod:`minisgl.gate`), ``/metrics`` (:mod:`minisgl.metrics`), the chat page (:mod:`minisgl.chat_page`), the launcher
 (:mod:`minisgl.launch`).
 """
@@ -56,7 +58,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -66,11 +67,12 @@ from starlette.background import BackgroundTask
 from minisgl.api_errors import ApiError, ClientGone, add_error_handlers
 from minisgl.chat_page import chat_page
 from minisgl.core import InvalidParam, SamplingParams
+from minisgl.frontend import Frontend
 from minisgl.gate import Gate
 from minisgl.i18n import tr
-from minisgl.message import AbortMsg, SchedulerStats, TokenizeMsg, UserReply, ZmqAsyncPullQueue, ZmqAsyncPushQueue, unwrap
-from minisgl.metrics import CONTENT_TYPE, CountingPush, ServerMetrics
-from minisgl.serving import ServerAddrs, ServerArgs
+from minisgl.message import AbortMsg, TokenizeMsg, UserReply
+from minisgl.metrics import CONTENT_TYPE
+from minisgl.openai_body import check_model, json_body, messages_of, prompt_of, stream_flags
 from minisgl.validation import check_sampling
 
 T = TypeVar("T")
@@ -283,72 +285,22 @@ async def full_response(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
     raise TaskNotDone("api_server", "full_response")
 
 
-# ----------------------------------------------------------------------------- 进程里的状态（给定，取消除外）
-# en: ----------------------------------------------------------------------------- the process's state (given, except abort)
+# ----------------------------------------------------------------------------- 请求的登记和取消
+# en: ----------------------------------------------------------------------------- registering and aborting a request
 
 
-class ServerState:
-    """API 服务器的状态：给分词进程的 PUSH、自己的 PULL、``uid → asyncio.Queue``（还没答完的请求）和指标
-    （:class:`~minisgl.metrics.ServerMetrics`）。一个后台任务（:meth:`dispatch`）读 PULL，把每条 :class:`UserReply`
-    放进它那个请求的队列。
+class ServerState(Frontend):
+    """API 服务器的状态。套接字、``uid → asyncio.Queue``（``live``：还没答完的请求）、按 uid 分发回复的后台任务、
+    指标和工作进程死掉后的处理都在给定的 :class:`~minisgl.frontend.Frontend` 里；这里是一个请求的登记和取消：
+    登记了就必须有人把它去掉（答完时分发任务去掉，断开时 :meth:`abort` 去掉），否则
+    ``minisgl_active_requests`` 永远降不下来，调度器里的槽位也回不来。
 
-    en: The API server's state: the PUSH to the tokenizer, its own PULL, ``uid → asyncio.Queue`` (requests not answered
-    yet) and the metrics (:class:`~minisgl.metrics.ServerMetrics`). A background task (:meth:`dispatch`) reads the PULL
-    and puts every :class:`UserReply` into its request's queue.
+    en: The API server's state. The sockets, ``uid → asyncio.Queue`` (``live``: requests not answered yet), the
+    background task that hands replies out by uid, the metrics and what happens when a worker dies are in the given
+    :class:`~minisgl.frontend.Frontend`; here is one request's registering and aborting: once registered, someone must
+    take it out again (the dispatch task when it is answered, :meth:`abort` when the client leaves), or
+    ``minisgl_active_requests`` never comes down and the scheduler's slot never comes back.
     """
-
-    def __init__(self, args: ServerArgs, addrs: ServerAddrs, info: dict[str, Any]) -> None:
-        self.args = args
-        self.addrs = addrs
-        self.info = info
-        self.max_seq_len = int(info.get("max_seq_len") or 1 << 30)
-        self.model_name = args.model_name or Path(args.model_path).name
-        self.next_uid = 0
-        self.live: dict[int, asyncio.Queue[UserReply]] = {}
-        self.metrics = ServerMetrics(active=lambda: len(self.live))
-        self.dead: str | None = None
-        self.send: CountingPush | None = None
-        self.recv: ZmqAsyncPullQueue | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        """在 uvicorn 的事件循环里打开套接字、启动分发任务。
-
-        en: Open the sockets and start the dispatch task in uvicorn's event loop.
-        """
-        self.loop = asyncio.get_running_loop()
-        self.recv = ZmqAsyncPullQueue(self.addrs.frontend, create=True)
-        self.send = CountingPush(ZmqAsyncPushQueue(self.addrs.tokenizer, create=False), self.metrics)
-        self._task = asyncio.create_task(self.dispatch())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        for queue in (self.send, self.recv):
-            if queue is not None:
-                queue.close()
-
-    async def dispatch(self) -> None:
-        """后台任务：每条 :class:`UserReply` 放进它的队列（请求答完了就从 ``live`` 里去掉），记指标；
-        :class:`SchedulerStats` 存下来给 ``/metrics``。已经不在 ``live`` 里的请求（被取消了）的回复只记指标。
-
-        en: Background task: put every :class:`UserReply` into its queue (a finished request leaves ``live``) and
-        count it; keep the :class:`SchedulerStats` for ``/metrics``. Replies of a request no longer in ``live``
-        (it was aborted) are only counted.
-        """
-        assert self.recv is not None
-        while True:
-            msg = await self.recv.get()
-            now = time.monotonic()
-            for m in unwrap(msg):
-                if isinstance(m, SchedulerStats):
-                    self.metrics.scheduler.stats = m
-                elif isinstance(m, UserReply):
-                    self.metrics.reply(m, now)
-                    queue = self.live.pop(m.uid, None) if m.finished else self.live.get(m.uid)
-                    if queue is not None:
-                        queue.put_nowait(m)
 
     async def submit(self, req: ParsedRequest) -> tuple[int, asyncio.Queue[UserReply]]:
         """给请求一个新 uid、一个回复队列，把 :class:`TokenizeMsg` 发给分词进程。
@@ -371,20 +323,6 @@ class ServerState:
             raise
         return uid, queue
 
-    @staticmethod
-    async def replies(queue: asyncio.Queue[UserReply], first: UserReply | None = None) -> AsyncIterator[UserReply]:
-        """一个请求的回复，一条接一条，到 ``finished`` 的那条为止（``first`` 是已经取出来的第一条）。
-
-        en: One request's replies, one after another, up to the ``finished`` one (``first``: the first one, already
-        taken out).
-        """
-        reply = first if first is not None else await queue.get()
-        while True:
-            yield reply
-            if reply.finished:
-                return
-            reply = await queue.get()
-
     async def abort(self, uid: int) -> None:
         """取消请求 ``uid``：还没答完就发一条 :class:`AbortMsg` 给分词进程（它转告调度器），并不再等它的回复；
         已经答完或已经取消过就什么也不做——同一个请求的取消只发一次。
@@ -396,17 +334,6 @@ class ServerState:
         # TODO 任务 abort_once：从 self.live 里 pop 这个 uid（不在就直接返回：答完了或取消过了）；在的话 await self.send.put(AbortMsg(uid))
         # TODO task abort_once: pop the uid from self.live (absent → just return: answered or aborted already); if it was there, await self.send.put(AbortMsg(uid))
         raise TaskNotDone("api_server", "abort_once")
-
-    def mark_dead(self, why: str) -> None:
-        """某个工作进程死了：以后的请求回 503；正在等回复的请求都收到一条带错误的结束回复，不再干等。
-
-        en: A worker died: later requests get a 503; every request waiting for replies gets a finishing reply with the
-        error, instead of waiting forever.
-        """
-        self.dead = why
-        for uid, queue in list(self.live.items()):
-            queue.put_nowait(UserReply(uid, "", finished=True, error=why))
-        self.live.clear()
 
 
 async def until_disconnect(request: Request, state: ServerState, uid: int, work: Awaitable[T]) -> T:
@@ -428,76 +355,22 @@ async def until_disconnect(request: Request, state: ServerState, uid: int, work:
 # en: ----------------------------------------------------------------------------- the HTTP endpoints (given)
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    """对话消息：非空列表，每条有 ``role`` 和文字 ``content``（也认 OpenAI 的 ``[{"type": "text", "text": ...}]``）。
+def parse_request(kind: str, body: dict[str, Any], state: ServerState, *, stream_default: bool = False) -> ParsedRequest:
+    """请求体 → :class:`ParsedRequest`：模型名、提示词（:mod:`minisgl.openai_body`）、不支持的参数、采样参数、
+    ``stream`` / ``stream_options``。
 
-    en: Chat messages: a non-empty list, each with a ``role`` and a text ``content`` (OpenAI's ``[{"type": "text",
-    "text": ...}]`` is accepted too).
+    en: Request body → :class:`ParsedRequest`: the model name, the prompt (:mod:`minisgl.openai_body`), unsupported
+    parameters, the sampling parameters, ``stream`` / ``stream_options``.
     """
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, tr("messages is missing: give a non-empty list of chat messages, each with a role and a content"),
-                       param="messages", code="missing_required_parameter" if messages is None else "invalid_value")
-    out = []
-    for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(content, str):
-            raise ApiError(400, tr("messages[{i}] must have a role (system, user or assistant) and a text content, got {value!r}",
-                                   i=i, value=m), param=f"messages[{i}]", code="invalid_value")
-        out.append({"role": m["role"], "content": content})
-    return out
-
-
-def _prompt(body: dict[str, Any]) -> str | list[int]:
-    """补全的提示词：一个字符串、一列 token id，或只有一项的列表（OpenAI 客户端会这样包一层）。
-
-    en: A completion prompt: a string, a list of token ids, or a one-item list (the OpenAI client may wrap it so).
-    """
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    if prompt is None or prompt == "" or prompt == []:
-        raise ApiError(400, tr("prompt is missing: give a non-empty string or a list of token ids"), param="prompt",
-                       code="missing_required_parameter")
-    raise ApiError(400, tr("prompt must be one non-empty string or one list of token ids (one prompt per request), got {value!r}",
-                           value=prompt), param="prompt", code="invalid_value")
-
-
-def parse_request(kind: str, body: Any, state: ServerState, *, stream_default: bool = False) -> ParsedRequest:
-    """请求体 → :class:`ParsedRequest`：模型名、提示词、不支持的参数、采样参数、``stream`` / ``stream_options``。
-
-    en: Request body → :class:`ParsedRequest`: the model name, the prompt, unsupported parameters, the sampling
-    parameters, ``stream`` / ``stream_options``.
-    """
-    if not isinstance(body, dict):
-        raise ApiError(400, tr("The request body must be a JSON object"), code="invalid_json")
-    model = body.get("model")
-    if model is not None and model not in (state.model_name, state.args.model_path):
-        raise ApiError(404, tr("The model {model!r} does not exist: this server serves {name!r}", model=model,
-                               name=state.model_name), param="model", code="model_not_found")
-    prompt = _messages(body) if kind == "chat" else _prompt(body)
+    check_model(body, state.model_name, state.args.model_path)
+    prompt = messages_of(body) if kind == "chat" else prompt_of(body)
     bad = unsupported_params(body)
     if bad:
         raise ApiError(400, tr("Unsupported parameters that would change the result: {names} (remove them)",
                                names=", ".join(bad)), param=bad[0], code="unsupported_parameter")
     sp, stop = sampling_params_from(body, max_seq_len=state.max_seq_len,
                                     default_max_tokens=None if kind == "chat" else COMPLETION_MAX_TOKENS)
-    stream = body.get("stream", stream_default)
-    stream = stream_default if stream is None else stream
-    if not isinstance(stream, bool):
-        raise ApiError(400, tr("stream must be true or false, got {value!r}", value=stream), param="stream",
-                       code="invalid_value")
-    options = body.get("stream_options")
-    if options is not None and (not stream or not isinstance(options, dict)):
-        raise ApiError(400, tr("stream_options is only allowed with stream: true, as an object"), param="stream_options",
-                       code="invalid_value")
-    include_usage = bool((options or {}).get("include_usage", False))
+    stream, include_usage = stream_flags(body, stream_default)
     return ParsedRequest(kind, state.model_name, prompt, sp, stop, stream, include_usage)
 
 
@@ -551,13 +424,6 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="mini-sglang", lifespan=lifespan)
     app.add_middleware(Gate, state=state)
     add_error_handlers(app, count=state.metrics.error, dead=lambda: state.dead)
-
-    async def json_body(request: Request) -> Any:
-        raw = await request.body()
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, tr("The request body is not valid JSON: {error}", error=e), code="invalid_json") from None
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
