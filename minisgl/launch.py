@@ -27,6 +27,7 @@ import uvicorn
 
 from minisgl.by_name import ByName
 from minisgl.i18n import tr
+from minisgl.ranks import stop_process
 from minisgl.serving import (ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, parse_args, port_problem,
                              set_process_name)
 
@@ -42,20 +43,6 @@ SHUTDOWN_WAIT_S = 10.0
 #: 工作进程死了之后，服务器还留多久（秒）对请求回 503，然后退出。
 #: en: How long (seconds) the server keeps answering 503 after a worker died, before it exits.
 DEAD_WORKER_GRACE_S = 3.0
-
-
-def _stop_process(proc: multiprocessing.process.BaseProcess, timeout: float) -> None:
-    """等进程退出；不退就 SIGTERM，再不退就 SIGKILL。
-
-    en: Wait for a process to exit; SIGTERM if it does not, SIGKILL if it still does not.
-    """
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(timeout)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(timeout)
 
 
 class Launcher:
@@ -166,7 +153,7 @@ class Launcher:
         if tokenizer is not None and tokenizer.is_alive():
             tokenizer.terminate()
         for proc in self.procs.values():
-            _stop_process(proc, SHUTDOWN_WAIT_S)
+            stop_process(proc, SHUTDOWN_WAIT_S)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def _send_exit(self) -> None:

@@ -78,6 +78,7 @@ EXAMPLES: dict[str, Example] = {
     "tokenizer": Example("examples/chapters/tokenizer.py"),
     "scheduler_io": Example("examples/chapters/scheduler_io.py"),
     "api_server": Example("examples/chapters/api_server.py"),
+    "distributed": Example("examples/chapters/distributed.py"),
 }
 
 _UNIT = r"(?:ms|s|秒|毫秒|tok/s|token/s|tokens/s|it/s|GB/s|MB/s|GB|GiB|MB|MiB|KB|KiB|%)"

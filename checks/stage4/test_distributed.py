@@ -1,0 +1,196 @@
+"""第 4.1 章 distributed 的检查：先在本进程里看一个秩的情形（什么都不通信、不记数、不建进程组），再起两个真的秩
+（gloo，spawn，各一个线程；整个模块只起一次）：数据组和另开的 gloo 控制组、all_reduce 就地求和、all_gather 沿最后一维
+按秩号拼接（二维和三维）、agree_min 取最小、每次通信记一笔、离开进程组后回到一个秩。
+
+en: Checks of chapter 4.1 distributed: first the one-rank case in this process (nothing communicated, nothing counted,
+no process group made), then two real ranks (gloo, spawned, one thread each; once for the whole module): the data group
+and a separate gloo control group, all_reduce summing in place, all_gather joining along the last dimension in rank order
+(2-D and 3-D), agree_min taking the smallest, one count per communication, one rank again after leaving the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from checks.common import expect
+from minisgl.i18n import tr
+
+WORLD = 2
+
+
+def rank_input(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """每个秩不同、各处不同的数：``100 * (rank + 1)`` 加上位置。
+
+    en: Numbers different on every rank and at every place: ``100 * (rank + 1)`` plus the position.
+    """
+    return torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) + 100 * (rank + 1)
+
+
+def listening_hosts() -> list[str]:
+    """本进程正在监听的 TCP 地址（不带端口）：读 ``/proc/self/fd`` 里的套接字，再到 ``/proc/net/tcp{,6}`` 里找。
+
+    en: The TCP addresses (no port) this process listens on: the sockets in ``/proc/self/fd``, looked up in
+    ``/proc/net/tcp{,6}``.
+    """
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    hosts = []
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    raw = bytes.fromhex(cols[1].split(":")[0])
+                    words = [raw[i:i + 4][::-1] for i in range(0, len(raw), 4)]  # 每 4 字节是小端 | en: little-endian per 4 bytes
+                    hosts.append(str(ipaddress.ip_address(b"".join(words))))
+    return sorted(set(hosts))
+
+
+def _step(out: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    """跑一步，记下结果或它的错误（一步没写完，其余几步照样检查）。
+
+    en: Run one step and note its result or its error (one unwritten step does not stop the others being checked).
+    """
+    try:
+        out[name] = ("ok", fn())
+    except Exception:  # noqa: BLE001
+        out[name] = ("error", traceback.format_exc())
+
+
+def two_rank_scenario(rank: int, world_size: int, addr: str) -> dict[str, Any]:
+    """每个秩上跑的全部步骤；返回 步骤名 → ("ok", 结果) 或 ("error", traceback)。
+
+    en: All steps, run on each rank; returns step name → ("ok", result) or ("error", traceback).
+    """
+    import torch.distributed as dist
+
+    from minisgl.distributed import DistributedInfo, destroy_distributed, get_tp_comm, get_tp_info, init_distributed
+
+    out: dict[str, Any] = {}
+    try:
+        comm = init_distributed(DistributedInfo(rank, world_size), addr)
+    except Exception:  # noqa: BLE001
+        return {"init": ("error", traceback.format_exc())}
+    out["init"] = ("ok", {
+        "initialized": dist.is_initialized(), "world": dist.get_world_size(), "rank": dist.get_rank(),
+        "control": comm.control is not None and comm.control is not dist.group.WORLD
+        and dist.get_backend(comm.control) == "gloo" and dist.get_world_size(comm.control) == world_size,
+        "current": get_tp_comm() is comm, "info": (get_tp_info().rank, get_tp_info().size),
+        "listening": listening_hosts(),
+    })
+
+    def reduce() -> dict[str, Any]:
+        x = rank_input(rank, (3, 4))
+        y = comm.all_reduce(x)
+        return {"result": y.tolist(), "in_place": x.tolist()}
+
+    def gather(shape: tuple[int, ...]) -> list[Any]:
+        return comm.all_gather(rank_input(rank, shape)).tolist()
+
+    _step(out, "all_reduce", reduce)
+    _step(out, "all_gather_2d", lambda: gather((3, 2)))
+    _step(out, "all_gather_3d", lambda: gather((2, 3, 4)))
+    _step(out, "agree_min", lambda: comm.agree_min(1000 - 7 * rank))
+    out["calls"] = ("ok", dict(comm.calls))
+    destroy_distributed()
+    out["after"] = ("ok", (dist.is_initialized(), get_tp_info().size))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict[str, Any]]:
+    """两个秩跑完全部步骤的结果（本模块只起一次进程）。
+
+    en: The two ranks' results of all steps (processes started once for this module).
+    """
+    from minisgl.ranks import run_ranks
+
+    return run_ranks(two_rank_scenario, WORLD, timeout=180)
+
+
+def step(ranks: list[dict[str, Any]], name: str) -> list[Any]:
+    """各秩这一步的结果；哪个秩这一步出了错，就带着它的 traceback 失败。
+
+    en: Each rank's result of this step; fails with the traceback of any rank whose step raised.
+    """
+    results = []
+    for rank, out in enumerate(ranks):
+        status, value = out.get(name) or out["init"]
+        if status == "error":
+            pytest.fail(tr("Rank {rank} failed in step {step}:\n{error}", rank=rank, step=name, error=value))
+        results.append(value)
+    return results
+
+
+# ----------------------------------------------------------------------------- 一个秩 | en: one rank
+
+
+def test_one_rank_communicates_nothing() -> None:
+    import torch.distributed as dist
+
+    from minisgl.distributed import Communicator, DistributedInfo, get_tp_comm, init_distributed
+
+    comm = init_distributed(DistributedInfo(), "127.0.0.1:1")
+    expect(isinstance(comm, Communicator) and get_tp_comm() is comm, True,
+           tr("init_distributed with one rank returns a Communicator and makes it the process's (get_tp_comm)"))
+    expect(dist.is_initialized(), False, tr("One rank makes no process group (nothing to talk to)"))
+    x = rank_input(0, (2, 3))
+    expect(comm.all_reduce(x) is x, True, tr("One rank: all_reduce returns x itself"))
+    expect(comm.all_gather(x) is x, True, tr("One rank: all_gather returns x itself"))
+    expect(comm.agree_min(42), 42, tr("One rank: agree_min returns the value"))
+    expect(dict(comm.calls), {}, tr("One rank: no communication is counted"))
+
+
+# ----------------------------------------------------------------------------- 两个秩 | en: two ranks
+
+
+def test_two_ranks_join_a_data_group_and_a_gloo_control_group(ranks: list[dict[str, Any]]) -> None:
+    for rank, got in enumerate(step(ranks, "init")):
+        expect((got["initialized"], got["world"], got["rank"]), (True, WORLD, rank),
+               tr("Rank {rank}: the process group is made, with this rank and size", rank=rank))
+        expect(got["control"], True, tr("Rank {rank}: the control group is a separate gloo group of all ranks", rank=rank))
+        expect((got["current"], got["info"]), (True, (rank, WORLD)),
+               tr("Rank {rank}: init_distributed makes its Communicator the process's (set_tp_comm)", rank=rank))
+        expect(bool(got["listening"]) and set(got["listening"]) <= {"127.0.0.1", "::ffff:127.0.0.1"}, True,
+               tr("Rank {rank} listens on the loopback only (the rendezvous from rendezvous(), gloo on lo), got {hosts}",
+                  rank=rank, hosts=got["listening"]))
+
+
+def test_all_reduce_sums_in_place(ranks: list[dict[str, Any]]) -> None:
+    want = (rank_input(0, (3, 4)) + rank_input(1, (3, 4))).tolist()
+    for rank, got in enumerate(step(ranks, "all_reduce")):
+        expect(got["result"], want, tr("Rank {rank}: all_reduce returns the sum of both ranks' tensors", rank=rank))
+        expect(got["in_place"], want, tr("Rank {rank}: all_reduce writes the sum into x itself", rank=rank))
+
+
+@pytest.mark.parametrize("shape", [(3, 2), (2, 3, 4)], ids=["2d", "3d"])
+def test_all_gather_joins_the_last_dimension_in_rank_order(ranks: list[dict[str, Any]], shape: tuple[int, ...]) -> None:
+    want = torch.cat([rank_input(r, shape) for r in range(WORLD)], dim=-1).tolist()
+    for rank, got in enumerate(step(ranks, f"all_gather_{len(shape)}d")):
+        expect(got, want, tr("Rank {rank}: all_gather of {shape} joins rank 0's piece, then rank 1's, along the last dimension",
+                             rank=rank, shape=shape))
+
+
+def test_agree_min_takes_the_smallest(ranks: list[dict[str, Any]]) -> None:
+    expect(step(ranks, "agree_min"), [993, 993], tr("Both ranks agree on the smaller of 1000 and 993"))
+
+
+def test_each_communication_is_counted(ranks: list[dict[str, Any]]) -> None:
+    step(ranks, "agree_min")
+    for rank, got in enumerate(step(ranks, "calls")):
+        expect(got, {"all_reduce": 1, "all_gather": 2, "agree_min": 1},
+               tr("Rank {rank}: calls counts each communication once", rank=rank))
+    expect([a for a in step(ranks, "after")], [(False, 1)] * WORLD,
+           tr("After destroy_distributed each process is one rank again"))

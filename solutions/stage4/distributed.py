@@ -1,0 +1,257 @@
+"""第 4.1 章 distributed：进程组、通信器和引擎要用的集合通信。
+
+一个模型放不进一个设备（或一个设备算得不够快）时，就把每一层切开，分给几个进程——几个**秩**（rank）——各算一份，
+再用**集合通信**把各份拼回来。这一章搭起它们之间的线：
+
+- **进程组**：每个秩用同一个集合点地址 ``host:port`` 调 ``torch.distributed.init_process_group``，知道自己是第几个、
+  一共几个（:class:`DistributedInfo`）。CPU 上用 gloo，GPU 上用 NCCL；
+- **控制组**：在数据组旁边再建一个 gloo 组，专门传小的控制信息（数一数有几条消息、大家都同意的页数）。
+  NCCL 只管 GPU 上的张量，而控制信息在 CPU 上；
+- **通信器**（:class:`Communicator`）：引擎只用它的三个操作——``all_reduce``（各秩的部分和加起来，每个秩都拿到总和）、
+  ``all_gather``（各秩的一段沿最后一维按秩号拼起来）、``agree_min``（大家取最小的那个整数）——不管底下是 gloo 还是
+  NCCL；每次真的通信都记一笔（``calls``），学员和检查都能数；
+- 只有一个秩时什么都不通信：切分的代码在 ``tp_size == 1`` 时就是原来的单进程代码。
+
+起进程、挑端口、每个秩一个 OpenMP 线程、出错时停掉所有秩，是给定的 :mod:`minisgl.ranks`。
+
+en: Chapter 4.1 distributed: process groups, the communicator and the collectives the engine needs.
+
+When a model does not fit on one device (or one device does not compute it fast enough), each layer is cut and shared
+out among a few processes — a few **ranks** — each computing one part, and **collectives** put the parts back together.
+This chapter lays the wires between them:
+
+- **the process group**: every rank calls ``torch.distributed.init_process_group`` with the same rendezvous address
+  ``host:port`` and learns which one it is and how many there are (:class:`DistributedInfo`). gloo on the CPU, NCCL on
+  a GPU;
+- **the control group**: beside the data group, one more gloo group only for small control data (how many messages
+  there are, the page count everyone agrees on). NCCL handles only tensors on the GPU, and control data lives on the
+  CPU;
+- **the communicator** (:class:`Communicator`): the engine uses just its three operations — ``all_reduce`` (the ranks'
+  partial sums added, every rank gets the total), ``all_gather`` (each rank's piece joined along the last dimension in
+  rank order), ``agree_min`` (everyone takes the smallest integer) — whether gloo or NCCL is underneath; every real
+  communication is counted (``calls``), for the learner and the checks to read;
+- with one rank nothing is communicated: the sharded code at ``tp_size == 1`` is the single-process code.
+
+Starting the processes, choosing the port, one OpenMP thread per rank and stopping every rank on an error are the given
+:mod:`minisgl.ranks`.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from minisgl.i18n import tr
+
+#: 一次集合通信最多等多久（秒）：一个秩死了，别的秩不会永远卡在等它的通信里。
+#: en: The longest a collective waits (seconds): when a rank dies, the others do not wait for it forever.
+COLLECTIVE_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class DistributedInfo:
+    """这个进程是第几个秩（``rank``），一共几个（``size``）。秩 0 是“主”秩：只有它对外说话。
+
+    en: Which rank this process is (``rank``) and how many there are (``size``). Rank 0 is the "primary": only it talks
+    to the outside.
+    """
+
+    rank: int = 0
+    size: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.size:
+            raise ValueError(tr("rank {rank} is outside 0..{last} (size {size})", rank=self.rank, last=self.size - 1,
+                                size=self.size))
+
+    @property
+    def is_primary(self) -> bool:
+        return self.rank == 0
+
+
+def _all_gather_flat(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """``out``（形状 ``(size * n, ...)``）= 各秩的 ``x``（形状 ``(n, ...)``）按秩号沿第 0 维接起来。
+    torch 2.13 把 ``all_gather_into_tensor`` 改名为 ``all_gather_single``；更老的 torch 只有旧名字。
+
+    en: ``out`` (shape ``(size * n, ...)``) = every rank's ``x`` (shape ``(n, ...)``) joined along dimension 0 in rank
+    order. torch 2.13 renamed ``all_gather_into_tensor`` to ``all_gather_single``; older torch has the old name only.
+    """
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, x, group=group)
+
+
+class Communicator:
+    """一组秩之间的集合通信。``group`` 传张量（gloo 或 NCCL），``control`` 传控制信息（总是 gloo，CPU 上的张量）；
+    只有一个秩时两者都是 None，什么都不通信。``calls`` 数真的发生过的通信：名字 → 次数。
+
+    en: Collectives among a group of ranks. ``group`` carries tensors (gloo or NCCL), ``control`` control data (always
+    gloo, CPU tensors); with one rank both are None and nothing is communicated. ``calls`` counts the communications that
+    really happened: name → count.
+    """
+
+    def __init__(self, info: DistributedInfo, group: dist.ProcessGroup | None = None,
+                 control: dist.ProcessGroup | None = None) -> None:
+        self.info = info
+        self.group = group
+        self.control = control
+        self.calls: Counter[str] = Counter()
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """各秩的 ``x`` 逐元素相加，结果**就地**写回每个秩的 ``x`` 并返回它。一个秩时原样返回、不记数。
+
+        en: Add every rank's ``x`` element-wise, write the result **in place** into each rank's ``x`` and return it.
+        With one rank, return it unchanged and count nothing.
+        """
+        # >>> TASK all_reduce: 一个秩（self.info.size == 1）就直接返回 x；否则 dist.all_reduce(x, group=self.group)（缺省就是求和），self.calls["all_reduce"] 加一，返回 x
+        # en: with one rank (self.info.size == 1) just return x; otherwise dist.all_reduce(x, group=self.group) (a sum by default), add one to self.calls["all_reduce"], return x
+        if self.info.size == 1:
+            return x
+        dist.all_reduce(x, group=self.group)
+        self.calls["all_reduce"] += 1
+        return x
+        # <<< TASK
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """各秩的 ``x``（形状 ``(..., d)``，每个秩一样）沿**最后一维**按秩号拼起来：形状 ``(..., size * d)``，
+        ``[..., r*d:(r+1)*d]`` 是秩 ``r`` 的那份。一个秩时原样返回、不记数。
+
+        底下的通信只会沿第 0 维接（:func:`_all_gather_flat`）：先收成 ``(size, ...)``，再把秩这一维挪到最后一维
+        之前、合并。直接 ``reshape`` 会让一行装下某个秩的整份，而不是每行由各秩的那一段拼成。
+
+        en: Join every rank's ``x`` (shape ``(..., d)``, the same on every rank) along the **last dimension** in rank
+        order: shape ``(..., size * d)``, where ``[..., r*d:(r+1)*d]`` is rank ``r``'s piece. With one rank, return it
+        unchanged and count nothing.
+
+        The communication underneath only joins along dimension 0 (:func:`_all_gather_flat`): gather into
+        ``(size, ...)`` first, then move the rank dimension to just before the last one and merge. A plain ``reshape``
+        makes a row hold one rank's whole piece, instead of each row joining every rank's part of it.
+        """
+        # >>> TASK all_gather: 一个秩就返回 x；否则 out = x.new_empty((size * x.shape[0], *x.shape[1:]))，_all_gather_flat(out, x.contiguous(), self.group)，记一笔 calls["all_gather"]；out.view(size, *x.shape) 把第 0 维（秩）挪到倒数第二维（movedim(0, -2)），再 reshape 成 (*x.shape[:-1], size * x.shape[-1])
+        # en: with one rank return x; otherwise out = x.new_empty((size * x.shape[0], *x.shape[1:])), _all_gather_flat(out, x.contiguous(), self.group), count calls["all_gather"]; move dimension 0 (the rank) of out.view(size, *x.shape) to the second-to-last place (movedim(0, -2)), then reshape to (*x.shape[:-1], size * x.shape[-1])
+        size = self.info.size
+        if size == 1:
+            return x
+        out = x.new_empty((size * x.shape[0], *x.shape[1:]))
+        _all_gather_flat(out, x.contiguous(), self.group)
+        self.calls["all_gather"] += 1
+        return out.view(size, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], size * x.shape[-1])
+        # <<< TASK
+
+    def agree_min(self, value: int) -> int:
+        """大家都同意的数：各秩的 ``value`` 里最小的那个（例如每个秩放得下的 KV 页数，取最小的，谁都不会超）。
+        走控制组：一个 CPU 上的 int64 张量，``ReduceOp.MIN``。一个秩时原样返回、不记数。
+
+        en: The number everyone agrees on: the smallest of the ranks' ``value`` (e.g. the KV pages each rank can hold:
+        take the smallest and nobody overflows). Goes over the control group: one int64 CPU tensor, ``ReduceOp.MIN``.
+        With one rank, return it unchanged and count nothing.
+        """
+        # >>> TASK agree_min: 一个秩就返回 value；否则 t = torch.tensor([value], dtype=torch.int64)，dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)，记一笔 calls["agree_min"]，返回 int(t.item())
+        # en: with one rank return value; otherwise t = torch.tensor([value], dtype=torch.int64), dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control), count calls["agree_min"], return int(t.item())
+        if self.info.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)
+        self.calls["agree_min"] += 1
+        return int(t.item())
+        # <<< TASK
+
+
+def default_backend(device: torch.device) -> str:
+    """GPU 上是 NCCL，CPU 上是 gloo。
+
+    en: NCCL on a GPU, gloo on the CPU.
+    """
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def rendezvous(info: DistributedInfo, addr: str, timeout: timedelta) -> dist.TCPStore:
+    """集合点：秩 0 在 ``addr`` 上开一个键值存储，其余的秩连上去，互相交换地址。秩 0 自己绑好套接字再交给存储：
+    不然 torch 的存储会在**所有**网卡上监听，而不只是 ``addr`` 那一个。
+
+    en: The rendezvous: rank 0 opens a key-value store at ``addr``, the other ranks connect to it and swap addresses.
+    Rank 0 binds the socket itself and hands it to the store: otherwise torch's store listens on **every** interface,
+    not just the one of ``addr``.
+    """
+    host, port = addr.rsplit(":", 1)
+    if not info.is_primary:
+        return dist.TCPStore(host, int(port), info.size, is_master=False, timeout=timeout)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    sock.listen()
+    return dist.TCPStore(host, int(port), info.size, is_master=True, timeout=timeout, master_listen_fd=sock.detach())
+
+
+def init_distributed(info: DistributedInfo, addr: str, device: torch.device | None = None) -> Communicator:
+    """加入进程组，返回这个秩的 :class:`Communicator`，并把它设为本进程的张量并行通信器（:func:`get_tp_comm`）。
+
+    ``addr`` 是集合点 ``"host:port"``，每个秩都一样（端口由父进程向系统要来，见 :func:`minisgl.ranks.free_port`；
+    集合点本身是给定的 :func:`rendezvous`）。
+    一个秩时不建任何组。数据组的后端按设备选（:func:`default_backend`），控制组总是 gloo；两个组的集合通信都最多等
+    :data:`COLLECTIVE_TIMEOUT_S` 秒。
+
+    en: Join the process group, return this rank's :class:`Communicator`, and make it this process's tensor-parallel
+    communicator (:func:`get_tp_comm`).
+
+    ``addr`` is the rendezvous ``"host:port"``, the same on every rank (the parent asked the OS for the port, see
+    :func:`minisgl.ranks.free_port`; the rendezvous itself is the given :func:`rendezvous`). With one rank no group is made. The data group's backend follows the device
+    (:func:`default_backend`), the control group is always gloo; collectives of both wait at most
+    :data:`COLLECTIVE_TIMEOUT_S` seconds.
+    """
+    device = device or torch.device("cpu")
+    timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    # >>> TASK init_distributed: 一个秩：comm = Communicator(info)；否则 dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=..., world_size=..., timeout=timeout)，control = dist.new_group(backend="gloo", timeout=timeout)，comm = Communicator(info, dist.group.WORLD, control)；最后 set_tp_comm(comm) 并返回它
+    # en: one rank: comm = Communicator(info); otherwise dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=..., world_size=..., timeout=timeout), control = dist.new_group(backend="gloo", timeout=timeout), comm = Communicator(info, dist.group.WORLD, control); finally set_tp_comm(comm) and return it
+    if info.size == 1:
+        comm = Communicator(info)
+    else:
+        dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=info.rank,
+                                world_size=info.size, timeout=timeout)
+        control = dist.new_group(backend="gloo", timeout=timeout)
+        comm = Communicator(info, dist.group.WORLD, control)
+    set_tp_comm(comm)
+    return comm
+    # <<< TASK
+
+
+def destroy_distributed() -> None:
+    """离开进程组（若加入过），本进程又回到一个秩。
+
+    en: Leave the process group (if joined); this process is one rank again.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    set_tp_comm(Communicator(DistributedInfo()))
+
+
+_TP_COMM = Communicator(DistributedInfo())
+
+
+def set_tp_comm(comm: Communicator) -> None:
+    """设定本进程的张量并行通信器：切分的层（第 4.2 章）都用它。
+
+    en: Set this process's tensor-parallel communicator: the sharded layers (chapter 4.2) all use it.
+    """
+    global _TP_COMM
+    _TP_COMM = comm
+
+
+def get_tp_comm() -> Communicator:
+    """本进程的张量并行通信器；没调过 :func:`init_distributed` 时是一个秩的那个。
+
+    en: This process's tensor-parallel communicator; the one-rank one until :func:`init_distributed` is called.
+    """
+    return _TP_COMM
+
+
+def get_tp_info() -> DistributedInfo:
+    """本进程是张量并行的第几个秩、一共几个（上游 mini-sglang 的名字）。
+
+    en: Which tensor-parallel rank this process is, and how many there are (upstream mini-sglang's name).
+    """
+    return _TP_COMM.info
