@@ -69,7 +69,12 @@ def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
     fused decode needs the plain weights); ``requested`` is ``EngineConfig.cpu_fused_decode``, and ``True`` while a
     condition is not met raises ValueError naming it.
     """
-    if engine.device.type != "cpu" or engine.dtype != torch.float32:
+    # 第 4 阶段之前写的第 1.3 章没有 tp_size
+    # en: a chapter 1.3 written before stage 4 has no tp_size
+    if getattr(engine.model, "tp_size", 1) > 1:
+        problem = tr("cpu_fused_decode runs the whole model in one process; this one is split over {tp} ranks",
+                     tp=engine.model.tp_size)
+    elif engine.device.type != "cpu" or engine.dtype != torch.float32:
         problem = tr("cpu_fused_decode works only on the CPU in float32")
     elif engine.linear_kind != "kernel":
         problem = tr("cpu_fused_decode needs the CPU kernel (cpu_kernel=True and a C compiler)")

@@ -40,7 +40,7 @@ from minisgl.fused import FusedDecoder, plan_decode
 from minisgl.graph import GraphRunner, resolve_graph_mode
 from minisgl.kvcache import MHAKVCache, create_page_table
 from minisgl.layers import fast_linear_supported, pack_linear_weights
-from minisgl.models import ModelConfig, create_model, load_dummy_weights, load_weights
+from minisgl.models import CausalLM, ModelConfig, create_model, load_dummy_weights, load_weights
 
 # ----------------------------------------------------------------------------- 设备接缝
 # en: ----------------------------------------------------------------------------- device seams
@@ -302,7 +302,7 @@ class Engine:
         # en: size is counted from its tensors afterwards, not as a difference before/after loading (memory other
         # en: processes take during the load would be counted as the model's)
         free_before = get_free_memory(self.device)
-        self.model = create_model(self.model_config, self.dtype, self.device)
+        self.model = self.build_model()
         if config.use_dummy_weight:
             load_dummy_weights(self.model, config.seed)
         else:
@@ -331,7 +331,7 @@ class Engine:
         # en: KV pool, page table, token pool (with CUDA graphs the KV pool has one extra page, where the dummy requests
         # en: that pad a batch write their K/V; it belongs to no request)
         self.num_pages = self._determine_num_pages(free_before, model_nbytes(self.model))
-        c = self.model_config
+        c = self.model.config
         pool_pages = self.num_pages + (self.graph_mode != "off")
         self.ctx.kv_cache = self.kv_cache = MHAKVCache(
             c.num_kv_heads, c.num_layers, c.head_dim, pool_pages, config.page_size, self.dtype, self.device
@@ -351,9 +351,19 @@ class Engine:
         self.ctx.attn_backend = self.attn_backend = create_attention_backend(
             config.attention_backend, self.kv_cache, self.page_table, c.num_qo_heads
         )
-        self.sampler = Sampler(self.device, c.vocab_size, config.seed)
+        self.sampler = Sampler(self.device, self.model_config.vocab_size, config.seed)
         self.graph_runner = None if self.graph_mode == "off" else GraphRunner(self, self.graph_mode, config.cuda_graph_max_bs)
         self.fused_decoder = FusedDecoder(self) if self.fused_decode else None
+
+    def build_model(self) -> CausalLM:
+        """搭出这个进程的模型（权重只分配）。``self.model.config`` 描述这个进程上的每一层有多少头，KV 池和注意力后端
+        按它分配；模型被切给几个进程时它和 ``self.model_config``（检查点里的整个模型）不同。
+
+        en: Build this process's model (weights allocated only). ``self.model.config`` says how many heads each layer
+        has in this process, and the KV pool and attention backend are sized from it; when the model is split over
+        several processes it differs from ``self.model_config`` (the checkpoint's whole model).
+        """
+        return create_model(self.model_config, self.dtype, self.device)
 
     def _determine_num_pages(self, free_before: int, model_bytes: int) -> int:
         """``num_page_override`` 优先；否则先算上限：（加载前的可用内存 × 比例 − 模型大小）÷ 每页字节数。
@@ -369,7 +379,7 @@ class Engine:
         which keeps finished requests' KV for the next request with the same prefix; without that share the cache
         could keep nothing at full load, and more would only hold memory. The smaller of the two.
         """
-        c, config = self.model_config, self.config
+        c, config = self.model.config, self.config
         # TODO 任务 determine_num_pages：有 override 直接用；上限 =（int(free_before × 比例) − model_bytes）// 每页字节数（比例缺省 CUDA 0.9、CPU 0.3；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；CPU 上再与需要的页数取小：ceil(1.5 × max_running_req × ceil(max_seq_len / page_size))，max_seq_len = max_seq_len_override 或模型的 max_position_embeddings；不足 1 页就抛 RuntimeError，消息里同时写出 Python 参数名（memory_ratio、num_page_override）和服务器的命令行参数（--mem-fraction-static、--max-total-tokens）
         # TODO task determine_num_pages: use the override if given; cap = (int(free_before × ratio) − model_bytes) // bytes per page (ratio defaults to 0.9 on CUDA, 0.3 on CPU; bytes per page from MHAKVCache.bytes_per_page, mind page_size and dtype); on the CPU take the smaller of that and the pages needed: ceil(1.5 × max_running_req × ceil(max_seq_len / page_size)), max_seq_len = max_seq_len_override or the model's max_position_embeddings; raise RuntimeError if less than 1 page fits, naming both the Python parameters (memory_ratio, num_page_override) and the server's flags (--mem-fraction-static, --max-total-tokens)
         raise TaskNotDone("engine", "determine_num_pages")

@@ -79,6 +79,7 @@ EXAMPLES: dict[str, Example] = {
     "scheduler_io": Example("examples/chapters/scheduler_io.py"),
     "api_server": Example("examples/chapters/api_server.py"),
     "distributed": Example("examples/chapters/distributed.py"),
+    "tensor_parallel": Example("examples/chapters/tensor_parallel.py"),
 }
 
 _UNIT = r"(?:ms|s|秒|毫秒|tok/s|token/s|tokens/s|it/s|GB/s|MB/s|GB|GiB|MB|MiB|KB|KiB|%)"

@@ -14,24 +14,16 @@ import contextlib
 import ipaddress
 import os
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
 from checks.common import expect
+from checks.stage4.common import rank_input, run_step, step
 from minisgl.i18n import tr
 
 WORLD = 2
-
-
-def rank_input(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """每个秩不同、各处不同的数：``100 * (rank + 1)`` 加上位置。
-
-    en: Numbers different on every rank and at every place: ``100 * (rank + 1)`` plus the position.
-    """
-    return torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) + 100 * (rank + 1)
 
 
 def listening_hosts() -> list[str]:
@@ -56,17 +48,6 @@ def listening_hosts() -> list[str]:
                     words = [raw[i:i + 4][::-1] for i in range(0, len(raw), 4)]  # 每 4 字节是小端 | en: little-endian per 4 bytes
                     hosts.append(str(ipaddress.ip_address(b"".join(words))))
     return sorted(set(hosts))
-
-
-def _step(out: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
-    """跑一步，记下结果或它的错误（一步没写完，其余几步照样检查）。
-
-    en: Run one step and note its result or its error (one unwritten step does not stop the others being checked).
-    """
-    try:
-        out[name] = ("ok", fn())
-    except Exception:  # noqa: BLE001
-        out[name] = ("error", traceback.format_exc())
 
 
 def two_rank_scenario(rank: int, world_size: int, addr: str) -> dict[str, Any]:
@@ -99,10 +80,10 @@ def two_rank_scenario(rank: int, world_size: int, addr: str) -> dict[str, Any]:
     def gather(shape: tuple[int, ...]) -> list[Any]:
         return comm.all_gather(rank_input(rank, shape)).tolist()
 
-    _step(out, "all_reduce", reduce)
-    _step(out, "all_gather_2d", lambda: gather((3, 2)))
-    _step(out, "all_gather_3d", lambda: gather((2, 3, 4)))
-    _step(out, "agree_min", lambda: comm.agree_min(1000 - 7 * rank))
+    run_step(out, "all_reduce", reduce)
+    run_step(out, "all_gather_2d", lambda: gather((3, 2)))
+    run_step(out, "all_gather_3d", lambda: gather((2, 3, 4)))
+    run_step(out, "agree_min", lambda: comm.agree_min(1000 - 7 * rank))
     out["calls"] = ("ok", dict(comm.calls))
     destroy_distributed()
     out["after"] = ("ok", (dist.is_initialized(), get_tp_info().size))
@@ -118,20 +99,6 @@ def ranks() -> list[dict[str, Any]]:
     from minisgl.ranks import run_ranks
 
     return run_ranks(two_rank_scenario, WORLD, timeout=180)
-
-
-def step(ranks: list[dict[str, Any]], name: str) -> list[Any]:
-    """各秩这一步的结果；哪个秩这一步出了错，就带着它的 traceback 失败。
-
-    en: Each rank's result of this step; fails with the traceback of any rank whose step raised.
-    """
-    results = []
-    for rank, out in enumerate(ranks):
-        status, value = out.get(name) or out["init"]
-        if status == "error":
-            pytest.fail(tr("Rank {rank} failed in step {step}:\n{error}", rank=rank, step=name, error=value))
-        results.append(value)
-    return results
 
 
 # ----------------------------------------------------------------------------- 一个秩 | en: one rank

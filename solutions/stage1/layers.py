@@ -226,11 +226,20 @@ class Linear(BaseOP):
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x Wᵀ (+ bias)``，走 :meth:`pack` 选的那条路。偏置单独作参数：部分结果之后还要相加的层，可以在加完之后
+        只加一次偏置。
+
+        en: ``x Wᵀ (+ bias)`` on whichever path :meth:`pack` chose. The bias is a parameter of its own: a layer whose
+        partial results are summed afterwards can add it once, after the sum.
+        """
         if self._packed is not None:
-            return kernel.onednn_linear(x, self._packed, self.bias)
+            return kernel.onednn_linear(x, self._packed, bias)
         if self._kernel:
-            return kernel.cpu_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+            return kernel.cpu_linear(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
 
 
 def pack_linear_weights(root: BaseOP, kind: str = "onednn") -> int:

@@ -211,6 +211,9 @@ class CausalLM(BaseOP):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
         self.config = config
+        # 这个模型切给了几个进程（每个只存一份）；1：整个模型都在这里
+        # en: how many processes this model is split over (each stores one part); 1: the whole model is here
+        self.tp_size = 1
         self.model = DecoderModel(config, dtype, device)
         tie_to = self.model.embed_tokens if config.tie_word_embeddings else None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tie_to=tie_to, dtype=dtype, device=device)

@@ -1,0 +1,293 @@
+"""第 4.2 章 tensor_parallel 的检查：先在本进程里看哪些 ``tp`` 切得开（切不开时在加载之前报错，并说出行得通的大小）；
+再起两个真的秩（gloo，整个模块一次）：每种切开的层都等于没切的那层（按列切的合并层、KV 头切开和复制的 q/k/v、
+按行切的层只加一次偏置、词表切开的嵌入），整个模型在 TP=2 上贪心生成的 token 与 Hugging Face 逐个相同，每步正好
+``2 × 层数 + 1`` 次 all_reduce 和 1 次 all_gather，每个秩只存大约一半的权重；最后 SmolLM2（9 个头）在 TP=3 上也与
+Hugging Face 相同。
+
+en: Checks of chapter 4.2 tensor_parallel: first, in this process, which ``tp`` split (refused before loading when one
+does not, naming the sizes that work); then two real ranks (gloo, once for the module): every split layer equals the
+unsplit one (the merged column-parallel layer, q/k/v with KV heads split and copied, the row-parallel layer adding its
+bias once, the vocabulary-split embedding), the whole model at TP=2 generates greedily exactly Hugging Face's tokens,
+each step makes exactly ``2 × layers + 1`` all_reduce and 1 all_gather, each rank stores about half of the weights; last,
+SmolLM2 (9 heads) at TP=3 matches Hugging Face too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks.common import expect
+from checks.hf_reference import greedy_reference
+from checks.stage1.conftest import LATER_PROMPTS, LATER_TOKENS, SMOLLM2_PROMPTS, Hand
+from checks.stage4.common import run_step, step
+from minisgl.i18n import tr
+
+WORLD = 2
+#: 小层的尺寸：输入 8，两段输出 6 和 4，词表 10。
+#: en: Sizes of the small layers: input 8, two output parts of 6 and 4, a vocabulary of 10.
+IN, OUT_A, OUT_B, VOCAB = 8, 6, 4, 10
+IDS = [0, 4, 5, 9, 7, 2]
+
+
+def full(seed: int, *shape: int) -> torch.Tensor:
+    """没切的权重：每个秩和父进程用同一个种子，拿到同一份。
+
+    en: An unsplit weight: every rank and the parent use the same seed and get the same one.
+    """
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def small_config(num_kv_heads: int) -> Any:
+    """一个很小的 Qwen3 形状：4 个头、每头 2 维、隐藏维 8。
+
+    en: A very small Qwen3 shape: 4 heads of 2 dimensions, hidden size 8.
+    """
+    from minisgl.models import ModelConfig
+
+    return ModelConfig("Qwen3ForCausalLM", VOCAB, IN, 12, 1, 4, num_kv_heads, 2, 1e-6, 10000.0, 64, True, True,
+                       attention_bias=True)
+
+
+def close(got: list[Any], want: torch.Tensor) -> bool:
+    """同样的形状、几乎相同的数：切开的矩阵乘法换了求和顺序，最后几位可以不同。
+
+    en: The same shape and nearly the same numbers: a split matrix multiplication sums in another order, so the last
+    bits may differ.
+    """
+    got_t = torch.tensor(got)
+    return got_t.shape == want.shape and torch.allclose(got_t, want, atol=1e-5, rtol=1e-5)
+
+
+def layer_steps(rank: int, out: dict[str, Any]) -> None:
+    from minisgl.tensor_parallel import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear, VocabParallelEmbedding
+
+    kw = {"dtype": torch.float32, "device": "cpu"}
+    x = full(1, 5, IN)
+
+    def column() -> list[Any]:
+        layer = ColumnParallelLinear(IN, [OUT_A, OUT_B], bias=True, shard_names=["a", "b"], **kw)
+        for shard, (rows, seed) in enumerate(((OUT_A, 10), (OUT_B, 20))):
+            layer.load_weight("weight", full(seed, rows, IN), shard)
+            layer.load_weight("bias", full(seed + 1, rows), shard)
+        return layer.forward(x).tolist()
+
+    def qkv(num_kv_heads: int) -> list[Any]:
+        config = small_config(num_kv_heads)
+        layer = QKVParallelLinear(config, **kw)
+        for shard, rows in enumerate((8, 2 * num_kv_heads, 2 * num_kv_heads)):
+            layer.load_weight("weight", full(30 + shard, rows, IN), shard)
+            layer.load_weight("bias", full(40 + shard, rows), shard)
+        return layer.forward(x).tolist()
+
+    def row() -> list[Any]:
+        layer = RowParallelLinear(IN, OUT_A, bias=True, **kw)
+        layer.load_weight("weight", full(50, OUT_A, IN))
+        layer.load_weight("bias", full(51, OUT_A))
+        half = IN // WORLD
+        return layer.forward(x[:, rank * half:(rank + 1) * half]).tolist()
+
+    def embedding() -> list[Any]:
+        layer = VocabParallelEmbedding(VOCAB, 3, **kw)
+        layer.load_weight("weight", full(60, VOCAB, 3))
+        return layer.forward(torch.tensor(IDS)).tolist()
+
+    run_step(out, "column", column)
+    run_step(out, "qkv_split", lambda: qkv(2))
+    run_step(out, "qkv_split_more", lambda: qkv(4))
+    run_step(out, "qkv_copied", lambda: qkv(1))
+    run_step(out, "row", row)
+    run_step(out, "embedding", embedding)
+
+
+def engine_steps(model_path: str, prompts: list[list[int]], out: dict[str, Any]) -> None:
+    from minisgl.core import Batch, Req, SamplingParams
+    from minisgl.distributed import get_tp_comm
+    from minisgl.engine import EngineConfig, model_nbytes
+    from minisgl.tensor_parallel import TPEngine
+
+    def generate() -> dict[str, Any]:
+        get_tp_comm().calls.clear()
+        # 这些检查在 CPU 上用 gloo 跑（每个秩一个 CUDA 设备、NCCL 的情形交给 GPU 检查）
+        # en: these checks run on the CPU with gloo (one CUDA device per rank with NCCL is for the GPU checks)
+        engine = TPEngine(EngineConfig(model_path, dtype=torch.float32, device="cpu", max_running_req=len(prompts),
+                                       num_page_override=512, max_seq_len_override=64))
+        try:
+            reqs = []
+            for uid, (row, prompt) in enumerate(zip([3, 0, 2, 1], prompts)):
+                Hand.assign_pages(engine, row)
+                reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), row, 0, LATER_TOKENS, uid, SamplingParams()))
+            tokens = Hand.run_to_completion(engine, Batch, reqs)
+            return {"tokens": tokens, "calls": dict(get_tp_comm().calls), "stored": model_nbytes(engine.model),
+                    "layers": engine.model_config.num_layers}
+        finally:
+            engine.shutdown()
+
+    run_step(out, "generate", generate)
+
+
+def refuse_steps(model_path: str, out: dict[str, Any]) -> None:
+    from minisgl.engine import EngineConfig
+    from minisgl.tensor_parallel import TPEngine
+
+    def refuse() -> str:
+        try:
+            TPEngine(EngineConfig(model_path, dtype=torch.float32, device="cpu", num_page_override=64))
+        except ValueError as e:
+            return str(e)
+        return ""
+
+    run_step(out, "refuse", refuse)
+
+
+def two_rank_scenario(rank: int, world_size: int, addr: str, tiny: str, smol: str) -> dict[str, Any]:
+    from minisgl.distributed import DistributedInfo, destroy_distributed, init_distributed
+
+    out: dict[str, Any] = {}
+    run_step(out, "init", lambda: init_distributed(DistributedInfo(rank, world_size), addr) and None)
+    if out["init"][0] == "ok":
+        layer_steps(rank, out)
+        engine_steps(tiny, LATER_PROMPTS, out)
+        refuse_steps(smol, out)
+        destroy_distributed()
+    return out
+
+
+def three_rank_generate(rank: int, world_size: int, addr: str, smol: str, prompts: list[list[int]]) -> dict[str, Any]:
+    from minisgl.distributed import DistributedInfo, destroy_distributed, init_distributed
+
+    out: dict[str, Any] = {}
+    run_step(out, "init", lambda: init_distributed(DistributedInfo(rank, world_size), addr) and None)
+    if out["init"][0] == "ok":
+        engine_steps(smol, prompts, out)
+        destroy_distributed()
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(tiny_path: str, smollm2_path: str) -> list[dict[str, Any]]:
+    """两个秩跑完全部步骤的结果（本模块只起一次）。
+
+    en: The two ranks' results of all steps (started once for this module).
+    """
+    from minisgl.ranks import run_ranks
+
+    return run_ranks(two_rank_scenario, WORLD, tiny_path, smollm2_path, timeout=300)
+
+
+# ----------------------------------------------------------------------------- 切得开吗 | en: can it be split
+
+
+def test_which_sizes_split(tiny_path: str, smollm2_path: str) -> None:
+    from minisgl.models import ModelConfig
+    from minisgl.tensor_parallel import check_tp_split, split_problems
+
+    tiny = ModelConfig.from_hf(tiny_path)
+    smol = ModelConfig.from_hf(smollm2_path)
+    expect([bool(split_problems(tiny, tp)) for tp in (1, 2, 3, 4, 8)], [False, False, True, False, True],
+           tr("qwen3-tiny (4 heads, 2 KV heads, vocabulary 151936) splits at tp 1, 2 and 4 (KV heads copied), not 3 or 8"))
+    expect([bool(split_problems(smol, tp)) for tp in (1, 2, 3, 9)], [False, True, False, True],
+           tr("SmolLM2 (9 heads, 3 KV heads, intermediate 1536) splits at tp 1 and 3, not 2 or 9 (1536 is not a multiple of 9)"))
+    expect(bool(split_problems(tiny, 0)), True, tr("tp 0 is refused with a sentence, not a ZeroDivisionError"))
+    expect(bool(split_problems(dataclasses.replace(tiny, intermediate_size=130), 4)), True,
+           tr("An intermediate size of 130 does not split over 4 ranks"))
+    expect(bool(split_problems(dataclasses.replace(tiny, vocab_size=151937), 2)), True,
+           tr("An odd vocabulary does not split over 2 ranks"))
+    expect(bool(split_problems(dataclasses.replace(tiny, num_kv_heads=3, num_qo_heads=6), 2)), True,
+           tr("3 KV heads neither split over 2 ranks nor divide 2"))
+    with pytest.raises(ValueError) as err:
+        check_tp_split(smol, 2)
+    expect("1, 3" in str(err.value) and "9" in str(err.value), True,
+           tr("The refusal names the 9 heads and the sizes that work (1, 3), got: {message}", message=err.value))
+
+
+def test_a_model_that_does_not_split_is_refused_on_every_rank(ranks: list[dict[str, Any]]) -> None:
+    for rank, message in enumerate(step(ranks, "refuse")):
+        expect("1, 3" in message, True,
+               tr("Rank {rank}: TPEngine on SmolLM2 at tp 2 raises ValueError naming the sizes that work, got: {message!r}",
+                  rank=rank, message=message))
+
+
+# ----------------------------------------------------------------------------- 切开的层 | en: the split layers
+
+
+def test_column_parallel_takes_its_part_of_each_merged_part(ranks: list[dict[str, Any]]) -> None:
+    x = full(1, 5, IN)
+    whole = [F.linear(x, full(seed, rows, IN), full(seed + 1, rows)) for rows, seed in ((OUT_A, 10), (OUT_B, 20))]
+    for rank, got in enumerate(step(ranks, "column")):
+        want = torch.cat([w.chunk(WORLD, dim=-1)[rank] for w in whole], dim=-1)
+        expect(close(got, want), True, tr("Rank {rank}: the merged column-parallel layer gives its half of each part's output", rank=rank))
+
+
+@pytest.mark.parametrize(("kv", "name"), [(4, "qkv_split_more"), (2, "qkv_split"), (1, "qkv_copied")],
+                         ids=["kv-split-2-each", "kv-split-1-each", "kv-copied"])
+def test_qkv_splits_heads_and_copies_kv_heads_when_too_few(ranks: list[dict[str, Any]], kv: int, name: str) -> None:
+    x = full(1, 5, IN)
+    q, k, v = (F.linear(x, full(30 + s, rows, IN), full(40 + s, rows)) for s, rows in enumerate((8, 2 * kv, 2 * kv)))
+    for rank, got in enumerate(step(ranks, name)):
+        head = rank * kv // WORLD
+        local = (lambda t: t.chunk(WORLD, dim=-1)[rank]) if kv >= WORLD else (lambda t: t[:, head * 2:(head + 1) * 2])
+        want = torch.cat([q.chunk(WORLD, dim=-1)[rank], local(k), local(v)], dim=-1)
+        expect(close(got, want), True, tr("Rank {rank}: q/k/v with {kv} KV heads over {world} ranks (query heads split, KV heads {how})",
+                             rank=rank, kv=kv, world=WORLD, how=tr("split") if kv >= WORLD else tr("copied")))
+
+
+def test_row_parallel_sums_partials_and_adds_the_bias_once(ranks: list[dict[str, Any]]) -> None:
+    want = F.linear(full(1, 5, IN), full(50, OUT_A, IN), full(51, OUT_A))
+    for rank, got in enumerate(step(ranks, "row")):
+        expect(close(got, want), True,
+               tr("Rank {rank}: the row-parallel layer equals the unsplit one (partial sums all-reduced, bias added once)",
+                  rank=rank))
+
+
+def test_vocab_parallel_embedding_equals_the_whole_table(ranks: list[dict[str, Any]]) -> None:
+    want = F.embedding(torch.tensor(IDS), full(60, VOCAB, 3)).tolist()
+    for rank, got in enumerate(step(ranks, "embedding")):
+        expect(got, want, tr("Rank {rank}: the vocabulary-split embedding of ids {ids} equals the whole table's", rank=rank,
+                             ids=IDS))
+
+
+# ----------------------------------------------------------------------------- 切开的模型 | en: the split model
+
+
+def test_tp2_generates_hugging_faces_tokens(ranks: list[dict[str, Any]], tiny_path: str) -> None:
+    reference = greedy_reference(tiny_path, LATER_PROMPTS, LATER_TOKENS)
+    for rank, got in enumerate(step(ranks, "generate")):
+        expect(got["tokens"], reference, tr("Rank {rank}: greedy tokens of qwen3-tiny at TP=2 equal Hugging Face's", rank=rank))
+
+
+def test_each_step_communicates_twice_per_layer_plus_embedding_and_head(ranks: list[dict[str, Any]]) -> None:
+    for rank, got in enumerate(step(ranks, "generate")):
+        steps = LATER_TOKENS  # 一次预填充 + LATER_TOKENS - 1 次解码 | en: one prefill + LATER_TOKENS - 1 decodes
+        expect(got["calls"], {"all_reduce": steps * (2 * got["layers"] + 1), "all_gather": steps},
+               tr("Rank {rank}: {steps} forward steps of {layers} layers: 2 all_reduce per layer + 1 for the embedding, "
+                  "1 all_gather for the LM head, per step", rank=rank, steps=steps, layers=got["layers"]))
+
+
+def test_each_rank_stores_about_half(ranks: list[dict[str, Any]], tiny_path: str) -> None:
+    from safetensors import safe_open
+
+    with safe_open(f"{tiny_path}/model.safetensors", framework="pt") as f:
+        whole = 4 * sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # float32 | en: float32
+    for rank, got in enumerate(step(ranks, "generate")):
+        expect(got["stored"] < 0.55 * whole, True,
+               tr("Rank {rank} stores {stored} bytes of the checkpoint's {whole} in float32 (about half, never the whole model)",
+                  rank=rank, stored=got["stored"], whole=whole))
+
+
+def test_smollm2_at_tp3_generates_hugging_faces_tokens(smollm2_path: str) -> None:
+    from transformers import AutoTokenizer
+
+    from minisgl.ranks import run_ranks
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    prompts = [tok(p)["input_ids"] for p in SMOLLM2_PROMPTS[:4]]
+    reference = greedy_reference(smollm2_path, prompts, LATER_TOKENS)
+    results = run_ranks(three_rank_generate, 3, smollm2_path, prompts, timeout=300)
+    for rank, got in enumerate(step(results, "generate")):
+        expect(got["tokens"], reference, tr("Rank {rank}: greedy tokens of SmolLM2 at TP=3 equal Hugging Face's", rank=rank))
