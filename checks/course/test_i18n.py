@@ -25,7 +25,7 @@ from minisgl.paths import REPO_ROOT as REPO
 
 
 #: Every Python source that may call ``tr``.
-SOURCES = ["minisgl", "checks", "examples", "solutions", "stage1", "stage2", "stage3", "tools", "bench", "docs/hooks", "notebooks/src"]
+SOURCES = ["minisgl", "checks", "examples", "solutions", "stage1", "stage2", "stage3", "stage4", "tools", "bench", "docs/hooks", "notebooks/src"]
 
 #: Files whose strings a learner sees at runtime: a Chinese string literal there must go through ``tr``.
 LEARNER_FACING = [

@@ -80,6 +80,7 @@ class Harness:
         self.tok = ZmqPullQueue(addrs.tokenizer, create=True)
         self.front = ZmqPullQueue(addrs.frontend, create=True)
         self.to_sched = ZmqPushQueue(addrs.backend, create=False)
+        self.blocked = ""  # 第一次有事可做却阻塞的检查 | en: the first check in which run_once blocked with work to do
 
     def close(self) -> None:
         for q in (self.tok, self.front, self.to_sched):
@@ -95,14 +96,32 @@ class Harness:
         return runner
 
     def step(self) -> bool:
-        """调用一次 ``run_once``；它等了消息（有事可做却阻塞）就失败。"""
+        """调用一次 ``run_once``；它等了消息（有事可做却阻塞）就失败。阻塞过一次之后，后面的检查立刻失败，
+        不再各等 ``STEP_TIMEOUT`` 秒：同一个错误只花一次时间、只说一次。
+
+        en: Call ``run_once`` once; fail if it waited for a message (blocked although there was work). After one such
+        block, later checks fail at once instead of each waiting ``STEP_TIMEOUT`` seconds: one mistake costs its time
+        and is told once.
+        """
+        self.fail_if_blocked()
         runner = self.start_once()
         if not runner.wait(STEP_TIMEOUT):
+            busy = self.sched.busy  # 放开之前读：放开之后它可能已经空闲 | en: read before releasing: afterwards it may be idle
+            self.blocked = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
             self.send(AbortBackendMsg(uid=-1))  # 放开阻塞的线程 | en: release the blocked thread
             runner.wait(STEP_TIMEOUT)
             pytest.fail(tr("run_once waited for a message for over {seconds} s although the scheduler had work to do "
-                           "(busy={busy}): block only when idle", seconds=STEP_TIMEOUT, busy=self.sched.busy), pytrace=False)  # fmt: skip
+                           "(busy={busy}): block only when idle", seconds=STEP_TIMEOUT, busy=busy), pytrace=False)  # fmt: skip
         return runner.result()
+
+    def fail_if_blocked(self) -> None:
+        """前面的检查里 ``run_once`` 有事可做却阻塞过：立刻失败，指向那一处。
+
+        en: ``run_once`` blocked with work to do in an earlier check: fail at once, pointing at it.
+        """
+        if self.blocked:
+            pytest.fail(tr("run_once blocked with work to do in an earlier check ({first}); fix that one first",
+                           first=self.blocked), pytrace=False)
 
     def run(self, *msgs: Any, max_iters: int = 400) -> int:
         """送出 ``msgs``，然后一直迭代到调度器空闲。返回迭代次数。"""
@@ -439,6 +458,17 @@ def test_refused_requests_are_answered_and_serving_goes_on(h: Harness, prompt_id
         h.step()
 
 
+def test_one_receive_takes_every_waiting_message(h: Harness, prompt_ids) -> None:  # noqa: ANN001
+    for uid in (801, 802, 803):  # 三条分开发的消息，不是一条批量消息 | en: three messages sent one by one, not one batch
+        h.send(user_msg(uid, prompt_ids[0]))
+    time.sleep(1.0)  # 让 ZMQ 把三条都送到 | en: let ZMQ deliver all three
+    got = h.sched.receive_msg(blocking=False)
+    uids = [getattr(m, "uid", None) for m in got]
+    assert uids == [801, 802, 803], tr(
+        "One receive_msg takes every message that has arrived (three sent one by one), in arrival order; got uids {uids}",
+        uids=uids)
+
+
 def test_blocks_only_when_idle(h: Harness, prompt_ids, reference) -> None:  # noqa: ANN001
     sched = h.sched
     assert not sched.busy
@@ -473,6 +503,7 @@ def test_blocks_only_when_idle(h: Harness, prompt_ids, reference) -> None:  # no
 
 
 def test_exit_msg_ends_run_forever(h: Harness, prompt_ids, reference) -> None:  # noqa: ANN001
+    h.fail_if_blocked()
     loop = Runner(h.sched.run_forever)
     loop.start()
     h.send(user_msg(800, prompt_ids[2]))
@@ -520,7 +551,8 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_worker_process(tiny_path: str, prompt_ids, reference) -> None:  # noqa: ANN001
+def test_worker_process(harness: Harness, tiny_path: str, prompt_ids, reference) -> None:  # noqa: ANN001
+    harness.fail_if_blocked()
     ctx = mp.get_context("spawn")
     addrs = ServerAddrs.in_dir(make_ipc_dir())
     bad_addrs = ServerAddrs.in_dir(make_ipc_dir())
