@@ -83,6 +83,11 @@ def rank_env(host: str, threads: int) -> dict[str, str]:
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, addr: str, args: tuple[Any, ...],
                env: dict[str, str], threads: int, conn: Connection) -> None:
+    """一个秩进程的入口：设好环境和线程数，跑 ``fn``，把结果或 traceback 经管道交回父进程。
+
+    en: A rank process's entry: set the environment and the thread count, run ``fn``, hand the result or the traceback
+    back to the parent through the pipe.
+    """
     os.environ.update(env)
     import torch
 
