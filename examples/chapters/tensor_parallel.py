@@ -11,11 +11,13 @@ how much each rank stores, and whether TP=1 and TP=2 generate the same greedy to
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 
 from minisgl import model_zoo
+from minisgl.paths import REPO_ROOT
 
 MODEL = str(model_zoo.tiny_qwen3())
 PROMPTS = [[9707, 11, 1879, 0], [785, 3974, 13876, 38835, 34208, 916]]
@@ -23,14 +25,19 @@ NEW_TOKENS = 6
 
 
 def demo_rank(rank: int, world_size: int, addr: str, model_path: str) -> dict[str, Any]:
-    """在每个秩上跑：加入进程组，搭起切开的引擎，两个提示词一起贪心生成，返回看到的东西（普通的列表和数，好打印）。
+    """在每个秩上跑：加入进程组，搭起切开的引擎，两个提示词一起贪心生成（第 1 阶段里程碑的手动循环：一次预填充，
+    再逐步解码），返回看到的东西（普通的列表和数，好打印）。
 
-    en: Runs on each rank: join the process group, build the split engine, generate greedily for both prompts at once,
-    and return what it saw (plain lists and numbers, easy to print).
+    en: Runs on each rank: join the process group, build the split engine, generate greedily for both prompts at once
+    (the stage 1 milestone's hand loop: one prefill, then decode step by step), and return what it saw (plain lists and
+    numbers, easy to print).
     """
     from minisgl.distributed import DistributedInfo, destroy_distributed, get_tp_comm, init_distributed
     from minisgl.engine import EngineConfig, model_nbytes
     from minisgl.tensor_parallel import TPEngine
+
+    sys.path.insert(0, str(REPO_ROOT / "examples"))
+    from stage1_milestone import HandDriver
 
     init_distributed(DistributedInfo(rank, world_size), addr)
     engine = TPEngine(EngineConfig(model_path, dtype=torch.float32, max_running_req=len(PROMPTS), num_page_override=256,
@@ -40,37 +47,12 @@ def demo_rank(rank: int, world_size: int, addr: str, model_path: str) -> dict[st
                "gate_up_proj": layer.mlp.gate_up_proj.weight, "down_proj": layer.mlp.down_proj.weight,
                "embed_tokens": engine.model.model.embed_tokens.weight, "lm_head": engine.model.lm_head.weight}
     get_tp_comm().calls.clear()
-    tokens = greedy(engine)
+    tokens, _ = HandDriver(engine).generate(PROMPTS, NEW_TOKENS)
     seen = {"shapes": {name: list(w.shape) for name, w in weights.items()}, "tokens": tokens,
             "calls": dict(get_tp_comm().calls), "stored_mb": round(model_nbytes(engine.model) / 2**20, 1)}
     engine.shutdown()
     destroy_distributed()
     return seen
-
-
-def greedy(engine: Any) -> list[list[int]]:
-    """一次预填充两个提示词，然后逐步解码：和第 1.6 章示例一样的手动循环（调度器是第 2 阶段的事）。
-
-    en: One prefill of both prompts, then decode step by step: the same hand-written loop as chapter 1.6's example
-    (scheduling is stage 2's).
-    """
-    from minisgl.core import Batch, Req, SamplingParams
-
-    reqs = []
-    for row, prompt in enumerate(PROMPTS):
-        engine.page_table[row] = torch.arange(row * engine.max_seq_len, (row + 1) * engine.max_seq_len)
-        reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), row, 0, NEW_TOKENS, row, SamplingParams()))
-    while reqs[0].can_decode:
-        batch = Batch(reqs=reqs, phase="prefill" if reqs[0].cached_len == 0 else "decode")
-        batch.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
-        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
-        batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len:r.device_len] for r in reqs])
-        engine.attn_backend.prepare_metadata(batch)
-        out = engine.forward_batch(batch, engine.sampler.prepare(batch))
-        for req, token in zip(reqs, out.next_tokens_cpu):
-            req.complete_one()
-            req.append_host(token.reshape(1))
-    return [r.input_ids[len(p):].tolist() for r, p in zip(reqs, PROMPTS)]
 
 
 def main() -> None:
