@@ -22,6 +22,7 @@ in headless Chromium and its stop button really aborts the request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -758,31 +759,63 @@ def _until(predicate: Any, what: str, timeout: float = 20.0) -> Any:
     pytest.fail(tr("Waited {timeout:.0f} s: {what}", timeout=timeout, what=what), pytrace=False)
 
 
+@contextlib.contextmanager
+def _slowed(server: Server, share: float = 0.1, period: float = 0.05) -> Iterator[None]:
+    """让服务器的调度进程只有 ``share`` 的时间在跑（SIGSTOP / SIGCONT 交替），离开时一定让它接着跑。
+    小模型每秒能解出上千个 token，比浏览器点一下按钮还快：不放慢，在快机器上答案可能在“停止”到达之前就写完了。
+
+    en: Let the server's scheduler process run only ``share`` of the time (SIGSTOP / SIGCONT in turn), and always let it
+    run again on leaving. The tiny model decodes thousands of tokens a second, faster than a browser clicks a button:
+    unslowed, on a fast machine the answer can be complete before "stop" arrives.
+    """
+    assert server.proc is not None
+    pids = [p for p in descendants(server.proc.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "msgl-scheduler"]
+    assert len(pids) == 1, tr("Expected one msgl-scheduler process under the server, found {n}", n=len(pids))
+    done = threading.Event()
+
+    def duty() -> None:
+        while not done.is_set():
+            os.kill(pids[0], signal.SIGSTOP)
+            done.wait(period * (1 - share))
+            os.kill(pids[0], signal.SIGCONT)
+            done.wait(period * share)
+
+    thread = threading.Thread(target=duty, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        os.kill(pids[0], signal.SIGCONT)
+
+
 def test_chat_page_streams_and_stop_aborts(server: Server) -> None:
     server.wait_metrics(idle, tr("an idle server"))
     before = server.metrics()
     drv = _browser()
     try:
-        drv.get(server.url + "/")
-        title = drv.title
-        assert "mini-sglang" in title, tr("The chat page at / has a mini-sglang title, got {title!r}", title=title)
-        text = lambda: drv.execute_script("const a = document.getElementById('answer'); return a ? a.textContent : '';")  # noqa: E731
-        status = lambda: drv.find_element("id", "status").text  # noqa: E731
-        for field, value in (("max-tokens", str(LONG_TOKENS)), ("temperature", "0")):
-            box = drv.find_element("id", field)
-            box.clear()
-            box.send_keys(value)
-        drv.find_element("id", "prompt").send_keys("Tell me a long story.")
-        drv.find_element("id", "send").click()
-        _until(lambda: len(text()) or drv.find_element("id", "send").is_enabled(), tr("the chat page neither streamed nor finished"))
-        first = len(text())
-        assert first, tr("no streamed text appeared on the chat page; status: {status}", status=status())
-        _until(lambda: len(text()) > first, tr("the answer on the chat page did not grow (not streamed)"))
-        m = server.metrics()
-        assert m["minisgl_running_requests"] == 1, tr("While the page streams, the request runs in the scheduler")
-        drv.find_element("id", "stop").click()
-        stopped = _until(lambda: drv.find_element("id", "send").is_enabled() and status(), tr("the page did not stop"))
-        after_stop = len(text())
+        with _slowed(server):
+            drv.get(server.url + "/")
+            title = drv.title
+            assert "mini-sglang" in title, tr("The chat page at / has a mini-sglang title, got {title!r}", title=title)
+            text = lambda: drv.execute_script("const a = document.getElementById('answer'); return a ? a.textContent : '';")  # noqa: E731
+            status = lambda: drv.find_element("id", "status").text  # noqa: E731
+            for field, value in (("max-tokens", str(LONG_TOKENS)), ("temperature", "0")):
+                box = drv.find_element("id", field)
+                box.clear()
+                box.send_keys(value)
+            drv.find_element("id", "prompt").send_keys("Tell me a long story.")
+            drv.find_element("id", "send").click()
+            _until(lambda: len(text()) or drv.find_element("id", "send").is_enabled(), tr("the chat page neither streamed nor finished"))
+            first = len(text())
+            assert first, tr("no streamed text appeared on the chat page; status: {status}", status=status())
+            _until(lambda: len(text()) > first, tr("the answer on the chat page did not grow (not streamed)"))
+            m = server.metrics()
+            assert m["minisgl_running_requests"] == 1, tr("While the page streams, the request runs in the scheduler")
+            drv.find_element("id", "stop").click()
+            stopped = _until(lambda: drv.find_element("id", "send").is_enabled() and status(), tr("the page did not stop"))
+            after_stop = len(text())
         m = server.wait_metrics(idle, tr("every page and slot back after the stop button"))
         assert m["minisgl_aborted_requests_total"] == before["minisgl_aborted_requests_total"] + 1, tr(
             "The stop button aborts the request: aborted_requests_total must grow by 1, got {before} → {after}",
