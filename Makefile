@@ -12,7 +12,7 @@ PYTEST = $(PYTHON) -m pytest --timeout=900
 JOBS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
 PARALLEL = OMP_NUM_THREADS=1 $(PYTEST) -n $(JOBS) --dist loadfile
 
-.PHONY: setup test milestone milestone3 notebooks docs real-qwen3 gpu-check
+.PHONY: setup test milestone milestone3 milestone4 notebooks docs real-qwen3 gpu-check
 
 setup:            ## 安装依赖并构建离线模型
 	PYTHON=$(PYTHON) bash tools/setup.sh
@@ -36,6 +36,9 @@ milestone: setup  ## 主任务：第二阶段里程碑
 
 milestone3: setup ## 第三阶段里程碑：启动服务，用 openai 客户端对它说话
 	$(PYTHON) examples/stage3_milestone.py
+
+milestone4: setup ## 第四阶段里程碑：模型切给两个秩，离线和 --tp 2 的服务都与一个进程相同
+	$(PYTHON) examples/stage4_milestone.py
 
 .PHONY: serve
 serve: setup      ## 在线服务：python -m minisgl 用小模型 models/qwen3-tiny-random 监听 http://127.0.0.1:1919（对话页面在 /，Ctrl-C 退出）

@@ -14,6 +14,7 @@ loading the model, so the server is ready sooner.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
 import signal
 import socket
@@ -27,13 +28,16 @@ import uvicorn
 
 from minisgl.by_name import ByName
 from minisgl.i18n import tr
-from minisgl.ranks import stop_process
+from minisgl.ranks import free_port, rank_env, stop_process
 from minisgl.serving import (ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, parse_args, port_problem,
                              set_process_name)
 
-#: 两个工作进程：名字 → (公共模块, 入口函数)。
-#: en: The two worker processes: name → (public module, entry function).
-WORKERS = {"tokenizer": ("minisgl.tokenizer", "tokenize_worker"), "scheduler": ("minisgl.scheduler_io", "scheduler_worker")}
+#: 一个秩时的两个工作进程：名字 → (公共模块, 入口函数, 额外参数)。
+#: en: The two worker processes with one rank: name → (public module, entry function, extra arguments).
+WORKERS: dict[str, tuple[str, str, tuple[Any, ...]]] = {
+    "tokenizer": ("minisgl.tokenizer", "tokenize_worker", ()),
+    "scheduler": ("minisgl.scheduler_io", "scheduler_worker", ()),
+}
 #: 等两个工作进程报告就绪的最长时间（秒）；加载大模型可能要一会儿。
 #: en: The longest wait (seconds) for both workers to report ready; loading a big model may take a while.
 READY_TIMEOUT_S = 600.0
@@ -45,10 +49,33 @@ SHUTDOWN_WAIT_S = 10.0
 DEAD_WORKER_GRACE_S = 3.0
 
 
-class Launcher:
-    """拉起两个工作进程并看着它们；关机时让它们全部退出。
+def plan_workers(args: ServerArgs) -> dict[str, tuple[str, str, tuple[Any, ...]]]:
+    """这次启动要起的工作进程。一个秩：分词进程和调度器。``--tp N``：本节点上的那几个秩各一个调度器进程（第 4.3 章的
+    ``tp_scheduler_worker``；秩 0 仍叫 "scheduler"），节点 0 另有分词进程。集合点是 ``--dist-init-addr``，单节点时
+    缺省为向系统要来的 127.0.0.1 上的空闲端口；CPU 上各秩平分本机的核（每个秩一个 OpenMP 线程池）。
 
-    en: Starts the two worker processes and watches them; on shutdown makes all of them exit.
+    en: The worker processes this launch starts. One rank: the tokenizer and the scheduler. ``--tp N``: one scheduler
+    process for each rank of this node (chapter 4.3's ``tp_scheduler_worker``; rank 0 is still called "scheduler"), plus
+    the tokenizer on node 0. The rendezvous is ``--dist-init-addr``; on one node it defaults to a free port on 127.0.0.1
+    asked from the OS; on the CPU the ranks share this machine's cores (one OpenMP pool per rank).
+    """
+    if args.tp_size == 1:
+        return dict(WORKERS)
+    per_node = args.tp_size // args.nnodes
+    dist_addr = args.dist_init_addr or f"127.0.0.1:{free_port()}"
+    threads = max(1, len(os.sched_getaffinity(0)) // per_node)
+    env = rank_env(dist_addr.rsplit(":", 1)[0], threads)
+    workers = {"tokenizer": WORKERS["tokenizer"]} if args.node_rank == 0 else {}
+    for rank in range(args.node_rank * per_node, (args.node_rank + 1) * per_node):
+        name = "scheduler" if rank == 0 else f"rank {rank}"
+        workers[name] = ("minisgl.tp_scheduler", "tp_scheduler_worker", (rank, dist_addr, env, threads))
+    return workers
+
+
+class Launcher:
+    """拉起工作进程（见 :func:`plan_workers`）并看着它们；关机时让它们全部退出。
+
+    en: Starts the worker processes (see :func:`plan_workers`) and watches them; on shutdown makes all of them exit.
     """
 
     def __init__(self, args: ServerArgs) -> None:
@@ -61,11 +88,11 @@ class Launcher:
         self.died: str | None = None
 
     def spawn_workers(self) -> None:
-        """spawn 出分词进程和调度器进程（不等它们）。
+        """spawn 出 :func:`plan_workers` 里的工作进程（不等它们）。
 
         启动时暂时忽略 SIGINT：子进程继承“忽略”，终端里的 Ctrl-C 只由启动器处理，由它有序地关掉大家。
 
-        en: Spawn the tokenizer and scheduler processes (without waiting for them).
+        en: Spawn the worker processes of :func:`plan_workers` (without waiting for them).
 
         SIGINT is ignored while they start: the children inherit "ignore", so a Ctrl-C in the terminal is handled by the
         launcher alone, which then shuts everyone down in order.
@@ -73,22 +100,23 @@ class Launcher:
         ctx = multiprocessing.get_context("spawn")
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            for name, (module, entry) in WORKERS.items():
+            for name, (module, entry, extra) in plan_workers(self.args).items():
                 here, there = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=ByName(module, entry), args=(self.args, self.addrs, there), name=f"minisgl-{name}", daemon=False)
+                proc = ctx.Process(target=ByName(module, entry), args=(self.args, self.addrs, there, *extra),
+                                   name=f"minisgl-{name.replace(' ', '')}", daemon=False)
                 proc.start()
                 there.close()
                 self.procs[name], self.pipes[name] = proc, here
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def wait_ready(self) -> dict[str, Any]:
-        """等两个工作进程都经管道报告 ``("ready", 信息)``；返回调度器的信息（max_seq_len 等）。报告了错误、
+    def wait_ready(self) -> dict[str, dict[str, Any]]:
+        """等每个工作进程都经管道报告 ``("ready", 信息)``；返回名字 → 信息（调度器的有 max_seq_len 等）。报告了错误、
         没报告就退出了、或者超时：抛 RuntimeError，说清是哪个进程、为什么。
 
-        en: Wait until both workers report ``("ready", info)`` through their pipes; return the scheduler's info
-        (max_seq_len and so on). One that reports an error, exits without reporting or times out raises RuntimeError
-        saying which process and why.
+        en: Wait until every worker reports ``("ready", info)`` through its pipe; return name → info (the scheduler's
+        has max_seq_len and so on). One that reports an error, exits without reporting or times out raises
+        RuntimeError saying which process and why.
         """
         infos: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -110,7 +138,7 @@ class Launcher:
                 if kind != "ready":
                     raise RuntimeError(tr("The {name} process cannot start: {why}", name=name, why=payload))
                 infos[name] = dict(payload or {})
-        return infos["scheduler"]
+        return infos
 
     def watch(self, on_death: Callable[[str], None]) -> threading.Thread:
         """后台线程：有工作进程退出（而不是在关机）就调用 ``on_death(原因)``。
@@ -152,6 +180,9 @@ class Launcher:
         tokenizer = self.procs.get("tokenizer")
         if tokenizer is not None and tokenizer.is_alive():
             tokenizer.terminate()
+        if scheduler is None:  # 别的节点：它的秩等不到节点 0 的退出消息了 | en: another node: its ranks will not get node 0's exit message
+            for proc in self.procs.values():
+                proc.terminate()
         for proc in self.procs.values():
             stop_process(proc, SHUTDOWN_WAIT_S)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
@@ -193,6 +224,52 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_tp(args: ServerArgs) -> str | None:
+    """``--tp N`` 切不开这个模型时的说明（说出哪些大小行得通），在起任何进程之前；切得开就是 None。
+
+    en: Why ``--tp N`` cannot split this model (naming the sizes that work), before any process starts; None when it
+    can.
+    """
+    if args.tp_size == 1:
+        return None
+    from minisgl.models import ModelConfig
+    from minisgl.tensor_parallel import check_tp_split
+
+    try:
+        check_tp_split(ModelConfig.from_hf(args.model_path), args.tp_size)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def serve_node(launcher: Launcher) -> int:
+    """节点 1、2……：只起本节点的秩，它们从节点 0 的秩 0 收消息；不开 HTTP。秩都正常退出（节点 0 关机时转来的
+    ``ExitMsg``）就返回 0，有一个出错退出就停掉其余的、返回 1。
+
+    en: Nodes 1, 2, ...: start only this node's ranks, which receive from rank 0 on node 0; no HTTP. Return 0 when the
+    ranks all exit normally (the ``ExitMsg`` passed on when node 0 shuts down), or stop the others and return 1 when one
+    exits with an error.
+    """
+    args = launcher.args
+    print(tr("Node {node} of {nnodes}: starting ranks {ranks} for {model}; node 0 serves HTTP ...", node=args.node_rank,
+             nnodes=args.nnodes, ranks=", ".join(n.removeprefix("rank ") for n in plan_workers(args)), model=args.model_path),
+          flush=True)
+    launcher.spawn_workers()
+    launcher.wait_ready()
+    print(tr("Node {node} ready", node=args.node_rank), flush=True)
+    procs = list(launcher.procs.items())
+    while procs:
+        wait([p.sentinel for _, p in procs])
+        for name, proc in [(n, p) for n, p in procs if not p.is_alive()]:
+            procs.remove((name, proc))
+            if proc.exitcode != 0:
+                launcher.died = tr("The {name} process died (exit code {code}); the server cannot answer any more",
+                                   name=name, code=proc.exitcode)
+                print(launcher.died, file=sys.stderr, flush=True)
+                return 1
+    return 0
+
+
 def launch(argv: list[str] | None = None) -> int:
     """``python -m minisgl`` 的主体：起工作进程、等就绪、监听、服务；返回退出码（工作进程死了是 1）。
 
@@ -205,13 +282,18 @@ def launch(argv: list[str] | None = None) -> int:
     if (problem := check_model_dir(args.model_path)) is not None:
         print(tr("Error: {error}", error=problem), file=sys.stderr, flush=True)
         return 1
+    if (problem := check_tp(args)) is not None:
+        print(tr("Error: {error}", error=problem), file=sys.stderr, flush=True)
+        return 1
     offline_hub()
+    sock = None
     try:
-        sock = _listen(args.host, args.port)
+        if args.node_rank == 0:  # 只有节点 0 开 HTTP | en: only node 0 serves HTTP
+            sock = _listen(args.host, args.port)
     except OSError as e:
         print(tr("Error: {error}", error=port_problem(args.host, args.port, e)), file=sys.stderr, flush=True)
         return 1
-    set_process_name("msgl-api-server")
+    set_process_name("msgl-api-server" if sock is not None else "msgl-node")
     launcher = Launcher(args)
     stop_requested = threading.Event()
 
@@ -222,13 +304,15 @@ def launch(argv: list[str] | None = None) -> int:
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if sock is None:
+            return serve_node(launcher)
         print(tr("Starting the tokenizer and scheduler processes for {model} ...", model=args.model_path), flush=True)
         launcher.spawn_workers()
         # 工作进程加载模型的同时导入 API 服务器（连带 torch）
         # en: import the API server (torch along with it) while the workers load the model
         from minisgl.api_server import ServerState, create_app
 
-        info = launcher.wait_ready()
+        info = launcher.wait_ready()["scheduler"]
         print(tr("Ready: context {max_seq_len} tokens, {num_pages} KV pages, {slots} request slots",
                  max_seq_len=info.get("max_seq_len"), num_pages=info.get("num_pages"), slots=info.get("max_running_req")),
               flush=True)
@@ -259,7 +343,8 @@ def launch(argv: list[str] | None = None) -> int:
         launcher.died = launcher.died or str(e)
     finally:
         stop_requested.set()
-        sock.close()
+        if sock is not None:
+            sock.close()
         print(tr("Shutting down ..."), flush=True)
         launcher.shutdown()
         for sig, handler in old.items():

@@ -1,5 +1,192 @@
-"""离线接口 ``LLM``：最后一章（重叠调度）之后的完整引擎。"""
+"""离线接口 ``LLM``：最后一章（重叠调度）之后的完整引擎；``LLM(path, tp_size=N)`` 把模型切给 N 个秩，得到
+:class:`TPLLM`。
 
+``tp_size > 1`` 时本进程不加入任何进程组，也不改自己的线程数：它 spawn N 个秩进程，每个秩跑第 4.3 章的
+``TPScheduler``（切开的引擎、按 uid 解码），每次 ``generate`` 把同一份参数发给每个秩，大家走同样的步，结果从秩 0
+拿回来。坏的输入在每个秩上同样地被拒绝，异常原样抛给调用者，秩们留着接着用；一个秩死了就停掉全部秩并报错。
+
+en: The offline interface ``LLM``: the complete engine after the final chapter (overlap scheduling);
+``LLM(path, tp_size=N)`` splits the model over N ranks and gives a :class:`TPLLM`.
+
+With ``tp_size > 1`` this process joins no process group and keeps its thread count: it spawns N rank processes, each
+running chapter 4.3's ``TPScheduler`` (the split engine, decoding in uid order); each ``generate`` sends the same
+arguments to every rank, they all take the same steps, and the result comes back from rank 0. Bad input is refused the
+same way on every rank, the exception is raised to the caller as it was, and the ranks stay for the next call; if a rank
+dies, all ranks are stopped and an error is raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import pickle
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from minisgl.i18n import tr
 from minisgl.overlap import LLM
+from minisgl.ranks import RANKS_TIMEOUT_S, RankFailed, free_port, rank_env, stop_process
 
-__all__ = ["LLM"]
+__all__ = ["LLM", "TPLLM"]
+
+
+def _plain(params: Any) -> Any:
+    """采样参数 → 普通的字典（章节的类按选择规则加载，按名字 pickle 不了）；单个、列表或 None。
+
+    en: Sampling parameters → plain dicts (the chapters' classes are loaded by the selection rules and cannot be pickled
+    by name); one, a list or None.
+    """
+    if params is None:
+        return None
+    if isinstance(params, (list, tuple)):
+        return [_plain(p) for p in params]
+    return dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params
+
+
+def _sampling_params(plain: Any) -> Any:
+    """:func:`_plain` 的逆，在秩进程里。
+
+    en: The inverse of :func:`_plain`, in the rank process.
+    """
+    from minisgl.core import SamplingParams
+
+    if isinstance(plain, list):
+        return [_sampling_params(p) for p in plain]
+    return SamplingParams(**plain) if isinstance(plain, dict) else plain
+
+
+def _tp_rank(rank: int, tp_size: int, addr: str, model_path: str, dtype: Any, kwargs: dict[str, Any],
+             env: dict[str, str], threads: int, conn: Connection) -> None:
+    """一个秩进程：加入进程组、建 ``TPScheduler``，然后按收到的命令一次次 ``generate``，直到 ``None``。
+
+    en: One rank process: join the process group, build a ``TPScheduler``, then ``generate`` for each command received
+    until ``None``.
+    """
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        from minisgl.distributed import DistributedInfo, destroy_distributed, init_distributed
+        from minisgl.tp_scheduler import TPScheduler, rank_device
+
+        device = rank_device(kwargs.pop("device", "auto"), rank)
+        init_distributed(DistributedInfo(rank, tp_size), addr, device)
+        sched = TPScheduler(model_path, dtype, device=str(device), **kwargs)
+    except BaseException:  # noqa: BLE001 - 带回父进程 | en: goes back to the parent
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ready", {"max_seq_len": sched.max_seq_len}))
+    try:
+        while (command := pickle.loads(conn.recv_bytes())) is not None:
+            prompts, params = command
+            try:
+                result = sched.generate(prompts, _sampling_params(params))
+            except (TypeError, ValueError) as err:  # 坏的输入：每个秩都一样地拒绝 | en: bad input: refused alike on every rank
+                conn.send(("raised", err))
+            else:
+                conn.send(("ok", result if rank == 0 else None))
+    except EOFError:
+        pass
+    finally:
+        sched.shutdown()
+        destroy_distributed()
+
+
+class TPLLM:
+    """``LLM(path, tp_size=N)``：N 个 spawn 出来的秩进程，每个跑整个调度器；本进程只发命令、收秩 0 的结果。
+    用完 ``shutdown()``（或 ``with``）。
+
+    en: ``LLM(path, tp_size=N)``: N spawned rank processes, each running the whole scheduler; this process only sends
+    commands and receives rank 0's results. ``shutdown()`` when done (or use ``with``).
+    """
+
+    def __init__(self, model_path: str, dtype: Any = None, *, tp_size: int, timeout: float = RANKS_TIMEOUT_S,
+                 **kwargs: Any) -> None:
+        if tp_size < 1:
+            raise ValueError(tr("tp_size must be at least 1, got {tp}", tp=tp_size))
+        self.tp_size = tp_size
+        self.timeout = timeout
+        ctx = multiprocessing.get_context("spawn")
+        addr = f"127.0.0.1:{free_port()}"
+        threads = max(1, len(os.sched_getaffinity(0)) // tp_size)
+        env = rank_env("127.0.0.1", threads)
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.conns: list[Connection] = []
+        for rank in range(tp_size):
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_tp_rank, args=(rank, tp_size, addr, str(model_path), dtype, kwargs, env, threads,
+                                                      there), name=f"minisgl-rank{rank}", daemon=True)
+            proc.start()
+            there.close()
+            self.procs.append(proc)
+            self.conns.append(here)
+        self.max_seq_len = self._collect("ready")[0]["max_seq_len"]
+
+    def _collect(self, expected: str) -> list[Any]:
+        """每个秩的下一条回答；一个秩出错、死掉或超时就停掉全部秩，抛 :class:`RankFailed`；坏输入的异常原样抛出。
+
+        en: Each rank's next answer; if a rank fails, dies or times out, stop all ranks and raise :class:`RankFailed`;
+        the exception of bad input is raised as it was.
+        """
+        answers: dict[int, tuple[str, Any]] = {}
+        waiting = {conn: rank for rank, conn in enumerate(self.conns)}
+        try:
+            while waiting:
+                ready = wait(list(waiting), timeout=self.timeout)
+                if not ready:
+                    raise RankFailed(tr("Ranks {ranks} did not finish within {seconds:.0f} s",
+                                        ranks=sorted(waiting.values()), seconds=self.timeout), sorted(waiting.values()))
+                for conn in ready:
+                    rank = waiting.pop(conn)  # type: ignore[call-overload]
+                    try:
+                        answers[rank] = conn.recv()  # type: ignore[union-attr]
+                    except EOFError:
+                        self.procs[rank].join(1.0)
+                        raise RankFailed(tr("Rank {rank} died without a result (exit code {code})", rank=rank,
+                                            code=self.procs[rank].exitcode), [rank]) from None
+                    if answers[rank][0] == "error":
+                        raise RankFailed(tr("Rank {rank} failed:\n{error}", rank=rank, error=answers[rank][1]), [rank])
+        except BaseException:
+            self.shutdown()
+            raise
+        if answers[0][0] == "raised":
+            raise answers[0][1]
+        assert all(kind == expected for kind, _ in answers.values())
+        return [answers[rank][1] for rank in range(self.tp_size)]
+
+    def generate(self, prompts: Any, sampling_params: Any = None) -> list[dict[str, Any]]:
+        """与 ``LLM.generate`` 相同：每个提示词的 ``{"text": ..., "token_ids": [...]}``，按输入顺序。
+
+        en: The same as ``LLM.generate``: ``{"text": ..., "token_ids": [...]}`` for each prompt, in input order.
+        """
+        if not self.conns:
+            raise RuntimeError(tr("This LLM has been shut down"))
+        data = pickle.dumps((prompts, _plain(sampling_params)))  # 一次编码，每个秩收到同样的字节 | en: encoded once: every rank gets the same bytes
+        for conn in self.conns:
+            conn.send_bytes(data)
+        return self._collect("ok")[0]
+
+    def shutdown(self) -> None:
+        """让每个秩退出（不退的 SIGTERM，再 SIGKILL），一个进程也不留下。
+
+        en: Make every rank exit (SIGTERM if one does not, then SIGKILL), leaving no process behind.
+        """
+        for conn in self.conns:
+            try:
+                conn.send_bytes(pickle.dumps(None))
+            except OSError:
+                pass
+        for proc in self.procs:
+            stop_process(proc)
+        for conn in self.conns:
+            conn.close()
+        self.conns, self.procs = [], []
+
+    def __enter__(self) -> TPLLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

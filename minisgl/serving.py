@@ -55,6 +55,13 @@ class ServerArgs:
     max_total_tokens: int | None = None
     max_seq_len: int | None = None
     memory_ratio: float | None = None
+    # 张量并行：几个秩（跨所有节点），几个节点，本节点是第几个，集合点 HOST:PORT（多节点时必须给）
+    # en: tensor parallelism: how many ranks (over all nodes), how many nodes, which node this is, the rendezvous
+    # en: HOST:PORT (required with several nodes)
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
 
     def scheduler_kwargs(self) -> dict[str, Any]:
         """交给调度器（``LLM(model_path, **kw)``）的关键字参数：只给设置了的那些。
@@ -100,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help=tr("cpu, cuda or auto"))
     p.add_argument("--api-key", default=None, help=tr("require Authorization: Bearer <key> on /v1/* and /generate"))
     p.add_argument("--served-model-name", dest="model_name", default=None, help=tr("the name in /v1/models (default: the model folder's name)"))
+    p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
+                   help=tr("tensor parallelism: split the model over this many ranks (over all nodes)"))
+    p.add_argument("--nnodes", type=int, default=1, help=tr("the number of nodes (machines) the ranks are spread over"))
+    p.add_argument("--node-rank", type=int, default=0, help=tr("which node this launch is (0 serves HTTP)"))
+    p.add_argument("--dist-init-addr", default=None,
+                   help=tr("HOST:PORT of node 0 where the ranks meet (required with --nnodes > 1; default: a free port on 127.0.0.1)"))
     return p
 
 
@@ -117,7 +130,31 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error(tr("give --num-pages or --max-total-tokens, not both"))
     if values["max_total_tokens"] is not None and values["max_total_tokens"] < max(values["page_size"], 1):
         parser.error(tr("--max-total-tokens must be at least the page size ({page_size})", page_size=values["page_size"]))
+    for problem in tp_problems(values["tp_size"], values["nnodes"], values["node_rank"], values["dist_init_addr"]):
+        parser.error(problem)
     return ServerArgs(**values)
+
+
+def tp_problems(tp_size: int, nnodes: int, node_rank: int, dist_init_addr: str | None) -> list[str]:
+    """张量并行与多节点参数里说不通的地方，一条一句。
+
+    en: What does not add up in the tensor-parallel and multi-node flags, one sentence each.
+    """
+    problems = []
+    if tp_size < 1 or nnodes < 1:
+        problems.append(tr("--tp and --nnodes must be at least 1, got {tp} and {nnodes}", tp=tp_size, nnodes=nnodes))
+    elif tp_size % nnodes:
+        problems.append(tr("--tp {tp} does not split evenly over --nnodes {nnodes}", tp=tp_size, nnodes=nnodes))
+    if not 0 <= node_rank < max(nnodes, 1):
+        problems.append(tr("--node-rank must be in 0..{last}, got {rank}", last=max(nnodes, 1) - 1, rank=node_rank))
+    if nnodes > 1 and dist_init_addr is None:
+        problems.append(tr("--nnodes {nnodes} needs --dist-init-addr HOST:PORT (node 0's address, the same in every launch)",
+                           nnodes=nnodes))
+    if dist_init_addr is not None:
+        host, _, port = dist_init_addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            problems.append(tr("--dist-init-addr must be HOST:PORT, got {addr!r}", addr=dist_init_addr))
+    return problems
 
 
 def check_model_dir(model_path: str) -> str | None:

@@ -21,7 +21,8 @@
 
 派生本章 ``Scheduler`` 的调度器只改它新增能力的那几处，经由这些接口（约定写在各自的文档字符串里）：
 
-- 部件：``_make_cache_manager``、``prefill_adder_cls``、``supported_cache_types``、``reserved_tokens``、``pages_in_use``；
+- 部件：``engine_cls``、``decode_manager_cls``、``_make_cache_manager``、``prefill_adder_cls``、``supported_cache_types``、
+  ``reserved_tokens``、``pages_in_use``；
 - 一步算什么：``_schedule_next_batch``、``_samples_output``、``PrefillAdder._add_one_req`` 的 ``req_cls`` / ``end``；
 - 怎么算：``step``、``_forward``；
 - 请求了结：``_end`` 是唯一的地方（生成完、EOS、取消都经过它），资源经 ``_release_req`` → ``_free_req_resources``
@@ -54,8 +55,8 @@ To learn each request's results, use ``llm.add_result_listener(fn)``; to see wha
 A scheduler derived from this chapter's ``Scheduler`` changes only the places its new feature touches, through these
 hooks (their contracts are in their docstrings):
 
-- parts: ``_make_cache_manager``, ``prefill_adder_cls``, ``supported_cache_types``, ``reserved_tokens``,
-  ``pages_in_use``;
+- parts: ``engine_cls``, ``decode_manager_cls``, ``_make_cache_manager``, ``prefill_adder_cls``,
+  ``supported_cache_types``, ``reserved_tokens``, ``pages_in_use``;
 - what a step computes: ``_schedule_next_batch``, ``_samples_output``, the ``req_cls`` / ``end`` parameters of
   ``PrefillAdder._add_one_req``;
 - how it is computed: ``step``, ``_forward``;
@@ -263,6 +264,8 @@ class Scheduler:
     #: en: The prefix-cache kinds this chapter supports; the first is the default.
     supported_cache_types: tuple[str, ...] = ("naive",)
     prefill_adder_cls: type[PrefillAdder] = PrefillAdder
+    engine_cls: type[Engine] = Engine
+    decode_manager_cls: type[DecodeManager] = DecodeManager
 
     def __init__(self, model_path: str, dtype: torch.dtype | None = None, **kwargs: Any) -> None:
         config = SchedulerConfig(model_path=str(model_path), dtype=dtype, **kwargs)
@@ -270,7 +273,7 @@ class Scheduler:
         validate_config(config)
         self.config = config
         engine_fields = {f.name: getattr(config, f.name) for f in fields(EngineConfig)}
-        self.engine = Engine(EngineConfig(**engine_fields))
+        self.engine = self.engine_cls(EngineConfig(**engine_fields))
         self.device = self.engine.device
         self.page_size = config.page_size
         self.page_table: torch.Tensor = self.engine.page_table
@@ -284,7 +287,7 @@ class Scheduler:
         self.table_manager = TableManager(self.max_running_req)
         self.cache_manager = self._make_cache_manager()
         self.prefill_manager = PrefillManager()
-        self.decode_manager = DecodeManager()
+        self.decode_manager = self.decode_manager_cls()
         self.prefill_budget = config.max_extend_tokens
         self.status: dict[int, RequestStatus] = {}
         self.tracer = StepTracer(self.device)

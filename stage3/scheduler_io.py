@@ -63,7 +63,7 @@ import signal
 import sys
 import warnings
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import zmq
@@ -287,30 +287,43 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> None:
-    """调度器进程的入口（启动器用 spawn 启动它）。
+    """调度器进程的入口（启动器用 spawn 启动它）：建本章的调度器、接上套接字，交给 :func:`serve_scheduler`。
 
-    建调度器、接上套接字，然后通过 ``ready`` 报告 ``("ready", 信息)``（起不来就报 ``("error", 原因)`` 并以 1 退出），
-    一直服务到 ``ExitMsg`` 或 SIGTERM / SIGINT；最后关掉套接字（linger 0）、关掉引擎，以 0 退出。
-
-    en: The scheduler process's entry point (the launcher starts it with spawn).
-
-    Build the scheduler and attach the sockets, then report ``("ready", info)`` through ``ready`` (or ``("error",
-    reason)`` and exit with 1 if it cannot start), serve until an ``ExitMsg`` or SIGTERM / SIGINT; finally close the
-    sockets (linger 0), shut the engine down and exit with 0.
+    en: The scheduler process's entry point (the launcher starts it with spawn): build this chapter's scheduler, attach
+    the sockets, and hand it to :func:`serve_scheduler`.
     """
     set_process_name("msgl-scheduler")
+
+    def build() -> Scheduler:
+        sched = Scheduler(args.model_path, **args.scheduler_kwargs())
+        try:
+            sched.connect(addrs)
+        except BaseException:
+            sched.close()
+            raise
+        return sched
+
+    serve_scheduler(build, ready)
+
+
+def serve_scheduler(build: Callable[[], Scheduler], ready: Connection) -> None:
+    """一个调度器进程的一生：``build()`` 建好调度器并接上套接字，然后通过 ``ready`` 报告 ``("ready", 信息)``（起不来
+    就报 ``("error", 原因)`` 并以 1 退出），一直服务到 ``ExitMsg`` 或 SIGTERM / SIGINT；最后关掉套接字（linger 0）、
+    关掉引擎，以 0 退出。
+
+    en: A scheduler process's life: ``build()`` makes the scheduler and attaches its sockets, then it reports
+    ``("ready", info)`` through ``ready`` (or ``("error", reason)`` and exits with 1 if it cannot start), serves until an
+    ``ExitMsg`` or SIGTERM / SIGINT; finally it closes the sockets (linger 0), shuts the engine down and exits with 0.
+    """
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
     sched: Scheduler | None = None
     try:
         try:
-            sched = Scheduler(args.model_path, **args.scheduler_kwargs())
-            sched.connect(addrs)
+            sched = build()
         except Exception as err:
             ready.send(("error", tr("The scheduler could not start: {error}", error=f"{type(err).__name__}: {err}")))
             ready.close()
-            if sched is not None:
-                sched.close()
             sys.exit(1)
         ready.send(("ready", sched.server_info()))
         ready.close()

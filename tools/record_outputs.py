@@ -62,6 +62,7 @@ EXAMPLES: dict[str, Example] = {
     # 进程号、命令行每次都不同，整行跳过 | en: pids and command lines differ every run: skip those lines
     "stage3_milestone": Example("examples/stage3_milestone.py", volatile=(r"^\s+pid\s+\d+", r"^\s+(流式输出时|while streaming)"),
                                 timeout=1800),
+    "stage4_milestone": Example("examples/stage4_milestone.py"),
     # 各章的小示例（examples/chapters/），每章页面的“运行结果”来自这里
     "core": Example("examples/chapters/core.py"),
     "layers": Example("examples/chapters/layers.py"),
@@ -80,6 +81,7 @@ EXAMPLES: dict[str, Example] = {
     "api_server": Example("examples/chapters/api_server.py"),
     "distributed": Example("examples/chapters/distributed.py"),
     "tensor_parallel": Example("examples/chapters/tensor_parallel.py"),
+    "tp_scheduler": Example("examples/chapters/tp_scheduler.py"),
 }
 
 _UNIT = r"(?:ms|s|秒|毫秒|tok/s|token/s|tokens/s|it/s|GB/s|MB/s|GB|GiB|MB|MiB|KB|KiB|%)"

@@ -46,6 +46,12 @@ def test_real_run_order_and_budget() -> None:
             assert step.command[step.command.index("--device") + 1] == "cuda" and "--without-smollm2" in step.command
             assert "--collect-only" not in step.command
     assert all("SmolLM2" in s.detail for s in steps if "pytest" in s.command and "checks/gpu" not in s.command)
+    assert not any("stage4_milestone.py" in c for c in commands), tr("With one GPU there is no TP=2 step (its reason is printed instead)")
+    two = gpu_check.check_steps("python", have_smollm2=False, bench=False, gpus=2)
+    tp = [s for s in two if "examples/stage4_milestone.py" in s.command]
+    assert len(tp) == 1 and tp[0].command[tp[0].command.index("--device") + 1] == "cuda" and "2" in gpu_check.tp_skip_reason(1), tr(
+        "With 2 GPUs the stage 4 milestone runs at TP=2 on CUDA")
+    assert gpu_check.plan_budget(two) <= ONE_RUN_SECONDS
     with_bench = gpu_check.check_steps("python", have_smollm2=True, bench=True)
     assert all("--without-smollm2" not in s.command for s in with_bench) and "bench/gpu.py" in with_bench[-1].command
     for plan in (steps, with_bench):
@@ -55,7 +61,7 @@ def test_real_run_order_and_budget() -> None:
 
 
 def test_dry_run_plan_is_the_same_steps_on_cpu() -> None:
-    real = gpu_check.check_steps("python", have_smollm2=True, bench=False)
+    real = gpu_check.check_steps("python", have_smollm2=True, bench=False, gpus=2)
     dry = gpu_check.check_steps("python", have_smollm2=True, bench=False, dry_run=True)
     assert len(dry) == len(real) and all(d.timeout == r.timeout for d, r in zip(dry, real))
     assert all(s.env["MINISGL_DEVICE"] == "cpu" for s in dry)

@@ -15,6 +15,7 @@ runs the skeleton. No chapter module (``minisgl.api_server`` and so on) is impor
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import time
@@ -128,6 +129,40 @@ class Server(ServerProcess):
                 pytest.fail(tr("Waited {timeout:.0f} s for /metrics to show {what}; last seen: {metrics}",
                                timeout=timeout, what=what, metrics=shown), pytrace=False)
             time.sleep(0.05)
+
+
+def send_request(server: Server, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> http.client.HTTPConnection:
+    """发出一个 POST 就返回连接，不等回答（之后 ``getresponse()`` 读一部分、或直接 ``close()`` = 客户端断开）。
+
+    en: Send a POST and return the connection without waiting for the answer (later ``getresponse()`` and read part of
+    it, or just ``close()`` = the client disconnects).
+    """
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=60)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
+    return conn
+
+
+def read_events(resp: http.client.HTTPResponse, n: int) -> list[str]:
+    """从流式回答里读 ``n`` 个 ``data:`` 事件（读到结尾就少于 ``n`` 个）。
+
+    en: Read ``n`` ``data:`` events from a streamed answer (fewer if the answer ends first).
+    """
+    out: list[str] = []
+    while len(out) < n and (line := resp.readline()):
+        if line.startswith(b"data: "):
+            out.append(line[len(b"data: "):].decode().rstrip("\n"))
+    return out
+
+
+def idle(m: dict[str, float]) -> bool:
+    """空闲：调度器没有请求、页面全部空闲（检查服务器不用前缀缓存）、API 服务器没有在等的请求、也没有还没返回的处理函数。
+
+    en: Idle: no request in the scheduler, every page free (the checks' server has no prefix cache), no request the API
+    server waits on, and no handler that has not returned.
+    """
+    return (m["minisgl_running_requests"] == 0 and m["minisgl_waiting_requests"] == 0 and m["minisgl_kv_pages_used"] == 0
+            and m["minisgl_active_requests"] == 0 and m["minisgl_http_requests_in_flight"] == 0)
 
 
 def start_server(*args: str, env: dict[str, str] | None = None) -> Server:

@@ -1,15 +1,16 @@
 """第 4.2 章 tensor_parallel 的检查：先在本进程里看哪些 ``tp`` 切得开（切不开时在加载之前报错，并说出行得通的大小）；
 再起两个真的秩（gloo，整个模块一次）：每种切开的层都等于没切的那层（按列切的合并层、KV 头切开和复制的 q/k/v、
 按行切的层只加一次偏置、词表切开的嵌入），整个模型在 TP=2 上贪心生成的 token 与 Hugging Face 逐个相同，每步正好
-``2 × 层数 + 1`` 次 all_reduce 和 1 次 all_gather，每个秩只存大约一半的权重；最后 SmolLM2（9 个头）在 TP=3 上也与
-Hugging Face 相同。
+``2 × 层数 + 1`` 次 all_reduce 和 1 次 all_gather，每个秩只存大约一半的权重，各秩看到的内存不同时 KV 页数取最小值；
+最后 SmolLM2（9 个头）在 TP=3 上也与 Hugging Face 相同。
 
 en: Checks of chapter 4.2 tensor_parallel: first, in this process, which ``tp`` split (refused before loading when one
 does not, naming the sizes that work); then two real ranks (gloo, once for the module): every split layer equals the
 unsplit one (the merged column-parallel layer, q/k/v with KV heads split and copied, the row-parallel layer adding its
 bias once, the vocabulary-split embedding), the whole model at TP=2 generates greedily exactly Hugging Face's tokens,
-each step makes exactly ``2 × layers + 1`` all_reduce and 1 all_gather, each rank stores about half of the weights; last,
-SmolLM2 (9 heads) at TP=3 matches Hugging Face too.
+each step makes exactly ``2 × layers + 1`` all_reduce and 1 all_gather, each rank stores about half of the weights,
+ranks that see different memory take the smallest KV page count; last, SmolLM2 (9 heads) at TP=3 matches Hugging Face
+too.
 """
 
 from __future__ import annotations
@@ -145,6 +146,32 @@ def refuse_steps(model_path: str, out: dict[str, Any]) -> None:
     run_step(out, "refuse", refuse)
 
 
+def pages_steps(rank: int, tiny: str, out: dict[str, Any]) -> None:
+    from minisgl.engine import Engine, EngineConfig
+    from minisgl.tensor_parallel import TPEngine
+
+    class Skewed(TPEngine):
+        """秩 1 看到的空闲内存只有秩 0 的万分之一：各秩自己算出的页数不同。
+
+        en: Rank 1 sees a ten-thousandth of rank 0's free memory: the ranks work out different page counts themselves.
+        """
+
+        def _determine_num_pages(self, free_before: int, model_bytes: int) -> int:
+            seen = free_before if rank == 0 else model_bytes + (free_before - model_bytes) // 10_000
+            self.own = Engine._determine_num_pages(self, seen, model_bytes)
+            return super()._determine_num_pages(seen, model_bytes)
+
+    def agree() -> dict[str, int]:
+        engine = Skewed(EngineConfig(tiny, dtype=torch.float32, device="cpu", max_running_req=64, memory_ratio=1.0,
+                                     max_seq_len_override=4096))
+        try:
+            return {"own": engine.own, "agreed": engine.num_pages}
+        finally:
+            engine.shutdown()
+
+    run_step(out, "pages", agree)
+
+
 def two_rank_scenario(rank: int, world_size: int, addr: str, tiny: str, smol: str) -> dict[str, Any]:
     from minisgl.distributed import DistributedInfo, destroy_distributed, init_distributed
 
@@ -154,6 +181,7 @@ def two_rank_scenario(rank: int, world_size: int, addr: str, tiny: str, smol: st
         layer_steps(rank, out)
         engine_steps(tiny, LATER_PROMPTS, out)
         refuse_steps(smol, out)
+        pages_steps(rank, tiny, out)
         destroy_distributed()
     return out
 
@@ -264,9 +292,10 @@ def test_tp2_generates_hugging_faces_tokens(ranks: list[dict[str, Any]], tiny_pa
 def test_each_step_communicates_twice_per_layer_plus_embedding_and_head(ranks: list[dict[str, Any]]) -> None:
     for rank, got in enumerate(step(ranks, "generate")):
         steps = LATER_TOKENS  # 一次预填充 + LATER_TOKENS - 1 次解码 | en: one prefill + LATER_TOKENS - 1 decodes
-        expect(got["calls"], {"all_reduce": steps * (2 * got["layers"] + 1), "all_gather": steps},
+        expect(got["calls"], {"all_reduce": steps * (2 * got["layers"] + 1), "all_gather": steps, "agree_min": 1},
                tr("Rank {rank}: {steps} forward steps of {layers} layers: 2 all_reduce per layer + 1 for the embedding, "
-                  "1 all_gather for the LM head, per step", rank=rank, steps=steps, layers=got["layers"]))
+                  "1 all_gather for the LM head, per step; and the KV page count agreed once when the engine is built",
+                  rank=rank, steps=steps, layers=got["layers"]))
 
 
 def test_each_rank_stores_about_half(ranks: list[dict[str, Any]], tiny_path: str) -> None:
@@ -291,3 +320,11 @@ def test_smollm2_at_tp3_generates_hugging_faces_tokens(smollm2_path: str) -> Non
     results = run_ranks(three_rank_generate, 3, smollm2_path, prompts, timeout=300)
     for rank, got in enumerate(step(results, "generate")):
         expect(got["tokens"], reference, tr("Rank {rank}: greedy tokens of SmolLM2 at TP=3 equal Hugging Face's", rank=rank))
+
+
+def test_page_count_is_agreed(ranks: list[dict[str, Any]]) -> None:
+    got = step(ranks, "pages")
+    own = [g["own"] for g in got]
+    assert own[0] != own[1], tr("The check needs the ranks to see different memory, got {own}", own=own)
+    expect([g["agreed"] for g in got], [min(own)] * WORLD, tr(
+        "Ranks that work out different page counts ({own}) all take the smallest (agree_min)", own=own))

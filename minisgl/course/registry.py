@@ -88,6 +88,7 @@ BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
     Chapter("api_server", 3, 4, "API 服务器：OpenAI 兼容的 HTTP 接口与流式输出", "The API server: an OpenAI-compatible HTTP API with streaming"),
     Chapter("distributed", 4, 1, "分布式基础：进程组、通信器与集合通信", "Distributed basics: process groups, the communicator and collectives"),
     Chapter("tensor_parallel", 4, 2, "张量并行：切开的层与模型", "Tensor parallelism: split layers and a split model"),
+    Chapter("tp_scheduler", 4, 3, "多秩调度：步调一致的秩", "Multi-rank scheduling: ranks that agree"),
 )
 
 

@@ -359,8 +359,15 @@ class _Queue:
     def __init__(self, addr: str, create: bool, ctx: zmq.Context | None = None) -> None:
         self.ctx = ctx or zmq.Context.instance()
         self.socket = self.ctx.socket(self.kind)
+        self.configure()
         (self.socket.bind if create else self.socket.connect)(addr)
         self.addr = addr
+
+    def configure(self) -> None:
+        """绑定或连接之前设置套接字选项（有些选项之后再设就不算数了）。
+
+        en: Set socket options before binding or connecting (some options do not count once that is done).
+        """
 
     def close(self) -> None:
         self.socket.close(linger=0)
@@ -436,7 +443,10 @@ class ZmqSubQueue(_Queue):
 
     def __init__(self, addr: str, create: bool = False, ctx: zmq.Context | None = None) -> None:
         super().__init__(addr, create, ctx)
+
+    def configure(self) -> None:
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.socket.setsockopt(zmq.RCVHWM, 0)  # 不设上限：超过上限的消息会被悄悄丢掉 | en: no limit: messages past the limit would be dropped silently
 
     def get(self, timeout: float | None = None) -> Message | None:
         if timeout is not None and not self.socket.poll(int(timeout * 1000)):
@@ -455,8 +465,11 @@ class ZmqPubQueue(_Queue):
 
     def __init__(self, addr: str, create: bool = True, ctx: zmq.Context | None = None) -> None:
         super().__init__(addr, create, ctx)
-        self.socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # 每个订阅都报上来，而不只是第一个 | en: report every subscription, not only the first
         self.subscribers = 0
+
+    def configure(self) -> None:
+        self.socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # 每个订阅都报上来，而不只是第一个 | en: report every subscription, not only the first
+        self.socket.setsockopt(zmq.SNDHWM, 0)  # 不设上限：发布端对慢的订阅者是丢消息，而不是等 | en: no limit: a publisher drops messages for a slow subscriber rather than wait
 
     def wait_for_subscribers(self, n: int, timeout: float) -> None:
         """等 ``n`` 个订阅；超时就抛 TimeoutError（说明有订阅端没起来），而不是把消息发进黑洞。

@@ -283,3 +283,16 @@ class TPEngine(Engine):
 
     def build_model(self) -> CausalLM:
         return create_tp_model(self.model_config, self.dtype, self.device)
+
+    def _determine_num_pages(self, free_before: int, model_bytes: int) -> int:
+        """每个秩按自己看到的空闲内存算出一个页数，大家取最小的那个：页数不同，秩们就会收下不同的请求、各走各的步，
+        集合通信从此对不上。
+
+        en: Each rank works out a page count from the free memory it sees, and all take the smallest: with different
+        page counts the ranks would admit different requests and take different steps, and their collectives would no
+        longer match.
+        """
+        # >>> TASK agree_pages: 先按第 1.6 章的办法（super()）算出本秩的页数，再用通信器的 agree_min 让所有秩取最小值
+        # en: first this rank's count the chapter 1.6 way (super()), then make every rank take the smallest with the communicator's agree_min
+        return get_tp_comm().agree_min(super()._determine_num_pages(free_before, model_bytes))
+        # <<< TASK

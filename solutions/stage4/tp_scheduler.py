@@ -1,0 +1,231 @@
+"""第 4.3 章 tp_scheduler：步调一致的秩——每个秩都跑整个调度器，输入逐字节相同，只有秩 0 回话。
+
+第 4.2 章切开了模型：每一步，每个秩都得用**同样形状**的批次、按**同样顺序**调用前向，集合通信才对得上——差一个请求、
+换一个顺序，某个秩就在 ``all_reduce`` 里等一个永远不来的伙伴（或者更糟：和别的秩的另一层加在一起，算出错的数）。
+SGLang 和上游 mini-sglang 的做法：**每个秩都跑完整的调度器**，只要输入一样、决定规则是确定的，大家就做出一样的决定，
+不必在每一步互相商量批次。要一样的是：
+
+- **输入**：只有秩 0 从分词进程收消息，再把**收到的原字节**经 XPUB 转发给其余的秩（第 3.1 章的订阅握手，订阅端没到齐
+  之前不发，免得第一条消息丢掉），并在 gloo 控制组上广播“这次收了几条”：其余的秩正好取这么多条，同一次迭代看到同一批
+  消息——ZMQ 本身不保证“什么时候到”，计数把它钉在某一次迭代上；
+- **规则**：解码批次按 uid 排（不按内存地址决定的集合顺序：上游的一个问题就是 ``set`` 的顺序在各秩上不同），采样器
+  各秩同一个种子，KV 页数各秩取最小值（第 4.2 章 ``TPEngine`` 的 ``agree_min``）；
+- **输出**：只有秩 0 有去往分词进程和 API 服务器的套接字；其余的秩照样做出每个决定（取消、结束、拒绝），只是没有地方
+  可说。
+
+取消和退出也是消息，经同一条路到达每个秩：取消在每个秩上释放同样的页，退出让每个秩在同一次迭代离开。
+
+en: Chapter 4.3 tp_scheduler: ranks that agree — every rank runs the whole scheduler on byte-identical input, and only
+rank 0 answers.
+
+Chapter 4.2 split the model: at every step every rank must call the forward with a batch of **the same shape** in **the
+same order**, or the collectives no longer match — one request more, one order different, and a rank waits in
+``all_reduce`` for a partner that never comes (or worse: adds its sum to another rank's different layer and computes
+wrong numbers). SGLang and upstream mini-sglang do it like this: **every rank runs the complete scheduler**; with the
+same input and deterministic rules all of them make the same decisions, without agreeing on each batch at each step.
+What must be the same:
+
+- **the input**: only rank 0 receives from the tokenizer; it forwards **the bytes it received** to the other ranks over
+  XPUB (chapter 3.1's subscriber handshake: nothing is sent before every subscriber is there, so the first message is not
+  lost) and broadcasts "how many this time" on the gloo control group: the other ranks take exactly that many, and every
+  rank sees the same messages in the same iteration — ZMQ alone does not say *when* a message arrives, the count pins it
+  to one iteration;
+- **the rules**: the decode batch is ordered by uid (not by a set's order, which follows memory addresses: one of
+  upstream's issues was a ``set`` ordered differently on each rank), one sampler seed on every rank, and every rank
+  takes the smallest KV page count (``agree_min`` in chapter 4.2's ``TPEngine``);
+- **the output**: only rank 0 has sockets to the tokenizer and the API server; the other ranks make every decision all
+  the same (abort, finish, reject), they just have no one to tell.
+
+Aborts and exit are messages too and reach every rank the same way: an abort frees the same pages on every rank, an exit
+makes every rank leave in the same iteration.
+"""
+
+from __future__ import annotations
+
+import os
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from minisgl.core import Batch
+from minisgl.distributed import DistributedInfo, get_tp_comm, get_tp_info, init_distributed
+from minisgl.engine import resolve_device
+from minisgl.message import BaseBackendMsg, Message, ZmqPubQueue, ZmqSubQueue, deserialize, unwrap
+from minisgl.scheduler_io import Scheduler, serve_scheduler
+from minisgl.scheduling import DecodeManager
+from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
+from minisgl.tensor_parallel import TPEngine
+
+#: 秩 0 等其余的秩订阅它的 XPUB 的最长时间（秒）。
+#: en: The longest time (seconds) rank 0 waits for the other ranks to subscribe to its XPUB.
+SUBSCRIBE_TIMEOUT_S = 60.0
+
+
+class UidOrderDecodeManager(DecodeManager):
+    """正在解码的请求，批次里按 uid 排：每个秩上一样，不论它们加入的先后。
+
+    en: The decoding requests, ordered by uid in the batch: the same on every rank, whatever order they joined in.
+    """
+
+    def schedule_next_batch(self) -> Batch | None:
+        # >>> TASK decode_order: 没有正在运行的请求就返回 None；否则 Batch(reqs=按 uid 排好的 running_reqs, phase="decode")
+        # en: no running request: return None; otherwise Batch(reqs=running_reqs sorted by uid, phase="decode")
+        if not self.runnable:
+            return None
+        return Batch(reqs=sorted(self.running_reqs, key=lambda r: r.uid), phase="decode")
+        # <<< TASK
+
+
+class _Nowhere:
+    """秩 0 以外的秩“去往分词进程”的队列：什么都收下，什么都不发。
+
+    en: The "to the tokenizer" queue of ranks other than 0: takes everything, sends nothing.
+    """
+
+    def put(self, msg: Message) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TPScheduler(Scheduler):
+    """一个秩的调度器：第 3.3 章的调度器，引擎换成切开的 :class:`~minisgl.tensor_parallel.TPEngine`，
+    解码按 uid 排，消息由秩 0 收下再转给大家。先 :func:`~minisgl.distributed.init_distributed`。
+
+    en: One rank's scheduler: chapter 3.3's scheduler with the split
+    :class:`~minisgl.tensor_parallel.TPEngine`, decoding in uid order, and messages received by rank 0 and passed on to
+    all. Call :func:`~minisgl.distributed.init_distributed` first.
+    """
+
+    engine_cls = TPEngine
+    decode_manager_cls = UidOrderDecodeManager
+
+    def __init__(self, model_path: str, dtype: torch.dtype | None = None, **kwargs: Any) -> None:
+        super().__init__(model_path, dtype, **kwargs)
+        self.tp_info = get_tp_info()
+        self.comm = get_tp_comm()
+        self.pub: ZmqPubQueue | None = None  # 秩 0：把收到的字节转给其余的秩 | en: rank 0: passes the bytes on to the others
+        self.sub: ZmqSubQueue | None = None  # 其余的秩：从秩 0 收 | en: the other ranks: receive from rank 0
+
+    def connect(self, addrs: ServerAddrs, host: str = "127.0.0.1") -> None:
+        """接上套接字。秩 0：第 3.3 章的那几个，外加在 ``host`` 的一个空闲端口上开 XPUB；其余的秩：订阅它，去往分词
+        进程的队列是个空的去处。XPUB 的地址由秩 0 在控制组上广播；秩 0 等到每个秩都订阅了才返回。
+
+        en: Attach the sockets. Rank 0: chapter 3.3's, plus an XPUB on a free port of ``host``; the other ranks:
+        subscribe to it, and their queue to the tokenizer goes nowhere. Rank 0 broadcasts the XPUB's address on the
+        control group, and returns only once every rank has subscribed.
+        """
+        # >>> TASK connect: 一个秩：就是 super().connect(addrs)。否则秩 0：super().connect(addrs)，self.pub = ZmqPubQueue(f"tcp://{host}:*")（* 让 ZMQ 挑端口），地址 = pub.socket.last_endpoint.decode()；所有秩：dist.broadcast_object_list([地址或 None], src=0, group=self.comm.control)；其余的秩：self.sub = ZmqSubQueue(收到的地址)，send_tokenizer = _Nowhere()；最后秩 0 pub.wait_for_subscribers(size - 1, SUBSCRIBE_TIMEOUT_S)
+        # en: one rank: just super().connect(addrs). Otherwise rank 0: super().connect(addrs), self.pub = ZmqPubQueue(f"tcp://{host}:*") (* lets ZMQ pick the port), address = pub.socket.last_endpoint.decode(); every rank: dist.broadcast_object_list([address or None], src=0, group=self.comm.control); the other ranks: self.sub = ZmqSubQueue(the address received), send_tokenizer = _Nowhere(); finally rank 0 pub.wait_for_subscribers(size - 1, SUBSCRIBE_TIMEOUT_S)
+        if self.tp_info.size == 1:
+            super().connect(addrs)
+            return
+        endpoint: list[str | None] = [None]
+        if self.tp_info.is_primary:
+            super().connect(addrs)
+            self.pub = ZmqPubQueue(f"tcp://{host}:*")
+            endpoint = [self.pub.socket.last_endpoint.decode()]
+        dist.broadcast_object_list(endpoint, src=0, group=self.comm.control)
+        if not self.tp_info.is_primary:
+            self.sub = ZmqSubQueue(str(endpoint[0]))
+            self.send_tokenizer = _Nowhere()  # type: ignore[assignment]
+        if self.pub is not None:
+            self.pub.wait_for_subscribers(self.tp_info.size - 1, SUBSCRIBE_TIMEOUT_S)
+        # <<< TASK
+
+    def close(self) -> None:
+        super().close()
+        for queue in (self.pub, self.sub):
+            if queue is not None:
+                queue.close()
+        self.pub = self.sub = None
+
+    def send_stats(self) -> None:
+        """现状只由秩 0 报给 API 服务器（其余的秩没有去那儿的套接字）。
+
+        en: Only rank 0 reports the state to the API server (the other ranks have no socket to it).
+        """
+        if self.tp_info.is_primary:
+            super().send_stats()
+
+    def receive_msg(self, blocking: bool) -> list[BaseBackendMsg]:
+        """每个秩这次迭代收到的消息——在每个秩上都是同一批、同样的顺序。``blocking`` 在每个秩上都一样（大家一起空闲）。
+
+        en: The messages of this iteration on each rank — the same ones in the same order on every rank. ``blocking`` is
+        the same on every rank (they go idle together).
+        """
+        if self.tp_info.size == 1:
+            return super().receive_msg(blocking)
+        # >>> TASK fan_out: 秩 0：从 recv_queue.socket 收原始字节（blocking 时先 recv() 等来一帧，再 recv(zmq.NOBLOCK) 收到 zmq.Again 为止），每帧原样 pub.socket.send 出去，再把帧数放进一个 int64 张量 dist.broadcast(..., src=0, group=self.comm.control)；其余的秩：blocking 时先 sub.socket.poll() 等到第一帧（别在集合通信里空等：它会超时），再 broadcast 收下帧数，从 sub.socket 正好 recv 这么多帧；每个秩 comm.calls["broadcast"] 加一；最后每帧 deserialize 再 unwrap，按顺序返回
+        # en: rank 0: receive raw bytes from recv_queue.socket (with blocking, first recv() to wait for one frame, then recv(zmq.NOBLOCK) until zmq.Again), send each frame unchanged with pub.socket.send, then put the frame count in an int64 tensor and dist.broadcast(..., src=0, group=self.comm.control); the other ranks: with blocking, first sub.socket.poll() until the first frame is there (do not wait idle inside a collective: it times out), then broadcast to receive the count and recv exactly that many frames from sub.socket; every rank adds one to comm.calls["broadcast"]; finally deserialize and unwrap each frame, and return them in order
+        count = torch.zeros(1, dtype=torch.int64)
+        if self.tp_info.is_primary:
+            frames = [self.recv_queue.socket.recv()] if blocking else []
+            while True:
+                try:
+                    frames.append(self.recv_queue.socket.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            for frame in frames:
+                self.pub.socket.send(frame)
+            count[0] = len(frames)
+            dist.broadcast(count, src=0, group=self.comm.control)
+        else:
+            if blocking:
+                self.sub.socket.poll()
+            dist.broadcast(count, src=0, group=self.comm.control)
+            frames = [self.sub.socket.recv() for _ in range(int(count.item()))]
+        self.comm.calls["broadcast"] += 1
+        return [one for frame in frames for one in unwrap(deserialize(frame))]
+        # <<< TASK
+
+    def server_info(self) -> dict[str, Any]:
+        return {**super().server_info(), "tp_size": self.tp_info.size}
+
+
+# ----------------------------------------------------------------------------- 进程入口（给定）
+# en: ----------------------------------------------------------------------------- process entry (given)
+
+
+def rank_device(name: str, rank: int) -> torch.device:
+    """秩 ``rank`` 用的设备：CUDA 上一个秩一块 GPU（第 ``rank`` 块，设为当前设备），否则是 CPU。
+
+    en: The device of rank ``rank``: on CUDA one GPU per rank (GPU ``rank``, made the current device), else the CPU.
+    """
+    if resolve_device(name).type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    return resolve_device(name)
+
+
+def tp_scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection, rank: int, dist_addr: str,
+                        env: dict[str, str], threads: int) -> None:
+    """秩 ``rank`` 的调度器进程的入口（启动器用 spawn 启动它）：设好环境和线程数，加入进程组，建 :class:`TPScheduler`，
+    接上套接字，交给第 3.3 章的 :func:`~minisgl.scheduler_io.serve_scheduler`。``dist_addr`` 是集合点
+    ``"host:port"``，XPUB 也开在那个 host 上。
+
+    en: The entry point of rank ``rank``'s scheduler process (the launcher starts it with spawn): set the environment and
+    the thread count, join the process group, build the :class:`TPScheduler`, attach the sockets and hand it to chapter
+    3.3's :func:`~minisgl.scheduler_io.serve_scheduler`. ``dist_addr`` is the rendezvous ``"host:port"``; the XPUB opens
+    on that host too.
+    """
+    set_process_name("msgl-scheduler" if rank == 0 else f"msgl-sched-r{rank}")
+    os.environ.update(env)
+    torch.set_num_threads(threads)
+
+    def build() -> TPScheduler:
+        device = rank_device(args.device, rank)
+        init_distributed(DistributedInfo(rank, args.tp_size), dist_addr, device)
+        kwargs = {**args.scheduler_kwargs(), "device": str(device)}
+        sched = TPScheduler(args.model_path, **kwargs)
+        try:
+            sched.connect(addrs, dist_addr.rsplit(":", 1)[0])
+        except BaseException:
+            sched.close()
+            raise
+        return sched
+
+    serve_scheduler(build, ready)
