@@ -52,12 +52,13 @@ def held_by_requests(server: ServerProcess) -> float:
     return m["minisgl_kv_pages_used"] - m["minisgl_kv_pages_cached"]
 
 
-def process_lines(pid: int) -> list[str]:
+def process_lines(pid: int, show_pids: bool = True) -> list[str]:
     """服务的进程：启动器（也是 API 服务器）和它的子进程。工作进程启动时给自己起了名字（``msgl-…``），
-    另一个是 multiprocessing 用 spawn 时自带的资源跟踪进程。
+    另一个是 multiprocessing 用 spawn 时自带的资源跟踪进程。``show_pids`` 为假时只列名字（每次运行都一样）。
 
     en: The service's processes: the launcher (which is also the API server) and its children. The workers name
     themselves when they start (``msgl-…``); the other one is the resource tracker that multiprocessing's spawn brings.
+    With ``show_pids`` false only the names are listed (the same on every run).
     """
     lines = []
     for p in [pid, *sorted(child_pids(pid))]:
@@ -67,7 +68,7 @@ def process_lines(pid: int) -> list[str]:
         except OSError:
             continue
         role = tr("multiprocessing's resource tracker") if b"resource_tracker" in cmd else ""
-        lines.append(f"    pid {p:>7}  {comm:<16} {role}".rstrip())
+        lines.append((f"    pid {p:>7}  " if show_pids else "    ") + f"{comm:<16} {role}".rstrip())
     return lines
 
 

@@ -27,6 +27,7 @@ and online.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,12 @@ import torch
 from openai import OpenAI
 
 from minisgl import model_zoo
-from minisgl.harness import ServerProcess, child_pids
+from minisgl.harness import ServerProcess
 from minisgl.i18n import tr
+from minisgl.paths import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "examples"))
+from stage3_milestone import process_lines  # noqa: E402 - 同样的进程清单 | en: the same process list
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def add(a, b):"]
 NEW_TOKENS = 12
@@ -75,23 +80,6 @@ def milestone_rank(rank: int, world_size: int, addr: str, model_path: str, devic
     sched.shutdown()
     destroy_distributed()
     return seen
-
-
-def process_lines(pid: int) -> list[str]:
-    """服务的进程和它们给自己起的名字。
-
-    en: The service's processes and the names they gave themselves.
-    """
-    lines = []
-    for p in [pid, *sorted(child_pids(pid))]:
-        try:
-            comm = Path(f"/proc/{p}/comm").read_text().strip()
-            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
-        except OSError:
-            continue
-        role = tr("multiprocessing's resource tracker") if b"resource_tracker" in cmd else ""
-        lines.append(f"    {comm:<16} {role}".rstrip())
-    return lines
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -173,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(tr("   a stream dropped after 8 pieces: KV pages in use {idle:.0f} before, {back:.0f} after",
                  idle=idle, back=back))
         print(tr("   the processes of the service:"))
-        print("\n".join(process_lines(server.proc.pid)))
+        print("\n".join(process_lines(server.proc.pid, show_pids=False)))
     results["left_behind"] = server.left_behind
     print(tr("   stopped with Ctrl-C (SIGINT): exit code {code}, processes left behind: {n}",
              code=server.proc.returncode, n=len(server.left_behind)))

@@ -151,9 +151,6 @@ class TPScheduler(Scheduler):
         # TODO task fan_out: rank 0: receive raw bytes from recv_queue.socket (with blocking, first recv() to wait for one frame, then recv(zmq.NOBLOCK) until zmq.Again), send each frame unchanged with pub.socket.send, then put the frame count in an int64 tensor and dist.broadcast(..., src=0, group=self.comm.control); the other ranks: with blocking, first sub.socket.poll() until the first frame is there (do not wait idle inside a collective: it times out), then broadcast to receive the count and recv exactly that many frames from sub.socket; every rank adds one to comm.calls["broadcast"]; finally deserialize and unwrap each frame, and return them in order
         raise TaskNotDone("tp_scheduler", "fan_out")
 
-    def server_info(self) -> dict[str, Any]:
-        return {**super().server_info(), "tp_size": self.tp_info.size}
-
 
 # ----------------------------------------------------------------------------- 进程入口（给定）
 # en: ----------------------------------------------------------------------------- process entry (given)

@@ -183,9 +183,6 @@ class TPScheduler(Scheduler):
         return [one for frame in frames for one in unwrap(deserialize(frame))]
         # <<< TASK
 
-    def server_info(self) -> dict[str, Any]:
-        return {**super().server_info(), "tp_size": self.tp_info.size}
-
 
 # ----------------------------------------------------------------------------- 进程入口（给定）
 # en: ----------------------------------------------------------------------------- process entry (given)
