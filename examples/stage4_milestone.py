@@ -1,15 +1,16 @@
-"""第 4 阶段里程碑（第一部分，张量并行）：同一个模型切给两个秩，离线和在线都得到一个进程时的 token。
+"""第 4 阶段里程碑（张量并行与专家并行）：同一个模型切给两个秩，离线和在线都得到一个进程时的 token。
 
 1. 哪些 ``tp`` 切得开：小 Qwen3 和 SmolLM2（9 个头），切不开时在加载之前就拒绝；
 2. 秩里面：每个秩上第 0 层各个权重的形状、存了多少、生成时每步的集合通信次数；
 3. 离线：``LLM(path)`` 与 ``LLM(path, tp_size=2)`` 贪心生成的 token 逐个相同；
 4. 在线：``python -m minisgl --tp 2``：官方 ``openai`` 客户端得到与一个进程相同的文字，流到一半断开的请求在每个
-   秩上都释放了页，服务的进程（每个秩一个调度器进程），关掉之后一个进程也不留下。
+   秩上都释放了页，服务的进程（每个秩一个调度器进程），关掉之后一个进程也不留下；
+5. 混合专家：小 Qwen3-MoE 在一个秩上和专家分给两个秩（``ep_size=2``）时贪心生成的 token 相同。
 
     python examples/stage4_milestone.py
     python examples/stage4_milestone.py --model models/SmolLM2-135M-Instruct --tp 3
 
-en: Stage 4 milestone (part one, tensor parallelism): one model split over two ranks gives one process's tokens, offline
+en: Stage 4 milestone (tensor and expert parallelism): one model split over two ranks gives one process's tokens, offline
 and online.
 
 1. which ``tp`` split: the tiny Qwen3 and SmolLM2 (9 heads); one that does not is refused before loading;
@@ -18,7 +19,9 @@ and online.
 3. offline: ``LLM(path)`` and ``LLM(path, tp_size=2)`` generate exactly the same greedy tokens;
 4. online: ``python -m minisgl --tp 2``: the official ``openai`` client gets the same text as from one process, a stream
    dropped halfway frees its pages on every rank, the service's processes (one scheduler process per rank), and after
-   stopping it no process is left.
+   stopping it no process is left;
+5. mixture of experts: the tiny Qwen3-MoE generates the same greedy tokens on one rank and with its experts dealt out
+   to two ranks (``ep_size=2``).
 
     python examples/stage4_milestone.py
     python examples/stage4_milestone.py --model models/SmolLM2-135M-Instruct --tp 3
@@ -165,6 +168,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["left_behind"] = server.left_behind
     print(tr("   stopped with Ctrl-C (SIGINT): exit code {code}, processes left behind: {n}",
              code=server.proc.returncode, n=len(server.left_behind)))
+
+    moe = str(model_zoo.tiny_qwen3_moe())
+    print(tr("\n5. Mixture of experts: LLM(moe) and LLM(moe, tp_size={tp}, ep_size={tp}) (experts dealt out to the ranks)",
+             tp=args.tp))
+    one = LLM(moe, torch.float32, device=args.device, **ENGINE)
+    single = one.generate(PROMPTS, greedy)
+    one.shutdown()
+    with LLM(moe, torch.float32, tp_size=args.tp, ep_size=args.tp, device=args.device, **ENGINE) as split:
+        several = split.generate(PROMPTS, greedy)
+    results["moe_equal"] = [o["token_ids"] for o in single] == [o["token_ids"] for o in several]
+    for prompt, a, b in zip(PROMPTS, single, several):
+        print(tr("   {prompt!r}: ep 1 {one}", prompt=prompt, one=a["token_ids"]))
+        print(tr("   {pad}  ep {tp} {other}", pad=" " * len(repr(prompt)), tp=args.tp, other=b["token_ids"]))
+    print(tr("   the same tokens: {same}", same=results["moe_equal"]))
     return results
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minisgl import kernel
+from minisgl.architectures import is_moe
 from minisgl.course.registry import get_chapter
 from minisgl.course.select import loaded_impl
 from minisgl.i18n import tr
@@ -80,6 +81,8 @@ def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
         problem = tr("cpu_fused_decode needs the CPU kernel (cpu_kernel=True and a C compiler)")
     elif engine.graph_mode != "off":
         problem = tr("cpu_fused_decode and cuda_graph cannot be used together")
+    elif is_moe(engine.model_config):
+        problem = tr("cpu_fused_decode computes dense MLPs; this model routes tokens to experts")
     elif not all(kernel.supports(op.weight) for layer in engine.model.model.layers for op in _linears(layer)):
         problem = tr("cpu_fused_decode: a linear layer of this model does not fit the CPU kernel")
     else:

@@ -40,16 +40,24 @@ MAX_GRAPH_KV_LEN = 4096
 MIN_GRAPH_KV_LEN = 256
 
 
-def resolve_graph_mode(mode: str, device: torch.device) -> str:
-    """``auto`` → CUDA 上 ``cuda``、CPU 上 ``off``（``ENV.DISABLE_CUDA_GRAPH`` 打开时也是 ``off``）；
-    ``cuda`` 只能在 CUDA 上用。"""
+def resolve_graph_mode(mode: str, device: torch.device, capturable: bool = True) -> str:
+    """``auto`` → CUDA 上 ``cuda``、CPU 上 ``off``（``ENV.DISABLE_CUDA_GRAPH`` 打开时、或模型不能录图时也是 ``off``）；
+    ``cuda`` 只能在 CUDA 上、能录图的模型上用。``capturable``：模型每步的形状是否固定（混合专家的不固定：每个专家
+    分到几行取决于路由）。
+
+    en: ``auto`` -> ``cuda`` on CUDA, ``off`` on the CPU (also ``off`` with ``ENV.DISABLE_CUDA_GRAPH`` or a model that
+    cannot be captured); ``cuda`` only on CUDA with a model that can be captured. ``capturable``: whether the model's
+    shapes are fixed per step (a mixture of experts' are not: how many rows each expert gets depends on the routing)."""
     if mode not in GRAPH_MODES:
         raise ValueError(tr("Unknown cuda_graph={mode!r}; choose from: {modes}",
                             mode=mode, modes=", ".join(GRAPH_MODES)))
     if mode == "auto":
-        return "cuda" if device.type == "cuda" and not ENV.DISABLE_CUDA_GRAPH else "off"
+        return "cuda" if device.type == "cuda" and capturable and not ENV.DISABLE_CUDA_GRAPH else "off"
     if mode == "cuda" and device.type != "cuda":
         raise ValueError(tr("cuda_graph='cuda' works only on CUDA; to check the graph path on a CPU use 'eager'"))
+    if mode == "cuda" and not capturable:
+        raise ValueError(tr("cuda_graph='cuda' cannot capture this model: its step shapes depend on the routing of "
+                            "tokens to experts; use cuda_graph='auto' or 'off'"))
     return mode
 
 

@@ -225,18 +225,17 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def check_tp(args: ServerArgs) -> str | None:
-    """``--tp N`` 切不开这个模型时的说明（说出哪些大小行得通），在起任何进程之前；切得开就是 None。
+    """``--tp N``（和 ``--ep``）切不开这个模型时的说明（说出哪些大小行得通），在起任何进程之前；切得开就是 None。
 
-    en: Why ``--tp N`` cannot split this model (naming the sizes that work), before any process starts; None when it
-    can.
+    en: Why ``--tp N`` (and ``--ep``) cannot split this model (naming the sizes that work), before any process starts;
+    None when it can.
     """
-    if args.tp_size == 1:
+    if args.tp_size == 1 and args.ep_size == 1:
         return None
-    from minisgl.models import ModelConfig
-    from minisgl.tensor_parallel import check_tp_split
+    from minisgl.architectures import check_split, load_model_config
 
     try:
-        check_tp_split(ModelConfig.from_hf(args.model_path), args.tp_size)
+        check_split(load_model_config(args.model_path), args.tp_size, args.ep_size)
     except ValueError as e:
         return str(e)
     return None

@@ -20,12 +20,14 @@ __all__ = [
     "STAMP",
     "TOKENIZER",
     "TINY_QWEN3",
+    "TINY_QWEN3_MOE",
     "SMOLLM2",
     "QWEN3_06B_RANDOM",
     "REAL_QWEN3",
     "models_dir",
     "tokenizer_dir",
     "tiny_qwen3",
+    "tiny_qwen3_moe",
     "smollm2",
     "qwen3_06b_random",
     "real_qwen3",
@@ -39,6 +41,7 @@ STAMP = ".complete"
 # 模型的名字就是它在模型目录下的文件夹名；tools/build_models.py 也从这里取，两边不会对不上。
 TOKENIZER = "qwen3-tokenizer"
 TINY_QWEN3 = "qwen3-tiny-random"
+TINY_QWEN3_MOE = "qwen3-moe-tiny-random"
 SMOLLM2 = "SmolLM2-135M-Instruct"
 QWEN3_06B_RANDOM = "qwen3-0.6b-random"
 REAL_QWEN3 = "Qwen3-0.6B"
@@ -74,6 +77,11 @@ def tokenizer_dir() -> Path:
 def tiny_qwen3() -> Path:
     """2 层、hidden 64 的随机 Qwen3，配真实分词器，给快速测试用；输出文字无意义。"""
     return _built(TINY_QWEN3)
+
+
+def tiny_qwen3_moe() -> Path:
+    """3 层、hidden 64 的随机 Qwen3-MoE（第 0 层是稠密 MLP，其余每层 8 个专家、每个 token 选 2 个），配真实分词器。"""
+    return _built(TINY_QWEN3_MOE)
 
 
 def smollm2() -> Path:

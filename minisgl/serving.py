@@ -59,6 +59,9 @@ class ServerArgs:
     # en: tensor parallelism: how many ranks (over all nodes), how many nodes, which node this is, the rendezvous
     # en: HOST:PORT (required with several nodes)
     tp_size: int = 1
+    # 专家并行：混合专家模型的专家分给几个秩（1，或等于 tp_size）
+    # en: expert parallelism: how many ranks a mixture of experts' experts are dealt out to (1, or equal to tp_size)
+    ep_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
@@ -72,6 +75,8 @@ class ServerArgs:
                  "page_size": "page_size", "max_extend_tokens": "max_extend_tokens", "num_pages": "num_page_override",
                  "max_seq_len": "max_seq_len_override", "memory_ratio": "memory_ratio"}
         kwargs = {kw: getattr(self, name) for name, kw in names.items() if getattr(self, name) is not None}
+        if self.ep_size != 1:
+            kwargs["ep_size"] = self.ep_size
         if self.num_pages is None and self.max_total_tokens is not None:
             kwargs["num_page_override"] = self.max_total_tokens // self.page_size
         return kwargs
@@ -107,8 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help=tr("cpu, cuda or auto"))
     p.add_argument("--api-key", default=None, help=tr("require Authorization: Bearer <key> on /v1/* and /generate"))
     p.add_argument("--served-model-name", dest="model_name", default=None, help=tr("the name in /v1/models (default: the model folder's name)"))
-    p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
+    p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=None,
                    help=tr("tensor parallelism: split the model over this many ranks (over all nodes)"))
+    p.add_argument("--ep", "--ep-size", "--expert-parallel-size", dest="ep_size", type=int, default=None,
+                   help=tr("expert parallelism: deal a mixture of experts' experts out to this many ranks (1 or --tp; "
+                           "alone it sets --tp too)"))
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help=tr("vLLM's name: expert parallelism over all --tp ranks (the same as --ep equal to --tp)"))
     p.add_argument("--nnodes", type=int, default=1, help=tr("the number of nodes (machines) the ranks are spread over"))
     p.add_argument("--node-rank", type=int, default=0, help=tr("which node this launch is (0 serves HTTP)"))
     p.add_argument("--dist-init-addr", default=None,
@@ -130,8 +140,19 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error(tr("give --num-pages or --max-total-tokens, not both"))
     if values["max_total_tokens"] is not None and values["max_total_tokens"] < max(values["page_size"], 1):
         parser.error(tr("--max-total-tokens must be at least the page size ({page_size})", page_size=values["page_size"]))
+    # --ep N 单独给出时就是 N 个秩；--enable-expert-parallel 是在全部 --tp 个秩上做专家并行
+    # en: --ep N alone means N ranks; --enable-expert-parallel is expert parallelism over all --tp ranks
+    ep = values["ep_size"]
+    if values["tp_size"] is None:
+        values["tp_size"] = ep or 1
+    if values.pop("enable_expert_parallel") and ep is None:
+        ep = values["tp_size"]
+    values["ep_size"] = ep or 1
     for problem in tp_problems(values["tp_size"], values["nnodes"], values["node_rank"], values["dist_init_addr"]):
         parser.error(problem)
+    if values["ep_size"] not in (1, values["tp_size"]):
+        parser.error(tr("--ep {ep} must be 1 or equal to --tp {tp} (the experts are spread over the same ranks)",
+                        ep=values["ep_size"], tp=values["tp_size"]))
     return ServerArgs(**values)
 
 

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 from minisgl import model_zoo
 from minisgl.i18n import tr
-from minisgl.model_zoo import QWEN3_06B_RANDOM, REAL_QWEN3, SMOLLM2, STAMP, TINY_QWEN3, TOKENIZER
+from minisgl.model_zoo import QWEN3_06B_RANDOM, REAL_QWEN3, SMOLLM2, STAMP, TINY_QWEN3, TINY_QWEN3_MOE, TOKENIZER
 
 MODELS_DIR = model_zoo.models_dir()
 CACHE_DIR = MODELS_DIR / ".cache"
@@ -451,6 +451,24 @@ QWEN3_TINY_CONFIG: dict = {
     "initializer_range": 0.15,
 }
 
+#: Qwen3-MoE (Qwen3-30B-A3B's architecture) at the tiny model's size: layer 0 keeps a dense MLP (``mlp_only_layers``),
+#: layers 1 and 2 route each token to 2 of 8 experts and renormalise the two weights (``norm_topk_prob``).
+QWEN3_MOE_TINY_CONFIG: dict = {
+    **QWEN3_TINY_CONFIG,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "num_hidden_layers": 3,
+    "max_window_layers": 3,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [0],
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+}
+
 README_06B = """\
 Qwen3-0.6B 形状的随机权重模型（由 tools/build_models.py 生成，torch 种子 0）
 
@@ -469,6 +487,14 @@ README_TINY = """\
   生成的文字没有任何意义。
 """
 
+README_MOE_TINY = """\
+极小的随机权重 Qwen3-MoE（3 层，hidden 64；第 0 层是稠密 MLP，第 1、2 层各有 8 个专家、每个 token 选 2 个，
+由 tools/build_models.py 生成，torch 种子 0）
+
+- 结构与 Qwen3-30B-A3B 相同（Qwen3MoeForCausalLM），只是小得多；使用精确的 Qwen3 分词器；权重是随机数
+  （std 0.15），生成的文字没有任何意义，只用来对照 Hugging Face 和测专家并行。
+"""
+
 # The stamps name the tokenizer version too: a rebuilt tokenizer makes the copies inside these folders stale.
 QWEN3_06B = RandomQwen3(
     QWEN3_06B_RANDOM, f"qwen3-0.6b-random/1+{TOKENIZER_VERSION}", QWEN3_06B_CONFIG, 0.02, README_06B
@@ -476,16 +502,35 @@ QWEN3_06B = RandomQwen3(
 QWEN3_TINY = RandomQwen3(
     TINY_QWEN3, f"qwen3-tiny-random/1+{TOKENIZER_VERSION}", QWEN3_TINY_CONFIG, 0.15, README_TINY
 )
+QWEN3_MOE_TINY = RandomQwen3(
+    TINY_QWEN3_MOE, f"qwen3-moe-tiny-random/1+{TOKENIZER_VERSION}", QWEN3_MOE_TINY_CONFIG, 0.15, README_MOE_TINY
+)
 
 
 def qwen3_tensor_shapes(config: dict) -> list[tuple[str, tuple[int, ...]]]:
-    """Names and shapes exactly as Hugging Face's Qwen3ForCausalLM has them (built on the meta device: free)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    """Names and shapes exactly as Hugging Face saves a Qwen3 / Qwen3-MoE checkpoint (built on the meta device: free).
 
+    Recent transformers keep a MoE layer's experts as two 3-D tensors (``experts.gate_up_proj`` [E, 2I, H],
+    ``experts.down_proj`` [E, H, I]) but save and load them per expert, as the released checkpoints have them
+    (``experts.{e}.gate_proj.weight`` ...): that is the layout written here.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.for_model(**config)
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(Qwen3Config(**config))
-    shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+        model = AutoModelForCausalLM.from_config(hf_config)
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+    for name, value in model.state_dict().items():
+        if name.endswith("experts.gate_up_proj"):
+            base, (experts, rows, cols) = name.removesuffix("gate_up_proj"), value.shape
+            for e in range(experts):
+                shapes += [(f"{base}{e}.{part}.weight", (rows // 2, cols)) for part in ("gate_proj", "up_proj")]
+        elif name.endswith("experts.down_proj"):
+            base, (experts, rows, cols) = name.removesuffix("down_proj"), value.shape
+            shapes += [(f"{base}{e}.down_proj.weight", (rows, cols)) for e in range(experts)]
+        else:
+            shapes.append((name, tuple(value.shape)))
     if config["tie_word_embeddings"]:  # saved once, as HF does
         shapes = [(k, s) for k, s in shapes if k != "lm_head.weight"]
     return shapes
@@ -543,17 +588,17 @@ def build_random_qwen3(spec: RandomQwen3) -> Path:
     )
     copy_tokenizer_into(tmp)
     (tmp / "README.txt").write_text(spec.readme, encoding="utf-8")
-    if spec is QWEN3_TINY:
+    if spec in (QWEN3_TINY, QWEN3_MOE_TINY):
         check_tiny(tmp)
     return finish(tmp, spec.name, spec.version)
 
 
 def check_tiny(path: Path) -> None:
-    """The tiny model is cheap to load: make sure HF reads it with no missing weights and sane logits."""
+    """A tiny model is cheap to load: make sure HF reads it with no missing weights and sane logits."""
     import torch
-    from transformers import Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model, info = Qwen3ForCausalLM.from_pretrained(str(path), output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(str(path), output_loading_info=True)
     if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
         raise BuildError(tr("Unexpected loading info for the tiny model: {info}", info=info))
     with torch.no_grad():
@@ -617,6 +662,7 @@ STEPS: dict[str, Step] = {
         Step(SMOLLM2, SMOLLM2_VERSION, build_smollm2),
         Step(QWEN3_06B.name, QWEN3_06B.version, lambda: build_random_qwen3(QWEN3_06B), (TOKENIZER,)),
         Step(QWEN3_TINY.name, QWEN3_TINY.version, lambda: build_random_qwen3(QWEN3_TINY), (TOKENIZER,)),
+        Step(QWEN3_MOE_TINY.name, QWEN3_MOE_TINY.version, lambda: build_random_qwen3(QWEN3_MOE_TINY), (TOKENIZER,)),
     )
 }
 REAL_STEP = Step(REAL_QWEN3, REAL_QWEN3_VERSION, build_real_qwen3)

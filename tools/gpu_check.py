@@ -85,12 +85,12 @@ def pytest_counts(output: str) -> str:
 
 
 def tp_skip_reason(gpus: int) -> str:
-    return tr("tensor parallelism (TP=2, NCCL) needs 2 GPUs, this machine has {n}: skipped; the CPU CI checks TP=2 with gloo",
-              n=gpus)
+    return tr("tensor and expert parallelism (TP=2, EP=2, NCCL) need 2 GPUs, this machine has {n}: skipped; the CPU CI "
+              "checks both with gloo", n=gpus)
 
 
 def check_steps(python: str, have_smollm2: bool, bench: bool, dry_run: bool = False, gpus: int = 1) -> list[Step]:
-    """要跑的各项，按“最可能只在 GPU 上出错”的先后排。张量并行（TP=2，每个秩一块 GPU，NCCL）只在至少 2 块 GPU 时跑
+    """要跑的各项，按“最可能只在 GPU 上出错”的先后排。张量并行和专家并行（TP=2、EP=2，每个秩一块 GPU，NCCL）只在至少 2 块 GPU 时跑
     （试运行在 CPU 上用 gloo 跑）。
 
     ``dry_run``：同样的步骤和环境，设备换成 CPU；pytest 只收集不运行（CPU 上的检查 CI 本来就全跑），
@@ -105,7 +105,8 @@ def check_steps(python: str, have_smollm2: bool, bench: bool, dry_run: bool = Fa
     milestone = [python, "examples/stage2_milestone.py", "--skip-baselines", "--overlap"]
     if dry_run:
         milestone += ["--model", str(model_zoo.models_dir() / TINY)]
-    build = [python, "tools/build_models.py", "--only", TINY, *([] if dry_run else [model_zoo.QWEN3_06B_RANDOM])]
+    build = [python, "tools/build_models.py", "--only", TINY, model_zoo.TINY_QWEN3_MOE,
+             *([] if dry_run else [model_zoo.QWEN3_06B_RANDOM])]
     no_graph = {"MINISGL_DISABLE_CUDA_GRAPH": "1"}
     steps = [
         Step(tr("build the offline models"), build, 60),
@@ -114,8 +115,9 @@ def check_steps(python: str, have_smollm2: bool, bench: bool, dry_run: bool = Fa
         Step(tr("stage 2 milestone ({device}, CUDA graphs + overlap scheduling)", device=device), milestone, 60),
         Step(tr("stage 2 milestone ({device}, no CUDA graphs, overlap scheduling)", device=device),
              [*milestone, "--experiment", "1"], 40, env=no_graph),
-        *([Step(tr("stage 4 milestone (TP=2, {device}, {backend})", device=device, backend="gloo" if dry_run else "NCCL"),
-                [python, "examples/stage4_milestone.py", "--tp", "2", "--device", device], 60)]
+        *([Step(tr("stage 4 milestone (TP=2 and EP=2, {device}, {backend})", device=device,
+                   backend="gloo" if dry_run else "NCCL"),
+                [python, "examples/stage4_milestone.py", "--tp", "2", "--device", device], 75)]
           if dry_run or gpus >= 2 else []),
         Step(tr("stage 1 checks ({device}, fp32)", device=device), [*pytest, "checks/stage1"], 90),
         Step(tr("stage 2 checks ({device}, fp32)", device=device), [*pytest, "checks/stage2"], 120),

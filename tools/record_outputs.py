@@ -82,6 +82,8 @@ EXAMPLES: dict[str, Example] = {
     "distributed": Example("examples/chapters/distributed.py"),
     "tensor_parallel": Example("examples/chapters/tensor_parallel.py"),
     "tp_scheduler": Example("examples/chapters/tp_scheduler.py"),
+    "moe": Example("examples/chapters/moe.py"),
+    "expert_parallel": Example("examples/chapters/expert_parallel.py"),
 }
 
 _UNIT = r"(?:ms|s|秒|毫秒|tok/s|token/s|tokens/s|it/s|GB/s|MB/s|GB|GiB|MB|MiB|KB|KiB|%)"

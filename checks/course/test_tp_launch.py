@@ -31,3 +31,23 @@ def test_launch_flags_are_checked_before_anything_starts() -> None:
     expect((done.returncode, "1, 3" in done.stderr), (1, True), tr(
         "SmolLM2 at --tp 2 is refused before any process starts, naming the sizes that work (1, 3); got {code}: {err}",
         code=done.returncode, err=done.stderr[-500:]))
+
+
+def test_expert_parallel_flags() -> None:
+    from minisgl.launch import check_tp
+    from minisgl.serving import parse_args
+
+    moe = str(model_zoo.tiny_qwen3_moe())
+    got = [(a.tp_size, a.ep_size, a.scheduler_kwargs().get("ep_size")) for a in (
+        parse_args(["--model", moe, "--ep", "2"]), parse_args(["--model", moe, "--tp", "2", "--enable-expert-parallel"]),
+        parse_args(["--model", moe, "--tp", "2", "--ep-size", "2"]), parse_args(["--model", moe, "--tp", "2"]))]
+    expect(got, [(2, 2, 2), (2, 2, 2), (2, 2, 2), (2, 1, None)],
+           tr("--ep 2 alone means 2 ranks; vLLM's --enable-expert-parallel takes --tp; --tp 2 alone splits each expert"))
+    expect(check_tp(parse_args(["--model", moe, "--ep", "2"])), None, tr("the tiny MoE splits at --ep 2"))
+    refused = check_tp(parse_args(["--model", moe, "--ep", "3"]))
+    expect(bool(refused) and "1, 2, 4" in refused, True,
+           tr("--ep 3 on the tiny MoE (4 heads, 8 experts) is refused before any process starts, naming the sizes that "
+              "work; got {message}", message=refused))
+    dense = check_tp(parse_args(["--model", str(model_zoo.tiny_qwen3()), "--ep", "2"]))
+    reason = tr("ep_size={ep} applies to mixture-of-experts models; {arch} has no experts", ep=2, arch="Qwen3ForCausalLM")
+    expect(dense, reason, tr("--ep on a dense model is refused before any process starts"))

@@ -18,3 +18,8 @@ def tiny_path() -> str:
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
     return str(model_zoo.smollm2())
+
+
+@pytest.fixture(scope="session")
+def moe_path() -> str:
+    return str(model_zoo.tiny_qwen3_moe())

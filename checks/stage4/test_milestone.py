@@ -1,9 +1,11 @@
 """第 4 阶段里程碑（examples/stage4_milestone.py）在小 Qwen3 上从头跑到尾：切得开的大小、每个秩存的和每步的集合通信、
-离线 TP=1 与 TP=2 的 token 相同、``--tp 2`` 的服务器回答与一个进程相同、断开的流释放了页、关掉之后没有留下进程。
+离线 TP=1 与 TP=2 的 token 相同、``--tp 2`` 的服务器回答与一个进程相同、断开的流释放了页、关掉之后没有留下进程，
+小 MoE 在 ep_size=2 时的 token 与一个秩相同。
 
 en: The stage 4 milestone (examples/stage4_milestone.py) end to end on the tiny Qwen3: the sizes that split, what each
 rank stores and the collectives per step, the same tokens offline at TP=1 and TP=2, a ``--tp 2`` server answering like
-one process, a dropped stream freeing its pages, and no process left after stopping.
+one process, a dropped stream freeing its pages, no process left after stopping, and the tiny MoE's tokens at
+ep_size=2 equal to one rank's.
 """
 
 from __future__ import annotations
@@ -36,3 +38,4 @@ def test_milestone_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
     idle, back = results["pages"]
     expect(back, idle, tr("After the dropped stream every KV page is back"))
     expect(results["left_behind"], [], tr("No process is left after Ctrl-C"))
+    expect(results["moe_equal"], True, tr("The tiny MoE generates the same greedy tokens on one rank and at ep_size=2"))

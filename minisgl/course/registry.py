@@ -89,6 +89,8 @@ BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
     Chapter("distributed", 4, 1, "分布式基础：进程组、通信器与集合通信", "Distributed basics: process groups, the communicator and collectives"),
     Chapter("tensor_parallel", 4, 2, "张量并行：切开的层与模型", "Tensor parallelism: split layers and a split model"),
     Chapter("tp_scheduler", 4, 3, "多秩调度：步调一致的秩", "Multi-rank scheduling: ranks that agree"),
+    Chapter("moe", 4, 4, "混合专家：路由、参考实现与分组实现", "Mixture of experts: routing, the reference and the grouped path"),
+    Chapter("expert_parallel", 4, 5, "专家并行：切开的专家与分给各秩的专家", "Expert parallelism: split experts and experts dealt out to ranks"),
 )
 
 

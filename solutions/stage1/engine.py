@@ -36,7 +36,8 @@ from minisgl.fused import FusedDecoder, plan_decode
 from minisgl.graph import GraphRunner, resolve_graph_mode
 from minisgl.kvcache import MHAKVCache, create_page_table
 from minisgl.layers import fast_linear_supported, pack_linear_weights
-from minisgl.models import CausalLM, ModelConfig, create_model, load_dummy_weights, load_weights
+from minisgl.architectures import create_model_for, load_model_config
+from minisgl.models import CausalLM, load_dummy_weights, load_weights
 
 # ----------------------------------------------------------------------------- 设备接缝
 # en: ----------------------------------------------------------------------------- device seams
@@ -282,6 +283,12 @@ class EngineConfig:
     # en: (CPU memory is also needed by other processes); the server's --mem-fraction-static
     memory_ratio: float | None = None
     seed: int = 0
+    # 专家并行（第 4.5 章）：混合专家模型的专家分给几个秩；1：每个秩都有全部专家（张量并行时每个专家切开）。
+    # 大于 1 时要等于张量并行的秩数（专家分在同一组秩上）
+    # en: expert parallelism (chapter 4.5): how many ranks a mixture of experts' experts are spread over; 1: every rank
+    # en: has every expert (each expert split under tensor parallelism). Above 1 it must equal the tensor-parallel
+    # en: rank count (the experts are spread over the same ranks)
+    ep_size: int = 1
     # 不读权重文件，填随机数（只测速度）
     # en: random numbers instead of reading the weight files (speed tests only)
     use_dummy_weight: bool = False
@@ -322,7 +329,9 @@ class Engine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.model_config = ModelConfig.from_hf(config.model_path)
+        # 稠密模型由第 1.3 章读、搭，混合专家由第 4.4 章（见 minisgl/architectures.py）
+        # en: dense models are read and built by chapter 1.3, mixtures of experts by chapter 4.4 (see minisgl/architectures.py)
+        self.model_config = load_model_config(config.model_path)
         self.ctx = Context(config.page_size)
         set_global_ctx(self.ctx)
 
@@ -337,7 +346,7 @@ class Engine:
             load_dummy_weights(self.model, config.seed)
         else:
             load_weights(self.model, config.model_path)
-        self.graph_mode = resolve_graph_mode(config.cuda_graph, self.device)
+        self.graph_mode = resolve_graph_mode(config.cuda_graph, self.device, getattr(self.model, "capturable", True))
         self.fast_linear = config.cpu_fast_linear and fast_linear_supported(self.device, self.dtype)
         # 线性层实际走哪条路径：torch（F.linear）| onednn | kernel（量过 oneDNN 更快的形状用 oneDNN）
         # en: the path linear layers actually take: torch (F.linear) / onednn / kernel (oneDNN for the shapes where it
@@ -393,7 +402,10 @@ class Engine:
         has in this process, and the KV pool and attention backend are sized from it; when the model is split over
         several processes it differs from ``self.model_config`` (the checkpoint's whole model).
         """
-        return create_model(self.model_config, self.dtype, self.device)
+        if self.config.ep_size != 1:
+            raise ValueError(tr("ep_size={ep} spreads the experts over tensor-parallel ranks: give tp_size={ep} too",
+                                ep=self.config.ep_size))
+        return create_model_for(self.model_config, self.dtype, self.device)
 
     def _determine_num_pages(self, free_before: int, model_bytes: int) -> int:
         """``num_page_override`` 优先；否则先算上限：（加载前的可用内存 × 比例 − 模型大小）÷ 每页字节数。

@@ -161,6 +161,34 @@ class Communicator:
         # <<< TASK
 
 
+    def all_to_all(self, x: torch.Tensor, send_splits: list[int],
+                   recv_splits: list[int] | None = None) -> tuple[torch.Tensor, list[int]]:
+        """每个秩把 ``x`` 的行按 ``send_splits`` 分给各秩（前 ``send_splits[0]`` 行给秩 0，接着的给秩 1……，条数可以
+        不等、可以是 0），返回收到的行（按发出的秩号排）和从每个秩收到几行。``recv_splits`` 已知时（回程：条数就是去程
+        的反过来）不再先交换条数。一个秩时原样返回、不记数。第 4.5 章把 token 发给持有它的专家的秩，用的就是它。
+
+        en: Each rank deals the rows of ``x`` out by ``send_splits`` (the first ``send_splits[0]`` rows to rank 0, the
+        next ones to rank 1, ...; the counts may differ and may be 0) and gets back the rows it received (in sending-rank
+        order) and how many came from each rank. With ``recv_splits`` known (the return trip: the outbound counts
+        reversed) the counts are not exchanged first. With one rank, return it unchanged and count nothing. Chapter 4.5
+        sends each token to the rank holding its expert with it.
+        """
+        if self.info.size == 1:
+            return x, list(send_splits)
+        if recv_splits is None:
+            # 条数走控制组（CPU 上的张量）：每个秩先知道要收几行，才能分配收的地方
+            # en: the counts go over the control group (CPU tensors): each rank must know how many rows come before it
+            # en: can allocate room for them
+            send = torch.tensor(send_splits, dtype=torch.int64)
+            recv = torch.empty_like(send)
+            dist.all_to_all_single(recv, send, group=self.control)
+            recv_splits = recv.tolist()
+        out = x.new_empty((sum(recv_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), recv_splits, list(send_splits), group=self.group)
+        self.calls["all_to_all"] += 1
+        return out, recv_splits
+
+
 def default_backend(device: torch.device) -> str:
     """GPU 上是 NCCL，CPU 上是 gloo。
 

@@ -10,9 +10,10 @@
 #    集合通信次数；
 # 3. 离线：`LLM(path)` 与 `LLM(path, tp_size=2)` 贪心生成的 token 逐个相同；
 # 4. 在线：`python -m minisgl --tp 2`，官方 `openai` 客户端拿到的文字与一个进程的相同；一个流到一半断开的请求还回了页；
-#    列出服务的进程（每个秩一个调度器进程）；Ctrl-C 之后一个进程也不留下。
+#    列出服务的进程（每个秩一个调度器进程）；Ctrl-C 之后一个进程也不留下；
+# 5. 混合专家（第 4.4、4.5 章）：小 Qwen3-MoE 在一个秩上和专家分给两个秩（`ep_size=2`）时贪心生成的 token 相同。
 #
-# 在 2 核的机器上整个脚本大约 35 秒，大部分时间花在起进程上。模型的权重是随机的，**生成的文字没有意义**；
+# 在 2 核的机器上整个脚本大约 45 秒，大部分时间花在起进程上。模型的权重是随机的，**生成的文字没有意义**；
 # 要看的是两边一样。
 
 # %% [markdown] tags=["lang-en"]
@@ -30,9 +31,11 @@
 # 3. offline: `LLM(path)` and `LLM(path, tp_size=2)` generate exactly the same greedy tokens;
 # 4. online: `python -m minisgl --tp 2`; the official `openai` client gets the same text as from one process; a stream
 #    dropped halfway gives its pages back; the service's processes are listed (one scheduler process per rank); after
-#    Ctrl-C not a single process is left.
+#    Ctrl-C not a single process is left;
+# 5. mixture of experts (chapters 4.4 and 4.5): the tiny Qwen3-MoE generates the same greedy tokens on one rank and with
+#    its experts dealt out to two ranks (`ep_size=2`).
 #
-# On a 2-core machine the whole script takes about 35 seconds, most of it spent starting processes. The model's weights
+# On a 2-core machine the whole script takes about 45 seconds, most of it spent starting processes. The model's weights
 # are random, so **the generated text is meaningless**; what matters is that both sides agree.
 
 # %%
@@ -82,6 +85,7 @@ print(tr("offline, TP=1 and TP=2 give the same tokens: {offline}; online, --tp 2
 idle, back = results["pages"]
 print(tr("KV pages in use before the dropped stream and after it: {idle:.0f}, {back:.0f}; processes left after Ctrl-C: {n}",
          idle=idle, back=back, n=len(results["left_behind"])))
+print(tr("the tiny MoE, one rank and ep_size=2 give the same tokens: {same}", same=results["moe_equal"]))
 
 # %% [markdown] tags=["lang-zh"]
 # 逐项读一读：

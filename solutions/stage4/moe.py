@@ -1,0 +1,289 @@
+"""第 4.4 章 moe：混合专家（Qwen3-MoE）——每个 token 只走几个专家，参数多、每步算得少。
+
+稠密模型的每个 token 都要乘过每一层的整个 MLP。混合专家（MoE）层把 MLP 换成 ``E`` 个小 MLP（专家）和一个路由器：
+路由器给每个 token 打 ``E`` 个分，softmax 之后取最大的 ``k`` 个专家，token 只经过这 ``k`` 个，结果按路由权重加起来。
+Qwen3-30B-A3B 每层 128 个专家、每个 token 选 8 个：存 300 亿参数，每个 token 只算约 30 亿。
+
+- **路由**（:func:`select_experts`）：对专家那一维做 softmax（fp32），取 top-k；``norm_topk_prob`` 时把选中的 k 个权重
+  再归一化成和为 1；
+- **参考实现**（:func:`experts_reference`）：一个专家一个专家地找出选了它的 token，算完按权重加回去——最直白，
+  专家多时要做 ``E`` 次查找；
+- **分组实现**（:func:`fused_experts`）：把 ``(token, 第几个选择)`` 这 ``T × k`` 对按专家排好序，同一个专家的行挨在
+  一起，每个专家一次矩阵乘法，最后按 token 加回去。排好序的这一步，正是第 4.5 章把 token 发给别的秩时要做的；
+- 哪些层是 MoE 由配置决定（:meth:`MoeConfig.is_sparse`）：``mlp_only_layers`` 里的层和不在 ``decoder_sparse_step``
+  节拍上的层保留稠密 MLP。
+
+专家的权重叠成两块 3-D 张量（:class:`FusedMoE`）：``w13[e]`` 是第 ``e`` 个专家合并的 gate/up（与第 1.2 章的
+``gate_up_proj`` 同样的排布），``w2[e]`` 是它的 down。检查点里一个专家一个张量，装载时拷进各自的位置。
+
+en: Chapter 4.4 moe: mixture of experts (Qwen3-MoE) — each token goes through a few experts only: many parameters, little
+compute per step.
+
+In a dense model every token is multiplied through each layer's whole MLP. A mixture-of-experts (MoE) layer replaces the
+MLP with ``E`` small MLPs (experts) and a router: the router scores each token against the ``E`` experts, takes the
+``k`` best after a softmax, the token goes through those ``k`` only, and their outputs are added up with the routing
+weights. Qwen3-30B-A3B has 128 experts per layer and picks 8 per token: 30 billion parameters stored, about 3 billion
+computed per token.
+
+- **routing** (:func:`select_experts`): softmax over the experts' axis (fp32), top-k; with ``norm_topk_prob`` the k
+  chosen weights are renormalised to sum to 1;
+- **the reference** (:func:`experts_reference`): expert by expert, find the tokens that chose it, compute, add back with
+  the weights — the plainest, with ``E`` searches when there are many experts;
+- **the grouped path** (:func:`fused_experts`): sort the ``T × k`` pairs ``(token, which choice)`` by expert so that one
+  expert's rows sit together, one matrix multiplication per expert, then add back per token. That sorting step is exactly
+  what chapter 4.5 does before sending tokens to other ranks;
+- which layers are MoE is the config's call (:meth:`MoeConfig.is_sparse`): layers in ``mlp_only_layers`` and layers off
+  the ``decoder_sparse_step`` beat keep a dense MLP.
+
+The experts' weights are stacked into two 3-D tensors (:class:`FusedMoE`): ``w13[e]`` is expert ``e``'s merged gate/up
+(laid out like chapter 1.2's ``gate_up_proj``), ``w2[e]`` its down. The checkpoint holds one tensor per expert; loading
+copies each into its place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.i18n import tr
+from minisgl.layers import BaseOP, Linear, WeightSlot, check_shape, silu_and_mul
+from minisgl.models import CausalLM, ModelConfig, create_model
+
+#: MoE 架构 → 注意力部分与它相同的稠密架构（第 1.3 章读得懂的那个）。
+#: en: MoE architecture -> the dense architecture whose attention it shares (the one chapter 1.3 reads).
+MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM": "Qwen3ForCausalLM"}
+
+
+@dataclass(frozen=True)
+class MoeConfig(ModelConfig):
+    """第 1.3 章的 :class:`~minisgl.models.ModelConfig` 加上专家的形状。``intermediate_size`` 是稠密层的中间维，
+    ``moe_intermediate_size`` 是每个专家的。
+
+    en: Chapter 1.3's :class:`~minisgl.models.ModelConfig` plus the experts' shapes. ``intermediate_size`` is the dense
+    layers' intermediate size, ``moe_intermediate_size`` each expert's.
+    """
+
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    @classmethod
+    def from_dict(cls, hf: dict) -> MoeConfig:
+        """注意力、嵌入这些与稠密模型相同的部分交给第 1.3 章读，这里只加专家的字段。
+
+        en: The parts shared with the dense model (attention, embedding) are read by chapter 1.3; only the experts'
+        fields are added here.
+        """
+        arch = (hf.get("architectures") or ["?"])[0]
+        dense = ModelConfig.from_dict({**hf, "architectures": [MOE_ARCHITECTURES.get(arch, arch)]})
+        experts = hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]
+        if not 1 <= hf["num_experts_per_tok"] <= max(experts, 1):
+            raise ValueError(tr("num_experts_per_tok must be between 1 and num_experts ({experts}), got {k}",
+                                experts=experts, k=hf["num_experts_per_tok"]))
+        return cls(
+            **{**dataclasses.asdict(dense), "architecture": arch},
+            # 发布的检查点写 num_experts，新版 transformers 存盘时写 num_local_experts
+            # en: released checkpoints say num_experts, recent transformers save num_local_experts
+            num_experts=experts,
+            num_experts_per_tok=hf["num_experts_per_tok"],
+            moe_intermediate_size=hf["moe_intermediate_size"],
+            norm_topk_prob=hf.get("norm_topk_prob", False),
+            decoder_sparse_step=hf.get("decoder_sparse_step", 1),
+            mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+        )
+
+    def is_sparse(self, layer_id: int) -> bool:
+        """第 ``layer_id`` 层（从 0 数）是 MoE 层吗。与 Hugging Face 的 ``Qwen3MoeDecoderLayer`` 同一条规则。
+
+        en: Is layer ``layer_id`` (counted from 0) an MoE layer? The same rule as Hugging Face's ``Qwen3MoeDecoderLayer``.
+        """
+        # >>> TASK sparse_layers: 规则来自 Qwen3-MoE 的配置：mlp_only_layers 里的层永远稠密；其余的层，有专家、并且落在每 decoder_sparse_step 层一次的节拍上（step 为 2 时是第 2、4、6…层，即从 0 编号的 1、3、5）才是 MoE
+        # en: the rule comes from Qwen3-MoE's config: layers in mlp_only_layers are always dense; any other layer is MoE when there are experts and it falls on the beat of once every decoder_sparse_step layers (counting from layer 1: with step 2 that is the 2nd, 4th, ... layer, i.e. 1, 3, 5 counting from 0)
+        return (
+            layer_id not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer_id + 1) % self.decoder_sparse_step == 0
+        )
+        # <<< TASK
+
+
+# ----------------------------------------------------------------------------- 路由
+# en: ----------------------------------------------------------------------------- routing
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """每个 token 选 ``top_k`` 个专家。``router_logits``：``[T, E]``。返回 ``(topk_weights, topk_ids)``，都是
+    ``[T, top_k]``：权重是 fp32 的概率（按大小排），ids 是 int64 的专家号。
+
+    en: Pick ``top_k`` experts per token. ``router_logits``: ``[T, E]``. Returns ``(topk_weights, topk_ids)``, both
+    ``[T, top_k]``: the weights are fp32 probabilities (largest first), the ids int64 expert numbers.
+    """
+    # >>> TASK select_experts: 每个 token 的 E 个分数先变成概率（在 fp32 里算，bf16 的 logits 也一样），取最大的 top_k 个；renormalize 时让每个 token 选中的权重之和为 1
+    # en: turn each token's E scores into probabilities (computed in fp32, bf16 logits too), keep the top_k largest; with renormalize, make each token's chosen weights sum to 1
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return topk_weights, topk_ids
+    # <<< TASK
+
+
+# ----------------------------------------------------------------------------- 专家
+# en: ----------------------------------------------------------------------------- the experts
+
+
+def expert_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """一个专家的 SwiGLU：``down(silu(gate(x)) * up(x))``，``w13`` 是合并的 gate/up（第 1.2 章的排布）。
+
+    en: One expert's SwiGLU: ``down(silu(gate(x)) * up(x))``, ``w13`` being the merged gate/up (chapter 1.2's layout).
+    """
+    return F.linear(silu_and_mul(F.linear(x, w13)), w2)
+
+
+def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                      topk_ids: torch.Tensor) -> torch.Tensor:
+    """参考实现：每个 token 的输出 = 它选中的 k 个专家的输出按路由权重相加。``x``：``[T, H]``，``w13``：
+    ``[E, 2I, H]``，``w2``：``[E, H, I]``，``topk_*``：``[T, k]``。返回 ``[T, H]``，与 ``x`` 同类型。
+
+    en: The reference: each token's output = the outputs of its k chosen experts added up with the routing weights.
+    ``x``: ``[T, H]``, ``w13``: ``[E, 2I, H]``, ``w2``: ``[E, H, I]``, ``topk_*``: ``[T, k]``. Returns ``[T, H]`` of
+    ``x``'s dtype.
+    """
+    # >>> TASK experts_reference: 一个专家一个专家地来：哪些 (token, 第几个选择) 选了它，就把这些 token 送过 expert_mlp，乘上各自那一格的路由权重，加到输出里那个 token 的行上；没有 token 的专家跳过
+    # en: go expert by expert: for the (token, choice) pairs that chose it, send those tokens through expert_mlp, multiply by each pair's routing weight, and add into that token's row of the output; skip experts no token chose
+    out = torch.zeros_like(x)
+    for e in range(w13.shape[0]):
+        token, choice = torch.where(topk_ids == e)
+        if token.numel() == 0:
+            continue
+        y = expert_mlp(x[token], w13[e], w2[e]) * topk_weights[token, choice, None].to(x.dtype)
+        out.index_add_(0, token, y)
+    return out
+    # <<< TASK
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """分组实现，结果与 :func:`experts_reference` 相同：``T × k`` 对按专家排序，每个专家一次矩阵乘法。``counts[e]``
+    是选了专家 ``e`` 的 (token, 选择) 对数（调用方已经数好，在主机上）。
+
+    en: The grouped path, with the same result as :func:`experts_reference`: the ``T × k`` pairs sorted by expert, one
+    matrix multiplication per expert. ``counts[e]`` is the number of (token, choice) pairs that chose expert ``e``
+    (counted by the caller, on the host).
+    """
+    # >>> TASK fused_experts: 把 T × k 对排成“同一个专家的挨在一起”（专家号从小到大），按 counts 切成每个专家连续的一段；每段的输入行一次送过该专家的 expert_mlp，乘上各自的路由权重，最后按 token 加回 [T, H]
+    # en: order the T × k pairs so that one expert's pairs sit together (experts in increasing order) and cut them by counts into one contiguous stretch per expert; each stretch's input rows go through that expert's expert_mlp in one call, get multiplied by their routing weights, and are finally added back per token into [T, H]
+    k = topk_ids.shape[1]
+    order = torch.argsort(topk_ids.reshape(-1))
+    token = order // k
+    rows = x[token]
+    out_rows = torch.empty_like(rows)
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            out_rows[start : start + n] = expert_mlp(rows[start : start + n], w13[e], w2[e])
+        start += n
+    out_rows *= topk_weights.reshape(-1)[order, None].to(x.dtype)
+    return torch.zeros_like(x).index_add_(0, token, out_rows)
+    # <<< TASK
+
+
+class FusedMoE(BaseOP):
+    """一层的全部专家，权重叠成 ``w13`` ``[E, 2I, H]`` 和 ``w2`` ``[E, H, I]``。``grouped`` 选分组实现（缺省）还是
+    参考实现；``tokens_per_expert`` 累计每个专家收到过几个 (token, 选择) 对。
+
+    en: All experts of one layer, their weights stacked as ``w13`` ``[E, 2I, H]`` and ``w2`` ``[E, H, I]``. ``grouped``
+    picks the grouped path (the default) or the reference; ``tokens_per_expert`` counts the (token, choice) pairs each
+    expert has received so far.
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        self.num_experts, self.intermediate_size = num_experts, intermediate_size
+        self.w13 = torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype, device=device)
+        self.w2 = torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device)
+        self.grouped = True
+        self.tokens_per_expert = [0] * num_experts
+        # 检查点里有几个专家（:meth:`own_slots` 给每个都找个位置）；第 4.5 章只持有其中一部分时比 num_experts 多
+        # en: how many experts the checkpoint has (:meth:`own_slots` finds each a place); more than num_experts when
+        # en: chapter 4.5 holds only some of them
+        self.checkpoint_experts = num_experts
+
+    def own_slots(self, prefix: str) -> dict[str, WeightSlot]:
+        """检查点里第 ``e`` 个专家的 ``gate_proj`` / ``up_proj`` 是 ``w13`` 的第 ``2e`` / ``2e + 1`` 片，``down_proj``
+        是 ``w2`` 的第 ``e`` 片。
+
+        en: Expert ``e``'s ``gate_proj`` / ``up_proj`` in the checkpoint are shards ``2e`` / ``2e + 1`` of ``w13``, its
+        ``down_proj`` is shard ``e`` of ``w2``.
+        """
+        slots, base = {}, f"{prefix}." if prefix else ""
+        for e in range(self.checkpoint_experts):
+            slots[f"{base}{e}.gate_proj.weight"] = WeightSlot(self, "w13", 2 * e)
+            slots[f"{base}{e}.up_proj.weight"] = WeightSlot(self, "w13", 2 * e + 1)
+            slots[f"{base}{e}.down_proj.weight"] = WeightSlot(self, "w2", e)
+        return slots
+
+    def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
+        # >>> TASK expert_load: 按 own_slots 的编号把检查点里一个专家的一个张量拷进叠起来的权重：w13 的第 shard 片属于专家 shard // 2，是它的 gate（前 I 行）还是 up（后 I 行）看 shard 的奇偶；w2 的第 shard 片就是专家 shard；形状不对时 check_shape 报错
+        # en: copy one checkpoint tensor of one expert into the stacked weight, numbered as own_slots numbers them: shard of w13 belongs to expert shard // 2, and whether it is the gate (first I rows) or the up (last I rows) depends on shard's parity; shard of w2 is expert shard; check_shape complains on a wrong shape
+        if attr == "w13":
+            n = self.intermediate_size
+            target = self.w13[shard // 2, (shard % 2) * n : (shard % 2 + 1) * n]
+        else:
+            target = self.w2[shard]
+        check_shape(target, tensor)
+        target.copy_(tensor)
+        # <<< TASK
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        counts = torch.bincount(topk_ids.reshape(-1), minlength=self.num_experts).tolist()
+        self.tokens_per_expert = [a + b for a, b in zip(self.tokens_per_expert, counts)]
+        if self.grouped:
+            return fused_experts(x, self.w13, self.w2, topk_weights, topk_ids, counts)
+        return experts_reference(x, self.w13, self.w2, topk_weights, topk_ids)
+
+
+class SparseMoeBlock(BaseOP):
+    """代替 MoE 层的 ``mlp``：路由器 ``gate``（``[E, H]`` 的线性层，检查点里的 ``mlp.gate.weight``）加上专家。
+
+    en: Takes the place of an MoE layer's ``mlp``: the router ``gate`` (an ``[E, H]`` linear layer, the checkpoint's
+    ``mlp.gate.weight``) plus the experts.
+    """
+
+    def __init__(self, config: MoeConfig, dtype: torch.dtype, device: torch.device | str,
+                 experts: FusedMoE | None = None) -> None:
+        kw = {"dtype": dtype, "device": device}
+        self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
+        self.gate = Linear(config.hidden_size, config.num_experts, **kw)
+        # 第 4.5 章传进切开的专家（张量并行或专家并行）；路由器每个秩都有整份
+        # en: chapter 4.5 passes split experts in (tensor or expert parallel); every rank has the whole router
+        self.experts = experts or FusedMoE(config.num_experts, config.hidden_size, config.moe_intermediate_size, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # >>> TASK moe_block_forward: 路由器给每个 token 打分，选出专家和权重（用本层的 top_k 和 renormalize），交给专家
+        # en: the router scores every token, the experts and weights are selected (with this layer's top_k and renormalize), the experts take it from there
+        topk_weights, topk_ids = select_experts(self.gate.forward(x), self.top_k, self.renormalize)
+        return self.experts.forward(x, topk_weights, topk_ids)
+        # <<< TASK
+
+
+def create_moe_model(config: MoeConfig, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
+    """第 1.3 章的解码器，MoE 层的 ``mlp`` 换成 :class:`SparseMoeBlock`。每步的形状取决于路由（每个专家几行），
+    所以不能录成 CUDA 图（``capturable = False``）。
+
+    en: Chapter 1.3's decoder with the ``mlp`` of each MoE layer replaced by a :class:`SparseMoeBlock`. A step's shapes
+    depend on the routing (how many rows each expert gets), so it cannot be captured as a CUDA graph
+    (``capturable = False``).
+    """
+    model = create_model(config, dtype, device)
+    for i, layer in enumerate(model.model.layers):
+        if config.is_sparse(i):
+            layer.mlp = SparseMoeBlock(config, dtype, device)
+    model.capturable = False
+    return model
