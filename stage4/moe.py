@@ -87,7 +87,7 @@ class MoeConfig(ModelConfig):
         arch = (hf.get("architectures") or ["?"])[0]
         dense = ModelConfig.from_dict({**hf, "architectures": [MOE_ARCHITECTURES.get(arch, arch)]})
         experts = hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]
-        if not 1 <= hf["num_experts_per_tok"] <= max(experts, 1):
+        if experts and not 1 <= hf["num_experts_per_tok"] <= experts:
             raise ValueError(tr("num_experts_per_tok must be between 1 and num_experts ({experts}), got {k}",
                                 experts=experts, k=hf["num_experts_per_tok"]))
         return cls(
