@@ -8,7 +8,7 @@ CUDA 图靠“录一次、回放”消掉它；CPU 上没有图可录，于是�
 所以缺省（``None``）只在这几章都用参考解答时打开：学员自己写的章节总会真正跑起来。``True`` 强制打开，``False`` 关掉。
 要求：CPU、fp32 或 bf16、线性层走 ``minisgl.kernel`` 的内核（权重是原样的连续张量）、不开 CUDA 图。预填充照常走 Python。
 bf16 时权重和 KV 缓存都是 bf16（CPU 有 AVX512_BF16 时点积用 vdpbf16ps，否则读进来变成 fp32 再乘），激活在 C 里以 fp32
-存放，但在逐层的 bf16 引擎存成 bf16 的每个地方都舍入一次，所以两条路给出同样的 token。
+存放，但在逐层的 bf16 引擎存成 bf16 的每个地方都舍入一次：两条路只差注意力里的求和顺序。
 
 en: All decoder layers of one decode step on the CPU in one call (``minisgl/kernel/cpu_decode.c``): the CPU's
 counterpart of CUDA graphs. Issued layer by layer from Python, each layer is dozens of small operators, each with a fixed
@@ -19,7 +19,7 @@ wrote always runs. ``True`` forces it, ``False`` turns it off. Needs the CPU, fp
 ``minisgl.kernel``'s kernel (plain contiguous weights) and no CUDA graphs. Prefill takes the Python path as always.
 In bf16 the weights and the KV cache are bf16 (dot products by vdpbf16ps when the CPU has AVX512_BF16, otherwise widened
 to fp32 and multiplied); activations are held in fp32 inside C but rounded wherever the layer-by-layer bf16 engine stores
-a bf16 result, so both paths give the same tokens.
+a bf16 result: the two paths differ only in the summation order inside attention.
 """
 
 from __future__ import annotations
