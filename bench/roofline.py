@@ -12,7 +12,7 @@
    读 7 次取最快的，也报最慢的一次（云主机的带宽在几秒里就能差一半：看这个差距，就知道这一轮安不安静）；
 2. 乘加峰值：一个放得进缓存的矩阵乘（256 × 1024 乘 1024 × 1024，oneDNN），取五次里最快的；
 3. 我们的一步解码，逐层走各章的代码（``cpu_fused_decode=False``；batch 1 和 batch 8，关掉重叠，取每步的前向时间）；
-4. 我们的一步解码，解码层整个交给 C 函数（``minisgl/fused.py``；fp32、内核线性层、第 1.2–1.5 章是参考解答时的缺省）；
+4. 我们的一步解码，解码层整个交给 C 函数（``minisgl/fused.py``；fp32 或 bf16、内核线性层、第 1.2–1.5 章是参考解答时的缺省）；
 5. Hugging Face 的一步解码（同样的 batch，带 KV 缓存逐 token 前向）；
 
 然后用同一轮的带宽和峰值算下限，报每一步是下限的几倍、我们对 HF 的 token/s 倍数，都给中位数（最小 – 最大）。
@@ -192,7 +192,7 @@ def main() -> int:
               cpu_fused_decode=False, **linear)
     print(tr("Our linear layers: {kind}", kind=llm.engine.linear_kind))
     fused = None
-    if llm.engine.linear_kind == "kernel" and dtype == torch.float32:
+    if llm.engine.linear_kind == "kernel":
         fused = LLM(model, dtype=dtype, max_running_req=8, num_page_override=1024, max_seq_len_override=256,
                     cpu_fused_decode=True)
     scratch = tempfile.TemporaryDirectory()

@@ -6,15 +6,20 @@ CUDA 图靠“录一次、回放”消掉它；CPU 上没有图可录，于是�
 
 不是某一章的内容，而是引擎的一个选项（``EngineConfig.cpu_fused_decode``）。它绕过第 1.2–1.5 章的 Python 代码，
 所以缺省（``None``）只在这几章都用参考解答时打开：学员自己写的章节总会真正跑起来。``True`` 强制打开，``False`` 关掉。
-要求：CPU、fp32、线性层走 ``minisgl.kernel`` 的内核（权重是原样的连续张量）、不开 CUDA 图。预填充照常走 Python。
+要求：CPU、fp32 或 bf16、线性层走 ``minisgl.kernel`` 的内核（权重是原样的连续张量）、不开 CUDA 图。预填充照常走 Python。
+bf16 时权重和 KV 缓存都是 bf16（CPU 有 AVX512_BF16 时点积用 vdpbf16ps，否则读进来变成 fp32 再乘），激活在 C 里以 fp32
+存放，但在逐层的 bf16 引擎存成 bf16 的每个地方都舍入一次：两条路只差注意力里的求和顺序。
 
 en: All decoder layers of one decode step on the CPU in one call (``minisgl/kernel/cpu_decode.c``): the CPU's
 counterpart of CUDA graphs. Issued layer by layer from Python, each layer is dozens of small operators, each with a fixed
 cost of a few microseconds; in a small model's decode step that costs more than reading the weights once. Not a
 chapter's content but an engine option (``EngineConfig.cpu_fused_decode``). It bypasses the Python code of chapters
 1.2–1.5, so by default (``None``) it is on only when those chapters all run the reference solution: a chapter the learner
-wrote always runs. ``True`` forces it, ``False`` turns it off. Needs the CPU, fp32, linear layers through
+wrote always runs. ``True`` forces it, ``False`` turns it off. Needs the CPU, fp32 or bf16, linear layers through
 ``minisgl.kernel``'s kernel (plain contiguous weights) and no CUDA graphs. Prefill takes the Python path as always.
+In bf16 the weights and the KV cache are bf16 (dot products by vdpbf16ps when the CPU has AVX512_BF16, otherwise widened
+to fp32 and multiplied); activations are held in fp32 inside C but rounded wherever the layer-by-layer bf16 engine stores
+a bf16 result: the two paths differ only in the summation order inside attention.
 """
 
 from __future__ import annotations
@@ -39,12 +44,17 @@ __all__ = ["BYPASSED_CHAPTERS", "FusedDecoder", "plan_decode"]
 
 _I64, _F32 = ctypes.c_int64, ctypes.c_float
 
+#: ``cpu_decode.c`` 的 ``W_F32``、``W_BF16_WIDEN``、``W_BF16_DOT``：权重和 KV 缓存的类型，bf16 时点积怎么算。
+#: en: ``cpu_decode.c``'s ``W_F32``, ``W_BF16_WIDEN``, ``W_BF16_DOT``: the dtype of the weights and the KV cache, and
+#: en: for bf16 how the dot products are computed.
+_WEIGHTS = {"fp32": 0, "bf16 widen": 1, "bf16 dot": 2}
+
 
 class _Shape(ctypes.Structure):
-    """与 ``cpu_decode.c`` 里的 ``Shape`` 一一对应。"""
+    """与 ``cpu_decode.c`` 里的 ``Shape`` 一一对应（``weights``：:data:`_WEIGHTS` 里的一个）。"""
 
     _fields_ = [(name, _I64) for name in
-                ("batch", "hidden", "q_heads", "kv_heads", "head_dim", "intermediate", "layers")] + [("eps", _F32)]
+                ("batch", "hidden", "q_heads", "kv_heads", "head_dim", "intermediate", "layers", "weights")] + [("eps", _F32)]
 
 
 #: 融合解码绕过的章节：算子层、模型、KV 缓存、注意力后端（C 函数里各有一份同样的计算）。
@@ -75,8 +85,8 @@ def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
     if getattr(engine.model, "tp_size", 1) > 1:
         problem = tr("cpu_fused_decode runs the whole model in one process; this one is split over {tp} ranks",
                      tp=engine.model.tp_size)
-    elif engine.device.type != "cpu" or engine.dtype != torch.float32:
-        problem = tr("cpu_fused_decode works only on the CPU in float32")
+    elif engine.device.type != "cpu" or engine.dtype not in (torch.float32, torch.bfloat16):
+        problem = tr("cpu_fused_decode works only on the CPU in float32 or bfloat16")
     elif engine.linear_kind != "kernel":
         problem = tr("cpu_fused_decode needs the CPU kernel (cpu_kernel=True and a C compiler)")
     elif engine.graph_mode != "off":
@@ -90,7 +100,8 @@ def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
     if requested and problem:
         raise ValueError(problem)
     if requested:
-        return True, tr("Decode: every decoder layer in one C call per step (cpu_fused_decode=True)")
+        return True, tr("Decode: every decoder layer in one C call per step ({how}; cpu_fused_decode=True)",
+                        how=_describe(_weights(engine.dtype)))
     if requested is False:
         return False, tr("Decode: layer by layer through the chapters' code (cpu_fused_decode=False)")
     if engine.graph_mode != "off":
@@ -102,8 +113,25 @@ def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
     if own:
         return False, tr("Decode: layer by layer, through your chapters {labels} (the fused C path runs only when "
                          "chapters 1.2–1.5 are the reference solution)", labels=", ".join(own))
-    return True, tr("Decode: every decoder layer in one C call per step, as chapters 1.2–1.5 are the reference "
-                    "solution (cpu_fused_decode=False runs them layer by layer)")
+    return True, tr("Decode: every decoder layer in one C call per step ({how}), as chapters 1.2–1.5 are the reference "
+                    "solution (cpu_fused_decode=False runs them layer by layer)", how=_describe(_weights(engine.dtype)))
+
+
+def _weights(dtype: torch.dtype) -> str:
+    """C 函数里权重和 KV 缓存的类型（:data:`_WEIGHTS` 的键）：bf16 时 CPU 有 AVX512_BF16 就用 vdpbf16ps 的点积，
+    与逐层的 bf16 引擎（``kernel.kernel_linear``）同一个判断。"""
+    if dtype == torch.float32:
+        return "fp32"
+    return "bf16 dot" if kernel.bf16_dot() else "bf16 widen"
+
+
+def _describe(weights: str) -> str:
+    """``Engine.decode_path`` 里说类型和点积的那一段。"""
+    if weights == "fp32":
+        return tr("float32 weights and KV cache")
+    if weights == "bf16 dot":
+        return tr("bfloat16 weights and KV cache, dot products by vdpbf16ps (AVX512_BF16)")
+    return tr("bfloat16 weights and KV cache, widened to float32 for the dot products (no AVX512_BF16 on this CPU)")
 
 
 def _linears(layer: Any) -> tuple[Any, ...]:
@@ -125,24 +153,37 @@ class FusedDecoder:
 
     def __init__(self, engine: Engine) -> None:
         c, model = engine.model_config, engine.model
-        self.ctx, self.page_table, self.model = engine.ctx, engine.page_table, model
+        self.ctx, self.page_table, self.model, self.dtype = engine.ctx, engine.page_table, model, engine.dtype
+        self.weights = _weights(engine.dtype)
         self.shape = _Shape(0, c.hidden_size, c.num_qo_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                            c.num_layers, c.rms_norm_eps)
+                            c.num_layers, _WEIGHTS[self.weights], c.rms_norm_eps)
+        # 归一化权重和偏置在 C 里总是 fp32：bf16 模型另存一份 fp32 副本（同值，很小），这里留着它们
+        # en: norm weights and biases are always fp32 in C: a bf16 model keeps an fp32 copy (same values, small) here
+        self._fp32: list[torch.Tensor] = []
+
+        def f32(t: torch.Tensor | None) -> int:
+            if t is None:
+                return 0
+            self._fp32.append(t.float().contiguous())  # fp32 的张量原样返回，不复制
+            return self._fp32[-1].data_ptr()
+
         rows = []
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             if not all(op._kernel for op in _linears(layer)):
                 raise ValueError(tr("cpu_fused_decode: a linear layer of this model does not fit the CPU kernel"))
             rows.append([
-                _ptr(layer.input_layernorm.weight), _ptr(attn.qkv_proj.weight), _ptr(attn.qkv_proj.bias),
-                _ptr(attn.q_norm and attn.q_norm.weight), _ptr(attn.k_norm and attn.k_norm.weight),
-                _ptr(attn.o_proj.weight), _ptr(attn.o_proj.bias), _ptr(layer.post_attention_layernorm.weight),
-                _ptr(mlp.gate_up_proj.weight), _ptr(mlp.gate_up_proj.bias), _ptr(mlp.down_proj.weight),
-                _ptr(mlp.down_proj.bias), _ptr(engine.kv_cache.k_cache(i)), _ptr(engine.kv_cache.v_cache(i)),
+                f32(layer.input_layernorm.weight), _ptr(attn.qkv_proj.weight), f32(attn.qkv_proj.bias),
+                f32(attn.q_norm and attn.q_norm.weight), f32(attn.k_norm and attn.k_norm.weight),
+                _ptr(attn.o_proj.weight), f32(attn.o_proj.bias), f32(layer.post_attention_layernorm.weight),
+                _ptr(mlp.gate_up_proj.weight), f32(mlp.gate_up_proj.bias), _ptr(mlp.down_proj.weight),
+                f32(mlp.down_proj.bias), _ptr(engine.kv_cache.k_cache(i)), _ptr(engine.kv_cache.v_cache(i)),
             ])
         self.pointers = torch.tensor(rows, dtype=torch.int64)  # 权重不会再搬家：指针表只做一次
         rotary = model.model.layers[0].self_attn.attn._rotary
-        self.cos, self.sin = rotary._cos.contiguous(), rotary._sin.contiguous()
+        # bf16 时与参考实现的 apply_rotary 一样先把表舍入成 bf16（仍以 fp32 交给 C）
+        # en: in bf16 the tables are rounded to bf16 first, as the reference apply_rotary does (still handed to C as fp32)
+        self.cos, self.sin = (t.to(self.dtype).float().contiguous() for t in (rotary._cos, rotary._sin))
         self.decode_steps = 0
         self._model_forward = model.forward
         model.forward = self.forward
@@ -155,7 +196,7 @@ class FusedDecoder:
         max_len = max(md.seq_lens)
         if max_len > self.cos.shape[0]:  # 位置超出 RoPE 表：走 Python 那条路（由它报错），C 里不越界读
             return self._model_forward()
-        x = model.model.embed_tokens.forward(batch.input_ids).contiguous()
+        x = model.model.embed_tokens.forward(batch.input_ids).float().contiguous()  # C 里残差流是 fp32
         positions, out_loc = _int32(batch.positions), _int32(batch.out_loc)
         table_idx = torch.tensor(md.table_idx, dtype=torch.int32)
         seq_lens = torch.tensor(md.seq_lens, dtype=torch.int32)
@@ -168,4 +209,5 @@ class FusedDecoder:
             _ptr(table_idx), _ptr(seq_lens), max_len, _ptr(work),
         )
         self.decode_steps += 1
+        x = x.to(self.dtype)  # bf16 时 C 存的已是 bf16 的值，这一转不改变它们
         return Linear.forward(model.lm_head, model.model.norm.forward(x))  # 解码时每行都是本请求的最后一个 token

@@ -1,4 +1,5 @@
-"""融合解码（minisgl/fused.py + minisgl/kernel/cpu_decode.c）：与 Hugging Face 逐 token 相同，用错了给出清楚的错误；
+"""融合解码（minisgl/fused.py + minisgl/kernel/cpu_decode.c）：fp32 时与 Hugging Face 逐 token 相同，bf16 时与逐层的
+bf16 引擎逐 token 相同（与 HF bf16 的对照见 checks/reliability/test_bf16.py），用错了给出清楚的错误；
 缺省只在第 1.2–1.5 章都是参考解答时打开，学员自己写的章节总会真正跑起来。"""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from checks.hf_reference import greedy_reference
-from minisgl import model_zoo
+from minisgl import kernel, model_zoo
 from minisgl.core import SamplingParams
 from minisgl.i18n import tr
 from minisgl.llm import LLM
@@ -24,6 +25,53 @@ from minisgl.paths import REPO_ROOT
 PROMPTS = [[100 + 7 * i + j for j in range(3 + 5 * i)] for i in range(5)]
 MAX_TOKENS = 10
 KW = dict(dtype=torch.float32, device="cpu", max_running_req=4, num_page_override=128, max_seq_len_override=64, page_size=4)
+#: bf16：一次一个请求。批里有别的请求时，PyTorch 的注意力（SDPA）把 K/V 补齐，求和顺序随之变化，逐层的 bf16 引擎自己
+#: 一批一批的输出都会在几乎并列的候选上分岔；一个请求时两条路只差注意力里的求和顺序。
+#: en: bf16: one request at a time. With other requests in the batch PyTorch's attention (SDPA) pads the K/V and its
+#: en: summation order changes, so even the layer-by-layer bf16 engine's own output forks at near-ties from one batch
+#: en: composition to another; with one request the two paths differ only in the summation order inside attention.
+BF16_KW = {**KW, "dtype": torch.bfloat16, "max_running_req": 1}
+#: bf16 的提示词：SmolLM2 在 [1, 22, 1353, ...] 上第 10 个 token 处 HF bf16 的两个候选 logit 完全相同，不放进来。
+#: 这几条在 tiny Qwen3 上能抓住漏掉的舍入（残差、RoPE）。
+#: en: bf16 prompts: on [1, 22, 1353, ...] SmolLM2's 10th token has two candidates with exactly equal HF bf16 logits,
+#: en: so it is left out. These catch missing roundings (residual, RoPE) on the tiny Qwen3.
+BF16_PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 3303, 1435, 2443, 28], PROMPTS[2], PROMPTS[4]]
+BF16_TOKENS = 16
+
+
+def _bf16_tokens(path: Path, fused: bool) -> tuple[list[list[int]], str, int]:
+    """bf16 贪心生成 BF16_TOKENS 个 token：(输出, Engine.decode_path, 融合解码走了几步)。"""
+    llm = LLM(path, cpu_fused_decode=fused, **BF16_KW)
+    try:
+        params = SamplingParams(max_tokens=BF16_TOKENS, ignore_eos=True)
+        got = [r["token_ids"] for r in llm.generate(BF16_PROMPTS, params)]
+        return got, llm.engine.decode_path, llm.engine.fused_decoder.decode_steps if fused else 0
+    finally:
+        llm.shutdown()
+
+
+def _assert_bf16_paths_agree(path: Path) -> str:
+    fused, said, steps = _bf16_tokens(path, True)
+    layered, _, _ = _bf16_tokens(path, False)
+    assert steps >= len(BF16_PROMPTS) * (BF16_TOKENS - 1), f"解码批次没有走融合解码（只走了 {steps} 步）"
+    for i, (f, w) in enumerate(zip(fused, layered)):
+        assert f == w, f"第 {i} 个提示词：bf16 融合解码 {f}，逐层 {w}"
+    return said
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen3", "smollm2"])
+def test_bf16_matches_layer_by_layer(model: str) -> None:
+    """bf16：融合解码（bf16 权重和 KV 缓存，激活在逐层引擎舍入的地方同样舍入）与逐层的 bf16 引擎逐 token 相同。"""
+    said = _assert_bf16_paths_agree(getattr(model_zoo, model)())
+    assert "bfloat16" in said and ("vdpbf16ps" in said) == kernel.bf16_dot(), said
+
+
+def test_bf16_without_the_bf16_dot_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU 没有 AVX512_BF16 时（这里假装没有）：融合解码读 bf16 权重、扩成 fp32 再乘（cpu_linear_bf16w），逐层的引擎
+    也这样，两条路仍逐 token 相同；这句话说出点积怎么算。"""
+    monkeypatch.setattr(kernel.library(), "bf16_dot", False)
+    said = _assert_bf16_paths_agree(model_zoo.tiny_qwen3())
+    assert "vdpbf16ps" not in said and "AVX512_BF16" in said, said
 
 
 @pytest.mark.parametrize("model", ["tiny_qwen3", "smollm2"])  # Qwen3 有 q/k 归一化，Llama 没有
@@ -44,21 +92,22 @@ def test_matches_hf(model: str) -> None:
 @pytest.mark.parametrize(("kw", "words"), [
     ({"cpu_kernel": False}, "cpu_kernel"),
     ({"cuda_graph": "eager"}, "cuda_graph"),
-    ({"dtype": torch.bfloat16}, "float32"),
+    ({"dtype": torch.float16}, "bfloat16"),
 ])
 def test_unsupported_settings_fail_clearly(kw: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         LLM(model_zoo.tiny_qwen3(), cpu_fused_decode=True, **{**KW, **kw})
 
 
-def test_on_by_default_with_the_reference_solutions() -> None:
-    """CPU、fp32、内核线性层，第 1.2–1.5 章都是参考解答（这个检查进程就是）：不给 cpu_fused_decode 时走融合解码，
-    给 False 时逐层走；两条路的输出相同，引擎用一句话说出走的是哪条。"""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_by_default_with_the_reference_solutions(dtype: torch.dtype) -> None:
+    """CPU、fp32 或 bf16、内核线性层，第 1.2–1.5 章都是参考解答（这个检查进程就是）：不给 cpu_fused_decode 时走融合
+    解码，给 False 时逐层走；两条路的输出相同，引擎用一句话说出走的是哪条（融合时还说出权重类型）。"""
     path = model_zoo.tiny_qwen3()
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     out = {}
     for requested in (None, False):
-        llm = LLM(path, cpu_fused_decode=requested, **KW)
+        llm = LLM(path, cpu_fused_decode=requested, **(KW if dtype == torch.float32 else BF16_KW))
         try:
             out[requested] = [r["token_ids"] for r in llm.generate(PROMPTS, params)]
             fused, said = llm.engine.fused_decoder is not None, llm.engine.decode_path
@@ -67,6 +116,7 @@ def test_on_by_default_with_the_reference_solutions() -> None:
         assert fused == (requested is None), tr("cpu_fused_decode={requested}: fused decode installed: {fused} ({said})",
                                                 requested=requested, fused=fused, said=said)
         assert ("1.2" in said) == (requested is None) and "cpu_fused_decode=False" in said, said
+        assert (str(dtype).removeprefix("torch.") in said) == (requested is None), said
     assert out[None] == out[False], tr("Fused and layer-by-layer decoding must give the same tokens")
 
 

@@ -4,6 +4,7 @@ fp32 下我们要求与 HF 逐 token 相同；bf16 只有 8 位有效二进制�
 小数点后第二位，遇到几乎并列的两个候选，贪心选哪个都对。所以规则是：把我们生成的整段交给 HF（bf16）
 再算一遍，每一步我们选的 token 在 HF 的 logits 里必须与最大值相差不超过 1%（相对这一行 logits 的最大绝对值）；
 并且这个容差要真能分辨——落在容差内的候选不到词表的千分之一，否则这条检查什么也没证明。
+解码的两条路都这样查：缺省的（CPU 上是融合的 C 解码，见 minisgl/fused.py）和逐层走各章代码的（cpu_fused_decode=False）。
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ NEW_TOKENS = 12
 REL_TOL = 1e-2
 
 
-@pytest.fixture(scope="module")
-def outputs() -> tuple[list[list[int]], torch.nn.Module]:
-    llm = LLM(str(smollm2()), dtype=torch.bfloat16, device="auto", max_running_req=4, num_page_override=256, max_seq_len_override=64)
+@pytest.fixture(scope="module", params=[None, False], ids=["default-decode", "layer-by-layer"])
+def outputs(request: pytest.FixtureRequest) -> tuple[list[list[int]], torch.nn.Module]:
+    llm = LLM(str(smollm2()), dtype=torch.bfloat16, device="auto", max_running_req=4, num_page_override=256, max_seq_len_override=64,
+              cpu_fused_decode=request.param)
     try:
         ours = [o["token_ids"] for o in llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))]
     finally:
