@@ -107,7 +107,8 @@ def test_on_by_default_with_the_reference_solutions(dtype: torch.dtype) -> None:
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     out = {}
     for requested in (None, False):
-        llm = LLM(path, cpu_fused_decode=requested, **(KW if dtype == torch.float32 else BF16_KW))
+        kw = {**(KW if dtype == torch.float32 else BF16_KW), "dtype": dtype, "device": "cpu"}
+        llm = LLM(path, dtype=kw.pop("dtype"), device=kw.pop("device"), cpu_fused_decode=requested, **kw)
         try:
             out[requested] = [r["token_ids"] for r in llm.generate(PROMPTS, params)]
             fused, said = llm.engine.fused_decoder is not None, llm.engine.decode_path
