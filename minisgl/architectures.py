@@ -44,11 +44,11 @@ def load_model_config(model_path: str | Path) -> ModelConfig:
 
     path = Path(model_path) / "config.json"
     if path.is_file():
-        arch = (json.loads(path.read_text(encoding="utf-8")).get("architectures") or ["?"])[0]
-        if arch in MOE_ARCHITECTURES:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+        if (hf.get("architectures") or ["?"])[0] in MOE_ARCHITECTURES:
             from minisgl.moe import MoeConfig
 
-            return MoeConfig.from_hf(model_path)
+            return MoeConfig.from_dict(hf)
     return ModelConfig.from_hf(model_path)
 
 
@@ -80,9 +80,7 @@ def create_split_model_for(config: ModelConfig, dtype: torch.dtype, device: torc
         from minisgl.expert_parallel import create_moe_tp_model
 
         return create_moe_tp_model(config, dtype, device, ep_size)  # type: ignore[arg-type]
-    if ep_size != 1:
-        raise ValueError(tr("ep_size={ep} applies to mixture-of-experts models; {arch} has no experts", ep=ep_size,
-                            arch=config.architecture))
+    _refuse_ep(config, ep_size)
     from minisgl.tensor_parallel import create_tp_model
 
     return create_tp_model(config, dtype, device)
@@ -99,9 +97,17 @@ def check_split(config: ModelConfig, tp: int, ep: int = 1) -> None:
 
         check_moe_split(config, tp, ep)  # type: ignore[arg-type]
         return
-    if ep != 1:
-        raise ValueError(tr("ep_size={ep} applies to mixture-of-experts models; {arch} has no experts", ep=ep,
-                            arch=config.architecture))
+    _refuse_ep(config, ep)
     from minisgl.tensor_parallel import check_tp_split
 
     check_tp_split(config, tp)
+
+
+def _refuse_ep(config: ModelConfig, ep: int) -> None:
+    """稠密模型没有专家可分：``ep`` 不是 1 就报错。
+
+    en: A dense model has no experts to deal out: raise unless ``ep`` is 1.
+    """
+    if ep != 1:
+        raise ValueError(tr("ep_size={ep} applies to mixture-of-experts models; {arch} has no experts", ep=ep,
+                            arch=config.architecture))

@@ -48,7 +48,7 @@ import torch
 from minisgl.distributed import get_tp_comm, get_tp_info
 from minisgl.i18n import tr
 from minisgl.models import CausalLM
-from minisgl.moe import FusedMoE, MoeConfig, SparseMoeBlock, fused_experts
+from minisgl.moe import FusedMoE, MoeConfig, fused_experts, put_experts
 from minisgl.tensor_parallel import create_tp_model, split_problems
 
 # ----------------------------------------------------------------------------- 切得开吗
@@ -232,14 +232,13 @@ class EPMoE(FusedMoE):
         """
         mine = token_range(x.shape[0], self.ep.rank, self.ep.size)
         rows, local_ids, sent = self.dispatch(x[mine.start : mine.stop], topk_ids[mine.start : mine.stop])
-        counts = torch.bincount(local_ids, minlength=self.num_experts).tolist()
-        self.tokens_per_expert = [a + b for a, b in zip(self.tokens_per_expert, counts)]
+        counts = self.count_tokens(local_ids)
         ones = torch.ones((rows.shape[0], 1), dtype=torch.float32, device=rows.device)
         out_rows = fused_experts(rows, self.w13, self.w2, ones, local_ids[:, None], counts)
         out = x.new_zeros(x.shape)
         out[mine.start : mine.stop] = self.combine(out_rows, topk_weights[mine.start : mine.stop], sent)
         width = x.shape[1] * x.element_size()
-        elsewhere = sum(sent.send_splits) - sent.send_splits[self.ep.rank] if self.ep.size > 1 else 0
+        elsewhere = sum(sent.send_splits) - sent.send_splits[self.ep.rank]
         # 去程：行和 8 字节的专家号；回程：只有行；最后拼回的整份
         # en: out: the rows and 8-byte expert numbers; back: the rows only; last, the whole joined again
         self.bytes_moved += elsewhere * (2 * width + 8) + out.numel() * out.element_size() * (self.ep.size > 1)
@@ -259,12 +258,6 @@ def create_moe_tp_model(config: MoeConfig, dtype: torch.dtype, device: torch.dev
     any weight is allocated when it cannot be split.
     """
     check_moe_split(config, get_tp_info().size, ep_size)
-    kw = {"dtype": dtype, "device": device}
-    model = create_tp_model(config, dtype, device)
     experts_cls = EPMoE if ep_size > 1 else TPFusedMoE
-    for i, layer in enumerate(model.model.layers):
-        if config.is_sparse(i):
-            experts = experts_cls(config.num_experts, config.hidden_size, config.moe_intermediate_size, **kw)
-            layer.mlp = SparseMoeBlock(config, dtype, device, experts)
-    model.capturable = False
-    return model
+    return put_experts(create_tp_model(config, dtype, device), config, dtype, device, lambda: experts_cls(
+        config.num_experts, config.hidden_size, config.moe_intermediate_size, dtype=dtype, device=device))

@@ -43,6 +43,7 @@ copies each into its place.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,14 +83,14 @@ class MoeConfig(ModelConfig):
         """
         arch = (hf.get("architectures") or ["?"])[0]
         dense = ModelConfig.from_dict({**hf, "architectures": [MOE_ARCHITECTURES.get(arch, arch)]})
+        # 发布的检查点写 num_experts，新版 transformers 存盘时写 num_local_experts
+        # en: released checkpoints say num_experts, recent transformers save num_local_experts
         experts = hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]
         if experts and not 1 <= hf["num_experts_per_tok"] <= experts:
             raise ValueError(tr("num_experts_per_tok must be between 1 and num_experts ({experts}), got {k}",
                                 experts=experts, k=hf["num_experts_per_tok"]))
         return cls(
             **{**dataclasses.asdict(dense), "architecture": arch},
-            # 发布的检查点写 num_experts，新版 transformers 存盘时写 num_local_experts
-            # en: released checkpoints say num_experts, recent transformers save num_local_experts
             num_experts=experts,
             num_experts_per_tok=hf["num_experts_per_tok"],
             moe_intermediate_size=hf["moe_intermediate_size"],
@@ -241,9 +242,18 @@ class FusedMoE(BaseOP):
         target.copy_(tensor)
         # <<< TASK
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        counts = torch.bincount(topk_ids.reshape(-1), minlength=self.num_experts).tolist()
+    def count_tokens(self, expert_ids: torch.Tensor) -> list[int]:
+        """这一步每个专家收到几个 (token, 选择) 对（放在主机上：分组实现按它切段），并记进 ``tokens_per_expert``。
+
+        en: How many (token, choice) pairs each expert receives in this step (on the host: the grouped path cuts its
+        stretches by it), also added to ``tokens_per_expert``.
+        """
+        counts = torch.bincount(expert_ids.reshape(-1), minlength=self.num_experts).tolist()
         self.tokens_per_expert = [a + b for a, b in zip(self.tokens_per_expert, counts)]
+        return counts
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        counts = self.count_tokens(topk_ids)
         if self.grouped:
             return fused_experts(x, self.w13, self.w2, topk_weights, topk_ids, counts)
         return experts_reference(x, self.w13, self.w2, topk_weights, topk_ids)
@@ -281,9 +291,20 @@ def create_moe_model(config: MoeConfig, dtype: torch.dtype, device: torch.device
     depend on the routing (how many rows each expert gets), so it cannot be captured as a CUDA graph
     (``capturable = False``).
     """
-    model = create_model(config, dtype, device)
+    return put_experts(create_model(config, dtype, device), config, dtype, device)
+
+
+def put_experts(model: CausalLM, config: MoeConfig, dtype: torch.dtype, device: torch.device | str,
+                make_experts: Callable[[], FusedMoE] | None = None) -> CausalLM:
+    """把 ``model`` 里每个 MoE 层的 ``mlp`` 换成 :class:`SparseMoeBlock`（专家由 ``make_experts`` 造，缺省是整的
+    :class:`FusedMoE`；第 4.5 章传进切开的），并标记它不能录成 CUDA 图。
+
+    en: Replace the ``mlp`` of every MoE layer of ``model`` with a :class:`SparseMoeBlock` (its experts made by
+    ``make_experts``, by default a whole :class:`FusedMoE`; chapter 4.5 passes split ones) and mark the model as not
+    capturable as a CUDA graph.
+    """
     for i, layer in enumerate(model.model.layers):
         if config.is_sparse(i):
-            layer.mlp = SparseMoeBlock(config, dtype, device)
+            layer.mlp = SparseMoeBlock(config, dtype, device, make_experts() if make_experts else None)
     model.capturable = False
     return model

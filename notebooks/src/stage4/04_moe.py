@@ -241,27 +241,18 @@ print(tr("with out[token] = ... instead: equal to the reference {same}; tokens w
 # and `decode_path` says why). Hugging Face generates as many tokens with its own `Qwen3MoeForCausalLM`:
 
 # %%
-from transformers import AutoModelForCausalLM
-
 from minisgl.core import SamplingParams
 
-PROMPTS = [[9707, 11, 1879, 0], [785, 3974, 13876, 38835, 34208, 916]]
-NEW_TOKENS = 8
+sys.path.insert(0, str(ROOT / "examples"))
+from chapters.moe import NEW_TOKENS, PROMPTS, hf_greedy  # noqa: E402 - the chapter's example / 本章的示例
+
 print(llm.engine.decode_path)
 for layer in layers:
     if isinstance(layer.mlp, SparseMoeBlock):
         layer.mlp.experts.tokens_per_expert = [0] * c.num_experts
 outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
 ours = [o["token_ids"] for o in outs]
-
-hf = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
-theirs = []
-with torch.inference_mode():
-    for p in PROMPTS:
-        ids_hf = torch.tensor([p])
-        gen = hf.generate(ids_hf, attention_mask=torch.ones_like(ids_hf), max_new_tokens=NEW_TOKENS, do_sample=False,
-                          eos_token_id=None)
-        theirs.append(gen[0, len(p):].tolist())
+theirs = hf_greedy(PROMPTS)
 for i, (a, b) in enumerate(zip(ours, theirs)):
     print(tr("prompt {i}: ours {a}", i=i, a=a))
     print(tr("prompt {i}: HF   {b} (the same: {same})", i=i, b=b, same=a == b))
