@@ -37,7 +37,7 @@ milestone: setup  ## 主任务：第二阶段里程碑
 milestone3: setup ## 第三阶段里程碑：启动服务，用 openai 客户端对它说话
 	$(PYTHON) examples/stage3_milestone.py
 
-milestone4: setup ## 第四阶段里程碑：模型切给两个秩，离线和 --tp 2 的服务都与一个进程相同
+milestone4: setup ## 第四阶段里程碑：模型切给两个秩，离线和 --tp 2 的服务都与一个进程相同；--dp 2 的路由器让共享前缀只算一遍
 	$(PYTHON) examples/stage4_milestone.py
 
 .PHONY: serve

@@ -37,6 +37,7 @@ class Options:
     output_len: tuple[int, int] = (16, 128)
     prefix_len: int = 200
     tail_len: tuple[int, int] = (8, 32)
+    prefix_groups: int = 1
     seed: int = 0
     timeout: float = 300.0
     ignore_eos: bool = True
@@ -44,7 +45,8 @@ class Options:
 
     def request_set(self, ids: Sequence[int], seed: int) -> list[RequestSpec]:
         if self.requests == "shared-prefix":
-            return shared_prefix_requests(self.num_requests, ids, self.prefix_len, self.tail_len, self.output_len, seed)
+            return shared_prefix_requests(self.num_requests, ids, self.prefix_len, self.tail_len, self.output_len, seed,
+                                          self.prefix_groups)
         return random_requests(self.num_requests, ids, self.prompt_len, self.output_len, seed)
 
 
@@ -180,6 +182,16 @@ COUNTERS = {"prefill_tokens": "minisgl_prefill_tokens_total", "prefix_hit_tokens
 SETTLE_S = 0.5
 
 
+def counter_total(metrics: dict[str, float], name: str) -> float | None:
+    """计数器 ``name`` 的值；``--dp`` 的路由器按副本分开报（``name{replica="0"}`` ……），就加起来。没有就是 None。
+
+    en: The value of counter ``name``; the ``--dp`` router reports it per replica (``name{replica="0"}`` ...), so add
+    them up. None when absent.
+    """
+    values = [v for k, v in metrics.items() if k == name or k.startswith(name + "{")]
+    return sum(values) if values else None
+
+
 @dataclass
 class RunResult:
     """一次运行（第 ``repeat`` 遍）的记录和汇总；``counters`` 是服务器自己报的计数在这次运行里的增量（只有我们的有）。
@@ -236,7 +248,8 @@ async def measure(url: str, runs: Sequence[Run], vocab: Vocab, opts: Options, *,
                 if probe is not None:
                     await asyncio.sleep(SETTLE_S)
                     after = await asyncio.to_thread(probe)
-                    counters = {k: after[m] - before[m] for k, m in COUNTERS.items() if m in after and m in before}
+                    counters = {k: counter_total(after, m) - counter_total(before, m) for k, m in COUNTERS.items()
+                                if counter_total(after, m) is not None and counter_total(before, m) is not None}
                 results.append(RunResult(run, records, summarize(records, opts.slo), repeat, counters))
         return name, results
     finally:

@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=parse_range, default=(16, 256), help=tr("random set: prompt length MIN,MAX in tokens (default 16,256)"))
     p.add_argument("--output-len", type=parse_range, default=(16, 128), help=tr("output length MIN,MAX in tokens (default 16,128)"))
     p.add_argument("--prefix-len", type=int, default=200, help=tr("shared-prefix set: tokens of the shared system prompt (default 200)"))
+    p.add_argument("--prefix-groups", type=int, default=1,
+                   help=tr("shared-prefix set: this many different system prompts, the requests taking them in turn (default 1)"))
     p.add_argument("--tail-len", type=parse_range, default=(8, 32), help=tr("shared-prefix set: length MIN,MAX of each distinct tail (default 8,32)"))
     p.add_argument("--seed", type=int, default=0, help=tr("seed of the first run's requests; run i of pass r uses seed + i + r × runs (default 0)"))
     p.add_argument("--timeout", type=float, default=300.0, help=tr("per-request timeout in seconds (default 300)"))
@@ -234,13 +236,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(tr("--seed must not be negative (Random(-n) draws the same numbers as Random(n))"))
     if args.repeats < 1:
         parser.error(tr("--repeats must be at least 1"))
+    if args.prefix_groups < 1:
+        parser.error(tr("--prefix-groups must be at least 1"))
     tokenizer = args.tokenizer or args.model
     if tokenizer is None:
         parser.error(tr("with --url, give --tokenizer DIR (its vocabulary gives the prompt token ids)"))
     runs = [Run("poisson", r) for r in parse_list(args.rates or "", float)]
     runs += [Run("closed", c) for c in parse_list(args.concurrency or ("" if runs else "1,4,8"), int)]
     opts = Options(requests=args.requests, num_requests=args.num_requests, prompt_len=args.prompt_len,
-                   output_len=args.output_len, prefix_len=args.prefix_len, tail_len=args.tail_len, seed=args.seed,
+                   output_len=args.output_len, prefix_len=args.prefix_len, tail_len=args.tail_len,
+                   prefix_groups=args.prefix_groups, seed=args.seed,
                    timeout=args.timeout, ignore_eos=not args.no_ignore_eos, slo=Slo(args.slo_ttft, args.slo_tpot))
     vocab = load_vocab(tokenizer)
     peers = [Peer("url", url=args.url)] if args.url else build_peers(names, args.model, server_flags, variants)

@@ -47,18 +47,20 @@ def random_requests(n: int, ids: Sequence[int], prompt_len: tuple[int, int], out
 
 
 def shared_prefix_requests(n: int, ids: Sequence[int], prefix_len: int, tail_len: tuple[int, int],
-                           output_len: tuple[int, int], seed: int) -> list[RequestSpec]:
+                           output_len: tuple[int, int], seed: int, groups: int = 1) -> list[RequestSpec]:
     """``n`` 个请求共用开头的 ``prefix_len`` 个 token（“系统提示词”），后面各接一段长度在 ``tail_len`` 之间的尾巴。
+    ``groups`` 段不同的系统提示词时，第 ``i`` 个请求用第 ``i % groups`` 段（各组轮流着来，像几个应用共用一个服务）。
 
     en: ``n`` requests that share their first ``prefix_len`` tokens (the "system prompt"), each followed by a tail of a
-    length within ``tail_len``.
+    length within ``tail_len``. With ``groups`` different system prompts, request ``i`` uses prompt ``i % groups`` (the
+    groups take turns, like several applications sharing one service).
     """
     rng = random.Random(seed)
-    prefix = rng.choices(ids, k=prefix_len)
+    prefixes = [rng.choices(ids, k=prefix_len) for _ in range(groups)]
     out = []
-    for _ in range(n):
+    for i in range(n):
         length, new = rng.randint(*tail_len), rng.randint(*output_len)
-        out.append(RequestSpec(prefix + rng.choices(ids, k=length), new))
+        out.append(RequestSpec(prefixes[i % groups] + rng.choices(ids, k=length), new))
     return out
 
 

@@ -1,17 +1,20 @@
-"""第 4 阶段里程碑（张量并行与专家并行）：同一个模型切给两个秩，离线和在线都得到一个进程时的 token。
+"""第 4 阶段里程碑（张量并行、专家并行与数据并行）：同一个模型切给两个秩，离线和在线都得到一个进程时的 token；两个副本
+前面的路由器让共享的前缀只算一遍。
 
 1. 哪些 ``tp`` 切得开：小 Qwen3 和 SmolLM2（9 个头），切不开时在加载之前就拒绝；
 2. 秩里面：每个秩上第 0 层各个权重的形状、存了多少、生成时每步的集合通信次数；
 3. 离线：``LLM(path)`` 与 ``LLM(path, tp_size=2)`` 贪心生成的 token 逐个相同；
 4. 在线：``python -m minisgl --tp 2``：官方 ``openai`` 客户端得到与一个进程相同的文字，流到一半断开的请求在每个
    秩上都释放了页，服务的进程（每个秩一个调度器进程），关掉之后一个进程也不留下；
-5. 混合专家：小 Qwen3-MoE 在一个秩上和专家分给两个秩（``ep_size=2``）时贪心生成的 token 相同。
+5. 混合专家：小 Qwen3-MoE 在一个秩上和专家分给两个秩（``ep_size=2``）时贪心生成的 token 相同；
+6. 数据并行：``python -m minisgl --dp 2`` 的两个副本，共享前缀的负载走缓存感知的路由器时预填充的 token 明显少于轮流，
+   同样的请求回答相同，关掉之后不留下进程。
 
     python examples/stage4_milestone.py
     python examples/stage4_milestone.py --model models/SmolLM2-135M-Instruct --tp 3
 
-en: Stage 4 milestone (tensor and expert parallelism): one model split over two ranks gives one process's tokens, offline
-and online.
+en: Stage 4 milestone (tensor, expert and data parallelism): one model split over two ranks gives one process's tokens,
+offline and online; the router in front of two replicas computes a shared prefix once.
 
 1. which ``tp`` split: the tiny Qwen3 and SmolLM2 (9 heads); one that does not is refused before loading;
 2. inside the ranks: the shape of each layer-0 weight on each rank, how much each stores, the collectives per step while
@@ -21,7 +24,10 @@ and online.
    dropped halfway frees its pages on every rank, the service's processes (one scheduler process per rank), and after
    stopping it no process is left;
 5. mixture of experts: the tiny Qwen3-MoE generates the same greedy tokens on one rank and with its experts dealt out
-   to two ranks (``ep_size=2``).
+   to two ranks (``ep_size=2``);
+6. data parallelism: the two replicas of ``python -m minisgl --dp 2`` prefill clearly fewer tokens of a shared-prefix
+   workload behind the cache-aware router than in turn, the same requests get the same answers, and no process is left
+   after stopping.
 
     python examples/stage4_milestone.py
     python examples/stage4_milestone.py --model models/SmolLM2-135M-Instruct --tp 3
@@ -30,8 +36,10 @@ and online.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +47,7 @@ import torch
 from openai import OpenAI
 
 from minisgl import model_zoo
-from minisgl.harness import ServerProcess
+from minisgl.harness import ServerProcess, per_replica, shared_prefix_prompts
 from minisgl.i18n import tr
 from minisgl.paths import REPO_ROOT
 
@@ -50,6 +58,8 @@ PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def add(a, b):"]
 NEW_TOKENS = 12
 ENGINE = {"num_page_override": 512, "max_seq_len_override": 128}
 FLAGS = ("--dtype", "float32", "--num-pages", "512", "--max-seq-len", "512", "--cache-type", "naive")
+PREFILL = "minisgl_prefill_tokens_total"  # 每个副本自己数的预填充 token | en: the prefill tokens each replica counted itself
+DP_FLAGS = ("--dtype", "float32", "--num-pages", "2048", "--max-seq-len", "512")
 
 
 def milestone_rank(rank: int, world_size: int, addr: str, model_path: str, device_name: str) -> dict[str, Any]:
@@ -182,7 +192,54 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(tr("   {prompt!r}: ep 1 {one}", prompt=prompt, one=a["token_ids"]))
         print(tr("   {pad}  ep {tp} {other}", pad=" " * len(repr(prompt)), tp=args.tp, other=b["token_ids"]))
     print(tr("   the same tokens: {same}", same=results["moe_equal"]))
+
+    data_parallel(args, results)
     return results
+
+
+def answer_all(server: ServerProcess, prompts: list[str]) -> tuple[list[str], dict[str, int]]:
+    """一个接一个地发 ``prompts``（贪心），返回回答和这期间每个副本预填充了多少 token。
+
+    en: Send ``prompts`` one after another (greedy); return the answers and how many tokens each replica prefilled
+    meanwhile.
+    """
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    name = client.models.list().data[0].id
+    before = per_replica(server.settled_metrics(), PREFILL)
+    answers = [client.completions.create(model=name, prompt=p, max_tokens=6, temperature=0).choices[0].text
+               for p in prompts]
+    after = per_replica(server.settled_metrics(), PREFILL)
+    return answers, {k: int(after[k] - before.get(k, 0)) for k in sorted(after)}
+
+
+def data_parallel(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """第 6 步：``--dp 2`` 的两个副本，同样形状的共享前缀负载，缓存感知的路由器对轮流（同一对副本前面单独起的
+    第二个路由器）：各预填充了多少 token，同样的请求回答是否相同。
+
+    en: Step 6: the two replicas of ``--dp 2``, a shared-prefix workload of the same shape, the cache-aware router against
+    round robin (a second router started alone in front of the same replicas): how many tokens each prefilled, and
+    whether the same requests get the same answers.
+    """
+    print(tr("\n6. Data parallelism: python -m minisgl --dp 2, the cache-aware router against round robin"))
+    prompts = shared_prefix_prompts("alpha")
+    print(tr("   {n} prompts, 3 long system prompts taking turns, sent one after another", n=len(prompts)))
+    with ServerProcess(args.model, *DP_FLAGS, "--device", args.device, "--dp", "2") as server:
+        with urllib.request.urlopen(f"{server.url}/list_workers", timeout=10) as r:
+            urls = json.load(r)["urls"]
+        with ServerProcess.router(urls, "--router-policy", "round_robin") as rr:
+            rr_answers, rr_prefill = answer_all(rr, prompts)
+        _, ca_prefill = answer_all(server, shared_prefix_prompts("beta"))
+        ca_answers, _ = answer_all(server, prompts)
+    rr_total, ca_total = sum(rr_prefill.values()), sum(ca_prefill.values())
+    print(tr("   round_robin: prefill tokens per replica {per}, {total} in all", per=rr_prefill, total=rr_total))
+    print(tr("   cache_aware (the same shape, other system prompts): per replica {per}, {total} in all = "
+             "{share:.0%} of round robin's", per=ca_prefill, total=ca_total, share=ca_total / max(rr_total, 1)))
+    results["dp_prefill"] = {"round_robin": rr_total, "cache_aware": ca_total}
+    results["dp_equal"] = ca_answers == rr_answers
+    results["dp_left_behind"] = server.left_behind
+    print(tr("   the same answers through either router: {same}", same=results["dp_equal"]))
+    print(tr("   stopped with Ctrl-C (SIGINT): exit code {code}, processes left behind: {n}",
+             code=server.proc.returncode if server.proc else None, n=len(server.left_behind)))
 
 
 if __name__ == "__main__":

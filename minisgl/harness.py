@@ -1,9 +1,9 @@
 """检查、示例、笔记本和基准测试用的服务器外壳：在子进程里启动 ``python -m minisgl``，等它就绪，读它的 ``/metrics``，
-用完关掉并确认没有留下任何进程。服务器自己不用它。
+用完关掉并确认没有留下任何进程。``--dp N`` 的启动器也用它起各个副本。
 
 en: The server harness of the checks, examples, notebooks and benchmarks: start ``python -m minisgl`` in a child process,
-wait until it is ready, read its ``/metrics``, and when done stop it and make sure no process is left. The server itself
-does not use it.
+wait until it is ready, read its ``/metrics``, and when done stop it and make sure no process is left. The ``--dp N``
+launcher also starts each replica with it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,27 @@ from minisgl.i18n import tr
 #: 启动器就绪时打印的地址（不论哪种语言，这一段都一样）。
 #: en: The address the launcher prints once it is ready (the same in every language).
 LISTENING = re.compile(r"http://127\.0\.0\.1:\d+")
+
+
+def shared_prefix_prompts(tag: str, groups: int = 3, tails: int = 3, words: int = 40) -> list[str]:
+    """共享前缀的一组提示词：``groups`` 段各不相同的长开头（每段 ``words`` 个词，由 ``tag`` 区分），每段接 ``tails`` 条
+    短尾巴，各组轮流着排（组 0、组 1、组 2、组 0……）。换一个 ``tag`` 就是形状相同、开头全不相同的另一组。
+
+    en: A set of shared-prefix prompts: ``groups`` different long beginnings (``words`` words each, told apart by
+    ``tag``), each with ``tails`` short tails, the groups taking turns (group 0, 1, 2, 0, ...). Another ``tag`` gives a
+    set of the same shape whose beginnings all differ.
+    """
+    prefixes = [f"{tag} {g}: " + " ".join(f"word{g}{i}{tag}" for i in range(words)) for g in range(groups)]
+    return [f"{prefixes[g]} tail {t}." for t in range(tails) for g in range(groups)]
+
+
+def per_replica(metrics: dict[str, float], name: str) -> dict[int, float]:
+    """``--dp`` 路由器的 ``/metrics`` 里一个指标按 ``replica`` 标签分开：副本号 → 值。
+
+    en: One metric of the ``--dp`` router's ``/metrics`` split by its ``replica`` label: replica number -> value.
+    """
+    return {int(k.split('replica="')[1].split('"')[0]): v for k, v in metrics.items()
+            if k.startswith(name + "{") and 'replica="' in k}
 
 
 def child_pids(pid: int) -> list[int]:
@@ -57,8 +78,10 @@ class ServerProcess:
     are written once.
     """
 
-    def __init__(self, model: str | Path, *flags: str, env: dict[str, str] | None = None, timeout: float = 300.0) -> None:
-        self.command = [sys.executable, "-m", "minisgl", "--model", str(model), "--host", "127.0.0.1", "--port", "0", *flags]
+    def __init__(self, model: str | Path, *flags: str, env: dict[str, str] | None = None, timeout: float = 300.0,
+                 module: str = "minisgl") -> None:
+        model_flags = ["--model", str(model)] if module == "minisgl" else []
+        self.command = [sys.executable, "-m", module, *model_flags, "--host", "127.0.0.1", "--port", "0", *flags]
         self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.timeout = timeout
         self.url = ""
@@ -66,6 +89,14 @@ class ServerProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.children: list[int] = []  # 就绪时记下的子孙进程 | en: the descendants noted when ready
         self.left_behind: list[int] = []
+
+    @classmethod
+    def router(cls, urls: list[str], *flags: str, timeout: float = 120.0) -> ServerProcess:
+        """单独起的路由器（``python -m minisgl.dp_router --worker-urls ...``），在已经在跑的副本前面。
+
+        en: A router started alone (``python -m minisgl.dp_router --worker-urls ...``) in front of running replicas.
+        """
+        return cls("", "--worker-urls", *urls, *flags, timeout=timeout, module="minisgl.dp_router")
 
     @property
     def output(self) -> str:
@@ -130,6 +161,22 @@ class ServerProcess:
                 key, _, value = line.rpartition(" ")
                 out[key] = float(value)
         return out
+
+    def settled_metrics(self, timeout: float = 10.0) -> dict[str, float]:
+        """等计数不再变了再读 ``/metrics``（两次相隔 0.25 秒的读数相同）：调度器空下来时才补发最后一步的计数。
+
+        en: Read ``/metrics`` once the counts stop changing (two reads 0.25 s apart agree): the scheduler sends the last
+        step's counts once it is idle.
+        """
+        deadline = time.monotonic() + timeout
+        last = self.metrics()
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            now = self.metrics()
+            if {k: v for k, v in now.items() if "_total" in k} == {k: v for k, v in last.items() if "_total" in k}:
+                return now
+            last = now
+        return last
 
     def kill(self) -> None:
         """最后的手段：整个进程组 SIGKILL，连同记下的子孙进程（出错时也不留下进程）。

@@ -65,6 +65,14 @@ class ServerArgs:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
+    # 数据并行：几个完整的副本，前面的路由器按哪种策略分请求，缓存感知的三个门槛（None：第 4.6 章的缺省值）
+    # en: data parallelism: how many whole replicas, the policy the router in front deals requests by, the three
+    # en: cache-aware thresholds (None: chapter 4.6's defaults)
+    dp_size: int = 1
+    router_policy: str = "cache_aware"
+    router_cache_threshold: float | None = None
+    router_balance_abs_threshold: int | None = None
+    router_balance_rel_threshold: float | None = None
 
     def scheduler_kwargs(self) -> dict[str, Any]:
         """交给调度器（``LLM(model_path, **kw)``）的关键字参数：只给设置了的那些。
@@ -123,7 +131,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, default=0, help=tr("which node this launch is (0 serves HTTP)"))
     p.add_argument("--dist-init-addr", default=None,
                    help=tr("HOST:PORT of node 0 where the ranks meet (required with --nnodes > 1; default: a free port on 127.0.0.1)"))
+    p.add_argument("--dp", "--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1,
+                   help=tr("data parallelism: this many whole replicas (each with its own scheduler, and --tp ranks each) behind one router"))
+    add_policy_flags(p)
     return p
+
+
+#: ``--router-policy`` 的取值（第 4.6 章的三种策略）。
+#: en: The values of ``--router-policy`` (chapter 4.6's three policies).
+ROUTER_POLICIES = ("cache_aware", "round_robin", "shortest_queue")
+
+
+def add_policy_flags(p: argparse.ArgumentParser) -> None:
+    """``--router-policy`` 和缓存感知的三个门槛（SGLang 路由器的名字加上 ``router-``）。
+
+    en: ``--router-policy`` and the three cache-aware thresholds (SGLang's router names with ``router-`` in front).
+    """
+    p.add_argument("--router-policy", choices=ROUTER_POLICIES, default="cache_aware",
+                   help=tr("how the router deals requests out to the --dp replicas (default cache_aware)"))
+    p.add_argument("--router-cache-threshold", type=float, default=None,
+                   help=tr("cache_aware: route by prefix match when the matched share is above this (default 0.5)"))
+    p.add_argument("--router-balance-abs-threshold", type=int, default=None,
+                   help=tr("cache_aware: the load counts as imbalanced only when the most and the fewest requests in hand differ by more than this (default 32)"))
+    p.add_argument("--router-balance-rel-threshold", type=float, default=None,
+                   help=tr("cache_aware: ... and the most is above this many times the fewest (default 1.0001)"))
+
+
+def policy_thresholds(args: Any) -> dict[str, float]:
+    """命令行里给了的缓存感知门槛，按第 4.6 章 ``CacheAware`` 的参数名。
+
+    en: The cache-aware thresholds given on the command line, by the parameter names of chapter 4.6's ``CacheAware``.
+    """
+    names = {"router_cache_threshold": "cache_threshold", "router_balance_abs_threshold": "balance_abs_threshold",
+             "router_balance_rel_threshold": "balance_rel_threshold"}
+    return {kw: getattr(args, name) for name, kw in names.items() if getattr(args, name, None) is not None}
 
 
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
@@ -150,10 +191,30 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     values["ep_size"] = ep or 1
     for problem in tp_problems(values["tp_size"], values["nnodes"], values["node_rank"], values["dist_init_addr"]):
         parser.error(problem)
+    for problem in dp_problems(values["dp_size"], values["nnodes"], values["dist_init_addr"]):
+        parser.error(problem)
     if values["ep_size"] not in (1, values["tp_size"]):
         parser.error(tr("--ep {ep} must be 1 or equal to --tp {tp} (the experts are spread over the same ranks)",
                         ep=values["ep_size"], tp=values["tp_size"]))
     return ServerArgs(**values)
+
+
+def dp_problems(dp_size: int, nnodes: int, dist_init_addr: str | None) -> list[str]:
+    """数据并行的参数里说不通的地方：副本数至少 1；每个副本自己在本机挑集合点，所以不与多节点、``--dist-init-addr`` 同用
+    （别的机器上的副本各自启动，再用 ``python -m minisgl.dp_router --worker-urls`` 接起来）。
+
+    en: What does not add up in the data-parallel flags: at least one replica; each replica picks its own rendezvous on
+    this machine, so not with several nodes or ``--dist-init-addr`` (start the replicas on other machines on their own,
+    then join them with ``python -m minisgl.dp_router --worker-urls``).
+    """
+    problems = []
+    if dp_size < 1:
+        problems.append(tr("--dp must be at least 1, got {dp}", dp=dp_size))
+    if dp_size > 1 and (nnodes > 1 or dist_init_addr is not None):
+        problems.append(tr("--dp {dp} starts its replicas on this machine, so it cannot go with --nnodes or "
+                           "--dist-init-addr; start the replicas on each machine and join them with "
+                           "python -m minisgl.dp_router --worker-urls URL ...", dp=dp_size))
+    return problems
 
 
 def tp_problems(tp_size: int, nnodes: int, node_rank: int, dist_init_addr: str | None) -> list[str]:

@@ -115,10 +115,14 @@ def check_steps(python: str, have_smollm2: bool, bench: bool, dry_run: bool = Fa
         Step(tr("stage 2 milestone ({device}, CUDA graphs + overlap scheduling)", device=device), milestone, 60),
         Step(tr("stage 2 milestone ({device}, no CUDA graphs, overlap scheduling)", device=device),
              [*milestone, "--experiment", "1"], 40, env=no_graph),
-        *([Step(tr("stage 4 milestone (TP=2 and EP=2, {device}, {backend})", device=device,
+        *([Step(tr("stage 4 milestone (TP=2, EP=2 and DP=2, {device}, {backend})", device=device,
                    backend="gloo" if dry_run else "NCCL"),
-                [python, "examples/stage4_milestone.py", "--tp", "2", "--device", device], 75)]
+                [python, "examples/stage4_milestone.py", "--tp", "2", "--device", device], 120)]
           if dry_run or gpus >= 2 else []),
+        *([Step(tr("stage 4 scale benchmark (TP=2, DP=2 under each router policy, {device})", device=device),
+                [python, "bench/scale.py", "--model", str(model_zoo.models_dir() / (TINY if dry_run else model_zoo.QWEN3_06B_RANDOM)),
+                 "--num-requests", "12", "--device", device, "--no-progress"], 150)]
+          if bench and (dry_run or gpus >= 2) else []),
         Step(tr("stage 1 checks ({device}, fp32)", device=device), [*pytest, "checks/stage1"], 90),
         Step(tr("stage 2 checks ({device}, fp32)", device=device), [*pytest, "checks/stage2"], 120),
     ]

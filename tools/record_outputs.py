@@ -84,6 +84,7 @@ EXAMPLES: dict[str, Example] = {
     "tp_scheduler": Example("examples/chapters/tp_scheduler.py"),
     "moe": Example("examples/chapters/moe.py"),
     "expert_parallel": Example("examples/chapters/expert_parallel.py"),
+    "router": Example("examples/chapters/router.py"),
 }
 
 _UNIT = r"(?:ms|s|秒|毫秒|tok/s|token/s|tokens/s|it/s|GB/s|MB/s|GB|GiB|MB|MiB|KB|KiB|%)"

@@ -51,3 +51,32 @@ def test_expert_parallel_flags() -> None:
     dense = check_tp(parse_args(["--model", str(model_zoo.tiny_qwen3()), "--ep", "2"]))
     reason = tr("ep_size={ep} applies to mixture-of-experts models; {arch} has no experts", ep=2, arch="Qwen3ForCausalLM")
     expect(dense, reason, tr("--ep on a dense model is refused before any process starts"))
+
+
+def test_data_parallel_flags() -> None:
+    from minisgl.launch import replica_env, replica_flags
+    from minisgl.serving import ServerArgs, dp_problems, parse_args
+
+    tiny = str(model_zoo.tiny_qwen3())
+    got = [(a.dp_size, a.router_policy) for a in (
+        parse_args(["--model", tiny, "--dp", "2"]), parse_args(["--model", tiny, "--dp-size", "3", "--router-policy", "round_robin"]),
+        parse_args(["--model", tiny, "--data-parallel-size", "2", "--router-policy", "shortest_queue"]),
+        parse_args(["--model", tiny]))]
+    expect(got, [(2, "cache_aware"), (3, "round_robin"), (2, "shortest_queue"), (1, "cache_aware")],
+           tr("--dp (SGLang), --dp-size and vLLM's --data-parallel-size; --router-policy defaults to cache_aware"))
+    expect(dp_problems(2, 1, None), [], tr("--dp 2 on one machine needs nothing else"))
+    expect([bool(dp_problems(0, 1, None)), bool(dp_problems(2, 2, "127.0.0.1:5000")), bool(dp_problems(2, 1, "127.0.0.1:5000"))],
+           [True, True, True], tr("--dp 0, and --dp with --nnodes or --dist-init-addr, are refused with a sentence"))
+    argv = ["--model", tiny, "--dp", "2", "--port", "9", "--router-policy", "round_robin", "--router-cache-threshold", "0.7",
+            "--tp", "2", "--dtype", "float32", "--max-running-req", "4", "--mem-fraction-static", "0.2",
+            "--served-model-name", "m", "--api-key", "k"]
+    args = parse_args(argv)
+    flags = replica_flags(args)
+    again = parse_args(["--model", tiny, *flags])
+    keep = [f for f in ServerArgs.field_names() if f not in ("port", "dp_size", "router_policy", "router_cache_threshold")]
+    expect({f: getattr(again, f) for f in keep}, {f: getattr(args, f) for f in keep},
+           tr("Each replica gets every setting but the port and the router's: {flags}", flags=flags))
+    expect(("--dp" in flags, "--port" in flags, "--router-policy" in flags), (False, False, False),
+           tr("A replica is not told to start replicas or a router, and asks the OS for its own port: {flags}", flags=flags))
+    expect(replica_env(1, parse_args(["--model", tiny, "--dp", "2", "--device", "cpu"]), 1), {"OMP_NUM_THREADS": "1"},
+           tr("On the CPU each replica gets its share of the cores and no GPU"))

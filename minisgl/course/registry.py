@@ -91,6 +91,7 @@ BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
     Chapter("tp_scheduler", 4, 3, "多秩调度：步调一致的秩", "Multi-rank scheduling: ranks that agree"),
     Chapter("moe", 4, 4, "混合专家：路由、参考实现与分组实现", "Mixture of experts: routing, the reference and the grouped path"),
     Chapter("expert_parallel", 4, 5, "专家并行：切开的专家与分给各秩的专家", "Expert parallelism: split experts and experts dealt out to ranks"),
+    Chapter("router", 4, 6, "数据并行与缓存感知的路由器", "Data parallelism and a cache-aware router"),
 )
 
 

@@ -11,9 +11,11 @@
 # 3. 离线：`LLM(path)` 与 `LLM(path, tp_size=2)` 贪心生成的 token 逐个相同；
 # 4. 在线：`python -m minisgl --tp 2`，官方 `openai` 客户端拿到的文字与一个进程的相同；一个流到一半断开的请求还回了页；
 #    列出服务的进程（每个秩一个调度器进程）；Ctrl-C 之后一个进程也不留下；
-# 5. 混合专家（第 4.4、4.5 章）：小 Qwen3-MoE 在一个秩上和专家分给两个秩（`ep_size=2`）时贪心生成的 token 相同。
+# 5. 混合专家（第 4.4、4.5 章）：小 Qwen3-MoE 在一个秩上和专家分给两个秩（`ep_size=2`）时贪心生成的 token 相同；
+# 6. 数据并行（第 4.6 章）：`python -m minisgl --dp 2` 的两个副本，3 段系统提示词轮流的 9 个请求，缓存感知的路由器
+#    预填充的 token 大约只有轮流的一半，同样的请求回答相同。
 #
-# 在 2 核的机器上整个脚本大约 45 秒，大部分时间花在起进程上。模型的权重是随机的，**生成的文字没有意义**；
+# 在 2 核的机器上整个脚本大约 75 秒，大部分时间花在起进程上。模型的权重是随机的，**生成的文字没有意义**；
 # 要看的是两边一样。
 
 # %% [markdown] tags=["lang-en"]
@@ -33,9 +35,12 @@
 #    dropped halfway gives its pages back; the service's processes are listed (one scheduler process per rank); after
 #    Ctrl-C not a single process is left;
 # 5. mixture of experts (chapters 4.4 and 4.5): the tiny Qwen3-MoE generates the same greedy tokens on one rank and with
-#    its experts dealt out to two ranks (`ep_size=2`).
+#    its experts dealt out to two ranks (`ep_size=2`);
+# 6. data parallelism (chapter 4.6): the two replicas of `python -m minisgl --dp 2`, 9 requests with 3 system prompts
+#    taking turns: the cache-aware router prefills about half the tokens round robin does, and the same requests get the
+#    same answers.
 #
-# On a 2-core machine the whole script takes about 45 seconds, most of it spent starting processes. The model's weights
+# On a 2-core machine the whole script takes about 75 seconds, most of it spent starting processes. The model's weights
 # are random, so **the generated text is meaningless**; what matters is that both sides agree.
 
 # %%
@@ -86,6 +91,8 @@ idle, back = results["pages"]
 print(tr("KV pages in use before the dropped stream and after it: {idle:.0f}, {back:.0f}; processes left after Ctrl-C: {n}",
          idle=idle, back=back, n=len(results["left_behind"])))
 print(tr("the tiny MoE, one rank and ep_size=2 give the same tokens: {same}", same=results["moe_equal"]))
+print(tr("--dp 2, prefill tokens: {prefill}; the same answers through either router: {same}",
+         prefill=results["dp_prefill"], same=results["dp_equal"]))
 
 # %% [markdown] tags=["lang-zh"]
 # 逐项读一读：
