@@ -1,4 +1,4 @@
-"""第 4 阶段的扩展基准（不是测试）：同一台机器、同样的请求，一个进程对 ``--tp 2``、``--ep 2``（混合专家模型）和
+"""第 4 阶段的扩展基准（不是测试）：同一台机器、同样的请求，一个进程对 ``--tp N``、``--ep N``（混合专家模型；N 是切得开的最小秩数）和
 ``--dp 2`` 配三种路由策略，在共享前缀的负载（几段系统提示词轮流）和随机负载上各测一遍；报服务器自己数的预填充 token、
 前缀缓存命中的比例，以及 TTFT、TPOT、输出 token/s。只报告，不判对错。
 
@@ -6,7 +6,7 @@
 集合通信搬了多少字节看 ``bench/tp.py``（离线、逐步计时）。
 
     python bench/scale.py                                  # SmolLM2，fp32，每种负载 24 个请求，4 个并发
-    python bench/scale.py --moe models/qwen3-moe-tiny-random   # 另测混合专家模型：一个进程、--tp 2、--ep 2
+    python bench/scale.py --moe models/qwen3-moe-tiny-random   # 另测混合专家模型：一个进程、--tp N、--ep N
     python bench/scale.py --json /tmp/scale.json --record
     python bench/scale.py --model models/qwen3-0.6b-random --device cuda   # 不认识的参数给每个服务器（GPU：每个副本一张卡）
 
@@ -14,7 +14,7 @@
 各算一遍，缓存感知时只算一遍。GPU 上（每个副本一张卡）这笔账直接变成吞吐。
 
 en: The stage 4 scale benchmark (not a test): on the same machine with the same requests, one process against
-``--tp 2``, ``--ep 2`` (for a mixture of experts) and ``--dp 2`` under the three router policies, once on a
+``--tp N``, ``--ep N`` (for a mixture of experts; N the fewest ranks that split the model) and ``--dp 2`` under the three router policies, once on a
 shared-prefix workload (a few system prompts taking turns) and once on a random one; reports the prefill tokens the
 servers counted themselves, the prefix-cache hit share, and TTFT, TPOT, output token/s. It reports and judges nothing.
 
@@ -44,15 +44,34 @@ from minisgl.serving import ROUTER_POLICIES
 PREFIX_GROUPS, PREFIX_LEN, TAIL_LEN = 3, 256, "8,32"
 
 
-def variants(moe: bool) -> list[str]:
-    """要测的变体（``--variant`` 的写法）：稠密模型是 TP 和三种策略的 DP，混合专家模型是 TP 和 EP。
+def smallest_split(model: str, ep: bool = False) -> int:
+    """切得开这个模型的最小的 ``--tp``（大于 1）：SmolLM2 的 9 个头切不成 2 份，就是 3。
+
+    en: The smallest ``--tp`` above 1 that splits this model: SmolLM2's 9 heads do not split in 2, so 3.
+    """
+    from minisgl.architectures import check_split, load_model_config
+
+    config = load_model_config(model)
+    for n in range(2, 9):
+        try:
+            check_split(config, n, n if ep else 1)
+            return n
+        except ValueError:
+            continue
+    raise SystemExit(tr("{model} splits over no tp from 2 to 8", model=model))
+
+
+def variants(model: str, moe: bool) -> list[str]:
+    """要测的变体（``--variant`` 的写法）：稠密模型是 TP 和三种策略的 DP，混合专家模型是 TP 和 EP（各用切得开的最小的秩数）。
 
     en: The variants to measure (as ``--variant`` takes them): TP and DP under the three policies for a dense model, TP
-    and EP for a mixture of experts.
+    and EP for a mixture of experts (each with the fewest ranks that split it).
     """
+    tp = smallest_split(model)
     if moe:
-        return ["tp2=minisgl --tp 2", "ep2=minisgl --tp 2 --ep 2"]
-    return ["tp2=minisgl --tp 2", *(f"dp2-{p}=minisgl --dp 2 --router-policy {p}" for p in ROUTER_POLICIES)]
+        ep = smallest_split(model, ep=True)
+        return [f"tp{tp}=minisgl --tp {tp}", f"ep{ep}=minisgl --tp {ep} --ep {ep}"]
+    return [f"tp{tp}=minisgl --tp {tp}", *(f"dp2-{p}=minisgl --dp 2 --router-policy {p}" for p in ROUTER_POLICIES)]
 
 
 def measure(model: str, workload: str, args: argparse.Namespace, moe: bool, server_flags: list[str]) -> dict[str, Any]:
@@ -65,7 +84,7 @@ def measure(model: str, workload: str, args: argparse.Namespace, moe: bool, serv
             "--num-requests", str(args.num_requests), "--output-len", args.output_len, "--dtype", "float32",
             "--prefix-groups", str(PREFIX_GROUPS), "--prefix-len", str(PREFIX_LEN), "--tail-len", TAIL_LEN,
             "--prompt-len", f"{PREFIX_LEN},{PREFIX_LEN + 32}"]
-    for v in variants(moe):
+    for v in variants(model, moe):
         argv += ["--variant", v]
     if args.record:
         argv.append("--record")
@@ -95,7 +114,7 @@ def rows(report: dict[str, Any], workload: str) -> list[list[str]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="models/SmolLM2-135M-Instruct", help=tr("dense model folder (default SmolLM2)"))
-    p.add_argument("--moe", default=None, help=tr("also measure this mixture-of-experts model folder with --tp 2 and --ep 2"))
+    p.add_argument("--moe", default=None, help=tr("also measure this mixture-of-experts model folder with --tp N and --ep N"))
     p.add_argument("--num-requests", type=int, default=24)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--output-len", default="16,32")
