@@ -54,7 +54,7 @@ def test_expert_parallel_flags() -> None:
 
 
 def test_data_parallel_flags() -> None:
-    from minisgl.launch import replica_env, replica_flags
+    from minisgl.replicas import replica_env, replica_flags
     from minisgl.serving import ServerArgs, dp_problems, parse_args
 
     tiny = str(model_zoo.tiny_qwen3())
