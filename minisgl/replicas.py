@@ -31,7 +31,7 @@ NOT_FOR_REPLICAS = ("model_path", "host", "port", "dp_size", "router_policy", "r
 #: 字段名与命令行参数名不同的那几个。
 #: en: The fields whose flag is not their name.
 FLAG_OF = {"model_name": "--served-model-name", "memory_ratio": "--mem-fraction-static", "tp_size": "--tp",
-           "ep_size": "--ep", "dtype": "--dtype"}
+           "ep_size": "--ep"}
 
 
 def replica_flags(args: ServerArgs) -> list[str]:
