@@ -236,6 +236,8 @@ async def measure(url: str, runs: Sequence[Run], vocab: Vocab, opts: Options, *,
             for i, run in enumerate(runs):
                 seed = opts.seed + i + len(runs) * repeat
                 specs = opts.request_set(vocab.ids, seed)
+                if probe is not None:  # 上一次运行（或预热）最后的计数可能还在路上 | en: the last counts of the previous run (or the warm-up) may still be on their way
+                    await asyncio.sleep(SETTLE_S)
                 before = await asyncio.to_thread(probe) if probe is not None else {}
                 desc = f"{label} {run.name}" + (f" #{repeat + 1}" if repeats > 1 else "")
                 with tqdm(total=len(specs), desc=desc.strip(), unit="req", disable=not progress, leave=False,
