@@ -250,8 +250,8 @@ async def measure(url: str, runs: Sequence[Run], vocab: Vocab, opts: Options, *,
                 if probe is not None:
                     await asyncio.sleep(SETTLE_S)
                     after = await asyncio.to_thread(probe)
-                    counters = {k: counter_total(after, m) - counter_total(before, m) for k, m in COUNTERS.items()
-                                if counter_total(after, m) is not None and counter_total(before, m) is not None}
+                    pairs = {k: (counter_total(before, m), counter_total(after, m)) for k, m in COUNTERS.items()}
+                    counters = {k: a - b for k, (b, a) in pairs.items() if a is not None and b is not None}
                 results.append(RunResult(run, records, summarize(records, opts.slo), repeat, counters))
         return name, results
     finally:

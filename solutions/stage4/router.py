@@ -227,12 +227,9 @@ class RoundRobin:
         en: Pick a replica from ``loads`` (live replica -> the requests it has in hand).
         """
         _check_loads(loads)
-        for step in range(self.num_replicas):
-            replica = (self.next + step) % self.num_replicas
-            if replica in loads:
-                self.next = replica + 1
-                return replica
-        raise RuntimeError(tr("No replica is alive to take the request"))
+        replica = min(loads, key=lambda r: (r - self.next) % self.num_replicas)  # 从 next 起第一个活着的 | en: the first live one from next on
+        self.next = replica + 1
+        return replica
 
     def forget(self, replica: int) -> None:
         """副本 ``replica`` 死了：忘掉关于它的一切（轮流不记任何东西）。
