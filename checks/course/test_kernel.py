@@ -62,7 +62,8 @@ def test_matches_f_linear(n: int, k: int, bias: bool) -> None:
     gen = torch.Generator().manual_seed(n * k)
     w = torch.randn(n, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias else None
-    for m in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 40, 300):  # 每种余下的行数（AVX2 每趟 3 行，AVX-512 每趟 6 行）
+    # 每种余下的行数（AVX2 每趟 3 行，AVX-512 每趟 6 行）；32 行起换成矩阵乘的分块，也走遍余下的行数
+    for m in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 32, 33, 34, 35, 40, 41, 300):
         x = torch.randn(m, k, generator=gen)
         got = kernel.kernel_linear(x, w, b)
         assert got.shape == (m, n)
@@ -74,16 +75,18 @@ def test_matches_f_linear(n: int, k: int, bias: bool) -> None:
 
 def test_result_does_not_depend_on_threads() -> None:
     """每个输出由一个线程按固定顺序求和：换线程数，结果逐位相同（引擎的输出不随机器的核数变）。"""
-    w, x = torch.randn(515, 64), torch.randn(8, 64)
+    w = torch.randn(515, 264)
     threads = torch.get_num_threads()
-    try:
-        outs = []
-        for t in (1, 2, 3):
-            torch.set_num_threads(t)
-            outs.append(kernel.kernel_linear(x, w))
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    for rows in (8, 45):  # 解码的分块与预填充的矩阵乘分块（K 分两段）
+        x = torch.randn(rows, 264)
+        try:
+            outs = []
+            for t in (1, 2, 3):
+                torch.set_num_threads(t)
+                outs.append(kernel.kernel_linear(x, w))
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), rows
 
 
 @pytest.mark.parametrize("onednn", [False, True])
@@ -233,7 +236,7 @@ def test_bf16_weights(n: int, k: int) -> None:
     gen = torch.Generator().manual_seed(n + k)
     w, b = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(n, generator=gen).bfloat16()
     assert kernel.supports(w)
-    for m in (1, 2, 5, 7, 8, 13):
+    for m in (1, 2, 5, 7, 8, 13, 40):
         x = torch.randn(m, k, generator=gen).bfloat16()
         got = kernel.kernel_linear(x, w, b)
         want = F.linear(x.float(), w.float(), b.float())

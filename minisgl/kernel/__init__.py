@@ -241,11 +241,20 @@ def choice(weight: torch.Tensor) -> Choice:
             chosen = Choice(**_read_plan(path)[name])
         except (KeyError, TypeError):  # 没量过（或者文件里是别的写法）：现量
             chosen = calibrate(weight)
+            _trim_heap()
             _write_plan(path, {**_read_plan(path), name: vars(chosen)})  # 几个进程同时量也不丢别人量的形状
             print(tr("Linear layer {k}→{n} ({dtype}): {how} (measured once on this CPU with {threads} threads, saved in "
                      "{path})", k=k, n=n, dtype=dtype, how=chosen.describe(weight.dtype), threads=key[3], path=path), file=sys.stderr)
         _chosen[key] = chosen
     return _chosen[key]
+
+
+def _trim_heap() -> None:
+    """量的时候用了几百 MB 的权重副本；释放后 glibc 仍把这些页留在进程里（常驻内存一直多出这么多），还给系统。"""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # 不是 glibc（macOS、musl）：没有 malloc_trim，也就不必
+        pass
 
 
 def plan_path() -> Path:

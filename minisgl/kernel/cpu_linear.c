@@ -5,7 +5,8 @@
  * 向量宽度和分块按编译它的 CPU 定（-march=native）：AVX-512 有 32 个 16 路寄存器，4 × 6 个累加器加 6 行 x、
  * 1 行权重正好放下，M = 8 只要两趟；AVX2 / NEON 只有 16 个 8 路（或 4 路）寄存器，放得下 4 × 3。
  * 边算这一块边预取下一块权重（何时、预取进哪一级缓存按 CPU 定，见 PF_SPLIT）。
- * x 不分块：M 大（长提示词的预填充）时 Python 那边改用 F.linear——在哪儿换由第一次用到时的测量决定。
+ * x 行数多（M ≥ GEMM_FROM，长提示词的预填充）时换成矩阵乘的分块（gemm_panel）：权重的读取已经摊薄，省的是 hsum。
+ * 再往上（M 超过测量过的行数）Python 那边改用 F.linear——在哪儿换由第一次用到时的测量决定。
  * 权重也可以是 bf16（cpu_linear_bf16w）：读的字节减半，读进寄存器后左移 16 位就是同值的 fp32，照样 fp32 累加。
  * CPU 有 AVX512_BF16 时另有 cpu_linear_bf16：x、权重都是 bf16，vdpbf16ps 一条指令做 16 对 bf16 乘、fp32 累加
  * （每条 32 个乘加，是 fp32 FMA 的两倍，也省了左移）；x 是 bf16，与 Hugging Face 用 bf16 跑模型时一样。
@@ -14,7 +15,7 @@
  */
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -55,6 +56,9 @@ typedef uint32_t v8u __attribute__((vector_size(8 * sizeof(uint32_t))));
             : LOAD(vtype, (const float *)(w) + (i)))
 
 static inline float hsum(vf v) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_add_ps((__m512)v);
+#endif
     float s = 0.f;
     for (int i = 0; i < VW; ++i) s += v[i];
     return s;
@@ -122,12 +126,111 @@ static inline __attribute__((always_inline)) void rows(const void *w, const floa
     }
 }
 
+/* ---- x 行数多（长提示词的预填充）时换一种分块 ----
+ * 上面那种写法每个输出要在最后把一个向量的各路加起来（hsum），K 短时这笔账不小；而且每步要读 TILE_X 行 x 和
+ * TILE_W 行权重才做 TILE_W × TILE_X 次乘加。x 行数多时权重的读取早已摊薄，该比的是乘加之外的指令：
+ * 换成「一个 x 值广播成向量 × 一段连续的输出列」——累加器直接就是 y 的一段，不用 hsum。这要权重按列（k）连续：
+ * 每次取 NR 行权重的 KC 列，在缓存里转置成 panel[k][NR]（16 × 16 一块，四轮交错），再让所有 x 行扫过它。
+ * 转置的开销是每个权重一次，乘加是每个权重 M 次：所以只在 M ≥ GEMM_FROM 时走这条路。 */
+#if defined(__AVX512F__)
+#define NRV 4 /* 一次算几个向量宽的输出列：MR × NRV 个累加器 + NRV 个权重向量 ≤ 32 个寄存器 */
+#else
+#define NRV 2 /* 16 个寄存器：6 × 2 个累加器 + 2 个权重向量 + 1 个广播 */
+#endif
+#define NR (NRV * VW)
+#define MR 6
+#define KC 256 /* 一次转置几列：KC × NR 个 float 的 panel 留在 L2（AVX-512 上 64 KiB） */
+#define GEMM_FROM 32
+
+/* 把 VW 个向量当成 VW × VW 的方阵转置：log2(VW) 轮，每轮把第 i 个与第 i + VW/2 个交错（前半、后半各一个）。 */
+static inline void transpose(vf r[VW]) {
+#if VW == 16
+    const vu lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}, hi = lo + 8;
+#else
+    const vu lo = {0, 8, 1, 9, 2, 10, 3, 11}, hi = lo + 4;
+#endif
+    for (int round = VW; round > 1; round /= 2) {
+        vf t[VW];
+        for (int i = 0; i < VW / 2; ++i) {
+            t[2 * i] = __builtin_shuffle(r[i], r[i + VW / 2], lo);
+            t[2 * i + 1] = __builtin_shuffle(r[i], r[i + VW / 2], hi);
+        }
+        memcpy(r, t, sizeof t);
+    }
+}
+
+/* panel[k][c] = W[n + c][k0 + k]（c < NR，k < kc），bf16 权重顺便变成 fp32。 */
+static inline void pack(const void *w, int64_t K, int64_t n, int64_t k0, int64_t kc, float *panel, int bf16) {
+    const int64_t kv = kc - kc % VW;
+    for (int c = 0; c < NR; c += VW)
+        for (int64_t k = 0; k < kv; k += VW) {
+            vf r[VW];
+            for (int i = 0; i < VW; ++i) r[i] = LOAD_W(vf, vh, vu, w, (n + c + i) * K + k0 + k, bf16);
+            transpose(r);
+            for (int i = 0; i < VW; ++i) memcpy(panel + (k + i) * NR + c, &r[i], sizeof r[i]);
+        }
+    for (int64_t k = kv; k < kc; ++k) /* K 不是 VW 的倍数时剩下的几列（AVX-512 上 K = 16j + 8） */
+        for (int c = 0; c < NR; ++c) {
+            const int64_t i = (n + c) * K + k0 + k;
+            const uint32_t u = bf16 ? (uint32_t)((const uint16_t *)w)[i] << 16 : 0;
+            if (bf16) memcpy(panel + k * NR + c, &u, sizeof u);
+            else panel[k * NR + c] = ((const float *)w)[i];
+        }
+}
+
+/* y[m..m+mr) 的第 n..n+NR 列 += x 的那几行（第 k0 列起 kc 列）× panel；first：从 0 起算，last：最后加偏置。 */
+static inline __attribute__((always_inline)) void gemm_tile(const float *panel, const float *x, const float *b, float *y,
+                                                            int64_t K, int64_t N, int64_t n, int64_t m, int mr,
+                                                            int64_t k0, int64_t kc, int first, int last) {
+    vf acc[MR][NRV];
+    for (int i = 0; i < mr; ++i)
+        for (int c = 0; c < NRV; ++c) acc[i][c] = first ? (vf){0} : LOAD(vf, y + (m + i) * N + n + c * VW);
+    for (int64_t k = 0; k < kc; ++k) {
+        vf wv[NRV];
+        for (int c = 0; c < NRV; ++c) wv[c] = LOAD(vf, panel + k * NR + c * VW);
+        for (int i = 0; i < mr; ++i) {
+            const float xs = x[(m + i) * K + k0 + k];
+            for (int c = 0; c < NRV; ++c) acc[i][c] += wv[c] * xs;
+        }
+    }
+    for (int i = 0; i < mr; ++i)
+        for (int c = 0; c < NRV; ++c) {
+            vf v = acc[i][c];
+            if (last && b) v += LOAD(vf, b + n + c * VW);
+            memcpy(y + (m + i) * N + n + c * VW, &v, sizeof v);
+        }
+}
+
+/* 第 n 行起的 NR 行权重的输出：K 按 KC 分段，每段转置一次，所有 x 行扫过它。每个输出仍由一个线程按固定顺序求和。 */
+static inline __attribute__((always_inline)) void gemm_panel(const void *w, const float *x, const float *b, float *y,
+                                                             int64_t M, int64_t K, int64_t N, int64_t n, int bf16) {
+    float panel[KC * NR] __attribute__((aligned(64)));
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = K - k0 < KC ? K - k0 : KC;
+        const int first = k0 == 0, last = k0 + kc == K;
+        pack(w, K, n, k0, kc, panel, bf16);
+        int64_t m = 0;
+        for (; m + MR <= M; m += MR) gemm_tile(panel, x, b, y, K, N, n, m, MR, k0, kc, first, last);
+        switch (M - m) { /* 剩下的几行：每种行数各展开一份 */
+#define REST(r) case r: gemm_tile(panel, x, b, y, K, N, n, m, r, k0, kc, first, last); break;
+            REST(1) REST(2) REST(3) REST(4) REST(5)
+#undef REST
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void linear(const float *x, const void *w, const float *b, float *y,
                                                          int64_t M, int64_t K, int64_t N, int bf16) {
-    int64_t tiles = N / TILE_W;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) rows(w, x, b, y, M, K, N, TILE_W * t, TILE_W, bf16);
-    for (int64_t r = TILE_W * tiles; r < N; ++r) rows(w, x, b, y, M, K, N, r, 1, bf16);
+    const int64_t panels = M >= GEMM_FROM ? N / NR : 0, done = panels * NR; /* 前 done 行权重按 panel 算 */
+    const int64_t tiles = (N - done) / TILE_W;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t p = 0; p < panels; ++p) gemm_panel(w, x, b, y, M, K, N, NR * p, bf16);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t) rows(w, x, b, y, M, K, N, done + TILE_W * t, TILE_W, bf16);
+    }
+    for (int64_t r = done + TILE_W * tiles; r < N; ++r) rows(w, x, b, y, M, K, N, r, 1, bf16);
 }
 
 /* K 必须是 8 的倍数（Python 那边检查过）；b 可以是 NULL。 */
