@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint attention <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint attention <task>` gives the next hint.
 """第 1.5 章 attention：注意力后端——在分页 KV 上为一批长短不一的请求算注意力。
 
 一个批次里，每个请求本轮有 ``extend_len`` 个 query（预填充时是整段提示词，解码时是 1），
@@ -105,8 +107,8 @@ def make_varlen_metadata(batch: Batch, device: torch.device) -> VarlenMetadata:
 
     en: Work out the variable-length metadata from the requests' length bookkeeping (shared by every backend).
     """
-    # TODO 任务 varlen_metadata：前缀和 cu_seqlens_q = [0, e0, e0+e1, ...]（e 为 extend_len），另记下 cached_len、device_len、table_idx
-    # TODO task varlen_metadata: prefix sums cu_seqlens_q = [0, e0, e0+e1, ...] (e is extend_len); also record cached_len, device_len, table_idx
+    # TODO 任务 varlen_metadata：返回这个批次的 VarlenMetadata（各字段的含义见它的定义），都按请求在批次里的顺序：本轮各请求 query 的前缀和边界（从 0 开始；设备上 int32 一份，Python 的 int 列表一份），以及每个请求已缓存的长度、总长度和它在页表里的行
+    # TODO task varlen_metadata: return this batch's VarlenMetadata (its definition explains the fields), all in the order of the requests in the batch: the prefix-sum boundaries of each request's queries this step (starting at 0; an int32 copy on the device and a Python list of int), and each request's cached length, total length and page-table row
     raise TaskNotDone("attention", "varlen_metadata")
 
 
@@ -116,8 +118,8 @@ def causal_mask_with_prefix(cached_len: int, seq_len: int, device: torch.device 
     en: A ``[seq_len - cached_len, seq_len]`` boolean mask: whether query i (absolute position cached_len + i) sees key
     j.
     """
-    # TODO 任务 causal_mask_with_prefix：key 位置 j 可见当且仅当 j <= cached_len + i
-    # TODO task causal_mask_with_prefix: key position j is visible iff j <= cached_len + i
+    # TODO 任务 causal_mask_with_prefix：返回函数文档里那个布尔掩码，放在给定的设备上：本轮每个 query 看得到的，是绝对位置不在它之后的 key（query 的绝对位置从已缓存的长度数起）
+    # TODO task causal_mask_with_prefix: return the boolean mask of the docstring, on the given device: each query of this step sees the keys whose absolute position is not after its own (a query's absolute position counts on from the cached length)
     raise TaskNotDone("attention", "causal_mask_with_prefix")
 
 
@@ -129,8 +131,8 @@ def gather_kv(
     en: Gather all of a request's K/V through the page table: the first ``seq_len`` slots of row ``table_idx``. Returns
     two [seq_len, Hkv, D].
     """
-    # TODO 任务 gather_kv：slots = page_table[table_idx, :seq_len]；用它去索引 k_cache(layer_id) 和 v_cache(layer_id)
-    # TODO task gather_kv: slots = page_table[table_idx, :seq_len]; use it to index k_cache(layer_id) and v_cache(layer_id)
+    # TODO 任务 gather_kv：返回这个请求在 layer_id 层的 K 和 V，各 [seq_len, Hkv, D]：按页表里它那一行记下的槽位顺序取，只取写过的前 seq_len 个
+    # TODO task gather_kv: return this request's K and V in layer layer_id, each [seq_len, Hkv, D], taken in the slot order of its page-table row, only the first seq_len (the written ones)
     raise TaskNotDone("attention", "gather_kv")
 
 
@@ -144,8 +146,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     GQA: every Hq/Hkv query heads share one KV head. The softmax is computed in fp32 and the result cast back to q's
     dtype.
     """
-    # TODO 任务 attend：k/v 沿头维 repeat_interleave 成 Hq 个头；q、k、v 先 .float()；scores = einsum("qhd,khd->hqk") * scale（scale 由调用者给）；掩掉的填 -inf；softmax；再 einsum 乘 v；结果 .to(q.dtype)
-    # TODO task attend: repeat_interleave k/v along the head dim to Hq heads; .float() q, k, v first; scores = einsum("qhd,khd->hqk") * scale (scale is given by the caller); fill masked-out entries with -inf; softmax; then einsum with v; return the result .to(q.dtype)
+    # TODO 任务 attend：返回一个请求的注意力输出 [Lq, Hq, D]：GQA，每 Hq/Hkv 个相邻的 query 头共用一个 KV 头；mask 为 False 的 key 不参与；分数乘调用者给的 scale。bf16 的输入也要在 fp32 里算分数和归一化，输出的 dtype 与 q 相同
+    # TODO task attend: return one request's attention output, [Lq, Hq, D]: GQA, every Hq/Hkv consecutive query heads sharing one KV head; keys where mask is False take no part; the query-key products are multiplied by the caller's scale. Even for bf16 inputs, compute those products and their normalisation in fp32; the output has the dtype of q
     raise TaskNotDone("attention", "attend")
 
 
@@ -163,8 +165,8 @@ class TorchAttnBackend(BaseAttnBackend):
         batch.attn_metadata = make_varlen_metadata(batch, self.page_table.device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        # TODO 任务 torch_backend_forward：先 store_kv 到 batch.out_loc；再对第 b 个请求：按 cu_seqlens_q_cpu 切出它的 q，gather_kv 查页表第 md.table_idx[b] 行（不是第 b 行），造掩码，attend（scale = head_dim ** -0.5，即 q.shape[-1] ** -0.5）；最后 cat
-        # TODO task torch_backend_forward: first store_kv at batch.out_loc; then for request b: slice its q by cu_seqlens_q_cpu, gather_kv from page-table row md.table_idx[b] (not row b), build the mask, attend (scale = head_dim ** -0.5, i.e. q.shape[-1] ** -0.5); finally cat
+        # TODO 任务 torch_backend_forward：返回 [T, Hq, D]，行的顺序与 q 相同。本轮的 k、v 写进 batch.out_loc 指定的槽位（本轮的 query 也要看到它们）；每个请求的 query 只看本请求的全部 K/V，因果、错开已缓存的部分，scale 为 head_dim 的 −0.5 次方；请求的 K/V 在页表里它自己的那一行，不是它在批次里的序号那一行。给定：KV 池的 store_kv，本文件前面写好的几个函数，batch.attn_metadata
+        # TODO task torch_backend_forward: return [T, Hq, D] with the rows in the order of q. This step's k and v are written into the slots batch.out_loc names (this step's queries must see them too); each request's queries see all K/V of that request and nothing else, causally, offset by the cached part, with scale head_dim to the power −0.5; a request's K/V sit in its own page-table row, not the row of its index in the batch. Given: the KV pool's store_kv, the functions written above in this file, batch.attn_metadata
         raise TaskNotDone("attention", "torch_backend_forward")
 
 
@@ -205,8 +207,8 @@ class SDPAAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         base = make_varlen_metadata(batch, self.page_table.device)
         device = self.page_table.device
-        # TODO 任务 padded_metadata：算出 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k] 和 mask [B, max_q, max_k]（布尔，头维下面再加）；q_index、out_index、mask 可以在 CPU 上造（下面统一 .to(device)），kv_slots 直接取页表里 table_idx 那几行的前 max_k 列（已在设备上，转成 long）；补的 query 行的位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，不会整行被屏蔽
-        # TODO task padded_metadata: compute q_index [B, max_q], out_index [T], kv_slots [B, max_k] and mask [B, max_q, max_k] (bool; the head dim is added below); q_index, out_index and mask may be built on the CPU (moved with .to(device) below), kv_slots is taken straight from the first max_k columns of the page-table rows table_idx (already on the device, convert to long); a padding query row still gets position cached_len + i, which lies beyond seq_len, so it sees all keys of its request and is never fully masked
+        # TODO 任务 padded_metadata：算出后面代码要用的四个量（含义见 PaddedMetadata 的字段注释）：q_index [B, max_q]、out_index [T]、kv_slots [B, max_k]（int64，和页表在同一设备上，后面的代码不再搬它）和布尔的 mask [B, max_q, max_k]（头维在后面加）；max_q、max_k 是本批最多的 query 数和 key 数。真实的 query 行因果、错开已缓存的部分、不超出本请求的长度；补出来的 query 行也至少要看得到一个 key。给定：上面的变长元数据，页表
+        # TODO task padded_metadata: compute the four values the code below uses (PaddedMetadata's field comments give their meaning): q_index [B, max_q], out_index [T], kv_slots [B, max_k] (int64, where the page table lives: the code below does not move it) and a boolean mask [B, max_q, max_k] (the head dim is added below); max_q and max_k are the largest query and key counts among the requests. A real query is causal, offset by the part already in the cache, and never sees beyond its request's length; a padded query must also see at least one key. Given: the variable-length metadata above, the page table
         raise TaskNotDone("attention", "padded_metadata")
         # 补齐的 key 位置改指本请求的第一个槽位（总已写过）：KV 池用 torch.empty 分配，没写过的槽位里可能是 NaN，
         # 被掩掉的 key 权重是 0，但 0 × NaN 仍是 NaN

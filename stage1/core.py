@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint core <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint core <task>` gives the next hint.
 """第 1.1 章 core：引擎里到处传递的几样数据——采样参数、请求、批次，以及全局上下文。
 
 这些类本身不做计算，但它们的长度记账决定了后面每一章读写 KV 缓存的位置：
@@ -74,8 +76,8 @@ class SamplingParams:
         parameters' ranges are written here only: the offline API, the scheduler and the server all pass through it
         (:func:`minisgl.validation.check_sampling`), and the server names the parameter from ``InvalidParam.param``.
         """
-        # TODO 任务 validate_sampling_params：检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 InvalidParam(字段名, 说明)
-        # TODO task validate_sampling_params: check temperature >= 0, top_k == -1 or >= 1, 0 < top_p <= 1, max_tokens >= 1; otherwise raise InvalidParam(field name, message)
+        # TODO 任务 validate_sampling_params：把不可能的采样参数挡在门外，边界值都合法：温度不能为负；top-k 要么是 -1（不限制），要么至少为 1；top-p 落在 (0, 1] 里；最多生成的 token 数至少为 1。不合法就抛 InvalidParam，带上出错字段的名字，消息里写出收到的值
+        # TODO task validate_sampling_params: reject impossible sampling parameters, boundary values being valid: temperature not negative; top-k either -1 (no limit) or at least 1; top-p within (0, 1]; at least 1 token of output. On a bad value raise InvalidParam carrying the offending field's name, with a message that states the value received
         raise TaskNotDone("core", "validate_sampling_params")
 
 
@@ -117,8 +119,8 @@ class Req:
     cache_handle: Any = None
 
     def __post_init__(self) -> None:
-        # TODO 任务 req_init：检查 input_ids 在 CPU 上；算出 device_len 与 max_device_len；不变式不成立就抛 ValueError
-        # TODO task req_init: check that input_ids is on the CPU; compute device_len and max_device_len; raise ValueError if the invariant does not hold
+        # TODO 任务 req_init：算出类文档里那两个由提示词推出的长度；input_ids 不在 CPU 上，或者长度违反类文档里的不变式（空提示词、缓存盖住了全部已知 token、长度为负都算），就抛 ValueError
+        # TODO task req_init: derive the two lengths the class docstring defines from the prompt; raise ValueError when input_ids is not on the CPU or when the lengths break the docstring's invariant (an empty prompt, a cache covering every known token and negative lengths all do)
         raise TaskNotDone("core", "req_init")
 
     @property
@@ -127,8 +129,8 @@ class Req:
 
         en: Tokens to send through the model this step (the whole uncached prompt for a prefill, 1 for a decode).
         """
-        # TODO 任务 extend_len：本轮要算的 token 数 = device_len - cached_len
-        # TODO task extend_len: tokens to compute this step = device_len - cached_len
+        # TODO 任务 extend_len：返回这一步要送进模型的 token 数：已知、但 K/V 还没进缓存的那些（预填充时是整段未缓存的提示词，解码时是 1）
+        # TODO task extend_len: return how many tokens this step feeds to the model: those already known whose K/V is not in the cache yet (the whole uncached prompt in a prefill, 1 in a decode)
         raise TaskNotDone("core", "extend_len")
 
     @property
@@ -137,8 +139,8 @@ class Req:
 
         en: How many more tokens can be generated.
         """
-        # TODO 任务 remain_len：还能生成的 token 数 = max_device_len - device_len
-        # TODO task remain_len: tokens that can still be generated = max_device_len - device_len
+        # TODO 任务 remain_len：返回这个请求还能再生成几个 token（走到上限时是 0）
+        # TODO task remain_len: return how many more tokens this request may still generate (0 once it has reached its limit)
         raise TaskNotDone("core", "remain_len")
 
     @property
@@ -156,8 +158,8 @@ class Req:
         It advances at launch rather than when the sampled token is copied back to the CPU, so the scheduler can prepare
         the next step at once.
         """
-        # TODO 任务 complete_one：cached_len 追上 device_len，device_len 加一
-        # TODO task complete_one: cached_len catches up with device_len, device_len grows by one
+        # TODO 任务 complete_one：推进长度记账：这一步送进模型的 token 都算进缓存，另外多了一个已知 token（刚采样的那个，值还没回来，所以 input_ids 不动）
+        # TODO task complete_one: advance the length bookkeeping: every token this step fed to the model now counts as cached, and there is one more known token (the one just sampled; its value is not back yet, so input_ids stays as it is)
         raise TaskNotDone("core", "complete_one")
 
     def append_host(self, next_token: torch.Tensor) -> None:
@@ -165,8 +167,8 @@ class Req:
 
         en: Append the new token copied back to the CPU (a one-element tensor) to ``input_ids``.
         """
-        # TODO 任务 append_host：用 torch.cat 把 next_token 接到 input_ids 后面（保持 int32、1 维）
-        # TODO task append_host: append next_token to input_ids with torch.cat (keep int32, 1-D)
+        # TODO 任务 append_host：把新 token 的值接到 input_ids 末尾；next_token 可能是 0 维或形状 [1]，也可能是 int64，接上之后 input_ids 仍是 CPU 上 1 维的 int32
+        # TODO task append_host: append the new token's value at the end of input_ids; next_token may be 0-D or of shape [1], and may be int64: afterwards input_ids is still 1-D int32 on the CPU
         raise TaskNotDone("core", "append_host")
 
     def __repr__(self) -> str:
@@ -270,8 +272,8 @@ class Context:
         en: Make ``batch`` the current batch inside the with block; it is always cleared on the way out (errors
         included).
         """
-        # TODO 任务 ctx_forward_batch：不允许嵌套（已有批次就抛 RuntimeError）；设置 _batch，yield，finally 里清回 None
-        # TODO task ctx_forward_batch: no nesting (raise RuntimeError if a batch is already set); set _batch, yield, reset it to None in finally
+        # TODO 任务 ctx_forward_batch：在 with 块里，参数给的批次就是当前批次；离开时（块里抛了异常也一样）一定清掉。已经有当前批次时再进入（嵌套）就抛 RuntimeError
+        # TODO task ctx_forward_batch: inside the with block the given batch is the current one; on the way out (also when the block raises) it is always cleared. Entering while a batch is already current (nesting) raises RuntimeError
         raise TaskNotDone("core", "ctx_forward_batch")
 
 

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint engine <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint engine <task>` gives the next hint.
 """第 1.6 章 engine：把前五章拼成一个引擎，再加上批量采样器。
 
 ``Engine`` 按顺序初始化：设备与 dtype → 全局上下文 → 模型与权重 → 由剩余内存定出 KV 页数 →
@@ -179,8 +181,8 @@ def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     Filtered probabilities become 0; the result need not sum to 1, since the exponential race used for sampling only
     looks at the ratios within a row.
     """
-    # TODO 任务 top_k_top_p：按概率降序排序；排名 >= k 的置 0；归一化后，排在它前面的累计概率已 >= p 的置 0；再 scatter 回原顺序
-    # TODO task top_k_top_p: sort by probability, descending; zero the entries ranked >= k; after renormalising, zero the entries whose preceding cumulative probability is already >= p; scatter back to the original order
+    # TODO 任务 top_k_top_p：返回按行过滤后的概率（与 probs 同形状，规则见函数文档）：被过滤的置 0，留下的彼此比例不变；top-p 的核在 top-k 留下、重新归一化之后的概率上算，累计恰好达到 p 的那个也留下、它之后的都不留，第一个总是留下；top_k 或 top_p 为 None 表示整批都不做这一种过滤；top-k 等于词表大小就是不过滤
+    # TODO task top_k_top_p: return the probabilities filtered row by row (same dimensions as probs, rules in the docstring): filtered entries become 0 and the kept ones keep their ratios; the top-p nucleus is taken over what top-k kept, renormalised; the entry whose cumulative sum reaches p exactly is kept and none after it, and the first is always kept; None for top_k or top_p means the whole batch skips that filter; a top-k equal to the vocabulary size filters nothing
     raise TaskNotDone("engine", "top_k_top_p")
 
 
@@ -212,8 +214,8 @@ class Sampler:
         params: list[SamplingParams] = [r.sampling_params for r in batch.reqs]
         if all(p.is_greedy for p in params):
             return BatchSamplingArgs(temperatures=None)
-        # TODO 任务 sampler_prepare：每行的温度（贪心行为 1）、是否贪心、top_k（不限为 None）、top_p（不限为 None）、带种子行的发生器；都放到 self.device 上
-        # TODO task sampler_prepare: per row: temperature (1 for greedy rows), whether greedy, top_k (None when unrestricted), top_p (None when unrestricted), generators for seeded rows; all on self.device
+        # TODO 任务 sampler_prepare：返回这一批（不全是贪心）的 BatchSamplingArgs，字段见它的定义，每个请求一行，都放在 self.device 上：贪心的行温度填 1 并标成贪心；不限制的行在 top-k 上等于不过滤、在 top-p 上是 1，整批没有一行要某种过滤时那个字段为 None；带种子的行各有一个只由（种子，这一步的位置）决定的发生器，整批都没有种子时为 None
+        # TODO task sampler_prepare: return this (not all greedy) batch's BatchSamplingArgs, fields as in its definition, one row per request, all on self.device: greedy rows get temperature 1 and are flagged as greedy; an unrestricted row means no cut for top-k and 1 for top-p, and a field is None when no row of the batch uses that filter; each seeded row has its own generator determined only by (seed, this step's position), and the field is None when no row has a seed
         raise TaskNotDone("engine", "sampler_prepare")
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
@@ -223,8 +225,8 @@ class Sampler:
         """
         if args.temperatures is None:
             return logits.argmax(dim=-1)
-        # TODO 任务 sample：logits 转 float32 除以温度 → softmax → top_k_top_p_filter → 指数噪声（带种子的行用自己的发生器）→ argmax(p / E)；贪心行换成 argmax(logits)
-        # TODO task sample: logits to float32, divided by temperature → softmax → top_k_top_p_filter → exponential noise (seeded rows use their own generator) → argmax(p / E); greedy rows use argmax(logits) instead
+        # TODO 任务 sample：返回每行采样出的 token id（[B]，int64）。分布与 HF 一致（top-k/top-p 作用在除以温度之后的概率上）；抽样用类文档里的指数竞赛，没有种子的行用采样器自己的发生器，带种子的行只用它自己的；贪心的行取原始 logits 的 argmax。给定：top_k_top_p_filter
+        # TODO task sample: return one drawn token id per request ([B], int64). The distribution matches HF (top-k/top-p act on the probabilities after dividing by the temperature); draw with the class docstring's exponential race, requests without a seed using the sampler's own generator and seeded ones only their own; greedy requests take the argmax of the original logits. Given: top_k_top_p_filter
         raise TaskNotDone("engine", "sample")
 
 
@@ -392,8 +394,8 @@ class Engine:
         could keep nothing at full load, and more would only hold memory. The smaller of the two.
         """
         c, config = self.model.config, self.config
-        # TODO 任务 determine_num_pages：有 override 直接用；上限 =（int(free_before × 比例) − model_bytes）// 每页字节数（比例缺省 CUDA 0.9、CPU 0.3；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；CPU 上再与需要的页数取小：ceil(1.5 × max_running_req × ceil(max_seq_len / page_size))，max_seq_len = max_seq_len_override 或模型的 max_position_embeddings；不足 1 页就抛 RuntimeError，消息里同时写出 Python 参数名（memory_ratio、num_page_override）和服务器的命令行参数（--mem-fraction-static、--max-total-tokens）
-        # TODO task determine_num_pages: use the override if given; cap = (int(free_before × ratio) − model_bytes) // bytes per page (ratio defaults to 0.9 on CUDA, 0.3 on CPU; bytes per page from MHAKVCache.bytes_per_page, mind page_size and dtype); on the CPU take the smaller of that and the pages needed: ceil(1.5 × max_running_req × ceil(max_seq_len / page_size)), max_seq_len = max_seq_len_override or the model's max_position_embeddings; raise RuntimeError if less than 1 page fits, naming both the Python parameters (memory_ratio, num_page_override) and the server's flags (--mem-fraction-static, --max-total-tokens)
+        # TODO 任务 determine_num_pages：返回 KV 池的页数，规则见方法文档（内存上限向下取整，CPU 上按需要算的页数向上取整）；memory_ratio 没给时 CUDA 用 0.9、CPU 用 0.3；每页字节数按这个引擎的页大小和元素类型算；连 1 页都放不下就抛 RuntimeError，消息要同时写出 memory_ratio、num_page_override 和服务器的 --mem-fraction-static、--max-total-tokens。给定：MHAKVCache.bytes_per_page，self.model.config
+        # TODO task determine_num_pages: return the number of KV pages by the rules in the method's docstring (the memory cap rounds down, the CPU's need rounds up); memory_ratio defaults to 0.9 on CUDA and 0.3 on the CPU; bytes per page follow this engine's page size and element type; if not even one page fits, raise RuntimeError naming memory_ratio, num_page_override and the server's --mem-fraction-static and --max-total-tokens. Given: MHAKVCache.bytes_per_page, self.model.config
         raise TaskNotDone("engine", "determine_num_pages")
 
     # 不用 inference_mode：它产出的张量之后在模式外不能原地修改，调度器会踩坑
@@ -425,8 +427,8 @@ class Engine:
         # 同一进程里可能有多个引擎，各层读的是全局上下文
         # en: a process may hold several engines, and the layers read the global context
         set_global_ctx(self.ctx)
-        # TODO 任务 forward_batch：在 ctx.forward_batch(batch) 里跑 model.forward()；采样并转 int32；copy_to_host 得到主机副本和完成事件；返回 ForwardOutput（不调用 complete_one，不写 token 池）
-        # TODO task forward_batch: run model.forward() inside ctx.forward_batch(batch); sample and convert to int32; copy_to_host gives the host copy and the done event; return a ForwardOutput (do not call complete_one, do not write the token pool)
+        # TODO 任务 forward_batch：返回这一步的 ForwardOutput：每个请求采样出一个 token，设备上一份 int32，主机上一份与它不共享内存的副本，外加拷贝完成的事件。模型的前向要在设好当前批次的上下文里跑。只算、不记账：不推进请求，也不写 token 池。给定：copy_to_host，以及引擎上现成的上下文、模型和采样器
+        # TODO task forward_batch: return this step's ForwardOutput: one new token per request, an int32 copy on the device, a CPU copy sharing no memory with it, and the event that signals when that copy has finished. The network must run while the context holds this batch as the current one. It only computes and does no bookkeeping: it neither advances the requests nor writes the token pool. Given: copy_to_host, plus the context, network and sampling component the engine already holds
         raise TaskNotDone("engine", "forward_batch")
 
     def shutdown(self) -> None:

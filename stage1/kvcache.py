@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint kvcache <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint kvcache <task>` gives the next hint.
 """第 1.4 章 kvcache：预先分配好的分页 KV 池、页表和 token 池。
 
 第 0 步用 ``torch.cat`` 让每个请求的 K/V 越拼越长：每步都要重新分配、拷贝，也没法把
@@ -69,8 +71,8 @@ class MHAKVCache:
         self.head_dim = head_dim
         self.num_pages = num_pages
         self.page_size = page_size
-        # TODO 任务 kv_buffer：用 torch.empty（不填 0，原因见上）分配 [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] 的张量，存为 self._kv_buffer
-        # TODO task kv_buffer: allocate a tensor of shape [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] with torch.empty (not filled with 0, see above) and store it as self._kv_buffer
+        # TODO 任务 kv_buffer：把整块 KV 池分配在 self._kv_buffer：形状见类文档，元素类型和设备按参数给的；不要填 0（类文档写了为什么）
+        # TODO task kv_buffer: allocate the whole KV pool as self._kv_buffer: shape as in the class docstring, element type and device as the arguments say; do not fill it with zeros (the class docstring says why)
         raise TaskNotDone("kvcache", "kv_buffer")
 
     @property
@@ -90,8 +92,8 @@ class MHAKVCache:
 
         en: The K of layer ``layer_id``, as a view flattened by slot: ``[num_pages * page_size, KV heads, head_dim]``.
         """
-        # TODO 任务 kv_views：取 _kv_buffer[0, layer_id]，view 成 (num_slots, num_kv_heads, head_dim)；不要拷贝
-        # TODO task kv_views: take _kv_buffer[0, layer_id] and view it as (num_slots, num_kv_heads, head_dim); no copy
+        # TODO 任务 kv_views：返回第 layer_id 层的 K，按槽位摊平成 [槽位总数, KV 头数, 每头维度]；必须与池子共用内存（写它就是写池子），不能拷贝
+        # TODO task kv_views: return the K of layer layer_id, flattened by slot into [all slots, KV heads, head size]; it must share memory with the pool (writing into it writes the pool), never a copy
         raise TaskNotDone("kvcache", "kv_views")
 
     def v_cache(self, layer_id: int) -> torch.Tensor:
@@ -103,8 +105,8 @@ class MHAKVCache:
         en: Write this step's K/V (``[T, KV heads, head_dim]``) into the ``out_loc`` slots of layer ``layer_id``,
         touching nothing else.
         """
-        # TODO 任务 store_kv：按 out_loc 把 k、v 写进 k_cache(layer_id)、v_cache(layer_id)（原地写，用 index_copy_ 或下标赋值）
-        # TODO task store_kv: write k and v into k_cache(layer_id) and v_cache(layer_id) at out_loc (in place, with index_copy_ or index assignment)
+        # TODO 任务 store_kv：把 k、v 原地写进第 layer_id 层里 out_loc 指定的槽位，别的槽位、别的层一个也不动；out_loc 是 int32。给定：这个类按层给出的 K、V 视图
+        # TODO task store_kv: write k and v in place into the slots out_loc names in layer layer_id, leaving every other slot and every other layer untouched; out_loc is int32. Given: this class's per-layer K and V views
         raise TaskNotDone("kvcache", "store_kv")
 
     @staticmethod
@@ -116,8 +118,8 @@ class MHAKVCache:
         en: Bytes one page takes across all layers (K and V); the engine uses it to work out how many pages fit in free
         memory.
         """
-        # TODO 任务 bytes_per_page：2（K 和 V）× 层数 × page_size × KV 头数 × head_dim × 每个元素的字节数
-        # TODO task bytes_per_page: 2 (K and V) × layers × page_size × KV heads × head_dim × bytes per element
+        # TODO 任务 bytes_per_page：返回一页在所有层里、K 和 V 合起来占的字节数：页数乘它正好等于整个 KV 池的大小，fp32 和 bf16 都一样成立
+        # TODO task bytes_per_page: return the bytes one page takes across all layers, K and V together: times the number of pages it equals the size of the whole KV pool, for fp32 and bf16 alike
         raise TaskNotDone("kvcache", "bytes_per_page")
 
 
@@ -133,8 +135,8 @@ def pages_to_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
     Example: ``pages=[3, 1]``, ``page_size=2`` -> ``[6, 7, 2, 3]``. Writing the first n of the result into a row of the
     page table gives an n-token request its places.
     """
-    # TODO 任务 pages_to_slots：pages[:, None] * page_size + arange(page_size)，再摊平；保持 pages 的 dtype 和设备
-    # TODO task pages_to_slots: pages[:, None] * page_size + arange(page_size), then flatten; keep the dtype and device of pages
+    # TODO 任务 pages_to_slots：返回这些页里的全部 token 槽位，1 维，按页的顺序、每页之内从小到大（例子见函数文档）；与输入的页号同 dtype、同设备
+    # TODO task pages_to_slots: return every token slot of the given page numbers as a 1-D tensor, page after page and in increasing order within each page (example in the docstring); same dtype and device as the input
     raise TaskNotDone("kvcache", "pages_to_slots")
 
 

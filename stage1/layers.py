@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint layers <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint layers <task>` gives the next hint.
 """第 1.2 章 layers：不依赖 ``nn.Module`` 的算子层。
 
 每个算子是一个普通对象：权重是它的张量属性（名字不以 ``_`` 开头），前向是普通方法。
@@ -196,8 +198,8 @@ class Linear(BaseOP):
 
         en: Copy the checkpoint tensor of part ``shard`` into its rows of the merged weight.
         """
-        # TODO 任务 merged_linear_load：第 shard 段从 sum(output_sizes[:shard]) 行开始、共 output_sizes[shard] 行；先 check_shape 再 copy_
-        # TODO task merged_linear_load: shard number shard starts at row sum(output_sizes[:shard]) and spans output_sizes[shard] rows; check_shape first, then copy_
+        # TODO 任务 merged_linear_load：把检查点里第 shard 段的张量原地拷进合并权重里属于这一段的那几行（各段按构造时给的大小自上而下排列，见类文档）；形状不对就抛 ValueError，消息先写模型要的形状、再写检查点给的。给定：check_shape
+        # TODO task merged_linear_load: copy the checkpoint's part number shard, in place, into that part's own rows of the merged weight (the parts are stacked top to bottom with the sizes given at construction, see the class docstring); a wrong shape raises ValueError that names the model's shape first, then the checkpoint's. Given: check_shape
         raise TaskNotDone("layers", "merged_linear_load")
 
     def pack(self, kind: str = "onednn") -> None:
@@ -305,8 +307,8 @@ class LMHead(Linear):
         return {} if self._tied else super().own_slots(prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO 任务 lm_head_last_tokens：batch = get_global_ctx().batch；用 batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再交给 super().forward（Linear 的前向：打包成快速布局后 self.weight 是 None，不能直接 F.linear）
-        # TODO task lm_head_last_tokens: batch = get_global_ctx().batch; use batch.attn_metadata.get_last_indices(batch.size) to pick each request's last-token hidden state, then pass it to super().forward (Linear's forward: after packing into the fast layout self.weight is None, so do not call F.linear directly)
+        # TODO 任务 lm_head_last_tokens：返回 [请求数, 词表大小] 的 logits：只算当前批次里每个请求最后一个 token 的那一行；权重打包成快速布局之后（那时 self.weight 是 None）也要照常工作。给定：全局上下文里的当前批次（它的注意力元数据知道每个请求的最后一个 token 在哪），父类 Linear 的前向
+        # TODO task lm_head_last_tokens: return logits of shape [requests, vocabulary], computed only for the row of each request's final token in the current batch; it must keep working once the weight is packed into the fast layout (self.weight is then None). Given: the current batch in the global context (its attention metadata knows where each request's final token is), and the parent class Linear's own computation
         raise TaskNotDone("layers", "lm_head_last_tokens")
 
 
@@ -321,8 +323,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     en: RMSNorm: ``x / sqrt(mean(x²) + eps) * weight``, computed in fp32, then cast back to the original dtype and
     multiplied by the weight (as HF does).
     """
-    # TODO 任务 rms_norm：先转 float32，乘 rsqrt(x² 在最后一维的均值 + eps)，转回 x.dtype 后乘 weight
-    # TODO task rms_norm: convert to float32 first, multiply by rsqrt(mean of x² over the last dim + eps), convert back to x.dtype, then multiply by weight
+    # TODO 任务 rms_norm：返回 x 在最后一维上的 RMSNorm（公式见函数文档），形状、dtype 与 x 相同；bf16 下要与 HF 逐位一致：归一化在 fp32 里做，权重乘的是已经舍入回 x 的 dtype 的结果
+    # TODO task rms_norm: return the RMSNorm of x over its last dimension (formula in the docstring), with the shape and dtype of x; in bf16 it must match HF bit for bit: normalise in fp32, and let the weight multiply the result already rounded back into the dtype of x
     raise TaskNotDone("layers", "rms_norm")
 
 
@@ -341,8 +343,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     en: SwiGLU activation: the first half of ``x`` is gate, the second half up (the output of the merged gate_up_proj);
     returns ``silu(gate) * up``.
     """
-    # TODO 任务 silu_and_mul：沿最后一维对半分成 gate 和 up，返回 F.silu(gate) * up
-    # TODO task silu_and_mul: split the last dim in half into gate and up; return F.silu(gate) * up
+    # TODO 任务 silu_and_mul：返回 SwiGLU 的激活（公式见函数文档）：结果的最后一维是 x 的一半；x 的前一半是门控的那一路，后一半是被门控的那一路
+    # TODO task silu_and_mul: return the SwiGLU activation (formula in the docstring): its last dimension is half of x's; the first half of x is the gating branch, the second half the branch being gated
     raise TaskNotDone("layers", "silu_and_mul")
 
 
@@ -357,8 +359,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     Each head's vector is seen as D/2 points in the plane, (x[i], x[i + D/2]), each rotated by its own angle for the
     position: ``x * cos + rotate_half(x) * sin``, where ``rotate_half(x) = cat(-second half of x, first half of x)``.
     """
-    # TODO 任务 apply_rotary：cos/sin 加一个头维度并转成 x.dtype；x1, x2 = 前后两半；返回 x * cos + cat(-x2, x1) * sin
-    # TODO task apply_rotary: give cos/sin a head dim and convert them to x.dtype; x1, x2 = first and second half; return x * cos + cat(-x2, x1) * sin
+    # TODO 任务 apply_rotary：返回旋转后的 x，形状、dtype 不变，按函数文档里“前后两半”的配对旋转；两张表是 [T, D] 的 fp32，x 是 [T, H, D]；bf16 下要与 HF 逐位一致，所以表先换成 x 的 dtype 再参与乘法
+    # TODO task apply_rotary: return x rotated, same shape and dtype, with the "two halves" pairing of the docstring; the two tables are fp32 [T, D] while x is [T, H, D]; in bf16 the result must match HF bit for bit, so the tables take the dtype of x before they multiply
     raise TaskNotDone("layers", "apply_rotary")
 
 
@@ -428,6 +430,6 @@ class AttentionLayer(BaseOP):
 
         en: ``qkv``: [T, (Hq + 2·Hkv)·D] -> attention output [T, Hq·D].
         """
-        # TODO 任务 attention_layer_forward：split 出 q/k/v 并 view 成 [T, 头数, D]；有 q/k norm 就先归一化；用 batch.positions 做 RoPE；调用 ctx.attn_backend.forward(q, k, v, layer_id, batch)
-        # TODO task attention_layer_forward: split q/k/v and view them as [T, heads, D]; apply the q/k norms if present; RoPE with batch.positions; call ctx.attn_backend.forward(q, k, v, layer_id, batch)
+        # TODO 任务 attention_layer_forward：返回 [T, Hq·D] 的注意力输出。交给注意力后端的是：[T, Hq, D] 的 q，[T, Hkv, D] 的 k 和 v，本层的 layer_id 和当前批次；q、k 要经过各自的归一化（有的话）和按每个 token 位置的 RoPE，次序照类文档，v 两样都不做。给定：全局上下文里的后端和批次，本层借来的 _q_norm、_k_norm、_rotary
+        # TODO task attention_layer_forward: return the attention output, [T, Hq·D]. The attention backend gets q as [T, Hq, D], k and v as [T, Hkv, D], this layer's layer_id and the current batch; q and k normalised by their own norms (when present) and rotated by RoPE at each token's position, in the order the class docstring gives; v gets neither. Given: the backend and the batch in the global context; this layer's borrowed _q_norm, _k_norm, _rotary
         raise TaskNotDone("layers", "attention_layer_forward")

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint models <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint models <task>` gives the next hint.
 """第 1.3 章 models：Qwen3 与 Llama 解码器，以及从 safetensors 流式加载权重。
 
 两种架构共用一份解码器定义，区别只在配置：Qwen3 在注意力里对 q、k 各做一次 RMSNorm（``qk_norm``），
@@ -85,8 +87,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, hf: dict) -> ModelConfig:
-        # TODO 任务 model_config_from_hf：architectures[0] 不在 ARCHITECTURES 里就抛 ValueError（消息带上架构名）；rope_parameters（或老的 rope_scaling）里 rope_type 不是 "default"、或 hidden_act 不是 "silu"，抛 NotImplementedError；head_dim 缺省为 hidden_size // num_attention_heads；num_key_value_heads 缺省等于头数；rope_theta 先看 rope_parameters、再看顶层（缺省 10000）；tie_word_embeddings、attention_bias、mlp_bias 缺省 False；qk_norm 查 ARCHITECTURES
-        # TODO task model_config_from_hf: raise ValueError (naming the architecture) if architectures[0] is not in ARCHITECTURES; raise NotImplementedError if rope_type in rope_parameters (or the older rope_scaling) is not "default", or hidden_act is not "silu"; head_dim defaults to hidden_size // num_attention_heads; num_key_value_heads defaults to the number of heads; rope_theta: look in rope_parameters, then at the top level (default 10000); tie_word_embeddings, attention_bias, mlp_bias default to False; qk_norm comes from ARCHITECTURES
+        # TODO 任务 model_config_from_hf：由 config.json 的字典返回 ModelConfig。只认 ARCHITECTURES 里的架构，看 architectures 的第一项；缺了、空了或不认识都抛 ValueError，消息写出架构名。RoPE 缩放（rope_parameters 或老的 rope_scaling 里的类型不是 default）和 silu 以外的 hidden_act 抛 NotImplementedError。缺省值：head_dim 是隐藏维度平分给 num_attention_heads 个头的大小，num_key_value_heads 同 num_attention_heads，rope_theta 新版写在 rope_parameters 里、老版在顶层、都没有时取 10000，tie_word_embeddings、attention_bias、mlp_bias 为 False；qk_norm 查 ARCHITECTURES
+        # TODO task model_config_from_hf: return a ModelConfig from the config.json dict. Only what ARCHITECTURES lists is accepted, judged by the first entry of architectures; a missing, empty or unknown one raises ValueError naming it. RoPE scaling (a type other than default in rope_parameters or the older rope_scaling) and any hidden_act but silu raise NotImplementedError. Defaults: head_dim is the hidden size split evenly over num_attention_heads, num_key_value_heads equals num_attention_heads, rope_theta comes from rope_parameters in newer configs or the top level in older ones, else 10000; tie_word_embeddings, attention_bias, mlp_bias are False; qk_norm comes from ARCHITECTURES
         raise TaskNotDone("models", "model_config_from_hf")
 
 
@@ -128,8 +130,8 @@ class MLP(BaseOP):
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO 任务 mlp_forward：依次调用 gate_up_proj → silu_and_mul → down_proj
-        # TODO task mlp_forward: call gate_up_proj → silu_and_mul → down_proj in turn
+        # TODO 任务 mlp_forward：返回这个 SwiGLU MLP 对 x 的输出，形状与 x 相同（结构见类文档）。给定：本块的两个线性层，第 1.2 章的激活函数
+        # TODO task mlp_forward: return this SwiGLU MLP's output for x, of the same shape as x (structure in the class docstring). Given: this block's two linear layers, the activation function of chapter 1.2
         raise TaskNotDone("models", "mlp_forward")
 
 
@@ -146,8 +148,8 @@ class DecoderLayer(BaseOP):
 
         en: Pre-norm residual: ``h = x + attn(norm(x))``, ``out = h + mlp(norm(h))``.
         """
-        # TODO 任务 decoder_layer_forward：两个子层都是“先归一化、再计算、再加回残差”
-        # TODO task decoder_layer_forward: both sub-layers are "normalise, compute, add the residual back"
+        # TODO 任务 decoder_layer_forward：返回这一层的输出：pre-norm 残差结构（公式见函数文档），注意力和 MLP 两个子层各用自己的那个归一化
+        # TODO task decoder_layer_forward: return this layer's output: the pre-norm residual structure (formula in the docstring), where the attention and MLP sub-layers each use a norm of their own
         raise TaskNotDone("models", "decoder_layer_forward")
 
 
@@ -242,8 +244,8 @@ def load_weights(model: BaseOP, model_path: str | Path) -> None:
     by name.
     """
     slots = model.checkpoint_slots()
-    # TODO 任务 load_weights：遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)（它的 ValueError 加上张量名再抛）；查不到的，名字以 IGNORED_SUFFIXES 结尾或是 lm_head.weight（共享权重时多存的）就跳过，否则抛 ValueError；最后把 slots 里没装到的名字用 ValueError 报出来
-    # TODO task load_weights: iterate over iter_safetensors; if the name is in slots, call slot.op.load_weight(slot.attr, tensor, slot.shard) (re-raise its ValueError with the tensor name added); otherwise skip names ending in IGNORED_SUFFIXES or equal to lm_head.weight (stored extra with tied weights), and raise ValueError for the rest; finally report the slot names that were never loaded with a ValueError
+    # TODO 任务 load_weights：把检查点里的每个张量装进 slots 给它的位置。出错都抛 ValueError 并写出张量名：检查点里有、模型里没处放的（以 IGNORED_SUFFIXES 结尾的和共享权重时多存的 lm_head.weight 除外，这两种跳过）；形状不对的（保留原消息里的两个形状）；全部读完后模型里还空着的位置。给定：iter_safetensors、slots、各算子的 load_weight
+    # TODO task load_weights: load every checkpoint tensor into the place slots gives it. Every error is a ValueError naming the tensor: one the checkpoint has but the model has no place for (except those ending in IGNORED_SUFFIXES and the extra lm_head.weight saved with tied weights: skip those); a wrong shape (keeping both shapes of the original message); and, once everything is read, any place in the model still empty. Given: iter_safetensors, slots, each operator's load_weight
     raise TaskNotDone("models", "load_weights")
 
 

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint cache_manager <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint cache_manager <task>` gives the next hint.
 """第 2.2 章 cache_manager：按需分配 KV 页面的 ``CacheManager``。
 
 第 2.1 章给每个请求槽静态分了一段页面：短请求用不完，长请求又借不到别人的。这一章改成：
@@ -240,8 +242,8 @@ class CacheManager:
         en: Take ``num_pages`` free pages (returns the first slot of each); if there are not enough, evict from the
         prefix cache first.
         """
-        # TODO 任务 allocate_pages：空闲页不够时 evict 差额（按 token 数：缺的页数 × page_size），它返回 token 级槽位，每页取第一个并进 free_slots（同 _free）；再从 free_slots 头部切出 num_pages 个
-        # TODO task allocate_pages: if there are not enough free pages, evict the shortfall (in tokens: missing pages × page_size); it returns token-level slots, take the first of each page and add them to free_slots (as _free does); then cut num_pages from the front of free_slots
+        # TODO 任务 allocate_pages：从空闲池取出 num_pages 页，返回各页的第一个槽位（取出的页不再留在 free_slots 里）；空闲页不够时，先让前缀缓存驱逐恰好差的那些（驱逐按 token 数计，返回 token 级槽位），腾出的页按 _free 的存法回到空闲池；还是不够就抛 RuntimeError
+        # TODO task allocate_pages: take num_pages pages out of the pool and return the first slot of each (they no longer stay in free_slots); when the pool is short, first have the prefix cache give up exactly the shortfall (counted in tokens; it returns token-level slots) and put those pages back in the pool the way _free stores them; if it is still short, raise RuntimeError
         raise TaskNotDone("cache_manager", "allocate_pages")
 
     def _free(self, indices: torch.Tensor) -> None:
@@ -273,8 +275,8 @@ class CacheManager:
         The pages already allocated are the first ``div_ceil(cached_len, page_size)``; allocation goes up to page
         ``div_ceil(device_len, page_size)``.
         """
-        # TODO 任务 allocate_paged：算出每个请求缺的页（first=div_ceil(cached_len)，last=div_ceil(device_len)），一次 _allocate 全部，再把槽位写进页表对应的行与列
-        # TODO task allocate_paged: work out the pages each request is missing (first=div_ceil(cached_len), last=div_ceil(device_len)), _allocate them all at once, then write the slots into the matching rows and columns of the page table
+        # TODO 任务 allocate_paged：给每个请求这一步要写 K/V 的位置 [cached_len, device_len) 补齐缺的整页（已经分到的页不再分），新页的 token 级槽位写进页表里它那一行的对应列：同一页里的位置槽位连续；伸出页表宽度的列不写，但那一页照样要分；别的行、别的列不动。给定：_allocate（返回页首）、_page_to_token、div_ceil
+        # TODO task allocate_paged: for each request, add the whole pages missing for the positions [cached_len, device_len) it writes K/V at this step (pages it already has are not allocated again), and write the new pages' token-level slots into its row of the page table at the matching columns: positions in one page get consecutive slots; columns past the page table's width are not written, but that page is still allocated; other rows and columns stay as they are. Given: _allocate (returns page starts), _page_to_token, div_ceil
         raise TaskNotDone("cache_manager", "allocate_paged")
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
@@ -292,8 +294,8 @@ class CacheManager:
         pages, then free the duplicates; otherwise the request, as it keeps decoding, would read pages that were handed
         to someone else.
         """
-        # TODO 任务 cache_req：insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并 _free 尾巴——页表这行的 [新句柄.cached_len, req.cached_len)（分到的页只到 cached_len 所在的页为止，再往后从没分配过，不能还）；否则锁新句柄、解锁旧句柄、换上新句柄
-        # TODO task cache_req: insert_prefix(input_ids[:cached_len], this page-table row[:cached_len]); for the duplicated part, point the row at the cached slots first, then _free the duplicates; if finished, unlock the old handle and _free the tail — this row's [new_handle.cached_len, req.cached_len) (pages were allocated only up to the page holding cached_len, beyond it nothing was ever allocated, so do not free it); otherwise lock the new handle, unlock the old one and switch to the new handle
+        # TODO 任务 cache_req：把请求算过的前缀（前 cached_len 个 token 和页表里它们的槽位）插进前缀缓存。缓存里早已有、它却自己又算了一遍的那段：页表这一行改指缓存里的槽位，它自己原来那份页还回空闲池（还的是原来的槽位，不是改指后的）。结束时（finished）：放开它原来的锁，把插入没留下的尾巴还掉，只还到 cached_len 为止（再往后的列是残留，不是它的）；没结束：锁住插入得到的新句柄、放开旧的，请求改持新句柄。给定：insert_prefix、lock / unlock、_free
+        # TODO task cache_req: insert the prefix the request has computed (its first cached_len tokens and their slots in the page table) into the prefix cache. For a part the cache already held but the request computed again, point this page-table row at the cache's slots and put the request's own copies back in the pool (its original slots, not the repointed ones). When finished: release its old lock and give back the tail the insert did not keep, only as far as cached_len (columns past it hold stale slots that are not its own); otherwise lock the new handle the insert returned, unlock the old one, and let the request hold the new handle. Given: insert_prefix, lock / unlock, _free
         raise TaskNotDone("cache_manager", "cache_req")
 
     # ---------------------------------------------------------------- 检查
@@ -306,8 +308,8 @@ class CacheManager:
         free pages + cached pages == total pages.
         """
         self.prefix_cache.check_integrity()
-        # TODO 任务 check_integrity：protected_size 必须为 0；free_slots 不重复、都是 page_size 的倍数且在 [0, num_pages * page_size) 之内；空闲页数 + total_size/page_size == num_pages；不满足就抛 RuntimeError
-        # TODO task check_integrity: protected_size must be 0; free_slots has no duplicates, and each is a multiple of page_size within [0, num_pages * page_size); free pages + total_size/page_size == num_pages; raise RuntimeError otherwise
+        # TODO 任务 check_integrity：空闲时对账，下面任何一条不成立就抛 RuntimeError：前缀缓存里没有受保护（还锁着）的 token；空闲池里没有重复的项；每一项都是某一页的页首，而且在 KV 池之内（不小于 0、小于总槽位数）；空闲页数加上缓存占的页数（缓存里的 token 总数 ÷ 每页的 token 数）正好等于总页数。给定：self.prefix_cache.size_info
+        # TODO task check_integrity: the idle-time audit; raise RuntimeError if any of these fails: the prefix cache has no protected (still locked) tokens; the free pool has no repeated entries; every entry is the start of a page inside the KV pool (not below 0, below the total number of slots); free pages plus the pages the cache holds (its total tokens / tokens per page) equal the total number of pages. Given: self.prefix_cache.size_info
         raise TaskNotDone("cache_manager", "check_integrity")
 
 
@@ -323,8 +325,8 @@ class ReservingPrefillAdder(PrefillAdder):
     """
 
     def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
-        # TODO 任务 reserve：没有空的请求槽就返回 None；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]
-        # TODO task reserve: return None when no request slot is free; match_req gives the handle; tokens needed = tokens_needed(prompt + output, cached); return None if that plus reserved_size exceeds available_size; check again after locking the handle, and if it fails this time, unlock the handle before returning None (otherwise that prefix stays locked forever); once it passes, add the tokens needed to reserved_size, allocate a slot and write the matched slots into [:cached] of this page-table row
+        # TODO 任务 reserve：准入一个请求：要有空的请求槽，而且它还要新分的 token 数（提示词 + 输出，已命中的前缀不算，按整页）加上 reserved_size 不超过可用空间——锁住命中的前缀之后这一条还得成立（锁住的页不再算可驱逐）。不接纳就返回 None，而且什么都没变（不留锁、不占槽、预留不变）；接纳时命中的前缀保持锁着、reserved_size 加上它要的数、占一个请求槽、命中的槽位写进页表那一行的开头，返回（句柄, 槽号, 已缓存长度）。给定：match_req、tokens_needed、available_size、lock / unlock
+        # TODO task reserve: admit a request only if a request slot is free and the tokens it still needs (prompt + output, minus the matched prefix, in whole pages) plus reserved_size fit in what is available, and this must still hold after the matched prefix is locked (locked pages stop counting as evictable). On refusal return None with nothing changed (no lock kept, no slot taken, the reservation as it was); on admission the prefix stays locked, reserved_size grows by what it needs, a request slot is taken and the matched slots are written at the start of that page-table row; return (the match, slot, cached length). Given: match_req, tokens_needed, available_size, lock / unlock
         raise TaskNotDone("cache_manager", "reserve")
 
 

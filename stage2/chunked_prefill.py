@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint chunked_prefill <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint chunked_prefill <task>` gives the next hint.
 """第 2.4 章 chunked_prefill：分块预填充。
 
 一段很长的提示词一次预填充完，这一步会很久，其他请求的解码全被卡住（延迟尖峰），
@@ -76,8 +78,8 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
     def try_add_one(self, pending: PendingReq) -> Req | None:
         if self.token_budget <= 0:
             return None
-        # TODO 任务 continue_chunk：已有 pending.chunked_req 时不再匹配和预留，沿用它的句柄、槽位和 cached_len 接着切下一块
-        # TODO task continue_chunk: if pending.chunked_req exists, do not match or reserve again: reuse its handle, slot and cached_len and cut the next chunk
+        # TODO 任务 continue_chunk：上一步留下了算到一半的分块（记在这个等待请求上）时，接着切下一块：不再匹配前缀、不再预留，沿用那一块的缓存句柄、请求槽和已缓存长度，返回新的一块；没有这样的分块就什么也不做，交给任务后面的代码。给定：_add_one_req
+        # TODO task continue_chunk: when the previous step left a half-computed chunk (noted on this waiting request), cut the next chunk: no new prefix match, no new reservation; reuse that chunk's cache handle, request slot and cached length, and return the new chunk; without such a chunk do nothing and let the code after the task run. Given: _add_one_req
         raise TaskNotDone("chunked_prefill", "continue_chunk")
         return super().try_add_one(pending)
 
@@ -89,8 +91,8 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
         en: If the budget covers the rest of the prompt, admit it as usual; otherwise admit only ``token_budget``
         tokens, as a ``ChunkedReq``.
         """
-        # TODO 任务 take_chunk：剩余 r = input_len - cached_len；r <= 预算就清掉 pending.chunked_req、照常交给父类；否则让父类只接纳到 cached_len + 预算（req_cls=ChunkedReq），记到 pending.chunked_req 再返回
-        # TODO task take_chunk: remaining r = input_len - cached_len; if r <= budget, clear pending.chunked_req and hand over to the parent as usual; otherwise let the parent admit only up to cached_len + budget (req_cls=ChunkedReq), store it in pending.chunked_req and return it
+        # TODO 任务 take_chunk：提示词剩下没算的部分不超过预算（恰好相等也算）时，这是最后一块：照常由父类建一个普通请求，并清掉等待请求上“有一块算到一半”的标记；否则只接纳预算那么多个 token，做成 ChunkedReq，记成那个标记再返回它。请求仍然只由父类的 _add_one_req 建
+        # TODO task take_chunk: if what remains of the prompt is within the budget (equal counts), this is the last chunk: the parent builds an ordinary request as usual, and the waiting request's "half-computed chunk" mark is cleared; otherwise admit only as many tokens as the budget allows, as a ChunkedReq, record it as that mark and return it. Requests are still built only by the parent's _add_one_req
         raise TaskNotDone("chunked_prefill", "take_chunk")
 
 
@@ -110,8 +112,8 @@ class Scheduler(_Scheduler):
         en: After a chunk, if any request is decoding, let it take a step before the next chunk: a long prompt does not
         hold up decoding.
         """
-        # TODO 任务 interleave：上一步有中途的分块且有请求在解码，就先调度一步解码；否则照常（预填充优先）；记下这一步是否含中途的分块
-        # TODO task interleave: if the previous step had an unfinished chunk and some request is decoding, schedule a decode step first; otherwise as usual (prefill first); record whether this step contains an unfinished chunk
+        # TODO 任务 interleave：上一步算的是中途的分块、而且有请求在解码时，这一步先让它们解码一步；否则照常（预填充优先）。每一步都要记下它含不含中途的分块，供下一步判断；返回准备好的这一步（或 None）。给定：self._yield_to_decode
+        # TODO task interleave: if the previous step computed an unfinished chunk and some request is decoding, this step lets them decode once; otherwise as usual (prefill first). Every step notes whether it holds an unfinished chunk, for the next step to decide; return the prepared step (or None). Given: self._yield_to_decode
         raise TaskNotDone("chunked_prefill", "interleave")
 
     def _samples_output(self, req: Req) -> bool:

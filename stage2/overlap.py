@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint overlap <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint overlap <task>` gives the next hint.
 """第 2.5 章 overlap：重叠调度——设备算第 N 步的时候，主机处理第 N-1 步的结果并准备第 N+1 步。
 
 普通的主循环里，设备每算完一步都要等主机：拷回结果、记账、调度、准备下一步的输入。
@@ -162,8 +164,8 @@ class Scheduler(_Scheduler):
         """
         if not self.overlap:
             return super()._forward(fi)
-        # TODO 任务 launch_on_worker：在主线程对每个请求 complete_one()；_launch(fi) 让设备开始算（CPU 上交给后台线程），得到 Future；更新 decode_manager；返回 Future
-        # TODO task launch_on_worker: on the main thread call complete_one() on every request; _launch(fi) starts the device (on the CPU it hands the work to the background thread) and gives a Future; update decode_manager; return the Future
+        # TODO 任务 launch_on_worker：重叠时发出这一步、不等它算完，把 _launch 给的 Future 原样返回；返回之前，这一步每个请求的长度记账都已在主线程推进（而且在设备开始算之前，免得和后台线程抢），运行队列也已更新（刚预填充完的加入、生成够的离开）。给定：_launch，以及第 2.1 章 _forward 里同样的那两件事
+        # TODO task launch_on_worker: with overlap on, launch this step without waiting for it and return the Future from _launch as it is; by then every request of the step has had its length bookkeeping advanced on the main thread (before the device starts, so the background thread never races it), and the running queue is updated (requests just prefilled join, those done generating leave). Given: _launch, and the same two pieces of work chapter 2.1's _forward does
         raise TaskNotDone("overlap", "launch_on_worker")
 
     def _finish(self, last: InFlight | None) -> None:
@@ -189,8 +191,8 @@ class Scheduler(_Scheduler):
 
         en: Launch step N+1, then process the results of step N: the host works while the device computes.
         """
-        # TODO 任务 overlap_loop：调度并 _forward 下一步，_in_flight 换成这一步批次里的请求（不是累加；没有下一步就清空）；再 _finish 上一步（先把 _last_data 取出来）；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
-        # TODO task overlap_loop: schedule and _forward the next step, and set _in_flight to the requests of this step's batch (replace, do not accumulate; clear it when there is no next step); then _finish the previous step (take _last_data out first); release the resources of requests no longer in flight; this step becomes the "previous step"; return True if anything was launched or processed
+        # TODO 任务 overlap_loop：重叠的一次迭代：下一步（如果有）要在处理上一步的结果之前就发出；_in_flight 恰好是刚发出的那一步的请求（每次替换，不累加；没发出就为空）；上一步的结果处理完之后，已经不在途的延后请求归还资源；刚发出的这一步成为新的“上一步”；发出或处理了东西就返回 True。给定：_finish、_free_deferred
+        # TODO task overlap_loop: one overlapped iteration: the next step (if any) is launched before the previous step's results are processed; _in_flight is exactly the requests of the step just launched (replaced each time, never accumulated; empty when nothing was launched); after the previous step's results are processed, deferred requests no longer in flight get their resources back; the step just launched becomes the new previous step; return True if anything was launched or processed. Given: _finish, _free_deferred
         raise TaskNotDone("overlap", "overlap_loop")
 
     def _release_req(self, req: Req) -> None:
@@ -198,8 +200,8 @@ class Scheduler(_Scheduler):
 
         en: Note a request still in flight, and free its resources once the batches using it are computed.
         """
-        # TODO 任务 deferred_free：req 在 _in_flight 里就放进 _deferred，否则立刻 _free_req_resources
-        # TODO task deferred_free: if req is in _in_flight, put it in _deferred; otherwise _free_req_resources right away
+        # TODO 任务 deferred_free：设备可能还在用的请求（在 _in_flight 里）先记下来、暂不归还，等它不在途了由 _free_deferred 归还；别的请求立刻归还资源
+        # TODO task deferred_free: a request the device may still be using (it is in _in_flight) is noted and not given back yet: _free_deferred gives it back once it is no longer in flight; any other request gets its resources back at once
         raise TaskNotDone("overlap", "deferred_free")
 
     def _free_deferred(self) -> None:

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint radix_cache <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint radix_cache <task>` gives the next hint.
 """第 2.3 章 radix_cache：用基数树（radix tree）复用相同前缀的 K/V。
 
 很多请求共用同一段开头（系统提示词、多轮对话的历史）。这段前缀的 K/V 算一次就够了：
@@ -129,8 +131,8 @@ class RadixTreeNode:
         The new node inherits this node's reference count and timestamp: a handle that locked this node also locked
         every node on its path.
         """
-        # TODO 任务 split_node：新节点拿 key/value 的前 pos 个、挂到原父节点下、继承 ref_count 与 timestamp；本节点留下后半段并改挂到新节点下
-        # TODO task split_node: the new node takes the first pos entries of key/value, takes this node's place under its parent and inherits ref_count and timestamp; this node keeps the rest and becomes the new node's child
+        # TODO 任务 split_node：在第 pos 个 token 处把本节点一分为二，返回新建的前半段：它拿 token 和槽位的前 pos 个，接替本节点在父节点下的那一项，并继承引用计数和时间戳；本节点留下后半段，成为前半段唯一的子节点。给定：set_key_value、set_parent
+        # TODO task split_node: split this node in two at token pos and return the new first part: it takes the first pos tokens and slots, takes this node's place under the node above it, and inherits the reference count and the time of last use; this node keeps the rest and becomes the first part's only child. Given: set_key_value, set_parent
         raise TaskNotDone("radix_cache", "split_node")
 
     # 给 heapq 用：越久没用的越先驱逐
@@ -196,8 +198,8 @@ class RadixPrefixCache(BasePrefixCache):
         Returns the last fully matched node and the matched length. Every node used gets a fresh timestamp (strict LRU:
         a node used only in part is split first, and only the first part is refreshed).
         """
-        # TODO 任务 tree_walk：一次匹配用同一个 now = self._tick() 作时间戳；剩余不足一页就停；按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续
-        # TODO task tree_walk: use one now = self._tick() as the timestamp for the whole match; stop when less than a page remains; find the child by key_fn(remaining part); round the match length down to page_size; on a partial match, split_at and refresh only the timestamp of the split-off first half and return it (the unused second half keeps its time); on a full match, refresh timestamp and continue
+        # TODO 任务 tree_walk：从根往下按整页尽量长地匹配 input_ids，返回（最后一个完全匹配的节点, 匹配长度）；匹配停在某个节点中间，就把它分裂并返回前半段。路上用到的节点都刷新成同一个时间（一次匹配只 _tick 一次）；只用到前半段时，后半段保持原来的时间。剩下不足一页就不再往下找（key_fn 不接受不足一页的输入）。给定：key_fn、_match_len、split_at
+        # TODO task tree_walk: walk down from the top of the tree, matching as much of input_ids as possible in whole pages, and return (the last fully matched node, how many tokens matched); when matching stops inside a node, split it and return the first part. Every node used gets the same new time (one _tick per walk); when only the first part is used, the rest keeps its old time. Stop looking once less than a page remains (key_fn refuses less than a page). Given: key_fn, _match_len, split_at
         raise TaskNotDone("radix_cache", "tree_walk")
 
     def match_prefix(self, input_ids: torch.Tensor) -> RadixCacheHandle:
@@ -213,8 +215,8 @@ class RadixPrefixCache(BasePrefixCache):
         en: Insert the whole-page part of ``input_ids``. Returns the length that was already cached before the insert,
         and a handle covering the whole inserted part (all of its whole pages).
         """
-        # TODO 任务 insert：长度按页向下取整；_tree_walk 找已有的部分；剩下的挂一个新叶子（key 和 value 都要 clone！时间戳用这次 _tree_walk 的 self._clock），计入 evictable_size；返回 InsertResult(已有的长度, 指向最后一个节点、长度为整页部分的句柄)
-        # TODO task insert: round the length down to whole pages; _tree_walk finds the part already there; the rest becomes a new leaf under the node it returned (clone both key and value! its timestamp is this walk's self._clock) and counts towards evictable_size; return InsertResult(length already there, a handle on the last node covering the whole-page part)
+        # TODO 任务 insert：插入 input_ids 的整页部分（连同 indices 里对应的槽位）：树里已有的部分不重复插入，其余挂成一个新叶子——存的是拷贝，不是传进来的视图，时间和这次匹配用的相同——并计入可驱逐的账；返回 InsertResult（插入前已有的长度, 指向最后一个节点、覆盖整页部分的句柄）。给定：_tree_walk、RadixCacheHandle
+        # TODO task insert: insert the whole-page part of input_ids (with the matching slots of indices): what the tree already holds is not inserted again, the rest becomes one new leaf, storing copies rather than the views passed in, with the same time as this walk, and it counts as evictable; return InsertResult(how much was already cached, a handle ending where the inserted part ends and covering the whole-page part). Given: _tree_walk, RadixCacheHandle
         raise TaskNotDone("radix_cache", "insert")
 
     # ---------------------------------------------------------------- 加锁与驱逐
@@ -228,8 +230,8 @@ class RadixPrefixCache(BasePrefixCache):
         total.
         """
         assert isinstance(handle, RadixCacheHandle)
-        # TODO 任务 lock：沿 parent 走到根（根不算）；加锁时 0→1 把长度从 evictable 挪到 protected，解锁时 1→0 挪回去；计数不能为负
-        # TODO task lock: walk along parent to the root (the root excluded); locking 0→1 moves the length from evictable to protected, unlocking 1→0 moves it back; the count must never go negative
+        # TODO 任务 lock：从句柄所在的节点一路到根（根不算），每个节点的引用计数加一（unlock 时减一）；计数从 0 变成 1 时，这个节点的长度从可驱逐的账挪到受保护的账，从 1 变回 0 时挪回去；给没锁着的节点解锁要抛 RuntimeError
+        # TODO task lock: for every node from the handle's node up to the root (the root excluded), add one to its reference count (subtract one when unlock is set); when a count goes 0 → 1 the node's tokens move from the evictable total to the protected one, and back when it goes 1 → 0; unlocking a node that is not locked raises RuntimeError
         raise TaskNotDone("radix_cache", "lock")
 
     def evict(self, size: int) -> torch.Tensor:
@@ -245,8 +247,8 @@ class RadixPrefixCache(BasePrefixCache):
                 "Asked to evict {size} tokens, but only {evictable_size} are evictable",
                 size=size, evictable_size=self.evictable_size,
             ))
-        # TODO 任务 evict：收集 ref_count==0 的叶子建堆（按 timestamp）；逐个弹出、从父节点删掉、记下 value、扣 evictable_size；父节点变成无锁叶子就入堆；够 size 就停
-        # TODO task evict: collect the leaves with ref_count==0 into a heap (by timestamp); pop them one by one, remove each from its parent, keep its value, subtract from evictable_size; push the parent when it becomes an unlocked leaf; stop once size is reached
+        # TODO 任务 evict：驱逐至少 size 个 token，返回腾出来的槽位（拼成一个张量）：每次挑最久没用、没上锁的叶子（根除外），把它从树上摘掉，从可驱逐的账里扣掉；父节点因此成了没上锁的叶子，也就成了候选；够数就停；候选用完还不够就抛 RuntimeError。节点之间可以直接比新旧（__lt__）。给定：_all_nodes
+        # TODO task evict: evict at least size tokens and return the slots set free, as one tensor: each time take the least recently used unlocked leaf (never the root), detach it from the tree and subtract it from the evictable total; a parent that thereby becomes an unlocked leaf joins the candidates; stop once there is enough; if the candidates run out first, raise RuntimeError. Nodes compare by age directly (__lt__). Given: _all_nodes
         raise TaskNotDone("radix_cache", "evict")
 
     # ---------------------------------------------------------------- 统计与自查
@@ -278,8 +280,8 @@ class RadixPrefixCache(BasePrefixCache):
         en: Count everything again: each node's structure, whole pages and reference count, and the evictable and
         protected totals. Raises RuntimeError on any mismatch.
         """
-        # TODO 任务 check_tree：遍历全部节点：每个子节点挂在父节点的正确位置；根节点只查这一条（它没有 key，ref_count 永远是 1，不受下面的长度和引用计数规则约束，也不计入记账）；其余节点非空、长度是 page_size 的倍数、key/value 等长、ref_count >= 0 且不小于子节点之和；按 ref_count 重新累计 evictable/protected 并与记账比较；槽位不重复
-        # TODO task check_tree: visit every node: each child sits at the right key in its parent; that is the only rule for the root (it has no key and its ref_count stays 1, so the length and ref-count rules below do not apply to it and it is not counted); every other node is non-empty, its length is a multiple of page_size, key and value have equal length, ref_count >= 0 and not less than the sum of its children's; recount evictable/protected from ref_count and compare with the bookkeeping; no slot appears twice
+        # TODO 任务 check_tree：重新数一遍整棵树，下面任何一条不成立就抛 RuntimeError：每个子节点都挂在父节点字典里按 key_fn 算出的那一项下，而且它的父指针指回这个父节点（根只查这一条，也不计入两本账）；其余节点非空、长度是 page_size 的整数倍、token 和槽位一样长；引用计数不为负，也不小于子节点计数之和；按引用计数是否为 0 重新累计两本账，和 evictable_size、protected_size 都相等；全树没有重复的槽位。给定：_all_nodes、cached_indices
+        # TODO task check_tree: count the whole tree again; raise RuntimeError if any of these fails: every entry in a node's dict is filed under what key_fn gives for it and points back at the node holding it (the only rule for the root, which is not counted in the totals); every other node is non-empty, its size a multiple of page_size, with as many slots as tokens; every reference count is non-negative and not below the sum of the counts directly beneath it; recounting the two totals by whether each count is zero gives evictable_size and protected_size; no slot appears twice in the tree. Given: _all_nodes, cached_indices
         raise TaskNotDone("radix_cache", "check_tree")
 
 

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint scheduler <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint scheduler <task>` gives the next hint.
 """第 2.1 章 scheduler：调度器骨架与离线接口 ``LLM.generate``。
 
 第一阶段结束时，一个批次里有哪些请求、每个 token 的位置、K/V 写到哪个槽位，都是你手工填的。
@@ -120,8 +122,8 @@ class StaticCacheManager:
                     num_pages=num_pages, max_running_req=max_running_req,
                 )
             )
-        # TODO 任务 static_pages：先定义 width = max_req_tokens（下面一行要用）；第 row 行的第 j 列写 row * slot_tokens + j（j < width）：每个槽位一段连续的槽位
-        # TODO task static_pages: first define width = max_req_tokens (the next line uses it); column j of row row holds row * slot_tokens + j (j < width): each request slot gets one contiguous run of KV slots
+        # TODO 任务 static_pages：填好页表：每个请求槽一行，前 width 列依次是这个槽独占的那一段 KV 槽位（KV 池按 slot_tokens 个一段切开，第 r 段归第 r 个请求槽），各段互不重叠；width 取 self.max_req_tokens，任务之后的代码还要用这个变量
+        # TODO task static_pages: fill the page table: one row per request slot, whose first width entries are, in order, the run of KV slots that slot owns (the pool cut into runs of slot_tokens, run r for request slot r), with no overlap; width is self.max_req_tokens, and the code after the task uses that variable
         raise TaskNotDone("scheduler", "static_pages")
         self._static = page_table[:max_running_req, :width].clone()
 
@@ -205,8 +207,8 @@ class PrefillAdder:
         could never get in). Chunked prefill passes a smaller ``end`` and its own ``req_cls``.
         """
         end = pending.input_len if end is None else end
-        # TODO 任务 add_one_req：把 input_ids[cached_len:end] 写进 token_pool 第 table_idx 行的同样位置；预算减去这段的长度；返回 req_cls(input_ids=input_ids[:end], ...)
-        # TODO task add_one_req: write input_ids[cached_len:end] into the same positions of row table_idx of token_pool; subtract this span's length from the budget; return req_cls(input_ids=input_ids[:end], ...)
+        # TODO 任务 add_one_req：接纳提示词的 [cached_len, end) 这一段：写进 token 池里这个请求那一行的同样位置（别处不动），预算扣掉这一段的长度；返回一个 req_cls 的新请求，提示词只到 end，带上槽号、cached_len、缓存句柄，以及等待请求自带的那几个字段
+        # TODO task add_one_req: admit the span [cached_len, end) of the prompt: it goes into this request's row of the token pool at the same positions (nothing else changes), and its length is charged to the budget; return a new request of class req_cls whose prompt stops at end, carrying the slot, cached_len, the cache handle and the fields the waiting request brings along
         raise TaskNotDone("scheduler", "add_one_req")
 
 
@@ -229,16 +231,18 @@ class PrefillManager:
     def schedule_next_batch(self, adder: PrefillAdder) -> Batch | None:
         """从队首开始让 ``adder`` 接纳请求，第一个接纳不了的就停下；一个都没有就返回 None。
 
-        接纳了但提示词没算完的请求（``PendingReq.chunked_req`` 不为空）留在队首，下一步接着算。
+        接纳了但提示词没算完的请求（新请求的 ``device_len`` 还小于等待请求的 ``input_len``；只有第 2.4 章的分块请求
+        会这样）留在队首，下一步接着算。
 
         en: Let ``adder`` admit requests from the front of the queue, stopping at the first it cannot admit; return None
         if none was admitted.
 
-        An admitted request whose prompt is not finished yet (``PendingReq.chunked_req`` is set) stays at the front of the
-        queue and continues next step.
+        An admitted request whose prompt is not finished yet (the new request's ``device_len`` is still below the
+        waiting request's ``input_len``; only chapter 2.4's chunked requests do that) stays at the front of the queue
+        and continues next step.
         """
-        # TODO 任务 schedule_prefill：依次 adder.try_add_one(队列里的请求)，遇到 None 就停；更新队列（没算完提示词的留在队首）；返回预填充批次
-        # TODO task schedule_prefill: call adder.try_add_one(request in the queue) in order, stop at the first None; update the queue (requests whose prompt is not finished stay at the front); return the prefill batch
+        # TODO 任务 schedule_prefill：从队首起依次让 adder 接纳，遇到第一个接纳不了的就停（不跳过它去试后面的）；一个都没接纳就返回 None；否则接纳了的离开 pending_list——提示词还没全算完的除外，它们留在队首——其余的保持原来的顺序，返回这些新请求按顺序组成的预填充 Batch。给定：adder.try_add_one
+        # TODO task schedule_prefill: let the adder admit requests from the head of the queue in turn, and stop at the first it cannot admit (never skip it for later ones); if it admits none, return None; otherwise the requests it took leave pending_list, except any whose prompt is not fully computed yet (they stay at the head), the rest keep their order, and you return a prefill Batch of the new requests in order. Given: adder.try_add_one
         raise TaskNotDone("scheduler", "schedule_prefill")
 
     def abort_req(self, uid: int) -> PendingReq | None:
@@ -418,8 +422,8 @@ class Scheduler:
         en: Prefill first: prefill if a waiting request can be admitted, otherwise every running request decodes one
         step.
         """
-        # TODO 任务 prefill_first：先试 prefill_manager.schedule_next_batch(新的 adder)，没有再试 decode_manager；有批次就 _prepare_batch
-        # TODO task prefill_first: try prefill_manager.schedule_next_batch(a new adder) first, then decode_manager; _prepare_batch if there is a batch
+        # TODO 任务 prefill_first：预填充优先：等待的请求里有能接纳的，这一步就是预填充（准入员每步新建一个，带着这一步的预算）；否则所有运行中的请求一起解码一步；两样都没有就返回 None，有就返回准备好的这一步。给定：两个队列管理器各自的调度方法、_make_prefill_adder、_prepare_batch
+        # TODO task prefill_first: prefill first: if some waiting request can be admitted, this step is a prefill (with a new adder each step, holding this step's budget); otherwise every running request decodes one step together; if neither gives anything, return None, else return the prepared step. Given: the scheduling method of each of the two queue managers, _make_prefill_adder, _prepare_batch
         raise TaskNotDone("scheduler", "prefill_first")
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
@@ -432,8 +436,8 @@ class Scheduler:
         self.cache_manager.allocate_paged(batch.reqs)
         for req in batch.reqs:
             self.status[req.uid].req = req
-        # TODO 任务 prepare_batch：positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc
-        # TODO task prepare_batch: positions = the requests' arange(cached_len, device_len) concatenated; row numbers repeated by extend_len; out_loc = page_table[rows, positions]; write-back positions (table_idx, device_len), with non-output requests written to scratch_row; move both (row, position) pairs to the device with _to_device and store them as input_mapping / write_mapping (used below), and fill batch.positions (int32) and batch.out_loc
+        # TODO 任务 prepare_batch：算出这一步的两组索引，存成局部变量 input_mapping 和 write_mapping（任务之后要用）：前者是这一步每个要算的 token 的（行号, 位置），请求按批次里的顺序，各自从已缓存的长度到设备上的长度；后者每个请求一对，是采样结果写回的地方——它那一行里紧接着已有 token 的位置，采到的不是输出时改写到 scratch_row 的第 0 列。两组都是（行号, 位置）两个一维张量的二元组，经 _to_device 放上设备；再填好 batch.positions（int32）和 batch.out_loc（页表在这些（行号, 位置）上的值）
+        # TODO task prepare_batch: compute this step's two index sets and keep them as the local variables input_mapping and write_mapping (used after the task): the first gives (row, position) for every token this step computes, requests in their order in the step, each over the range from its cached length until its length on the device; the second has one pair per request, where its sample is written back: its own row, right after the ids it already has, or column 0 of scratch_row when that sample is no output. Both are pairs of 1-D index vectors (row ids, positions) put on the device via _to_device; also fill batch.positions (int32) and batch.out_loc (the page table's values at those (row, position) pairs)
         raise TaskNotDone("scheduler", "prepare_batch")
         self.engine.attn_backend.prepare_metadata(batch)
         sample_args = self.engine.sampler.prepare(batch)
@@ -506,8 +510,8 @@ class Scheduler:
             # en: already settled: aborted, or computed by a step launched after its end (before the end was known): drop
             if status.finished:
                 continue
-            # TODO 任务 process_results：req.append_host(token)（input_ids 要跟着 device_len 长，前缀缓存按它插入）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：从 decode_manager 移除（EOS 提前结束的它不会自己离开），再 _end(status, 留下的 token 或 None, "length" 或 "stop")；预填充完没结束的请求交给 cache_manager.cache_req(req, finished=False)
-            # TODO task process_results: req.append_host(token) (input_ids must grow with device_len: the prefix cache inserts by it); record it in status.output_ids (not on EOS unless ignore_eos is set); finish once max_tokens are generated, or on EOS without ignore_eos: remove from decode_manager (a request ended early by EOS does not leave by itself), then _end(status, the token kept or None, "length" or "stop"); a request that finished prefill but not generation goes to cache_manager.cache_req(req, finished=False)
+            # TODO 任务 process_results：把这一步采到的 token 交给它的请求：请求的 input_ids 随之多一个（append_host；它得跟着 device_len 长，前缀缓存按它插入）；不是未被忽略的 EOS 就记进 output_ids；输出够了 max_tokens、或采到未被忽略的 EOS，请求就结束：离开 decode_manager（EOS 提前结束的不会自己离开），交给 _end（EOS 时不留 token；原因分别是 "length" 和 "stop"）；刚预填充完、还没结束的请求交给缓存管理器的 cache_req（标明未结束）
+            # TODO task process_results: hand this step's sampled token to its request: the request's input_ids grows by one (append_host; it must keep pace with device_len, since the prefix cache inserts by it); record it in output_ids unless it is an EOS that is not ignored; once max_tokens are output, or on such an EOS, the request ends: it leaves decode_manager (one ended early by EOS would not leave by itself) and goes to _end (keeping nothing on EOS; the reason is "length" or "stop"); a request just prefilled that goes on is handed to the cache manager's cache_req, marked as not over
             raise TaskNotDone("scheduler", "process_results")
             if not status.finished:  # 没结束：告诉监听者这一步留下的 token | en: not finished: tell the listeners the token kept
                 self._emit(RequestEvent(req.uid, token, False, None))
@@ -562,8 +566,8 @@ class Scheduler:
 
         en: Schedule -> prepare -> forward -> process results, one step at a time.
         """
-        # TODO 任务 normal_loop：调度出下一步（没有就返回 False），_forward 它，再 _process_last_data((fi, 输出))，返回 True
-        # TODO task normal_loop: schedule the next step (return False if there is none), _forward it, then _process_last_data((fi, output)) and return True
+        # TODO 任务 normal_loop：主循环的一次迭代，一步算完才处理：调度不出下一步就返回 False（什么也不算）；否则算这一步、处理它的结果，返回 True。给定：本类里调度、发出、处理结果的三个方法
+        # TODO task normal_loop: one iteration of the main loop, one step at a time: if no next step can be scheduled, return False (compute nothing); otherwise compute that step, process its results and return True. Given: this class's three methods for scheduling, launching and processing results
         raise TaskNotDone("scheduler", "normal_loop")
 
     @torch.inference_mode()

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint api_server <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint api_server <task>` gives the next hint.
 """第 3.4 章 api_server：OpenAI 兼容的 HTTP 接口和流式输出。
 
 ``python -m minisgl --model DIR`` 启动三个进程：API 服务器（本模块，HTTP，在启动器 :mod:`minisgl.launch` 的进程里）、
@@ -119,8 +121,8 @@ def unsupported_params(body: dict[str, Any]) -> list[str]:
     en: The names of the parameters in the request that would change the result but are not supported (in the order of
     :data:`UNSUPPORTED_PARAMS`); an empty list if there are none.
     """
-    # TODO 任务 unsupported_params：逐个看 UNSUPPORTED_PARAMS：请求里有这个名字、且取值不在“没用它”的那些值里，就记下名字
-    # TODO task unsupported_params: go through UNSUPPORTED_PARAMS: if the request has the name and its value is not one of the "not used" values, note the name
+    # TODO 任务 unsupported_params：返回请求里用到了的、不支持又会改变结果的参数名，按 UNSUPPORTED_PARAMS 的顺序；没写的、或取的是“没用它”的那些值之一的不算；一个也没有就返回空列表。给定：UNSUPPORTED_PARAMS（参数名 → 仍算“没用它”的取值）。
+    # TODO task unsupported_params: Return the names of the parameters the request uses that are unsupported and would change the result, in the order of UNSUPPORTED_PARAMS; a parameter that is absent, or set to one of its "not used" values, does not count; with none, an empty list. Given: UNSUPPORTED_PARAMS (parameter → the values that still count as not used).
     raise TaskNotDone("api_server", "unsupported_params")
 
 
@@ -163,8 +165,8 @@ def sampling_params_from(body: dict[str, Any], *, max_seq_len: int,
     chapter 1.1's ``SamplingParams.validate``). The :class:`~minisgl.core.InvalidParam` it raises names the field, which
     becomes the error's ``param`` (``max_completion_tokens`` when that is what the request used for ``max_tokens``).
     """
-    # TODO 任务 sampling_params：按 OpenAI 的缺省值取 temperature、top_p、top_k、ignore_eos、seed 和 max_tokens（先 max_tokens 再 max_completion_tokens；缺省按 default_max_tokens，None 即 max_seq_len-1），组成 SamplingParams 交给 check_sampling（InvalidParam → 400，param 用请求里的名字）；max_tokens ≥ max_seq_len → 400 context_length_exceeded；stop：字符串 → [它]，列表里都得是字符串；返回 (SamplingParams, stop 列表)
-    # TODO task sampling_params: read temperature, top_p, top_k, ignore_eos, seed and max_tokens with OpenAI's defaults (max_tokens first, then max_completion_tokens; default default_max_tokens, None meaning max_seq_len-1), build SamplingParams and pass it to check_sampling (InvalidParam → 400, param named as in the request); max_tokens ≥ max_seq_len → 400 context_length_exceeded; stop: a string → [it], a list must hold only strings; return (SamplingParams, the stop list)
+    # TODO 任务 sampling_params：按 OpenAI 的语义把请求里的采样字段读成 (采样参数, 停止字符串列表)，不合法就抛 400 的 ApiError，点名是哪个参数。约定：缺省值见文档字符串（温度缺省是 1，不是贪心）；max_tokens 也可以写成 max_completion_tokens（两个都写时前者优先），都没写就用调用方给的缺省，缺省为 None 就是上下文放得下的最多；类型和取值范围只由 check_sampling 这一道门查，它抛的 InvalidParam 变成 invalid_value，param 写请求里实际用的字段名；max_tokens 要小于 max_seq_len，否则是 context_length_exceeded，消息里写出上下文长度；stop 可以不写、是一个字符串或字符串列表，别的都是 400。给定：check_sampling、ApiError。
+    # TODO task sampling_params: Read the sampling fields of the request, with OpenAI's semantics, into (sampling parameters, list of stop strings); anything invalid raises a 400 ApiError naming the parameter. Contract: defaults as the docstring lists them (OpenAI's default samples at 1, it is not greedy); max_tokens may come as max_completion_tokens (max_tokens wins when both are there); with neither, the caller's default applies, and a None default means as many as the context holds; types and ranges are checked only by check_sampling, the one gate, whose InvalidParam becomes invalid_value with param set to the field the request actually used; max_tokens must stay below max_seq_len, else context_length_exceeded with the context length in the message; stop strings may be absent, a string or a list of strings, anything else is a 400. Given: check_sampling, ApiError.
     raise TaskNotDone("api_server", "sampling_params")
 
 
@@ -256,8 +258,8 @@ async def stream_chunks(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
       (:func:`usage_of`);
     - last, :data:`DONE`.
     """
-    # TODO 任务 stream_chunks：写一个 chunk(内容, finish_reason) 的小函数按 kind 造事件（对话用 delta，补全用 text）；对话先 yield 带 role 的那个；async for 每条回复：有 error → yield 错误事件和 DONE 并 return；有文字就 yield 一个；finished 就 yield 带 finish_reason 的结尾事件并记下 usage；最后按 include_usage 发 usage 事件，再 yield DONE
-    # TODO task stream_chunks: write a small chunk(content, finish_reason) that builds an event by kind (delta for chat, text for completions); for chat first yield the one with the role; async for each reply: error → yield the error event and DONE, then return; yield one event if it has text; when finished yield the closing event with the finish_reason and note the usage; at the end the usage event if include_usage, then yield DONE
+    # TODO 任务 stream_chunks：按文档字符串列出的格式，把这个请求的回复变成流式回答的 SSE 事件。约定：对话流在任何回复到来之前先发带 assistant 角色的那个事件；每段非空的文字一个事件，空的不发；请求结束时先发它带的最后一段文字，再发一个带这条回复的 finish_reason 的结尾事件；回复出错就只发一个 OpenAI 样式的错误事件，然后 DONE，到此为止；include_usage 时结尾之后再发一个 choices 为空、带 token 计数的事件；最后总是 DONE。给定：sse、response_id、usage_of、DONE。
+    # TODO task stream_chunks: Yield the SSE events of a streamed answer, shaped as the docstring lists them. Contract: a chat stream opens with the assistant-role event before anything arrives; every non-empty piece of text is its own event (empty pieces are skipped); when the request ends, its last text goes out first, then a closing event carrying that finish_reason; a failure report becomes a single OpenAI-style failure event followed by DONE, and nothing else; with include_usage, an event with empty choices and the token counts comes after the closing one; DONE is always last. Given: sse, response_id, usage_of, DONE.
     raise TaskNotDone("api_server", "stream_chunks")
 
 
@@ -280,8 +282,8 @@ async def full_response(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
     - ``finish_reason`` and ``usage`` (:func:`usage_of`) come from the last reply; a reply with ``error`` raises
       ``ApiError(400, error)``.
     """
-    # TODO 任务 full_response：async for 收集每条回复的 incremental_output（遇到 error 抛 ApiError(400, error)），记住最后一条；按 kind 拼出 chat.completion（message）或 text_completion（text），finish_reason 与 usage 取自最后一条
-    # TODO task full_response: async for: collect each reply's incremental_output (on an error raise ApiError(400, error)) and remember the last reply; by kind build a chat.completion (message) or a text_completion (text), with the finish_reason and usage of the last reply
+    # TODO 任务 full_response：收完这个请求的全部回复，返回文档字符串里那样的一整个 OpenAI 对象（对话和补全的样子不同）。约定：全文是各段依次拼起来；finish_reason 和 token 计数取自最后一条回复；有回复出错就抛 400 的 ApiError，消息就是那个错误。给定：response_id、usage_of。
+    # TODO task full_response: Read the whole stream for this request and return one OpenAI object shaped as the docstring says (chat and completions differ). Contract: the answer is all pieces concatenated in order; the finish_reason and the token counts come from the final message; any failure report raises a 400 ApiError carrying its message. Given: response_id, usage_of.
     raise TaskNotDone("api_server", "full_response")
 
 
@@ -331,8 +333,8 @@ class ServerState(Frontend):
         scheduler) and stop waiting for its replies; if it is answered already, or aborted already, do nothing — one
         request's abort is sent once.
         """
-        # TODO 任务 abort_once：从 self.live 里 pop 这个 uid（不在就直接返回：答完了或取消过了）；在的话 await self.send.put(AbortMsg(uid))
-        # TODO task abort_once: pop the uid from self.live (absent → just return: answered or aborted already); if it was there, await self.send.put(AbortMsg(uid))
+        # TODO 任务 abort_once：取消请求：它还没答完（还在 self.live 里）就把一条 AbortMsg 发给分词进程、真的等它发出去，此后不再等它的回复；已经答完、已经取消过或不认识的请求什么也不做。同一个请求无论从几条路走到这里，取消只发一次——两个调用者可能在等待发送的间隙里交错。给定：self.live，以及本类里发往分词进程的队列。
+        # TODO task abort_once: Abort the request: if it is not answered yet (still in self.live), an AbortMsg goes to the tokenizer, really awaited until it is out, and its replies are no longer waited for; for a request answered, aborted already or unknown, nothing happens. However many paths reach here for a request, its abort goes out once: two callers may interleave while the message is being written out. Given: self.live and this object's queue to the tokenizer.
         raise TaskNotDone("api_server", "abort_once")
 
 
@@ -346,8 +348,8 @@ async def until_disconnect(request: Request, state: ServerState, uid: int, work:
     request, really waiting until it is sent) and raise :class:`ClientGone`. However this returns, ``work`` must not be
     left running in the background.
     """
-    # TODO 任务 abort_on_disconnect：task = asyncio.ensure_future(work)；try：task 没做完就 await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)，再 await request.is_disconnected()，为真就 await state.abort(uid) 并 raise ClientGone()；循环结束返回 task.result()；finally：task.cancel()（做完了的任务取消也无妨）
-    # TODO task abort_on_disconnect: task = asyncio.ensure_future(work); try: while the task is not done, await asyncio.wait({task}, timeout=DISCONNECT_POLL_S), then await request.is_disconnected(), and if true await state.abort(uid) and raise ClientGone(); after the loop return task.result(); finally: task.cancel() (cancelling a finished task does no harm)
+    # TODO 任务 abort_on_disconnect：让 work 跑完并返回它的结果，其间每隔 DISCONNECT_POLL_S 秒看一眼客户端还在不在（is_disconnected）；客户端走了，就取消它的生成（真的等取消消息发出去）并抛 ClientGone。约定：断开要在一两次查看之内发现，不能等到 work 做完；无论正常返回还是抛出，离开时 work 都不能留在后台继续跑；查看时不能卡住事件循环。给定：is_disconnected、服务器状态的 abort、ClientGone、DISCONNECT_POLL_S。
+    # TODO task abort_on_disconnect: Let work run to its end and return its outcome, checking every DISCONNECT_POLL_S seconds whether the client is still connected (is_disconnected); once the client has left, abort its generation (really awaiting until the abort message is out) and raise ClientGone. Contract: a disconnect is noticed within a poll or two, never only after work ends; however this returns or raises, work is not left running in the background; the checks never block the event loop. Given: is_disconnected, the server's abort, ClientGone, DISCONNECT_POLL_S.
     raise TaskNotDone("api_server", "abort_on_disconnect")
 
 

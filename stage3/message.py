@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint message <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint message <task>` gives the next hint.
 """第 3.1 章 message：进程之间说的话——消息、序列化和 ZMQ 队列。
 
 在线服务是几个进程：API 服务器（HTTP）、分词 / 反分词进程、调度器进程。它们之间只传消息：
@@ -283,8 +285,8 @@ def to_wire(obj: Any, where: str = "msg") -> Any:
     bytes plus dtype, lists and dicts recursively; primitives as they are. ``where`` is the current field's path, put
     into the error message.
     """
-    # TODO 任务 to_wire：None/bool/int/float/str/bytes 原样；登记过的 dataclass → {TYPE_KEY: 类名, 各字段递归}（没登记的抛 TypeError）；一维张量 → {TENSOR_KEY: 连续内存的字节, "dtype": 去掉 "torch." 的名字}（不是一维抛 TypeError）；list/tuple → 列表递归；键是 str 的 dict 递归；其余一律 TypeError，消息里写明 where 和类型名
-    # TODO task to_wire: None/bool/int/float/str/bytes as they are; a registered dataclass → {TYPE_KEY: class name, each field recursively} (TypeError if not registered); a 1-D tensor → {TENSOR_KEY: the bytes of its contiguous memory, "dtype": the name without "torch."} (TypeError unless 1-D); list/tuple → a list, recursively; a dict with str keys, recursively; anything else TypeError, naming where and the type
+    # TODO 任务 to_wire：把一个值变成 msgpack 能直接写、from_wire 能原样建回的东西。约定：None、bool、int、float、str、bytes 原样；登记过的消息 dataclass → 字典，TYPE_KEY 下是类名，其余是各字段的线上形式（与登记的类同名、却不是那个类的，也算没登记）；一维张量 → 字典，TENSOR_KEY 下是它的原始字节，"dtype" 下是 "int32" 这样的名字（不连续的切片、带梯度的张量也按值发）；list 和 tuple → 列表；键全是字符串的 dict → 字典；其余一切，包括不是一维的张量，都抛 TypeError，消息里写明字段路径（从 where 开始，如 msg.data[1].input_ids）和类型名（张量写形状）。给定：MESSAGE_TYPES、TYPE_KEY、TENSOR_KEY。
+    # TODO task to_wire: Turn a value into what msgpack writes directly and from_wire rebuilds unchanged. Contract: None, bool, int, float, str, bytes as they are; a registered message dataclass → a dict with its class name under TYPE_KEY plus each field in wire form (a class with the name of a registered class that is not that class counts as unregistered); a 1-D tensor → a dict with its raw bytes under TENSOR_KEY and "dtype" holding a name like "int32" (non-contiguous slices and tensors that track gradients go by their values); list and tuple → a list; a dict whose keys are all strings → a dict; anything else, tensors that are not 1-D included, raises TypeError naming the field path (starting at where, e.g. msg.data[1].input_ids) and the type (for a tensor, its sizes). Given: MESSAGE_TYPES, TYPE_KEY, TENSOR_KEY.
     raise TaskNotDone("message", "to_wire")
 
 
@@ -293,8 +295,8 @@ def from_wire(obj: Any) -> Any:
 
     en: The inverse of :func:`to_wire`: rebuild dataclasses by class name and tensors by dtype.
     """
-    # TODO 任务 from_wire：列表逐个递归；有 TYPE_KEY 的字典 → 按 MESSAGE_TYPES 找到类（找不到抛 TypeError），其余键递归后作为关键字参数；有 TENSOR_KEY 的字典 → torch.frombuffer 按 dtype 重建（bytearray 拷一份，张量要可写）；其余字典逐值递归；基本类型原样
-    # TODO task from_wire: lists element by element; a dict with TYPE_KEY → find the class in MESSAGE_TYPES (TypeError if absent) and pass the other keys, recursively decoded, as keyword arguments; a dict with TENSOR_KEY → rebuild with torch.frombuffer and the dtype (copy into a bytearray: the tensor must be writable); other dicts value by value; primitives as they are
+    # TODO 任务 from_wire：to_wire 的逆：把线上的形式建回原来的值。约定：带 TYPE_KEY 的字典按 MESSAGE_TYPES 建回那个类（类名不认识就抛 TypeError，写明类名，嵌在列表里的也一样）；带 TENSOR_KEY 的字典建回同样 dtype、同样长度的一维张量——可写、有自己的内存、不发警告，0 个元素也要行；其余列表、字典逐个建回，基本类型原样。给定：MESSAGE_TYPES、TYPE_KEY、TENSOR_KEY。
+    # TODO task from_wire: The inverse of to_wire: rebuild the original value from its wire form. Contract: a dict with TYPE_KEY becomes that class again, looked up in MESSAGE_TYPES (an unknown class raises TypeError naming it, also when it sits inside a list); a dict with TENSOR_KEY becomes a 1-D tensor of the same dtype and length that is writable, owns its memory and raises no warning, with zero elements too; other lists and dicts are rebuilt item by item, primitives stay as they are. Given: MESSAGE_TYPES, TYPE_KEY, TENSOR_KEY.
     raise TaskNotDone("message", "from_wire")
 
 
@@ -448,8 +450,8 @@ class ZmqPubQueue(_Queue):
         en: Wait for ``n`` subscriptions; on timeout raise TimeoutError (a subscriber did not come up) instead of sending
         messages into the void.
         """
-        # TODO 任务 subscriber_handshake：在截止时间前反复 poll；每收到一条以 b"\x01" 开头的订阅帧，subscribers 加一（b"\x00" 开头是退订，减一）；够 n 个就返回；到时还不够就抛 TimeoutError，写明等到了几个
-        # TODO task subscriber_handshake: poll repeatedly until the deadline; each received frame starting with b"\x01" is a subscription (subscribers += 1; b"\x00" is an unsubscription, -= 1); return once there are n; raise TimeoutError naming how many arrived if the deadline passes first
+        # TODO 任务 subscriber_handshake：等到 self.subscribers 达到 n 就返回，够了就不再多读。约定：收到以 b"\x01" 开头的帧算一个订阅、以 b"\x00" 开头的算一个退订（后面可能跟着主题）；timeout 是总时限，不是每次等待的时限；到时不够就抛 TimeoutError，消息里写明等到了几个、要几个；时间已经用完（timeout ≤ 0）就立刻抛；没有东西可读时绝不能卡在接收上。给定：self.socket（XPUB，已开 XPUB_VERBOSE）、self.subscribers。
+        # TODO task subscriber_handshake: Return once self.subscribers reaches n, reading nothing more after that. Contract: a received message starting with b"\x01" is one subscription and one starting with b"\x00" one unsubscription (a topic may follow); timeout bounds the whole wait, not each single wait; if there are still too few when it runs out, raise TimeoutError saying how many arrived and how many were wanted; with none of it remaining (timeout ≤ 0) raise at once; never hang in a receive when there is nothing to read. Given: self.socket (an XPUB with XPUB_VERBOSE on), self.subscribers.
         raise TaskNotDone("message", "subscriber_handshake")
 
     def put(self, msg: Message) -> None:

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint scheduler_io <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint scheduler_io <task>` gives the next hint.
 """第 3.3 章 scheduler_io：由消息驱动的调度循环。
 
 第 2 阶段的调度器由 ``generate(prompts)`` 驱动：请求一次性交进来，算完就返回。服务器里的调度器是一个独立的进程，
@@ -185,8 +187,8 @@ class Scheduler(_Scheduler):
         en: Take every message that has arrived (batch messages split into single ones). With ``blocking``, first wait
         until there is at least one.
         """
-        # TODO 任务 receive：blocking 时先 recv_queue.get() 等来一条；然后反复 get_nowait() 取到 None 为止；每条都用 unwrap 拆开，按到达的顺序返回
-        # TODO task receive: with blocking, first wait for one with recv_queue.get(); then get_nowait() repeatedly until it gives None; split each with unwrap and return them in arrival order
+        # TODO 任务 receive：返回此刻已经到了的全部消息，批量消息拆成一条一条，按到达的顺序。约定：blocking 为真时至少要有一条（没有就等）；为假时绝不等待，可以返回空列表；一次调用取走所有在等的消息——每次只取一条是错的。给定：self.recv_queue、unwrap。
+        # TODO task receive: Return every message that has arrived by now, batch messages split into single messages, in arrival order. Contract: with blocking true there is at least a message (wait for it if need be); with it false, never wait, and an empty list is fine; a call takes every message waiting: taking a single message per call is wrong. Given: self.recv_queue, unwrap.
         raise TaskNotDone("scheduler_io", "receive")
 
     def _process_one_msg(self, msg: BaseBackendMsg) -> None:
@@ -194,8 +196,8 @@ class Scheduler(_Scheduler):
 
         en: Handle one message: a new request, an abort or exit.
         """
-        # TODO 任务 process_msg：UserMsg 交给 _add_user_msg；AbortBackendMsg 就 abort 它（不认识、已经结束的 uid，abort 自己会忽略）；ExitMsg 把 _exit_requested 设为真；别的类型抛 TypeError
-        # TODO task process_msg: a UserMsg goes to _add_user_msg; an AbortBackendMsg aborts its uid (abort itself ignores an unknown or finished uid); an ExitMsg sets _exit_requested; any other type raises TypeError
+        # TODO 任务 process_msg：处理一条发给调度器的消息：新请求交去接纳（或拒绝），取消让那个请求结束，退出让这次的 run_once 返回 False。约定：取消一个不认识的、已经结束或已经取消过的请求什么也不做——不报错、不回消息；不是这三种的消息抛 TypeError，不能悄悄吞掉。给定：self._add_user_msg、self.abort、self._exit_requested。
+        # TODO task process_msg: Handle one message for the scheduler: a new request goes to admission (or is refused), an abort ends that request, exit makes this run_once return False. Contract: aborting an unknown request, or one already finished or aborted, does nothing: no error, no reply; a message of any other kind raises TypeError rather than being swallowed. Given: self._add_user_msg, self.abort, self._exit_requested.
         raise TaskNotDone("scheduler_io", "process_msg")
 
     def _add_user_msg(self, msg: UserMsg) -> None:
@@ -203,8 +205,8 @@ class Scheduler(_Scheduler):
 
         en: Validate a new request; if it fits, add it under its own uid; if it can never fit, answer with a RejectMsg.
         """
-        # TODO 任务 admit：validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...) 再 add_request(ids, sp, uid=msg.uid)：提示词达到长度上限、token 不在词表里、采样参数不对、uid 重复，它们都抛 ValueError / TypeError，就拒绝并带上它的消息；validate_requests 截短 max_tokens 时会警告，这里不要警告（客户端从 finish_reason "length" 看得出来）
-        # TODO task admit: validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...), then add_request(ids, sp, uid=msg.uid): a prompt reaching the length limit, a token outside the vocabulary, bad sampling parameters, a duplicate uid all make them raise ValueError / TypeError: reject with its message; validate_requests warns when it clips max_tokens: no warning here (the client sees it from finish_reason "length")
+        # TODO 任务 admit：放得下的新请求用它自己的 uid（API 服务器给的）加进调度器；永远放不下的——提示词达到长度上限、token 不在词表里、空提示词、采样参数不对、uid 与还没了结的请求重复——只回一条 RejectMsg 说明原因（太长时写出提示词长度和上限），调度器照常服务别的请求；max_tokens 超出上限就截短，且不发警告（客户端从 finish_reason "length" 看得出来）。给定：validate_requests（第 2 阶段的校验）、self.add_request、self._reject。
+        # TODO task admit: Add a new request that fits under its own uid (the one the API server gave it); one that can never fit (a prompt reaching the length limit, a token outside the vocabulary, an empty prompt, bad sampling parameters, a uid equal to that of a request not settled yet) gets exactly one RejectMsg saying why (for a long prompt, its length and the limit), and the scheduler goes on serving the others; a max_tokens past the limit is clipped without a warning (the client sees finish_reason "length"). Given: validate_requests (stage 2's validation), self.add_request, self._reject.
         raise TaskNotDone("scheduler_io", "admit")
 
     # ------------------------------------------------------------------ 发
@@ -218,8 +220,8 @@ class Scheduler(_Scheduler):
         """
         if event.finished:
             self._chunking.discard(event.uid)
-        # TODO 任务 collect_replies：取消（reason 为 "abort"）不回消息——分词进程已经答复了客户端；其余每个事件一条 DetokenizeMsg(uid, token——没有就是 NO_TOKEN, finished, reason)，放进 _replies
-        # TODO task collect_replies: an abort (reason "abort") gets no message: the tokenizer has already answered the client; every other event becomes one DetokenizeMsg(uid, token, or NO_TOKEN when there is none, finished, reason) in _replies
+        # TODO 任务 collect_replies：把调度器的一个结果事件写成给反分词进程的消息，攒进 self._replies（这一步结束时一起发出，这里不发）。约定：每个事件正好一条 DetokenizeMsg，照抄请求、是否结束和结束原因；事件没带输出（因 EOS 结束）时 next_token 是 NO_TOKEN（-1）；取消（结束原因是 "abort"）什么也不回。给定：NO_TOKEN、self._replies。
+        # TODO task collect_replies: Write one result of the scheduler as a message for the detokenizer into self._replies (they all go out together at the end of the step; nothing is sent here). Contract: exactly one DetokenizeMsg per result, copying the request, whether it is over and its finish_reason; a result with no output (the request ended on EOS) has next_token NO_TOKEN (-1); an abort (finish_reason "abort") gets no message at all. Given: NO_TOKEN, self._replies.
         raise TaskNotDone("scheduler_io", "collect_replies")
 
     def stats(self) -> SchedulerStats:
@@ -241,8 +243,8 @@ class Scheduler(_Scheduler):
 
         en: The step listener: after each step is processed, add to the counters :meth:`stats` reports.
         """
-        # TODO 任务 count_step：steps 加一；预填充步：prefill_tokens 加上这一步的 token 数，每个请求的 cached_len 算作命中——但接着上一块算的分块请求（uid 在 _chunking 里）不算；这一步不出 token 的（outputs 为假：算了一块、提示词还没算完）记进 _chunking（请求结束时会移出）；解码步：decode_tokens 加上请求数，请求数比 max_decode_batch 大就更新它
-        # TODO task count_step: steps += 1; a prefill step: add its token count to prefill_tokens and each request's cached_len to the hits, except for a chunked request continuing its previous chunk (uid in _chunking); a request whose token this step is no output (outputs false: one chunk computed, the prompt not finished) goes into _chunking (it leaves when the request ends); a decode step: add the number of requests to decode_tokens, and raise max_decode_batch if the number is larger
+        # TODO 任务 count_step：每处理完一步，按这一步累加 self.counters。约定：steps 每步加一；预填充步把算过的 token 数加进 prefill_tokens，把每个请求的 cached_len 加进 cache_hit_tokens——但分块预填充里接着上一块往下算的请求不算命中（它的 cached_len 是上一块算过的，不是前缀缓存省下的）；解码步把请求数加进 decode_tokens，max_decode_batch 记下最大的解码批。给定：trace（这一步的 StepTrace）、self._chunking（由你维护：提示词只算了一部分的请求；请求结束时 _on_result 会把它移出）。
+        # TODO task count_step: After each step is processed, fold it into self.counters. Contract: steps grows by one per step; a prefill step adds its computed token count to prefill_tokens and each request's cached_len to cache_hit_tokens, except for a request continuing its previous chunk under chunked prefill (its cached_len is what the earlier chunk computed, not something the prefix cache saved); a decode step adds its request count to decode_tokens, and max_decode_batch keeps the largest decode batch. Given: trace (the step's StepTrace), self._chunking (yours to maintain: requests whose prompt is only partly computed; _on_result takes a request out when it ends).
         raise TaskNotDone("scheduler_io", "count_step")
 
     # ------------------------------------------------------------------ 主循环
@@ -256,8 +258,8 @@ class Scheduler(_Scheduler):
         step's results and the state. Returns False once an ``ExitMsg`` has arrived.
         """
         self._exit_requested = False
-        # TODO 任务 run_once：空闲（not self.busy）时先补发一次现状（_idle_reported 为假时；发完设为真）；receive_msg(blocking=空闲) 并逐条处理；收到退出就返回 False；busy 就 step()；_replies 非空就打包成一条 BatchTokenizerMsg 发给 send_tokenizer 并清空；走了一步就 send_stats() 并把 _idle_reported 设为假；返回 True
-        # TODO task run_once: when idle (not self.busy), first send the state once more (if _idle_reported is false; set it afterwards); receive_msg(blocking=idle) and handle each message; return False on exit; step() if busy; if _replies is not empty, pack it into one BatchTokenizerMsg for send_tokenizer and clear it; after a step, send_stats() and set _idle_reported to false; return True
+        # TODO 任务 run_once：主循环的一次迭代。约定：收下此刻在等的全部消息并逐条处理；收到退出就返回 False（不再走这一步），否则返回 True；有事可做（self.busy：有等待或运行的请求，或有一步还在途）时绝不等消息，空闲时才阻塞；空闲下来、阻塞之前报一次现状（SchedulerStats），一段空闲只报一次；有事就让调度器走一步，走了之后再报一次现状；这次迭代攒下的回复（self._replies）打包成恰好一条 BatchTokenizerMsg 发给反分词进程，没有就不发，发完清空。给定：本类里收消息、处理消息、报现状的方法，以及一个记着“这段空闲已经报过”的标志。
+        # TODO task run_once: One iteration of the main loop. Contract: take every message waiting right now and handle each; return False once exit was asked for (without advancing), True otherwise; with work to do (self.busy: waiting or running requests, or a launched batch whose results are not processed yet) never wait for a message; block only when idle; on going idle, report the state (a SchedulerStats) once before it blocks, only once per idle spell; with work, have the scheduler advance once, and report the state again after it did; the replies gathered during the iteration (self._replies) go to the detokenizer packed in exactly one BatchTokenizerMsg (none if there are none) and are cleared. Given: this class's methods to receive, handle and report, and a flag remembering that the idle report was sent.
         raise TaskNotDone("scheduler_io", "run_once")
 
     def run_forever(self) -> None:

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint tokenizer <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint tokenizer <task>` gives the next hint.
 """第 3.2 章 tokenizer：分词进程与增量反分词。
 
 在线服务里，文字和 token 之间的转换都在一个单独的进程里做（调度器只认 token id）：
@@ -191,8 +193,8 @@ class DetokenizeManager:
         ``prefix_offset`` moves to ``read_offset`` and ``read_offset`` to the end. When the request finishes
         (``finished``) there is no next time, and whatever is left is settled regardless.
         """
-        # TODO 任务 incremental_decode：上下文 = decode(ids[prefix_offset:read_offset])，全部 = decode(ids[prefix_offset:])，新文字 = 全部[len(上下文):]；没结束且新文字以 REPLACEMENT 结尾 → 直接 return（什么也不改）；否则 text 加上新文字，prefix_offset = read_offset，read_offset = len(ids)
-        # TODO task incremental_decode: context = decode(ids[prefix_offset:read_offset]), full = decode(ids[prefix_offset:]), new = full[len(context):]; if not finished and new ends with REPLACEMENT → just return (change nothing); otherwise add new to text, prefix_offset = read_offset, read_offset = len(ids)
+        # TODO 任务 incremental_decode：把新到的 token 里已经能确定的文字接到 s.text 后面，并推进两个偏移。约定：这段新文字还以替换字符 U+FFFD 结尾（字符没完整）就什么也不改，等下一个 token 来了再说——请求已经结束时除外，那时剩下的无论如何都确定下来；解码新 token 时要带上前面几个已确定的 token 作上下文（SentencePiece 式的分词器单独解码一段后缀会丢掉开头的空格）；所有发出的段拼起来正好等于整段解码。给定：REPLACEMENT（U+FFFD）。
+        # TODO task incremental_decode: Append to s.text the settled part of the string of the newly arrived tokens, and advance both offsets. Contract: if that fresh part still ends with U+FFFD (a character not complete yet), change nothing and wait for the next token, unless the request has ended, when whatever is left is settled regardless; fresh tokens are decoded together with a few settled tokens before them (SentencePiece-style vocabularies lose a leading space when a suffix is decoded alone); all pieces sent, joined, equal decoding all tokens at once. Given: REPLACEMENT (U+FFFD).
         raise TaskNotDone("tokenizer", "incremental_decode")
 
     def apply_stop(self, s: DecodeStatus, finished: bool) -> tuple[str, bool]:
@@ -209,25 +211,27 @@ class DetokenizeManager:
         - otherwise, if its end is the beginning of a stop string (it may be about to match), hold back that end (the
           longest such), send the rest; if the request has finished (``finished``) hold nothing back and send it all.
         """
-        # TODO 任务 stop_strings：pending = text[sent:]；各停止字符串在 pending 里 find，取最小的下标 i → 返回 (pending[:i], True)（请求就此结束，sent 不必再管）；否则（没结束时）找最长的 k（k ≤ len(pending)），使 pending 的末尾 k 个字符是某个停止字符串的开头，扣住它们；发出其余部分（sent 跟着加），返回 (这部分, False)
-        # TODO task stop_strings: pending = text[sent:]; find each stop string in pending and take the smallest index i → return (pending[:i], True) (the request ends here, sent no longer matters); otherwise (unless finished) find the longest k (k ≤ len(pending)) such that pending's last k characters begin some stop string, hold them back; send the rest (sent grows with it), return (that part, False)
+        # TODO 任务 stop_strings：从还没发出的文字里取出这次能发的一段，返回 (这一段, 是否命中停止字符串)。约定：其中出现了停止字符串就取最早的一处，只返回它前面的部分，算命中（请求就此结束）；否则末尾若可能是某个停止字符串的开头，就扣住最长的那一截，其余发出，s.sent 跟着记下发出了多少；请求已结束（finished）时什么也不扣。停止字符串可能跨好几个 token 才凑齐。给定：s.sent、s.stop（已去掉空串）。
+        # TODO task stop_strings: Return (what can be sent now, whether a stop string matched), taken from the string not sent yet. Contract: if a stop string occurs in it, take the earliest occurrence and return only what comes before it, a match (the request ends there); otherwise, if its end could be the start of some stop string, hold back the longest such end and send the rest, with s.sent counting what went out; once finished, hold nothing back. A stop string may take several tokens to complete. Given: s.sent, s.stop (empty strings already dropped).
         raise TaskNotDone("tokenizer", "stop_strings")
 
     def detokenize(self, msg: DetokenizeMsg) -> UserReply | None:
         """处理调度器的一条 :class:`DetokenizeMsg`，返回给 API 服务器的回复；没有状态的请求返回 None。
 
-        ``finish_reason`` 为 ``"stop"``（遇到 EOS）时 ``next_token`` 不是输出（-1）：不解码、不计数。结束（调度器说结束了，或命中了停止字符串）时回复带上 ``finished``、``finish_reason``
-        和 token 计数，并释放状态；``completion_tokens`` 是收到的输出 token 数。
+        ``next_token`` 是一个输出 token；请求因 EOS 结束（``finish_reason`` 为 ``"stop"``）的那条消息里它是 -1，不是 EOS 的 id
+        （EOS 不是输出）：不解码、不计数。结束（调度器说结束了，或命中了停止字符串）时回复带上 ``finished``、
+        ``finish_reason`` 和 token 计数，并释放状态；``completion_tokens`` 是收到的输出 token 数。
 
         en: Handle one :class:`DetokenizeMsg` from the scheduler and return the reply for the API server; None for a
         request with no state.
 
-        With ``finish_reason`` ``"stop"`` (EOS) ``next_token`` is not output (-1): it is neither decoded nor counted. When the request finishes (the scheduler says so, or a stop string is
-        hit) the reply carries ``finished``, ``finish_reason`` and the token counts, and the state is freed;
-        ``completion_tokens`` is the number of output tokens received.
+        ``next_token`` is an output token; in the message of a request that ends on EOS (``finish_reason`` ``"stop"``) it is
+        -1, not the id of EOS (EOS is not output): it is neither decoded nor counted. When the request finishes (the
+        scheduler says so, or a stop string is hit) the reply carries ``finished``, ``finish_reason`` and the token counts,
+        and the state is freed; ``completion_tokens`` is the number of output tokens received.
         """
-        # TODO 任务 detokenize：没有状态 → None（不要新建）；finish_reason 不是 "stop" 时把 next_token 加进 ids；decode_new 再 apply_stop；命中停止字符串也算结束，finish_reason 为 "stop"；结束就从 decode_map 删掉；回复 UserReply(uid, 这一段, finished, 结束时的 finish_reason, prompt_tokens, len(ids))
-        # TODO task detokenize: no state → None (do not create any); unless finish_reason is "stop", append next_token to ids; decode_new, then apply_stop; a stop-string hit finishes too, with finish_reason "stop"; on finishing delete it from decode_map; reply UserReply(uid, the piece, finished, the finish_reason when finished, prompt_tokens, len(ids))
+        # TODO 任务 detokenize：处理调度器的一条消息，返回给 API 服务器的回复；没有状态的请求（已经结束的、从没建过的）返回 None，也不许为它建状态。约定：next_token 是一个输出 token，但因 EOS 结束（finish_reason 为 "stop"）的那条里它是 -1，不解码、不计数；调度器说结束了、或命中了停止字符串，请求就结束了——回复标明结束，带上 finish_reason（命中时为 "stop"，没结束时为 None）、提示词 token 数和收到的输出 token 数，并释放状态。给定：decode_new、apply_stop、self.decode_map。
+        # TODO task detokenize: Handle one message from the scheduler and return the reply for the API server; a request with no state (ended already, or never created) gives None, and no state may be created for it. Contract: next_token is an output token, except that the message of a request ending on EOS (finish_reason "stop") carries -1, which is neither decoded nor counted; the request ends when the scheduler says so or a stop string matches: then the reply says it is over and carries the finish_reason ("stop" on a match, None while not over), the prompt token count and the number of output tokens received, and the state is freed. Given: decode_new, apply_stop, self.decode_map.
         raise TaskNotDone("tokenizer", "detokenize")
 
 

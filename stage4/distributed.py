@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint distributed <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint distributed <task>` gives the next hint.
 """第 4.1 章 distributed：进程组、通信器和引擎要用的集合通信。
 
 一个模型放不进一个设备（或一个设备算得不够快）时，就把每一层切开，分给几个进程——几个**秩**（rank）——各算一份，
@@ -111,8 +113,8 @@ class Communicator:
         en: Add every rank's ``x`` element-wise, write the result **in place** into each rank's ``x`` and return it.
         With one rank, return it unchanged and count nothing.
         """
-        # TODO 任务 all_reduce：一个秩（self.info.size == 1）就直接返回 x；否则 dist.all_reduce(x, group=self.group)（缺省就是求和），self.calls["all_reduce"] 加一，返回 x
-        # TODO task all_reduce: with one rank (self.info.size == 1) just return x; otherwise dist.all_reduce(x, group=self.group) (a sum by default), add one to self.calls["all_reduce"], return x
+        # TODO 任务 all_reduce：各秩的 x 逐元素求和，和必须留在调用者手里的那个 x 里（就地）并返回它；真的通信了就在 calls 里按操作名记一笔，走数据组。只有一个秩时原样返回，不通信、不记数
+        # TODO task all_reduce: every rank's x summed element-wise, the sum left in the caller's own x (in place) and that x returned; a real communication is counted once in calls under the operation's name and goes over the data group. With one rank: return it unchanged, no communication, no count
         raise TaskNotDone("distributed", "all_reduce")
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,8 +132,8 @@ class Communicator:
         ``(size, ...)`` first, then move the rank dimension to just before the last one and merge. A plain ``reshape``
         makes a row hold one rank's whole piece, instead of each row joining every rank's part of it.
         """
-        # TODO 任务 all_gather：一个秩就返回 x；否则 out = x.new_empty((size * x.shape[0], *x.shape[1:]))，_all_gather_flat(out, x.contiguous(), self.group)，记一笔 calls["all_gather"]；out.view(size, *x.shape) 把第 0 维（秩）挪到倒数第二维（movedim(0, -2)），再 reshape 成 (*x.shape[:-1], size * x.shape[-1])
-        # TODO task all_gather: with one rank return x; otherwise out = x.new_empty((size * x.shape[0], *x.shape[1:])), _all_gather_flat(out, x.contiguous(), self.group), count calls["all_gather"]; move dimension 0 (the rank) of out.view(size, *x.shape) to the second-to-last place (movedim(0, -2)), then reshape to (*x.shape[:-1], size * x.shape[-1])
+        # TODO 任务 all_gather：返回一个新张量：各秩的 x 沿最后一维按秩号拼起来，(..., d) 变成 (..., 秩数·d)，列 r·d 到 (r+1)·d 是秩 r 的那份；二维、三维都要对。一个秩时返回 x 本身、不记数，否则在 calls 里记一笔。给定：_all_gather_flat（只会沿第 0 维接）
+        # TODO task all_gather: return a new tensor: every rank's x joined along the last dimension in rank order, (..., d) becomes (..., ranks·d), columns r·d to (r+1)·d being rank r's piece; 2-D and 3-D alike. With one rank return x itself and count nothing, otherwise count one in calls. Given: _all_gather_flat (it only joins along dimension 0)
         raise TaskNotDone("distributed", "all_gather")
 
     def agree_min(self, value: int) -> int:
@@ -142,8 +144,8 @@ class Communicator:
         take the smallest and nobody overflows). Goes over the control group: one int64 CPU tensor, ``ReduceOp.MIN``.
         With one rank, return it unchanged and count nothing.
         """
-        # TODO 任务 agree_min：一个秩就返回 value；否则 t = torch.tensor([value], dtype=torch.int64)，dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)，记一笔 calls["agree_min"]，返回 int(t.item())
-        # TODO task agree_min: with one rank return value; otherwise t = torch.tensor([value], dtype=torch.int64), dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control), count calls["agree_min"], return int(t.item())
+        # TODO 任务 agree_min：返回各秩的 value 里最小的那个，是个 Python int；走控制组（gloo、CPU 上的张量，不走数据组），真的通信了就在 calls 里记一笔。一个秩时原样返回 value、不记数
+        # TODO task agree_min: return the smallest of the ranks' value as a Python int, over the control group (gloo, CPU tensors; not the data group); a real communication is counted once in calls. With one rank return value unchanged and count nothing
         raise TaskNotDone("distributed", "agree_min")
 
 
@@ -219,8 +221,8 @@ def init_distributed(info: DistributedInfo, addr: str, device: torch.device | No
     """
     device = device or torch.device("cpu")
     timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    # TODO 任务 init_distributed：一个秩：comm = Communicator(info)；否则 dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=..., world_size=..., timeout=timeout)，control = dist.new_group(backend="gloo", timeout=timeout)，comm = Communicator(info, dist.group.WORLD, control)；最后 set_tp_comm(comm) 并返回它
-    # TODO task init_distributed: one rank: comm = Communicator(info); otherwise dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=..., world_size=..., timeout=timeout), control = dist.new_group(backend="gloo", timeout=timeout), comm = Communicator(info, dist.group.WORLD, control); finally set_tp_comm(comm) and return it
+    # TODO 任务 init_distributed：返回这个秩的 Communicator，并把它设为本进程的张量并行通信器（之后 get_tp_comm 拿到的就是它）。一个秩：不建任何组，也不碰那个地址。多个秩：在集合点会合，建数据组（CPU 上 gloo，GPU 上 NCCL），再建一个全部秩都在的 gloo 控制组，两个组都最多等 COLLECTIVE_TIMEOUT_S 秒。给定：rendezvous、default_backend
+    # TODO task init_distributed: return this rank's Communicator and make it this process's tensor-parallel communicator (what get_tp_comm gives afterwards). One rank: make no group and never touch the address. Several ranks: meet at the rendezvous, a data group (gloo on the CPU, NCCL on a GPU) plus a gloo control group of all ranks; both wait at most COLLECTIVE_TIMEOUT_S seconds. Given: rendezvous, default_backend
     raise TaskNotDone("distributed", "init_distributed")
 
 

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint expert_parallel <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint expert_parallel <task>` gives the next hint.
 """第 4.5 章 expert_parallel：混合专家切给几个秩——每个专家切开（张量并行），或者专家分给各秩（专家并行）。
 
 第 4.4 章的 MoE 层在一个进程里持有全部专家。切给 ``n`` 个秩（注意力照第 4.2 章切）有两种办法：
@@ -109,13 +111,13 @@ class TPFusedMoE(FusedMoE):
         self.bytes_moved = 0
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        # TODO 任务 tp_expert_load：本秩只留每个专家中间维的第 rank 段（每段 intermediate_size 长）：gate 和 up（[I, H]，w13 的片）中间维在行上，down（[H, I]，w2 的片）在列上；切好交给父类
-        # TODO task tp_expert_load: this rank keeps only stretch rank of each expert's intermediate dimension (intermediate_size long each): for gate and up ([I, H], shards of w13) it runs along the rows, for down ([H, I], shards of w2) along the columns; hand the slice to the parent
+        # TODO 任务 tp_expert_load：本秩只留每个专家中间维的第 rank 段（段长就是本层的 intermediate_size，构造时已经除过秩数）：gate、up（[I, H]，装进 w13）的中间维在行上，down（[H, I]，装进 w2）的在列上。切好之后，片号不变地交给父类
+        # TODO task tp_expert_load: this rank keeps only stretch rank of each expert's intermediate dimension (each stretch as long as this layer's intermediate_size, already divided by the rank count): for gate and up ([I, H], into w13) it runs along the lines, for down ([H, I], into w2) along the columns. Hand the cut piece to the parent with its piece number unchanged
         raise TaskNotDone("expert_parallel", "tp_expert_load")
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        # TODO 任务 tp_moe_forward：父类用本秩那段中间维算出的只是部分和；加起来之后每个秩都有完整的结果。记下交给通信的字节数
-        # TODO task tp_moe_forward: what the parent computes from this rank's stretch of the intermediate dimension is only a partial sum; once added up, every rank has the whole result. Note the bytes handed to the communication
+        # TODO 任务 tp_moe_forward：返回与没切的专家层相同的 [T, H]，每个秩都拿到整份：父类用本秩那段中间维算出的只是部分和，要在所有秩之间加起来（每次前向正好一次 all_reduce）；bytes_moved 加上交给这次通信的字节数
+        # TODO task tp_moe_forward: return the same [T, H] as the unsplit experts, every rank getting all of it: what the parent computes from this rank's stretch of the intermediate dimension is only part of the sum, to be added up over all ranks (exactly one all_reduce per call); bytes_moved grows by the bytes handed to that communication
         raise TaskNotDone("expert_parallel", "tp_moe_forward")
 
 
@@ -128,8 +130,8 @@ def expert_range(num_experts: int, rank: int, size: int) -> range:
 
     en: The experts rank ``rank`` (of ``size``) holds: one contiguous block, the same count on every rank.
     """
-    # TODO 任务 expert_range：专家平均分成 size 段连续的，第 rank 段归本秩（调用前已查过能整除）
-    # TODO task expert_range: the experts cut evenly into size contiguous blocks; block rank is this rank's (divisibility was checked before)
+    # TODO 任务 expert_range：返回本秩持有的专家号：连续的一段 range，每个秩一样多，秩号小的拿编号小的（调用前已查过能整除）。调用方拿它判断归属、换算本地编号、分配权重
+    # TODO task expert_range: return the expert numbers this rank holds: one contiguous range, the same count on every rank, lower ranks holding lower numbers (divisibility was checked before). Callers use it to test ownership, to turn numbers into local ones and to allocate the weights
     raise TaskNotDone("expert_parallel", "expert_range")
 
 
@@ -177,8 +179,8 @@ class EPMoE(FusedMoE):
         self.bytes_moved = 0
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        # TODO 任务 ep_load：片号是检查点里的专家号（w13 的第 shard 片属于专家 shard // 2，w2 的属于专家 shard）；不是本秩的专家就丢掉，是的就换成本地的片号交给父类
-        # TODO task ep_load: shard numbers are the checkpoint's expert numbers (shard of w13 belongs to expert shard // 2, shard of w2 to expert shard); drop experts that are not this rank's, and hand the others to the parent with the local shard number
+        # TODO 任务 ep_load：片号按检查点里的专家编（w13 每个专家两片，w2 每个专家一片）：不是本秩持有的专家就丢掉，什么都不装；是的就换成本秩自己的片号交给父类——父类只有本秩那几个专家的位置。给定：self.local
+        # TODO task ep_load: piece numbers count over the checkpoint's experts (two pieces each in w13, one each in w2): drop pieces of experts this rank does not hold, loading nothing; renumber the others into this rank's own numbering and hand them to the parent, which only has room for this rank's experts. Given: self.local
         raise TaskNotDone("expert_parallel", "ep_load")
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Dispatched]:
@@ -190,8 +192,8 @@ class EPMoE(FusedMoE):
         (``0 .. this rank's expert count - 1``), and the record combine needs.
         """
         comm, per_rank = get_tp_comm(), self.num_experts
-        # TODO 任务 dispatch：各秩的专家是连续的几段，所以按专家号排好的对也就按目的秩排好了；数出发给每个秩几行，用 comm.all_to_all 发出这些对的输入行，再发一次它们的专家号（条数已知）；收到的专家号换成本地的
-        # TODO task dispatch: each rank's experts are one contiguous block, so pairs sorted by expert number are sorted by destination rank too; count the rows for each rank, send the pairs' input rows with comm.all_to_all, then their expert numbers once more (counts known); turn the expert numbers received into local ones
+        # TODO 任务 dispatch：返回 (收到的行, 它们的本地专家号, Dispatched 记录)：本秩这段 token 的每个 (token, 选择) 对正好发一次，发给持有那个专家的秩（各秩条数不等，可以是 0）；Dispatched 记下这些对发出的顺序（拉平后的下标）和发给、收自每个秩的行数。用 comm 的 all_to_all 正好两次：发行、再发专家号，第二次不再交换条数
+        # TODO task dispatch: return (rows received, their local expert numbers, a Dispatched record): each (token, choice) pair of this rank's tokens goes exactly once to the rank holding its expert (uneven counts, possibly 0); Dispatched notes the sequence the pairs were sent in (flattened indices) and the rows sent to and received from each rank. Exactly two all_to_all calls on comm: the rows, then the expert numbers, the second exchanging no counts
         raise TaskNotDone("expert_parallel", "dispatch")
 
     def combine(self, out_rows: torch.Tensor, topk_weights: torch.Tensor, sent: Dispatched) -> torch.Tensor:
@@ -200,8 +202,8 @@ class EPMoE(FusedMoE):
         en: Send the computed rows (in the order they were received) back to the ranks they came from, multiply by the
         routing weights and add them up per token into this rank's stretch of the output, ``[t, H]``.
         """
-        # TODO 任务 combine：回程是去程反过来：收的条数就是当初发的；回来的行与 sent.order 一一对应，乘上那一对的路由权重，加到它的 token 上（一个 token 的 k 行加在一起）
-        # TODO task combine: the return trip is the outbound one reversed: the counts received are those sent; the rows that come back match sent.order one for one: multiply each by its pair's routing weight and add it to its token (a token's k rows add up)
+        # TODO 任务 combine：返回本秩这段 token 的输出 [t, H]：算好的行（与收到时同序）原路送回它们来的秩，回程条数就是去程的反过来、不再交换；送回来的每行乘上它那一对的路由权重（换成行的类型），一个 token 的 k 行加在一起。t 可以是 0，这时通信也照样要参加。给定：sent
+        # TODO task combine: return this rank's stretch of the output, [t, H]: the computed rows (in the sequence they arrived) go back the way they came, the return counts being the outbound ones reversed, with no exchange; each row that comes back is multiplied by its pair's routing weight (cast into the rows' dtype), and a token's k rows add up. t may be 0, and then the communication must still be joined. Given: sent
         raise TaskNotDone("expert_parallel", "combine")
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint moe <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint moe <task>` gives the next hint.
 """第 4.4 章 moe：混合专家（Qwen3-MoE）——每个 token 只走几个专家，参数多、每步算得少。
 
 稠密模型的每个 token 都要乘过每一层的整个 MLP。混合专家（MoE）层把 MLP 换成 ``E`` 个小 MLP（专家）和一个路由器：
@@ -108,8 +110,8 @@ class MoeConfig(ModelConfig):
 
         en: Is layer ``layer_id`` (counted from 0) an MoE layer? The same rule as Hugging Face's ``Qwen3MoeDecoderLayer``.
         """
-        # TODO 任务 sparse_layers：规则来自 Qwen3-MoE 的配置：mlp_only_layers 里的层永远稠密；其余的层，有专家、并且落在每 decoder_sparse_step 层一次的节拍上（step 为 2 时是第 2、4、6…层，即从 0 编号的 1、3、5）才是 MoE
-        # TODO task sparse_layers: the rule comes from Qwen3-MoE's config: layers in mlp_only_layers are always dense; any other layer is MoE when there are experts and it falls on the beat of once every decoder_sparse_step layers (counting from layer 1: with step 2 that is the 2nd, 4th, ... layer, i.e. 1, 3, 5 counting from 0)
+        # TODO 任务 sparse_layers：返回这一层（从 0 数）是不是 MoE 层，规则与 Hugging Face 的 Qwen3MoeDecoderLayer 相同：mlp_only_layers 里的层永远稠密；模型没有专家时全都稠密；其余的层按配置的稀疏节拍每隔几层一个，节拍从第 1 层数起（节拍为 2 时，从 0 编号的 1、3、5…是 MoE）
+        # TODO task sparse_layers: return whether this layer (counted from 0) is an MoE layer, by the same rule as Hugging Face's Qwen3MoeDecoderLayer: layers in mlp_only_layers are always dense; with no experts everything is dense; any other layer is MoE on the config's sparse beat, once every few layers, counting the beat from layer 1 (with a beat of 2, layers 1, 3, 5, ... numbered from 0 are MoE)
         raise TaskNotDone("moe", "sparse_layers")
 
 
@@ -124,8 +126,8 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -
     en: Pick ``top_k`` experts per token. ``router_logits``: ``[T, E]``. Returns ``(topk_weights, topk_ids)``, both
     ``[T, top_k]``: the weights are fp32 probabilities (largest first), the ids int64 expert numbers.
     """
-    # TODO 任务 select_experts：每个 token 的 E 个分数先变成概率（在 fp32 里算，bf16 的 logits 也一样），取最大的 top_k 个；renormalize 时让每个 token 选中的权重之和为 1
-    # TODO task select_experts: turn each token's E scores into probabilities (computed in fp32, bf16 logits too), keep the top_k largest; with renormalize, make each token's chosen weights sum to 1
+    # TODO 任务 select_experts：返回 (权重, 专家号)，都是 [T, top_k]：每个 token 选概率最大的 top_k 个专家，权重是 fp32 的概率（从大到小），专家号是 int64。概率一律在 fp32 里算，bf16 的 logits 也一样；renormalize 时每个 token 选中的权重之和为 1。与 Hugging Face 的路由器一致
+    # TODO task select_experts: return (weights, expert ids), both [T, top_k]: each token picks the top_k experts of highest probability; the weights are fp32 probabilities (largest first), the ids int64. Probabilities are always computed in fp32, bf16 logits too; with renormalize each token's chosen weights sum to 1. It must agree with Hugging Face's router
     raise TaskNotDone("moe", "select_experts")
 
 
@@ -150,8 +152,8 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
     ``x``: ``[T, H]``, ``w13``: ``[E, 2I, H]``, ``w2``: ``[E, H, I]``, ``topk_*``: ``[T, k]``. Returns ``[T, H]`` of
     ``x``'s dtype.
     """
-    # TODO 任务 experts_reference：一个专家一个专家地来：哪些 (token, 第几个选择) 选了它，就把这些 token 送过 expert_mlp，乘上各自那一格的路由权重，加到输出里那个 token 的行上；没有 token 的专家跳过
-    # TODO task experts_reference: go expert by expert: for the (token, choice) pairs that chose it, send those tokens through expert_mlp, multiply by each pair's routing weight, and add into that token's row of the output; skip experts no token chose
+    # TODO 任务 experts_reference：返回 [T, H]，与 x 同类型：每个 token 的输出是它选中的 k 个专家的输出、各乘自己那一格路由权重后的和。这是最直白的参考实现：一个专家一个专家地来，没被任何 token 选中的专家跳过；分组实现拿它来对。给定：expert_mlp
+    # TODO task experts_reference: return [T, H] in x's dtype: each token's output is the sum of its k chosen experts' outputs, each times its own routing weight. This is the plain reference: go expert by expert, skipping experts no token chose; the grouped path is checked against it. Given: expert_mlp
     raise TaskNotDone("moe", "experts_reference")
 
 
@@ -164,8 +166,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     matrix multiplication per expert. ``counts[e]`` is the number of (token, choice) pairs that chose expert ``e``
     (counted by the caller, on the host).
     """
-    # TODO 任务 fused_experts：把 T × k 对排成“同一个专家的挨在一起”（专家号从小到大），按 counts 切成每个专家连续的一段；每段的输入行一次送过该专家的 expert_mlp，乘上各自的路由权重，最后按 token 加回 [T, H]
-    # TODO task fused_experts: order the T × k pairs so that one expert's pairs sit together (experts in increasing order) and cut them by counts into one contiguous stretch per expert; each stretch's input rows go through that expert's expert_mlp in one call, get multiplied by their routing weights, and are finally added back per token into [T, H]
+    # TODO 任务 fused_experts：返回与 experts_reference 相同的结果（[T, H]，x 的类型），但每个专家只调用一次 expert_mlp：T × k 个 (token, 选择) 对按专家号从小到大排好，同一个专家的挨成连续一段，各段的长度就是 counts。counts 已在主机上数好，切段时不要再去碰设备上的数
+    # TODO task fused_experts: return the same as experts_reference ([T, H], x's dtype) but with a single expert_mlp call per expert: the T × k (token, choice) pairs sorted by expert id, smallest first, each expert's pairs forming one contiguous stretch whose length is given by counts. counts is already on the host; cut the stretches without touching numbers on the device
     raise TaskNotDone("moe", "fused_experts")
 
 
@@ -205,8 +207,8 @@ class FusedMoE(BaseOP):
         return slots
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        # TODO 任务 expert_load：按 own_slots 的编号把检查点里一个专家的一个张量拷进叠起来的权重：w13 的第 shard 片属于专家 shard // 2，是它的 gate（前 I 行）还是 up（后 I 行）看 shard 的奇偶；w2 的第 shard 片就是专家 shard；形状不对时 check_shape 报错
-        # TODO task expert_load: copy one checkpoint tensor of one expert into the stacked weight, numbered as own_slots numbers them: shard of w13 belongs to expert shard // 2, and whether it is the gate (first I rows) or the up (last I rows) depends on shard's parity; shard of w2 is expert shard; check_shape complains on a wrong shape
+        # TODO 任务 expert_load：把检查点里一个专家的一个权重拷进叠起来的那块，编号与 own_slots 一致：专家 e 的 gate、up 是 w13 的第 2e、2e+1 片，分别占 w13[e] 的前一半行和后一半行；down 是 w2 的第 e 片，即 w2[e]。形状不对时抛 ValueError（给定：check_shape）
+        # TODO task expert_load: copy one checkpoint weight of one expert into the stacked block, numbered as own_slots numbers them: expert e's gate and up are pieces 2e and 2e+1 of w13, the first and the second half of w13[e]'s lines; its down is piece e of w2, that is w2[e]. A wrong shape raises ValueError (given: check_shape)
         raise TaskNotDone("moe", "expert_load")
 
     def count_tokens(self, expert_ids: torch.Tensor) -> list[int]:
@@ -243,8 +245,8 @@ class SparseMoeBlock(BaseOP):
         self.experts = experts or FusedMoE(config.num_experts, config.hidden_size, config.moe_intermediate_size, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO 任务 moe_block_forward：路由器给每个 token 打分，选出专家和权重（用本层的 top_k 和 renormalize），交给专家
-        # TODO task moe_block_forward: the router scores every token, the experts and weights are selected (with this layer's top_k and renormalize), the experts take it from there
+        # TODO 任务 moe_block_forward：返回这一层 MoE 的输出 [T, H]：路由器给每个 token 打分，按本层从配置存下的 k 和是否重新归一化选出专家和权重，再交给本层的专家去算（分组还是参考实现由专家自己决定）。给定：select_experts
+        # TODO task moe_block_forward: return this MoE layer's output [T, H]: the router scores every token, the experts and their weights are picked with the k and the renormalisation this layer kept from its config, and this layer's experts compute the result (grouped or reference is their own choice). Given: select_experts
         raise TaskNotDone("moe", "moe_block_forward")
 
 

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint router <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint router <task>` gives the next hint.
 """第 4.6 章 router：数据并行——几个完整的副本，前面一个记得“谁算过什么”的路由器。
 
 模型放得进一张卡（一个进程）时，扩容最简单的办法是多起几个一模一样的副本（``--dp N``），各自有调度器和 KV 缓存，
@@ -114,8 +116,8 @@ class PrefixTree:
         en: The length in characters of the longest common prefix of ``text`` with any text stored in the tree (changes
         nothing, and does not count as a use).
         """
-        # TODO 任务 prefix_match：从根往下走：按 text 下一个字符找孩子，比较那条边上的文字，整条边都相同才继续往下，在中途分岔就停下
-        # TODO task prefix_match: walk down from the root: find the child by text's next character, compare the text on that edge, go on down only when the whole edge matches, stop where it forks midway
+        # TODO 任务 prefix_match：返回树里存过的任何文字与 text 的最长公共前缀有几个字符；公共前缀可以停在一条边的中途。不改动树，也不算一次“用到”（last_used 一个都不变）。给定：common_prefix_len
+        # TODO task prefix_match: return how many characters the longest common prefix of text with any text stored in the tree has; it may end midway along an edge. Change nothing in the tree, and do not count it as a use (no last_used changes). Given: common_prefix_len
         raise TaskNotDone("router", "prefix_match")
 
     def insert(self, text: str) -> None:
@@ -125,8 +127,8 @@ class PrefixTree:
         split in two; every node passed on the way is marked as used now.
         """
         self.clock += 1
-        # TODO 任务 tree_insert：像 match 一样往下走；没有孩子就挂上剩下的文字作一个新叶子（size 加上它的长度）；只有边的前一段相同时，先在相同处把边拆开（中间插一个节点），再往下走；经过的节点（根除外：它永远不删）last_used 都改成 self.clock
-        # TODO task tree_insert: walk down as match does; with no child, hang the rest of the text as a new leaf (size grows by its length); when only the start of an edge matches, first split the edge there (a node in between), then go on; every node passed (but the root: it is never removed) gets last_used = self.clock
+        # TODO 任务 tree_insert：记下 text：已有的前缀共用已有的节点；在一条边的中途分岔时，把那条边在分岔处拆成两段（中间多一个节点，字符一个不多）；新挂上的叶子让 size 加上它的字符数。路上经过的每个节点都把 last_used 记成 self.clock（进来时已经加过一）
+        # TODO task tree_insert: note text: the prefix already there shares the nodes already there; where it forks midway along an edge, split that edge in two at the fork (one more in between, not a character more); a newly hung leaf adds its characters to size. Every one passed on the way gets last_used set to self.clock (already advanced on entry)
         raise TaskNotDone("router", "tree_insert")
 
     def evict(self, max_chars: int) -> int:
@@ -136,8 +138,8 @@ class PrefixTree:
         en: Remove the least recently used leaves until the tree holds at most ``max_chars`` characters; a parent left
         without children becomes a candidate too. Returns the number of characters removed.
         """
-        # TODO 任务 tree_evict：把所有叶子（没有孩子、不是根）按 last_used 放进一个小顶堆；每次取出最旧的，从父节点的 children 里去掉、size 减去它的长度；父节点因此没了孩子（又不是根）就也放进堆
-        # TODO task tree_evict: put every leaf (no children, not the root) in a min-heap by last_used; each time take the oldest out, remove it from its parent's children and subtract its length from size; a parent left without children (and not the root) goes into the heap too
+        # TODO 任务 tree_evict：按 last_used 从旧到新删叶子，直到 size 不超过 max_chars；一个节点的孩子都删光了，它自己也成了候选（根永远不删）。返回删掉的字符数；evict(0) 要把树删成只剩一个空根。给定：_nodes
+        # TODO task tree_evict: delete leaves oldest last_used first until size is at most max_chars; a node with nothing left below it becomes a candidate itself (the root is never deleted). Return the number of characters deleted; evict(0) must leave nothing but an empty root. Given: _nodes
         raise TaskNotDone("router", "tree_evict")
 
     def _nodes(self) -> Iterable[Node]:
@@ -158,8 +160,8 @@ def is_imbalanced(loads: Iterable[int], abs_threshold: int, rel_threshold: float
     en: Is the load imbalanced: the most and the fewest differ by more than ``abs_threshold``, and the most is above
     ``rel_threshold`` times the fewest (both must hold).
     """
-    # TODO 任务 imbalanced：两个条件都是“严格大于”；没有负载（空）时不算不均
-    # TODO task imbalanced: both conditions are "strictly greater"; no loads (empty) is not imbalanced
+    # TODO 任务 imbalanced：返回负载是否不均：最大与最小之差严格大于绝对门槛，并且最大严格大于最小的相对门槛倍，两条都要成立。loads 可能是生成器或字典的值视图；没有负载时不算不均
+    # TODO task imbalanced: return whether the load is imbalanced: the largest and the smallest differ by strictly more than the absolute threshold, and the largest is strictly above the relative threshold times the smallest; both must hold. loads may be a generator or a dict view; no loads at all is not imbalanced
     raise TaskNotDone("router", "imbalanced")
 
 
@@ -210,8 +212,8 @@ class ShortestQueue:
 
     def choose(self, text: str, loads: Mapping[int, int]) -> int:
         _check_loads(loads)
-        # TODO 任务 shortest_queue：负载最小的那个；一样时编号最小的
-        # TODO task shortest_queue: the one with the smallest load; on a tie the lowest number
+        # TODO 任务 shortest_queue：返回手上请求最少的那个活着的副本；一样少时编号小的。只在活着的副本里挑
+        # TODO task shortest_queue: return the live replica with the fewest requests in hand; on a tie the lower number. Pick among the live replicas only
         raise TaskNotDone("router", "shortest_queue")
 
     def forget(self, replica: int) -> None:
@@ -244,8 +246,8 @@ class CacheAware:
 
     def choose(self, text: str, loads: Mapping[int, int]) -> int:
         _check_loads(loads)
-        # TODO 任务 cache_aware_choice：负载不均（is_imbalanced，用本对象的两个门槛）时取负载最小的；否则在每个活着的副本的树里 match，匹配字符数 ÷ 文字长度超过 cache_threshold 就取匹配最长的（一样长时负载小的、再编号小的），不然取负载最小的（一样时树小的、再编号小的）；最后把 text 插进选中副本的树并 evict 到 max_tree_chars
-        # TODO task cache_aware_choice: when the load is imbalanced (is_imbalanced with this object's two thresholds) take the smallest load; otherwise match in every live replica's tree: when matched characters ÷ text length is above cache_threshold take the longest match (ties: smaller load, then lower number), else the smallest load (ties: smaller tree, then lower number); finally insert text into the chosen replica's tree and evict it down to max_tree_chars
+        # TODO 任务 cache_aware_choice：返回选中的活着的副本，并把 text 记进它的树、再把那棵树修剪到 max_tree_chars 以内。负载不均（is_imbalanced，用本对象上的两个门槛，不是模块常量）时取负载最小的（一样时编号小的）；否则看各活着副本的树与 text 的最长匹配：最长的（一样长时负载小的、再编号小的）匹配比例严格大于 cache_threshold 就选它，不然取负载最小的（一样时树小的、再编号小的）。空的 text 当作什么都没匹配上
+        # TODO task cache_aware_choice: return the live replica picked, after noting text in its tree and trimming that tree to max_tree_chars. When the load is imbalanced (is_imbalanced with this object's two thresholds, not the module constants) take the smallest load (ties: lower number); otherwise look at each live replica's longest prefix in common with text: if the longest (ties: smaller load, then lower number) covers a share of text strictly above cache_threshold, pick it, else the smallest load (ties: smaller tree, then lower number). An empty text counts as matching nothing
         raise TaskNotDone("router", "cache_aware_choice")
 
     def forget(self, replica: int) -> None:

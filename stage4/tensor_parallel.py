@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint tensor_parallel <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint tensor_parallel <task>` gives the next hint.
 """第 4.2 章 tensor_parallel：把每一层切给几个秩（Megatron 的切法），一个秩从不持有整个模型。
 
 一个解码层里的矩阵乘法成对出现：先放大（q/k/v、gate/up），再缩回（o_proj、down）。Megatron 的切法让每对只通信一次：
@@ -67,8 +69,8 @@ def split_problems(config: ModelConfig, tp: int) -> list[str]:
 
     en: Where ``config`` cannot be split over ``tp`` ranks, one sentence each; an empty list when it can.
     """
-    # TODO 任务 split_problems：tp 必须 ≥ 1；query 头数、中间维、词表都要能被 tp 整除；KV 头数要么能被 tp 整除，要么整除 tp（复制）；每条不满足的写一句（带上数字）
-    # TODO task split_problems: tp must be ≥ 1; the query heads, the intermediate size and the vocabulary must each be divisible by tp; the KV heads must either be divisible by tp or divide tp (copied); one sentence (with the numbers) for each that fails
+    # TODO 任务 split_problems：返回切不开的每一处，各一句话、带上数字（都切得开就是空列表）；要一次列全，不能碰到第一处就停。query 头数、中间维、词表都要能被 tp 整除；KV 头数能被 tp 整除或者能整除 tp（复制）都行。tp < 1 只返回一句，不许抛 ZeroDivisionError
+    # TODO task split_problems: return every place where it does not split, one sentence each with the numbers in it (an empty list when it splits); list them all, do not stop at the first. Query heads, intermediate size and vocabulary must each be divisible by tp; the KV heads may either be divisible by tp or divide tp (copied). tp < 1 gives just one sentence, never a ZeroDivisionError
     raise TaskNotDone("tensor_parallel", "split_problems")
 
 
@@ -119,8 +121,8 @@ class ColumnParallelLinear(Linear):
 
         en: The rows of part ``shard`` in the checkpoint tensor that belong to this rank: ``(first row, row count)``.
         """
-        # TODO 任务 column_rows：这一段整段 full_sizes[shard] 行平均切成 tp 份，本秩（self.tp.rank）拿第 rank 份
-        # TODO task column_rows: the part's full_sizes[shard] rows cut evenly into tp pieces; this rank (self.tp.rank) takes piece rank
+        # TODO 任务 column_rows：返回这一段在检查点张量里属于本秩的行：(起始行, 行数)。每段的整段行数平均分成秩数那么多份，秩号是几就拿第几份（是检查点里的行号，不是本地合并权重里的）
+        # TODO task column_rows: return the rows of this part in the checkpoint tensor that belong to this rank, as (first row, row count): each part's whole row count is cut evenly into as many pieces as there are ranks, and rank r takes piece r (rows of the checkpoint tensor, not of the local merged weight)
         raise TaskNotDone("tensor_parallel", "column_rows")
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
@@ -142,8 +144,8 @@ class QKVParallelLinear(ColumnParallelLinear):
                          shard_names=["q_proj", "k_proj", "v_proj"], dtype=dtype, device=device)
 
     def rows(self, shard: int) -> tuple[int, int]:
-        # TODO 任务 kv_heads_copied：q 段（shard 0）、以及 KV 头数 ≥ tp 时，照父类切；否则本秩用第 rank * num_kv_heads // tp 个 KV 头：从它的第一行起 head_dim 行
-        # TODO task kv_heads_copied: the q part (shard 0), and KV heads ≥ tp, split as the parent does; otherwise this rank uses KV head rank * num_kv_heads // tp: head_dim rows from its first row
+        # TODO 任务 kv_heads_copied：返回 (起始行, 行数)，和父类一样。q 段、以及 KV 头不比秩少时的 k/v 段，都照父类切；KV 头比秩少时 k、v 不切而复制：秩 r 拿第 ⌊r × KV 头数 ÷ 秩数⌋ 个 KV 头的全部行
+        # TODO task kv_heads_copied: return (first row, row count) like the parent. The q part, and the k/v parts when there are at least as many KV heads as ranks, split as the parent does; with fewer KV heads than ranks, k and v are copied, not cut: rank r takes all the lines of KV head number ⌊r × KV heads ÷ ranks⌋
         raise TaskNotDone("tensor_parallel", "kv_heads_copied")
 
 
@@ -161,13 +163,13 @@ class RowParallelLinear(Linear):
         super().__init__(full_input // self.tp.size, output_size, bias=bias, dtype=dtype, device=device)
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        # TODO 任务 row_load：权重（二维）取本秩那段列：narrow(1, rank * 本地输入宽, 本地输入宽)；偏置（一维）整份装
-        # TODO task row_load: the weight (2-D) takes this rank's column stretch: narrow(1, rank * local input width, local input width); the bias (1-D) is loaded whole
+        # TODO 任务 row_load：装好本秩的那份：权重（二维，[out, in]）只留本秩那一段输入列，偏置（一维）每个秩都装整份；真正的存放交给父类的 load_weight
+        # TODO task row_load: load this rank's share: the weight (2-D, [out, in]) keeps only this rank's stretch of input columns, the bias (1-D) is loaded whole on every rank; the storing itself is the parent's load_weight
         raise TaskNotDone("tensor_parallel", "row_load")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO 任务 row_forward：不带偏置的部分和 self.matmul(x, None)，交给 get_tp_comm().all_reduce，之后（有偏置时）加偏置
-        # TODO task row_forward: the partial sum without bias self.matmul(x, None), passed to get_tp_comm().all_reduce, then add the bias (if any)
+        # TODO 任务 row_forward：返回和没切的线性层一样的结果：各秩用自己那段输入列算出的部分积在所有秩之间加起来，有偏置时只加一次、加在求和之后。一个秩时就是普通的线性层
+        # TODO task row_forward: return what the unsplit linear layer returns: each rank's partial product (from its own input columns) summed over all ranks, and the bias, when there is one, added exactly once, after the sum. With one rank it is a plain linear layer
         raise TaskNotDone("tensor_parallel", "row_forward")
 
 
@@ -187,8 +189,8 @@ class VocabParallelEmbedding(VocabEmbedding):
         super().load_weight(attr, tensor.narrow(0, self.start, self.num_local), shard)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # TODO 任务 vocab_embedding_forward：mine = start ≤ id < start + num_local；查 (id - start)（不归本秩的先换成 0，免得越界），再把不归本秩的行清零；get_tp_comm().all_reduce 之后每个秩都有整份
-        # TODO task vocab_embedding_forward: mine = start ≤ id < start + num_local; look up (id - start) (ids not owned replaced by 0 first, so nothing is out of range), then zero the rows not owned; after get_tp_comm().all_reduce every rank has the whole result
+        # TODO 任务 vocab_embedding_forward：返回这些 id 在整张词表里查出的向量，每个秩都拿到整份。本秩只存 [start, start + num_local) 这段词表：段外的 id 本秩贡献 0 行，而且查表时不能越界；各秩的结果在所有秩之间相加
+        # TODO task vocab_embedding_forward: return the vectors these ids look up in the whole vocabulary, every rank getting all of them. This rank stores only the stretch [start, start + num_local): for ids outside it this rank contributes zero rows, and its lookup must never go past its table; the ranks' results are summed over all ranks
         raise TaskNotDone("tensor_parallel", "vocab_embedding_forward")
 
 
@@ -212,8 +214,8 @@ class ParallelLMHead(LMHead):
         super().load_weight(attr, tensor.narrow(0, self.start, self.num_local), shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO 任务 lm_head_gather：父类的前向算出本段 logits [B, vocab / tp]，get_tp_comm().all_gather 拼成 [B, vocab]
-        # TODO task lm_head_gather: the parent's forward gives this stretch's logits [B, vocab / tp]; get_tp_comm().all_gather joins them into [B, vocab]
+        # TODO 任务 lm_head_gather：返回整个词表的 logits，[B, vocab]，每个秩都一样；按秩号把各段接起来正好是词表的顺序。本秩只算得出自己那段 [B, vocab / tp]，父类正好就算这个
+        # TODO task lm_head_gather: return the logits over the whole vocabulary, [B, vocab], the same on every rank; the stretches joined in rank order are the vocabulary's order. This rank can compute only its own stretch [B, vocab / tp], which is exactly what the parent class computes
         raise TaskNotDone("tensor_parallel", "lm_head_gather")
 
 
@@ -268,6 +270,6 @@ class TPEngine(Engine):
         page counts the ranks would admit different requests and take different steps, and their collectives would no
         longer match.
         """
-        # TODO 任务 agree_pages：先按第 1.6 章的办法（super()）算出本秩的页数，再用通信器的 agree_min 让所有秩取最小值
-        # TODO task agree_pages: first this rank's count the chapter 1.6 way (super()), then make every rank take the smallest with the communicator's agree_min
+        # TODO 任务 agree_pages：返回所有秩都同意的 KV 页数：每个秩按第 1.6 章的办法、用自己看到的内存各算一个，取其中最小的。各秩看到的内存可以不同，得到的页数必须一样。给定：4.1 章通信器的 agree_min
+        # TODO task agree_pages: return the KV page count every rank agrees on: each rank works one out the chapter 1.6 way from the memory it sees, and the smallest of them wins. The ranks may see different memory; the count they end up with must be the same. Given: the chapter 4.1 communicator's agree_min
         raise TaskNotDone("tensor_parallel", "agree_pages")

@@ -1,5 +1,7 @@
 # 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint tp_scheduler <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint tp_scheduler <task>` gives the next hint.
 """第 4.3 章 tp_scheduler：步调一致的秩——每个秩都跑整个调度器，输入逐字节相同，只有秩 0 回话。
 
 第 4.2 章切开了模型：每一步，每个秩都得用**同样形状**的批次、按**同样顺序**调用前向，集合通信才对得上——差一个请求、
@@ -75,8 +77,8 @@ class UidOrderDecodeManager(DecodeManager):
     """
 
     def schedule_next_batch(self) -> Batch | None:
-        # TODO 任务 decode_order：没有正在运行的请求就返回 None；否则 Batch(reqs=按 uid 排好的 running_reqs, phase="decode")
-        # TODO task decode_order: no running request: return None; otherwise Batch(reqs=running_reqs sorted by uid, phase="decode")
+        # TODO 任务 decode_order：没有正在运行的请求时返回 None（同父类）；否则返回一个解码批次，装着全部正在运行的请求，按 uid 从小到大排，不论它们加入的先后。running_reqs 本身不能动
+        # TODO task decode_order: with no running request return None (as the parent does); otherwise return a decode batch of all the running requests ordered by uid, smallest first, whatever order they joined in. Leave running_reqs itself as it is
         raise TaskNotDone("tp_scheduler", "decode_order")
 
 
@@ -120,8 +122,8 @@ class TPScheduler(Scheduler):
         subscribe to it, and their queue to the tokenizer goes nowhere. Rank 0 broadcasts the XPUB's address on the
         control group, and returns only once every rank has subscribed.
         """
-        # TODO 任务 connect：一个秩：就是 super().connect(addrs)。否则秩 0：super().connect(addrs)，self.pub = ZmqPubQueue(f"tcp://{host}:*")（* 让 ZMQ 挑端口），地址 = pub.socket.last_endpoint.decode()；所有秩：dist.broadcast_object_list([地址或 None], src=0, group=self.comm.control)；其余的秩：self.sub = ZmqSubQueue(收到的地址)，send_tokenizer = _Nowhere()；最后秩 0 pub.wait_for_subscribers(size - 1, SUBSCRIBE_TIMEOUT_S)
-        # TODO task connect: one rank: just super().connect(addrs). Otherwise rank 0: super().connect(addrs), self.pub = ZmqPubQueue(f"tcp://{host}:*") (* lets ZMQ pick the port), address = pub.socket.last_endpoint.decode(); every rank: dist.broadcast_object_list([address or None], src=0, group=self.comm.control); the other ranks: self.sub = ZmqSubQueue(the address received), send_tokenizer = _Nowhere(); finally rank 0 pub.wait_for_subscribers(size - 1, SUBSCRIBE_TIMEOUT_S)
+        # TODO 任务 connect：一个秩时和第 3.3 章完全一样，别的什么都不做。多个秩：秩 0 照第 3.3 章接好，再在 host 的一个空闲端口上开 XPUB（存进 self.pub），并把它真正的地址经控制组告诉其余的秩；其余的秩订阅它（self.sub），去往分词进程的队列换成一个哪儿也不去的。秩 0 等到其余的秩都订阅了才返回，最多等 SUBSCRIBE_TIMEOUT_S 秒。给定：ZmqPubQueue、ZmqSubQueue
+        # TODO task connect: with one rank do exactly what chapter 3.3 does and nothing more. Several ranks: rank 0 attaches as in chapter 3.3, then opens an XPUB on a free port of host (kept in self.pub) and tells the other ranks its real address over the control group; the others subscribe to it (self.sub) and their queue to the tokenizer goes nowhere. Rank 0 returns only once every other rank has subscribed, waiting at most SUBSCRIBE_TIMEOUT_S seconds. Given: ZmqPubQueue, ZmqSubQueue
         raise TaskNotDone("tp_scheduler", "connect")
 
     def close(self) -> None:
@@ -147,8 +149,8 @@ class TPScheduler(Scheduler):
         """
         if self.tp_info.size == 1:
             return super().receive_msg(blocking)
-        # TODO 任务 fan_out：秩 0：从 recv_queue.socket 收原始字节（blocking 时先 recv() 等来一帧，再 recv(zmq.NOBLOCK) 收到 zmq.Again 为止），每帧原样 pub.socket.send 出去，再把帧数放进一个 int64 张量 dist.broadcast(..., src=0, group=self.comm.control)；其余的秩：blocking 时先 sub.socket.poll() 等到第一帧（别在集合通信里空等：它会超时），再 broadcast 收下帧数，从 sub.socket 正好 recv 这么多帧；每个秩 comm.calls["broadcast"] 加一；最后每帧 deserialize 再 unwrap，按顺序返回
-        # TODO task fan_out: rank 0: receive raw bytes from recv_queue.socket (with blocking, first recv() to wait for one frame, then recv(zmq.NOBLOCK) until zmq.Again), send each frame unchanged with pub.socket.send, then put the frame count in an int64 tensor and dist.broadcast(..., src=0, group=self.comm.control); the other ranks: with blocking, first sub.socket.poll() until the first frame is there (do not wait idle inside a collective: it times out), then broadcast to receive the count and recv exactly that many frames from sub.socket; every rank adds one to comm.calls["broadcast"]; finally deserialize and unwrap each frame, and return them in order
+        # TODO 任务 fan_out：返回这次迭代的消息，每个秩上都是同一批、同样的顺序。秩 0 从分词进程那边的队列收原始字节（不反序列化），原样经 self.pub 转给其余的秩，并在控制组上广播这次收了几条——哪怕 0 条，每次迭代都广播一次，每个秩在 calls["broadcast"] 里记一笔；其余的秩从 self.sub 正好取这么多条。blocking 时要等到至少有一条，但空闲的秩不能在集合通信里干等（会超时）。给定：deserialize、unwrap
+        # TODO task fan_out: return this iteration's messages, the same ones in the same order on every rank. Rank 0 takes raw bytes from the tokenizer's queue (not deserialized), passes them on unchanged through self.pub, and broadcasts how many it took on the control group — every iteration, even zero, each rank noting it in calls["broadcast"]; the other ranks take exactly that many from self.sub. With blocking, wait until at least a message is there, but an idle rank must not wait inside a collective (it times out). Given: deserialize, unwrap
         raise TaskNotDone("tp_scheduler", "fan_out")
 
 

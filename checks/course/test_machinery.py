@@ -29,6 +29,12 @@ ALPHA_SOLUTION = textwrap.dedent('''
         """返回 2x。"""
         # >>> TASK double: 返回 x 乘以 FACTOR
         # en: return x times FACTOR
+        # hint1: 模块里已经有这个系数
+        # en1: the module defines the factor already
+        # hint2: 用 * 乘起来
+        # hint2: 然后返回
+        # en2: multiply with *
+        # en2: then return it
         return x * FACTOR
         # <<< TASK
 ''').lstrip()
@@ -104,6 +110,7 @@ def test_skeleton_replaces_only_the_task_region():
     )
     assert todo in skel, "应保持缩进，写出中英两行 TODO 和 raise TaskNotDone(章, 任务)"
     assert "from minisgl.course.skeleton import TaskNotDone\n" in skel, "骨架应导入 TaskNotDone"
+    assert "模块里已经有这个系数" not in skel and "multiply" not in skel, "按需的两级提示不进骨架"
     assert make_skeleton(ALPHA_SOLUTION, ALPHA) == skel, "骨架与语言无关、可重复生成"
     namespace: dict = {}
     exec(compile(skel, "<skeleton>", "exec"), namespace)
@@ -115,8 +122,10 @@ def test_skeleton_replaces_only_the_task_region():
 @pytest.mark.parametrize(
     ("lang", "parts"),
     [
-        (None, ("第 1.1 章", "alpha", "「double」", "docs/stage1/alpha.md#double", "提示：返回 x 乘以 FACTOR")),
-        ("en", ("Chapter 1.1 alpha", "'double'", "docs/stage1/alpha.md#double", "Hint: return x times FACTOR")),
+        (None, ("第 1.1 章", "alpha", "「double」", "docs/stage1/alpha.md#double", "目标：返回 x 乘以 FACTOR",
+                "python -m minisgl.course hint alpha double")),
+        ("en", ("Chapter 1.1 alpha", "'double'", "docs/stage1/alpha.md#double", "Goal: return x times FACTOR",
+                "python -m minisgl.course hint alpha double")),
     ],
 )
 def test_task_not_done_message_follows_the_language(course: Path, lang: str | None, parts: tuple[str, ...]):
@@ -159,6 +168,9 @@ def test_tasks_are_listed_in_order():
     tasks = parse_tasks(ALPHA_SOLUTION + BETA_SOLUTION)
     assert [t.name for t in tasks] == ["double", "quadruple"]
     assert [(t.hint, t.hint_en) for t in tasks] == [("返回 x 乘以 FACTOR", "return x times FACTOR"), ("调用两次 double", "call double twice")]
+    assert tasks[0].levels == (("模块里已经有这个系数", "the module defines the factor already"),
+                               ("用 * 乘起来\n然后返回", "multiply with *\nthen return it")), "连写的同一个键接成几行"
+    assert tasks[1].levels == () and tasks[1].level_for(1) == "", "没写两级提示的任务没有提示（由检查报出来）"
 
 
 # --- selection rule ---------------------------------------------------------------------------
@@ -264,7 +276,7 @@ def test_plugin_speaks_english(course: Path):
     assert "reference solution (learner file: not started)" in out.stdout and not CJK.search(out.stdout), out.stdout
     # a red skeleton without --tb: short tracebacks (a long one would print the Chinese TODO comment), English hint
     out = pytest_run(course, "--impl", "skeleton", env=en)
-    assert out.returncode == 1 and "Hint: return x times FACTOR" in out.stdout, out.stdout
+    assert out.returncode == 1 and "Goal: return x times FACTOR" in out.stdout, out.stdout
     assert 'raise TaskNotDone("alpha", "double")' in out.stdout and not CJK.search(out.stdout), out.stdout
     out = pytest_run(course, "--help", env=en)
     assert "every check must fail on the skeleton" in out.stdout, out.stdout

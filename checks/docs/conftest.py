@@ -18,6 +18,7 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``mkdocs build --strict`` 到临时目录：断链、找不到的文件或符号、缺失的输出都会让它失败。"""
     site = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    env.pop("MINISGL_DOCS_SOLUTIONS", None)  # the learner's book: no reference solutions
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-d", str(site)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,

@@ -132,21 +132,32 @@ def test_task_anchors_in_site(built_site: Path) -> None:
 
 
 @pytest.mark.parametrize("language", ["zh", "en"])
-def test_task_hints_render_literally(built_site: Path, language: str) -> None:
-    """网页上每个任务的“提示”逐字等于解答里的提示（英文页是英文提示）：没有多出来的反斜杠（如 ``\\<``），
-    也没被读成强调或标签。"""
+def test_task_goals_render_literally_and_hints_fold(built_site: Path, language: str) -> None:
+    """网页上每个任务的“目标”逐字等于解答里的目标（英文页是英文）：没有多出来的反斜杠（如 ``\\<``），也没被读成
+    强调或标签；第 1、2 级提示折叠着（``<details>``，默认收起），逐字等于解答里的文字；默认构建不放参考解答。"""
     import html as html_lib
 
+    def text(fragment: str) -> str:
+        return html_lib.unescape(re.sub(r"<[^>]+>", "", fragment)).strip()
+
     site = built_site / "en" if language == "en" else built_site
-    label = "<strong>Hint</strong>: " if language == "en" else "<strong>提示</strong>："
+    label = "<strong>Goal</strong>: " if language == "en" else "<strong>目标</strong>："
     for ch, html, tasks in _built_task_pages(site):
         for t in tasks:
-            m = re.search(rf'<h3 class="task" id="{re.escape(t.name)}".*?{label}(.*?)</p>', html, re.S)
-            assert m, f"{ch.docs_page}（{language}）构建后找不到任务 {t.name} 的提示"
-            assert "\\&lt;" not in m.group(1), f"{ch.docs_page} 任务 {t.name} 的提示里出现了字面的 \\<"
-            shown = html_lib.unescape(re.sub(r"<[^>]+>", "", m.group(1)))
+            section = re.search(rf'<h3 class="task" id="{re.escape(t.name)}".*?(?=<h[23] |$)', html, re.S)
+            assert section, f"{ch.docs_page}（{language}）构建后找不到任务 {t.name}"
+            assert 'class="success"' not in section.group(0), f"{ch.docs_page}（{language}）任务 {t.name}：默认构建里有参考解答"
+            m = re.search(rf"{label}(.*?)</p>", section.group(0), re.S)
+            assert m, f"{ch.docs_page}（{language}）构建后找不到任务 {t.name} 的目标"
+            assert "\\&lt;" not in m.group(1), f"{ch.docs_page} 任务 {t.name} 的目标里出现了字面的 \\<"
             want = t.hint_for(language)
-            assert shown == want, f"{ch.docs_page}（{language}）任务 {t.name} 的提示显示成了 {shown!r}，应是 {want!r}"
+            assert text(m.group(1)) == want, f"{ch.docs_page}（{language}）任务 {t.name} 的目标显示成了 {text(m.group(1))!r}，应是 {want!r}"
+            tips = re.findall(r'<details class="tip">\s*<summary>.*?</summary>(.*?)</details>', section.group(0), re.S)
+            assert len(tips) == 2, f"{ch.docs_page}（{language}）任务 {t.name}：应有两个折叠的提示，有 {len(tips)} 个"
+            for level, tip in enumerate(tips, 1):
+                shown = " ".join(text(tip).split())
+                assert shown == " ".join(t.level_for(level, language).split()), (
+                    f"{ch.docs_page}（{language}）任务 {t.name} 的第 {level} 级提示显示成了 {shown!r}")
 
 
 DIRECTIVE = re.compile(r"^[ \t]*\[\[[a-z]+(?: [^\]]+)?\]\][ \t]*$", re.M)
@@ -289,3 +300,19 @@ def test_reference_names_exist() -> None:
         mod = importlib.import_module(module)
         missing += [f"{module}.{n}" for n in re.findall(r"`([A-Za-z_]+)`", names) if not hasattr(mod, n)]
     assert not missing, f"docs/reference.md 列出的这些名字并不存在：{missing}"
+
+
+def test_instructor_build_shows_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MINISGL_DOCS_SOLUTIONS=1``（老师的构建）时任务下面多一个折叠的参考解答；默认没有。"""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("minisgl_docs_hook", REPO / "docs" / "hooks" / "minisgl_docs.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    ch = next(c for c in CHAPTERS if c.id == "core")
+    monkeypatch.delenv("MINISGL_DOCS_SOLUTIONS", raising=False)
+    learner = "\n".join(hook.task_block(ch, "extend_len", "en"))
+    monkeypatch.setenv("MINISGL_DOCS_SOLUTIONS", "1")
+    instructor = "\n".join(hook.task_block(ch, "extend_len", "en"))
+    assert "??? success" not in learner and "self.device_len - self.cached_len" not in learner, learner
+    assert "??? success" in instructor and "self.device_len - self.cached_len" in instructor, instructor

@@ -10,7 +10,9 @@ A directive is a whole line (it may be indented, e.g. inside an admonition) of t
                                                            tools/record_outputs.py
     [[task complete_one]]                                  a task of this page's chapter: heading with the
                                                            anchor used in the skeleton's NotImplementedError,
-                                                           the hint, the skeleton's code and the solution
+                                                           the goal, the skeleton's code, the hint levels
+                                                           folded, and the reference solution only when the
+                                                           instructor builds with MINISGL_DOCS_SOLUTIONS=1
     [[practice]]                                           this chapter's files, notebook and check commands
     [[serve serve results]]                                a table of the recorded serving benchmark
                                                            docs/outputs/serve.json (bench/serve.py --record)
@@ -27,6 +29,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import os
 import re
 import textwrap
 from functools import lru_cache
@@ -207,10 +210,12 @@ def _escape(text: str) -> str:
     """Show a hint literally: Markdown must not read ``index_copy_`` or ``x * y`` as emphasis.
 
     ``&`` and ``<`` become HTML entities (Markdown has no backslash escape for ``<``: ``\\<`` would show
-    the backslash); every other character Markdown could act on gets a backslash.
+    the backslash); every other character Markdown could act on gets a backslash, and so does a list marker at
+    the start of a line (``1.``, ``-``, ``+``: a walkthrough's numbered steps must not become a list).
     """
     text = text.replace("&", "&amp;").replace("<", "&lt;")
-    return re.sub(r"([\\`*_{}\[\]>#|])", r"\\\1", text)
+    text = re.sub(r"([\\`*_{}\[\]>#|])", r"\\\1", text)
+    return re.sub(r"^(\s*)(\d+)\.(?=\s)|^(\s*)([-+])(?=\s)", lambda m: (f"{m[1]}{m[2]}\\." if m[2] else f"{m[3]}\\{m[4]}"), text)
 
 
 def chapter_of(src_uri: str) -> Chapter:
@@ -232,14 +237,14 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
     symbol = qualname_at(tree, task.line)
     if not symbol:
         raise DocsError(f"{sol_path}:{task.line}: 任务 {name} 不在任何函数里")
-    hint = task.hint_for(language)
-    message = todo_message(chapter, name, hint, language=language)
+    goal = task.hint_for(language)
+    message = todo_message(chapter, name, goal, language=language)
     skeleton = make_skeleton(source, chapter)
     out = [
         f"### `{name}` {{ #{name} .task }}",
         "",
-        tr("**Where**: `{symbol}` in `{path}` · **Hint**: {hint}", language=language, symbol=symbol,
-           path=chapter.relpath, hint=_escape(hint)),
+        tr("**Where**: `{symbol}` in `{path}` · **Goal**: {hint}", language=language, symbol=symbol,
+           path=chapter.relpath, hint=_escape(goal)),
         "",
         *code_block(chapter.relpath, symbol, source=skeleton, language=language,
                     title=tr("{path} · {symbol} (your skeleton)", language=language, path=chapter.relpath, symbol=symbol)),
@@ -247,12 +252,20 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
         "??? quote " + json.dumps(tr("The error you see while it is not written yet", language=language), ensure_ascii=False),
         "",
         f"    `` TaskNotDone: {message} ``",
-        "",
-        "??? success " + json.dumps(tr("Reference solution (write yours first, then expand to compare)", language=language),
-                                    ensure_ascii=False),
-        "",
-        *["    " + line if line else "" for line in code_block(sol_path, symbol, language=language)],
     ]
+    for level in (1, 2):  # folded: a learner opens the next one only when stuck
+        title = tr("Hint {level}: {name}", language=language, level=level,
+                   name=tr("a nudge", language=language) if level == 1 else tr("the walkthrough", language=language))
+        out += ["", "??? tip " + json.dumps(title, ensure_ascii=False), "",
+                *[f"    {_escape(line)}  " if line else "" for line in task.level_for(level, language).splitlines()]]
+    out += ["", "??? note " + json.dumps(tr("Hint 3: the reference", language=language), ensure_ascii=False), "",
+            "    " + tr("`solutions/{path}`, lines {start}–{end} (`{symbol}`); in the terminal: `python -m minisgl.course hint "
+                        "{id} {task}`", language=language, path=chapter.relpath, start=task.code, end=task.end - 1,
+                        symbol=symbol, id=chapter.id, task=name)]  # fmt: skip
+    if os.environ.get("MINISGL_DOCS_SOLUTIONS") == "1":  # the instructor's build: the reference solution on the page
+        out += ["", "??? success " + json.dumps(tr("Reference solution (write yours first, then expand to compare)",
+                                                   language=language), ensure_ascii=False), "",
+                *["    " + line if line else "" for line in code_block(sol_path, symbol, language=language)]]
     return out
 
 

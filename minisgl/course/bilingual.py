@@ -35,12 +35,17 @@ from minisgl.i18n import CJK
 
 #: An English twin line: ``# en: ...`` or ``#: en: ...``.
 EN_LINE = re.compile(r"^(?P<indent>[ \t]*)(?P<mark>#:?)[ \t]*en:[ \t]?(?P<text>.*)$")
+#: A task's on-request hint line (``# hint1:`` / ``# en1:`` / ``# hint2:`` / ``# en2:``, see minisgl/course/skeleton.py):
+#: the ``enN`` lines are the English of the ``hintN`` lines (a walkthrough line may be code only, so they are paired
+#: by key, not by the Chinese-run rule; checks/course/test_hints.py checks both languages); code views leave all of
+#: them out (the book folds the levels under the task instead).
+LEVEL_LINE = re.compile(r"^[ \t]*# (?P<key>hint|en)[12]:")
 #: A comment line on its own (group ``mark`` is ``#`` or ``#:``).
 COMMENT_LINE = re.compile(r"^(?P<indent>[ \t]*)(?P<mark>#:?)(?P<text>.*)$")
 #: A task marker with its Chinese hint (the English one is the ``# en:`` line after it).
 TASK_BEGIN = re.compile(r"^(?P<head>[ \t]*# >>> TASK [A-Za-z_][A-Za-z0-9_.]*\s*[:\uff1a]\s*)(?P<hint>\S.*?)\s*$")
 #: The English line a generated skeleton writes after its Chinese twin (TODO comments and the file header).
-GENERATED_EN = re.compile(r"^[ \t]*# (TODO task |This file is generated )")
+GENERATED_EN = re.compile(r"^[ \t]*# (TODO task |This file is generated |Each TODO states the goal)")
 #: The separator of a bilingual comment at the end of a line: ``# 中文 | en: English``.
 TRAILING_EN = re.compile(r"[ \t]*\|[ \t]*en:[ \t]*")
 #: The first line of a docstring's English part.
@@ -106,6 +111,10 @@ def problems(source: str, origin: str = "<source>") -> list[str]:
         line = lines[lineno - 1]
         own = not line[:col].strip()
         where = f"{origin}:{lineno}"
+        if own and (level := LEVEL_LINE.match(line)):
+            if level["key"] == "en" and CJK.search(line):
+                found.append(f"{where}: the English hint line has Chinese in it: {line.strip()[:80]!r}")
+            continue
         if own and EN_LINE.match(line):
             if CJK.search(line):
                 found.append(f"{where}: the English line has Chinese in it: {line.strip()[:80]!r}")
@@ -175,8 +184,8 @@ def _doc_lines(lines: list[str], doc: ast.Constant, language: str) -> list[str] 
 def for_language(source: str, language: str) -> str:
     """``source`` with its comments and docstrings in one language (``zh`` or ``en``); code is untouched.
 
-    Bilingual pieces become one language; a task marker keeps its hint in that language; anything that is not in
-    the convention's shape is left as it is."""
+    Bilingual pieces become one language; a task marker keeps its goal in that language and loses its hint levels;
+    anything that is not in the convention's shape is left as it is."""
     lines = source.splitlines()
     out: list[str | list[str] | None] = list(lines)
     comments = _comments(source)
@@ -185,6 +194,9 @@ def for_language(source: str, language: str) -> str:
         i = lineno - 1
         line = lines[i]
         if i in done:
+            continue
+        if LEVEL_LINE.match(line):
+            out[i] = None
             continue
         if line[:col].strip():  # at the end of a line of code
             sep = TRAILING_EN.search(text)

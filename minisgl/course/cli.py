@@ -11,7 +11,7 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-from minisgl.course import select
+from minisgl.course import hints, select
 from minisgl.course.pytest_plugin import IMPL_NAMES, Outcome, outcome
 from minisgl.course.registry import CHAPTERS, COURSE_ROOT, STAGES, Chapter, get_chapter
 from minisgl.i18n import tr
@@ -60,18 +60,18 @@ def _status(workspace: Path) -> list[tuple[list[str], Outcome]]:
     rows = []
     for ch in CHAPTERS:
         if not select.is_written(ch):
-            rows.append(([ch.label, ch.id, ch.display_title, "—", tr("not written")], Outcome("none")))
+            rows.append(([ch.label, ch.id, ch.display_title, "—", tr("not written"), "—"], Outcome("none")))
             continue
         choice = select.choose(ch)
         started = tr("yes") if select.is_started(ch, workspace) else tr("no")
         result = _outcome(results.get(ch.id), ch, workspace)
         impl = tr("{impl} ({reason})", impl=IMPL_NAMES[choice.impl], reason=choice.reason)
-        rows.append(([ch.label, ch.id, ch.display_title, started, impl], result))
+        rows.append(([ch.label, ch.id, ch.display_title, started, impl, str(hints.chapter_total(workspace, ch.id))], result))
     return rows
 
 
 def status_rows() -> list[list[str]]:
-    """status 表的行（按当前语言）：章、id、标题、已开始、当前实现、上次检查。"""
+    """status 表的行（按当前语言）：章、id、标题、已开始、当前实现、用了几级提示、上次检查。"""
     return [cells + [result.text()] for cells, result in _status(select.workspace_root())]
 
 
@@ -79,11 +79,41 @@ def cmd_status(args: argparse.Namespace) -> int:
     workspace = select.workspace_root()
     print(tr("Workspace: {path}", path=workspace))
     rows = _status(workspace)
-    header = [tr("chapter"), "id", tr("title"), tr("started"), tr("implementation now"), tr("last check")]
+    header = [tr("chapter"), "id", tr("title"), tr("started"), tr("implementation now"), tr("hints"), tr("last check")]
     print(format_table(header, [cells + [result.text()] for cells, result in rows]))
     if any(result.stale for _, result in rows):
         print(tr("\"{stale}\": the chapter's file changed after its last check; run python -m minisgl.course check "
                  "<chapter> to check it again.", stale=tr("stale")))  # fmt: skip
+    return 0
+
+
+def cmd_hint(args: argparse.Namespace) -> int:
+    """下一级提示（或 ``--level`` 指定的那一级），并记下来；不给任务名时列出本章的任务和各自要到了第几级。"""
+    ch, workspace = get_chapter(args.chapter), select.workspace_root()
+    if not select.is_written(ch):
+        print(tr("The reference solution of chapter {label} {id} is not written yet.", label=ch.label, id=ch.id))
+        return 2
+    solution = select.shipped_solution(ch)
+    tasks, source = hints.tasks_of(ch, solution), solution.read_text(encoding="utf-8")
+    got = hints.used(workspace).get(ch.id, {})
+    if args.task is None:
+        rows = [[t.name, hints.enclosing(source, t.line), str(got.get(t.name, 0))] for t in tasks.values()]
+        print(format_table([tr("task"), tr("where"), tr("hints used")], rows))
+        print(tr("Next hint for a task: python -m minisgl.course hint {id} <task>", id=ch.id))
+        return 0
+    if args.task not in tasks:
+        print(tr("Chapter {label} {id} has no task {task!r}; its tasks: {tasks}", label=ch.label, id=ch.id,
+                 task=args.task, tasks=", ".join(tasks)), file=sys.stderr)  # fmt: skip
+        return 2
+    task = tasks[args.task]
+    level = args.level or min(got.get(task.name, 0) + 1, hints.LEVELS)
+    hints.record(workspace, ch.id, task.name, level)
+    print(tr("Chapter {label} {id}, task {task} — {level}:", label=ch.label, id=ch.id, task=task.name,
+             level=hints.level_name(level)))  # fmt: skip
+    print(tr("Goal: {goal}", goal=task.hint_for()))
+    print(hints.level_text(ch, task, level, hints.enclosing(source, task.line)))
+    if level < hints.LEVELS:
+        print(tr("(still stuck? run the same command again for {next})", next=hints.level_name(level + 1)))
     return 0
 
 
@@ -194,9 +224,12 @@ def cmd_grade(args: argparse.Namespace) -> int:
                      path=ws, rc=rc), file=sys.stderr)  # fmt: skip
             code = 1
         columns.append(results)
-    rows = [[c.label, c.id, *[_outcome(col.get(c.id)).text() if c.id in col else tr("no result") for col in columns]]
+    rows = [[c.label, c.id, *[cell for ws, col in zip(workspaces, columns)
+                              for cell in (_outcome(col.get(c.id)).text() if c.id in col else tr("no result"),
+                                           str(hints.chapter_total(ws, c.id)))]]
             for c in chapters]  # fmt: skip
-    print(format_table([tr("chapter"), "id", *[ws.name for ws in workspaces]], rows))
+    header = [tr("chapter"), "id", *[cell for ws in workspaces for cell in (ws.name, tr("hints"))]]
+    print(format_table(header, rows))
     notes = [
         (ws, col[c.id].get("refused") or col[c.id].get("error"))
         for ws, col in zip(workspaces, columns)
@@ -226,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     reset.add_argument("chapters", nargs="+", help=chapters_help)
     reset.add_argument("--force", action="store_true", help=tr("throw away your changes in these chapters"))
     reset.set_defaults(func=cmd_reset)
+    hint = sub.add_parser("hint", help=tr("the next hint for a task: 1 a nudge, 2 the walkthrough, 3 where the reference is"))
+    hint.add_argument("chapter", help=tr("chapter id or number (e.g. 3.3)"))
+    hint.add_argument("task", nargs="?", help=tr("task name (without it: list the chapter's tasks and the hints used)"))
+    hint.add_argument("--level", type=int, choices=range(1, hints.LEVELS + 1), help=tr("show this level"))
+    hint.set_defaults(func=cmd_hint)
     check = sub.add_parser("check", help=tr("run these chapters' checks (on the learner code)"))
     check.add_argument("chapters", nargs="+", help=chapters_help)
     check.set_defaults(func=cmd_check)

@@ -1,15 +1,22 @@
 """由参考解答生成学员骨架。
 
-解答文件里，学员要写的每一段都夹在一对标记之间；开始标记带中文提示，紧跟的一行 ``# en:`` 是英文提示::
+解答文件里，学员要写的每一段都夹在一对标记之间。开始标记带这个任务的**目标和约定**（中文），紧跟的一行
+``# en:`` 是英文；再往下是按需才给的两级提示（``hint1`` / ``en1``：点一下该用的想法或该避开的坑；``hint2`` /
+``en2``：一步步的做法），同一个键连写几行就是几行::
 
-    # >>> TASK extend_len: 本轮要算的 token 数 = device_len - cached_len
-    # en: tokens to compute this step = device_len - cached_len
+    # >>> TASK extend_len: 返回这一步要为这个请求算多少个 token（设备上有、缓存里还没有的那些）
+    # en: return how many tokens this step computes for the request (on the device, not yet in the cache)
+    # hint1: 两个长度字段已经在请求里了
+    # en1: both lengths are fields of the request already
+    # hint2: device_len - cached_len
+    # en2: device_len - cached_len
     return self.device_len - self.cached_len
     # <<< TASK
 
-生成骨架时，标记之间的代码换成两行 TODO 注释（中文、英文提示各一行）和一条
+生成骨架时，标记之间的一切（代码和两级提示）换成两行 TODO 注释（中文、英文目标各一行）和一条
 ``raise TaskNotDone("<章 id>", "<任务名>")``。:class:`TaskNotDone` 是 ``NotImplementedError``，
-它在抛出时按当前语言（``MINISGL_LANG``）写出消息：章节、任务名、文档页和提示（提示从解答的标记里查）。
+它在抛出时按当前语言（``MINISGL_LANG``）写出消息：章节、任务名、文档页、目标，以及怎么要下一级提示。
+两级提示和参考解答的位置由 ``python -m minisgl.course hint <章> <任务>`` 逐级给出（:mod:`minisgl.course.hints`）。
 骨架本身与语言无关。标记外的代码原样保留。
 """
 
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,6 +33,7 @@ from minisgl.i18n import CJK, lang, tr
 
 _BEGIN = re.compile(r"^(?P<indent>[ \t]*)# >>> TASK (?P<name>[A-Za-z_][A-Za-z0-9_.]*)\s*[:\uff1a]\s*(?P<hint>\S.*?)\s*$")
 _EN = re.compile(r"^(?P<indent>[ \t]*)# en:\s*(?P<hint>\S.*?)\s*$")
+_LEVEL = re.compile(r"^(?P<indent>[ \t]*)# (?P<key>hint1|en1|hint2|en2):\s?(?P<text>.*?)\s*$")
 _END = re.compile(r"^[ \t]*# <<< TASK\s*$")
 _ANY_MARKER = re.compile(r"#\s*(>>>|<<<)\s*TASK")
 
@@ -40,13 +48,23 @@ class MarkerError(ValueError):
 @dataclass(frozen=True)
 class Task:
     name: str
-    hint: str  # 中文提示
+    hint: str  # 中文的目标和约定（骨架里的 TODO 行）
     line: int  # 1-based line of the BEGIN marker in the solution
-    hint_en: str = ""  # English hint (the ``# en:`` line right after the BEGIN marker)
+    hint_en: str = ""  # English goal and contract (the ``# en:`` line right after the BEGIN marker)
+    levels: tuple[tuple[str, str], ...] = ()  # 按需的提示：第 1 级、第 2 级各一对 (中文, English)
+    end: int = 0  # 1-based line of the END marker
+    code: int = 0  # 1-based line where the task's code starts (after the goal and hint lines)
 
     def hint_for(self, language: str | None = None) -> str:
-        """这一语言（默认当前语言）的提示。"""
+        """这一语言（默认当前语言）的目标和约定。"""
         return self.hint_en if (language or lang()) == "en" else self.hint
+
+    def level_for(self, level: int, language: str | None = None) -> str:
+        """第 ``level`` 级提示（1：点一下，2：一步步的做法）在这一语言里的文字；没写时是空串。"""
+        if not 1 <= level <= len(self.levels):
+            return ""
+        zh, en = self.levels[level - 1]
+        return en if (language or lang()) == "en" else zh
 
 
 def docs_page(chapter: Chapter, language: str | None = None) -> str:
@@ -60,9 +78,10 @@ def docs_page(chapter: Chapter, language: str | None = None) -> str:
 
 
 def todo_message(chapter: Chapter, task: str, hint: str, language: str | None = None) -> str:
-    """骨架里 TaskNotDone（NotImplementedError）的消息；``hint`` 是该语言的提示。文档和检查都按这里的任务名对照。"""
+    """骨架里 TaskNotDone（NotImplementedError）的消息；``hint`` 是该语言的目标。文档和检查都按这里的任务名对照。"""
     return tr(
-        "Chapter {label} {id}: task '{task}' is not implemented yet. Docs: {docs_page}#{task} Hint: {hint}",
+        "Chapter {label} {id}: task '{task}' is not implemented yet. Docs: {docs_page}#{task} Goal: {hint} "
+        "Stuck? python -m minisgl.course hint {id} {task}",
         language=language, label=chapter.label, id=chapter.id, task=task, docs_page=docs_page(chapter, language), hint=hint,
     )  # fmt: skip
 
@@ -86,11 +105,12 @@ def parse_tasks(source: str, origin: str = "<solution>") -> list[Task]:
             if CJK.search(en["hint"]):
                 raise MarkerError(tr("{origin}:{lineno}: the English hint of task {name} contains Chinese: {hint!r}",
                                      origin=origin, lineno=lineno + 1, name=begin["name"], hint=en["hint"]))  # fmt: skip
-            open_task = Task(begin["name"], begin["hint"], lineno, en["hint"])
+            levels, used = _levels(lines, lineno + 1, begin["indent"])
+            open_task = Task(begin["name"], begin["hint"], lineno, en["hint"], levels, code=lineno + 2 + used)
         elif end:
             if not open_task:
                 raise MarkerError(tr("{origin}:{lineno}: stray end marker '# <<< TASK'", origin=origin, lineno=lineno))
-            tasks.append(open_task)
+            tasks.append(replace(open_task, end=lineno))
             open_task = None
         elif _ANY_MARKER.search(line):
             raise MarkerError(tr("{origin}:{lineno}: unreadable task marker, expected '# >>> TASK name: hint' or "
@@ -103,6 +123,23 @@ def parse_tasks(source: str, origin: str = "<solution>") -> list[Task]:
     if dupes:
         raise MarkerError(tr("{origin}: duplicate task names: {names}", origin=origin, names=", ".join(dupes)))
     return tasks
+
+
+def _levels(lines: list[str], start: int, indent: str) -> tuple[tuple[tuple[str, str], ...], int]:
+    """``# en:`` 之后连着的 ``hint1`` / ``en1`` / ``hint2`` / ``en2`` 行（``start`` 是 0-based 的下一行）：同一个键连写
+    几行就接成几行。返回两级提示和读了几行；两级都写全了才算有（缺一半的由检查报出来，不在这里猜）。"""
+    text: dict[str, list[str]] = {}
+    used = 0
+    for line in lines[start:]:
+        m = _LEVEL.match(line)
+        if m is None or m["indent"] != indent:
+            break
+        text.setdefault(m["key"], []).append(m["text"])
+        used += 1
+    got = {key: "\n".join(parts) for key, parts in text.items()}
+    if not all(got.get(key) for key in ("hint1", "en1", "hint2", "en2")):
+        return (), used
+    return ((got["hint1"], got["en1"]), (got["hint2"], got["en2"])), used
 
 
 def _import_position(lines: list[str]) -> int:
@@ -139,6 +176,10 @@ def make_skeleton(source: str, chapter: Chapter) -> str:
     header = [
         "# " + tr("This file is generated from the reference solution by tools/make_skeletons.py. "
                   "Write your implementation at each TODO.", language=language) + "\n"
+        for language in ("zh", "en")
+    ] + [
+        "# " + tr("Each TODO states the goal; stuck? `python -m minisgl.course hint {id} <task>` gives the next hint.",
+                  language=language, id=chapter.id) + "\n"
         for language in ("zh", "en")
     ]  # fmt: skip
     return "".join(header + out)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
@@ -19,27 +18,25 @@ def _chapter(chapter_id: str):
     return get_chapter(chapter_id)
 
 
-def _enclosing(tree: ast.Module, line: int) -> str:
-    """标记所在的函数，写成 ``类.方法`` 或 ``函数``。"""
-    best = ""
+def _folded(tasks: list) -> str:  # noqa: ANN001 - list[Task]
+    """每个任务的第 1、2 级提示，各折叠在一个按钮（HTML ``<details>``）后面。"""
+    from html import escape
 
-    def visit(node: ast.AST, prefix: str) -> None:
-        nonlocal best
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}"
-                if child.lineno <= line <= (child.end_lineno or child.lineno):
-                    if not isinstance(child, ast.ClassDef):
-                        best = name
-                    visit(child, name + ".")
+    from minisgl.course.hints import level_name
 
-    visit(tree, "")
-    return best
+    parts = []
+    for t in tasks:
+        for level in (1, 2):
+            body = escape(t.level_for(level)).replace("\n", "<br>")
+            parts.append(f"<details><summary>{escape(t.name)} · {escape(level_name(level))}</summary><p>{body}</p></details>")
+    return "\n".join(parts)
 
 
 def show_tasks(chapter_id: str) -> None:
-    """列出本章要写的任务（与骨架里的 TODO 一一对应），以及笔记本现在用的是哪份实现。"""
+    """列出本章要写的任务和各自的目标（与骨架里的 TODO 一一对应），把两级提示折叠在按钮后面，并说明笔记本现在用的是
+    哪份实现。"""
     from minisgl.course import select
+    from minisgl.course.hints import enclosing
     from minisgl.course.skeleton import parse_tasks
 
     ch = _chapter(chapter_id)
@@ -47,16 +44,23 @@ def show_tasks(chapter_id: str) -> None:
         print(tr("The reference solution of chapter {label} {id} is not written yet.", label=ch.label, id=ch.id))
         return
     source = select.shipped_solution(ch).read_text(encoding="utf-8")
-    tree = ast.parse(source)
     tasks = parse_tasks(source, ch.relpath)
     print(tr("Chapter {label} “{title}”: complete {n_tasks} tasks in {relpath}",
              label=ch.label, title=ch.display_title, n_tasks=len(tasks), relpath=ch.relpath))
     for i, t in enumerate(tasks, 1):
-        where = _enclosing(tree, t.line)
-        print(f"  {i:>2}. " + tr("{name} ({where}): {hint}", name=t.name, where=where, hint=t.hint_for()))
+        print(f"  {i:>2}. " + tr("{name} ({where}): {hint}", name=t.name, where=enclosing(source, t.line), hint=t.hint_for()))
     choice = select.choose(ch)
     impl = select.IMPL_NAMES[choice.impl]
     print(tr("In this notebook {module} is: {impl} ({reason})", module=ch.public_module, impl=impl, reason=choice.reason))
+    print(tr("Stuck? Open a hint below, or in a terminal: python -m minisgl.course hint {id} <task> (it remembers the level).",
+             id=ch.id))
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        display(HTML(_folded(tasks)))
 
 
 def _run(cmd: list[str], tail: int) -> tuple[int, str]:

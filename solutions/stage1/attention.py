@@ -101,8 +101,17 @@ def make_varlen_metadata(batch: Batch, device: torch.device) -> VarlenMetadata:
 
     en: Work out the variable-length metadata from the requests' length bookkeeping (shared by every backend).
     """
-    # >>> TASK varlen_metadata: 前缀和 cu_seqlens_q = [0, e0, e0+e1, ...]（e 为 extend_len），另记下 cached_len、device_len、table_idx
-    # en: prefix sums cu_seqlens_q = [0, e0, e0+e1, ...] (e is extend_len); also record cached_len, device_len, table_idx
+    # >>> TASK varlen_metadata: 返回这个批次的 VarlenMetadata（各字段的含义见它的定义），都按请求在批次里的顺序：本轮各请求 query 的前缀和边界（从 0 开始；设备上 int32 一份，Python 的 int 列表一份），以及每个请求已缓存的长度、总长度和它在页表里的行
+    # en: return this batch's VarlenMetadata (its definition explains the fields), all in the order of the requests in the batch: the prefix-sum boundaries of each request's queries this step (starting at 0; an int32 copy on the device and a Python list of int), and each request's cached length, total length and page-table row
+    # hint1: 边界就是各请求 extend_len 的前缀和，前面补一个 0；itertools 里有现成的累加。从列表建的张量默认是 int64：指定 dtype 之后再放到设备上。
+    # en1: The boundaries are the prefix sums of the requests' extend_len with a 0 in front; itertools has the accumulation ready-made.
+    # en1: A tensor built from a list defaults to int64: give the dtype, then move it to the device.
+    # hint2: 1. cu = [0, *accumulate(r.extend_len for r in batch.reqs)]；
+    # hint2: 2. cu_seqlens_q = torch.tensor(cu, dtype=torch.int32).to(device)，cu_seqlens_q_cpu = cu；
+    # hint2: 3. cached_lens、seq_lens、table_idx 分别是各请求 cached_len、device_len、table_idx 的列表；return VarlenMetadata(...)。
+    # en2: 1. cu = [0, *accumulate(r.extend_len for r in batch.reqs)];
+    # en2: 2. cu_seqlens_q = torch.tensor(cu, dtype=torch.int32).to(device), cu_seqlens_q_cpu = cu;
+    # en2: 3. cached_lens, seq_lens and table_idx are the lists of the requests' cached_len, device_len and table_idx; return VarlenMetadata(...).
     cu = [0, *accumulate(r.extend_len for r in batch.reqs)]
     return VarlenMetadata(
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int32).to(device),
@@ -120,8 +129,14 @@ def causal_mask_with_prefix(cached_len: int, seq_len: int, device: torch.device 
     en: A ``[seq_len - cached_len, seq_len]`` boolean mask: whether query i (absolute position cached_len + i) sees key
     j.
     """
-    # >>> TASK causal_mask_with_prefix: key 位置 j 可见当且仅当 j <= cached_len + i
-    # en: key position j is visible iff j <= cached_len + i
+    # >>> TASK causal_mask_with_prefix: 返回函数文档里那个布尔掩码，放在给定的设备上：本轮每个 query 看得到的，是绝对位置不在它之后的 key（query 的绝对位置从已缓存的长度数起）
+    # en: return the boolean mask of the docstring, on the given device: each query of this step sees the keys whose absolute position is not after its own (a query's absolute position counts on from the cached length)
+    # hint1: 不用循环：query 的绝对位置排成一列、key 的位置排成一行，比较一次就广播出整张表。
+    # en1: No loop: the queries' absolute positions as a column and the keys' positions as a row, compared once, broadcast into the whole table.
+    # hint2: 1. q_pos = torch.arange(cached_len, seq_len, device=device)；k_pos = torch.arange(seq_len, device=device)；
+    # hint2: 2. return k_pos[None, :] <= q_pos[:, None]。
+    # en2: 1. q_pos = torch.arange(cached_len, seq_len, device=device); k_pos = torch.arange(seq_len, device=device);
+    # en2: 2. return k_pos[None, :] <= q_pos[:, None].
     q_pos = torch.arange(cached_len, seq_len, device=device)
     k_pos = torch.arange(seq_len, device=device)
     return k_pos[None, :] <= q_pos[:, None]
@@ -136,8 +151,15 @@ def gather_kv(
     en: Gather all of a request's K/V through the page table: the first ``seq_len`` slots of row ``table_idx``. Returns
     two [seq_len, Hkv, D].
     """
-    # >>> TASK gather_kv: slots = page_table[table_idx, :seq_len]；用它去索引 k_cache(layer_id) 和 v_cache(layer_id)
-    # en: slots = page_table[table_idx, :seq_len]; use it to index k_cache(layer_id) and v_cache(layer_id)
+    # >>> TASK gather_kv: 返回这个请求在 layer_id 层的 K 和 V，各 [seq_len, Hkv, D]：按页表里它那一行记下的槽位顺序取，只取写过的前 seq_len 个
+    # en: return this request's K and V in layer layer_id, each [seq_len, Hkv, D], taken in the slot order of its page-table row, only the first seq_len (the written ones)
+    # hint1: 页表那一行的前 seq_len 个元素就是槽位；拿它们当下标去取 KV 池这一层的 K、V 视图（高级索引要 int64 下标）。
+    # en1: The first seq_len entries of that page-table row are the slots;
+    # en1: use them as indices into this layer's K and V views of the pool (advanced indexing wants int64 indices).
+    # hint2: 1. slots = page_table[table_idx, :seq_len].long()；
+    # hint2: 2. return kv_cache.k_cache(layer_id)[slots], kv_cache.v_cache(layer_id)[slots]。
+    # en2: 1. slots = page_table[table_idx, :seq_len].long();
+    # en2: 2. return kv_cache.k_cache(layer_id)[slots], kv_cache.v_cache(layer_id)[slots].
     slots = page_table[table_idx, :seq_len].long()
     return kv_cache.k_cache(layer_id)[slots], kv_cache.v_cache(layer_id)[slots]
     # <<< TASK
@@ -153,8 +175,20 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     GQA: every Hq/Hkv query heads share one KV head. The softmax is computed in fp32 and the result cast back to q's
     dtype.
     """
-    # >>> TASK attend: k/v 沿头维 repeat_interleave 成 Hq 个头；q、k、v 先 .float()；scores = einsum("qhd,khd->hqk") * scale（scale 由调用者给）；掩掉的填 -inf；softmax；再 einsum 乘 v；结果 .to(q.dtype)
-    # en: repeat_interleave k/v along the head dim to Hq heads; .float() q, k, v first; scores = einsum("qhd,khd->hqk") * scale (scale is given by the caller); fill masked-out entries with -inf; softmax; then einsum with v; return the result .to(q.dtype)
+    # >>> TASK attend: 返回一个请求的注意力输出 [Lq, Hq, D]：GQA，每 Hq/Hkv 个相邻的 query 头共用一个 KV 头；mask 为 False 的 key 不参与；分数乘调用者给的 scale。bf16 的输入也要在 fp32 里算分数和归一化，输出的 dtype 与 q 相同
+    # en: return one request's attention output, [Lq, Hq, D]: GQA, every Hq/Hkv consecutive query heads sharing one KV head; keys where mask is False take no part; the query-key products are multiplied by the caller's scale. Even for bf16 inputs, compute those products and their normalisation in fp32; the output has the dtype of q
+    # hint1: 先把 KV 头重复到和 query 头一样多（每个重复 Hq/Hkv 次、挨着放），之后就是普通的多头注意力；einsum 一行就能写出 [H, Lq, Lk] 的分数。掩掉的位置填 -inf 再 softmax，它们的权重就是 0。
+    # en1: Repeat the KV heads until there are as many as query heads (each Hq/Hkv times, side by side);
+    # en1: after that it is plain multi-head attention, and one einsum gives the [H, Lq, Lk] scores.
+    # en1: Fill masked-out entries with -inf before the softmax and their weights become 0.
+    # hint2: 1. group = q.shape[1] // k.shape[1]；k、v 各 .repeat_interleave(group, dim=1).float()；
+    # hint2: 2. scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale；
+    # hint2: 3. scores = scores.masked_fill(~mask, float("-inf"))；probs = scores.softmax(dim=-1)；
+    # hint2: 4. return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)。
+    # en2: 1. group = q.shape[1] // k.shape[1]; k and v each .repeat_interleave(group, dim=1).float();
+    # en2: 2. scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale;
+    # en2: 3. scores = scores.masked_fill(~mask, float("-inf")); probs = scores.softmax(dim=-1);
+    # en2: 4. return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype).
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1).float()
     v = v.repeat_interleave(group, dim=1).float()
@@ -179,8 +213,22 @@ class TorchAttnBackend(BaseAttnBackend):
         batch.attn_metadata = make_varlen_metadata(batch, self.page_table.device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        # >>> TASK torch_backend_forward: 先 store_kv 到 batch.out_loc；再对第 b 个请求：按 cu_seqlens_q_cpu 切出它的 q，gather_kv 查页表第 md.table_idx[b] 行（不是第 b 行），造掩码，attend（scale = head_dim ** -0.5，即 q.shape[-1] ** -0.5）；最后 cat
-        # en: first store_kv at batch.out_loc; then for request b: slice its q by cu_seqlens_q_cpu, gather_kv from page-table row md.table_idx[b] (not row b), build the mask, attend (scale = head_dim ** -0.5, i.e. q.shape[-1] ** -0.5); finally cat
+        # >>> TASK torch_backend_forward: 返回 [T, Hq, D]，行的顺序与 q 相同。本轮的 k、v 写进 batch.out_loc 指定的槽位（本轮的 query 也要看到它们）；每个请求的 query 只看本请求的全部 K/V，因果、错开已缓存的部分，scale 为 head_dim 的 −0.5 次方；请求的 K/V 在页表里它自己的那一行，不是它在批次里的序号那一行。给定：KV 池的 store_kv，本文件前面写好的几个函数，batch.attn_metadata
+        # en: return [T, Hq, D] with the rows in the order of q. This step's k and v are written into the slots batch.out_loc names (this step's queries must see them too); each request's queries see all K/V of that request and nothing else, causally, offset by the cached part, with scale head_dim to the power −0.5; a request's K/V sit in its own page-table row, not the row of its index in the batch. Given: the KV pool's store_kv, the functions written above in this file, batch.attn_metadata
+        # hint1: K/V 要先写进池子再读，否则本轮的 token 看不到自己。之后逐个请求处理：元数据里的 Python 列表给出每个请求的 query 范围、长度和页表行，本文件前面写的函数各管一段。
+        # en1: The K/V must be written into the pool before they are read, or this step's tokens will not see themselves.
+        # en1: Then go request by request: the metadata's Python lists give each request's query range, lengths and page-table row,
+        # en1: and the functions written above each handle one part.
+        # hint2: 1. self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)；md = batch.attn_metadata；scale = q.shape[-1] ** -0.5；
+        # hint2: 2. for b in range(batch.size)：start, end = md.cu_seqlens_q_cpu[b], md.cu_seqlens_q_cpu[b + 1]；
+        # hint2: 3. k_b, v_b = gather_kv(self.kv_cache, layer_id, self.page_table, md.table_idx[b], md.seq_lens[b])；
+        # hint2: 4. mask = causal_mask_with_prefix(md.cached_lens[b], md.seq_lens[b], q.device)；outs.append(attend(q[start:end], k_b, v_b, mask, scale))；
+        # hint2: 5. return torch.cat(outs)。
+        # en2: 1. self.kv_cache.store_kv(k, v, batch.out_loc, layer_id); md = batch.attn_metadata; scale = q.shape[-1] ** -0.5;
+        # en2: 2. for b in range(batch.size): start, end = md.cu_seqlens_q_cpu[b], md.cu_seqlens_q_cpu[b + 1];
+        # en2: 3. k_b, v_b = gather_kv(self.kv_cache, layer_id, self.page_table, md.table_idx[b], md.seq_lens[b]);
+        # en2: 4. mask = causal_mask_with_prefix(md.cached_lens[b], md.seq_lens[b], q.device); outs.append(attend(q[start:end], k_b, v_b, mask, scale));
+        # en2: 5. return torch.cat(outs).
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         md: VarlenMetadata = batch.attn_metadata
         scale = q.shape[-1] ** -0.5
@@ -231,8 +279,27 @@ class SDPAAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         base = make_varlen_metadata(batch, self.page_table.device)
         device = self.page_table.device
-        # >>> TASK padded_metadata: 算出 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k] 和 mask [B, max_q, max_k]（布尔，头维下面再加）；q_index、out_index、mask 可以在 CPU 上造（下面统一 .to(device)），kv_slots 直接取页表里 table_idx 那几行的前 max_k 列（已在设备上，转成 long）；补的 query 行的位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，不会整行被屏蔽
-        # en: compute q_index [B, max_q], out_index [T], kv_slots [B, max_k] and mask [B, max_q, max_k] (bool; the head dim is added below); q_index, out_index and mask may be built on the CPU (moved with .to(device) below), kv_slots is taken straight from the first max_k columns of the page-table rows table_idx (already on the device, convert to long); a padding query row still gets position cached_len + i, which lies beyond seq_len, so it sees all keys of its request and is never fully masked
+        # >>> TASK padded_metadata: 算出后面代码要用的四个量（含义见 PaddedMetadata 的字段注释）：q_index [B, max_q]、out_index [T]、kv_slots [B, max_k]（int64，和页表在同一设备上，后面的代码不再搬它）和布尔的 mask [B, max_q, max_k]（头维在后面加）；max_q、max_k 是本批最多的 query 数和 key 数。真实的 query 行因果、错开已缓存的部分、不超出本请求的长度；补出来的 query 行也至少要看得到一个 key。给定：上面的变长元数据，页表
+        # en: compute the four values the code below uses (PaddedMetadata's field comments give their meaning): q_index [B, max_q], out_index [T], kv_slots [B, max_k] (int64, where the page table lives: the code below does not move it) and a boolean mask [B, max_q, max_k] (the head dim is added below); max_q and max_k are the largest query and key counts among the requests. A real query is causal, offset by the part already in the cache, and never sees beyond its request's length; a padded query must also see at least one key. Given: the variable-length metadata above, the page table
+        # hint1: 不用逐请求循环，全部用广播：以每个请求为一行、i = 0..max_q−1 为列，几个量都能一次算出。补出来的 query 行有个省事的排法：位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，这一行不会全被屏蔽，也不用单独处理。
+        # en1: No loop over requests, broadcasting throughout: with one row per request and i = 0..max_q−1 as columns, each value comes out in one go.
+        # en1: A padded query row has an easy arrangement: give it position cached_len + i as usual;
+        # en1: that lies beyond seq_len, so it sees every key of its request, is never fully masked and needs no special case.
+        # hint2: 1. cached、seq 是 base.cached_lens、base.seq_lens 建成的张量；extend = seq - cached；start = torch.tensor(base.cu_seqlens_q_cpu[:-1])；
+        # hint2:    max_q, max_k = int(extend.max()), int(seq.max())；i = torch.arange(max_q)；
+        # hint2: 2. q_index = start[:, None] + torch.minimum(i[None, :], extend[:, None] - 1)（补的位置重复本请求最后一个 query）；
+        # hint2: 3. out_index = torch.arange(batch.size * max_q).view(batch.size, max_q)[i[None, :] < extend[:, None]]（按行取出真实位置，正好是拼接的顺序）；
+        # hint2: 4. kv_slots = self.page_table[torch.tensor(base.table_idx, device=device), :max_k].long()；
+        # hint2: 5. q_pos = cached[:, None] + i[None, :]；j = torch.arange(max_k)；
+        # hint2:    mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < seq[:, None, None])。
+        # en2: 1. cached and seq are tensors of base.cached_lens and base.seq_lens; extend = seq - cached; start = torch.tensor(base.cu_seqlens_q_cpu[:-1]);
+        # en2:    max_q, max_k = int(extend.max()), int(seq.max()); i = torch.arange(max_q);
+        # en2: 2. q_index = start[:, None] + torch.minimum(i[None, :], extend[:, None] - 1) (padding repeats the request's last query);
+        # en2: 3. out_index = torch.arange(batch.size * max_q).view(batch.size, max_q)[i[None, :] < extend[:, None]] (the real positions row by row,
+        # en2:    which is the concatenation order);
+        # en2: 4. kv_slots = self.page_table[torch.tensor(base.table_idx, device=device), :max_k].long();
+        # en2: 5. q_pos = cached[:, None] + i[None, :]; j = torch.arange(max_k);
+        # en2:    mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < seq[:, None, None]).
         cached = torch.tensor(base.cached_lens)
         seq = torch.tensor(base.seq_lens)
         extend, start = seq - cached, torch.tensor(base.cu_seqlens_q_cpu[:-1])

@@ -70,8 +70,21 @@ class SamplingParams:
         parameters' ranges are written here only: the offline API, the scheduler and the server all pass through it
         (:func:`minisgl.validation.check_sampling`), and the server names the parameter from ``InvalidParam.param``.
         """
-        # >>> TASK validate_sampling_params: 检查 temperature >= 0、top_k == -1 或 >= 1、0 < top_p <= 1、max_tokens >= 1，不满足就抛 InvalidParam(字段名, 说明)
-        # en: check temperature >= 0, top_k == -1 or >= 1, 0 < top_p <= 1, max_tokens >= 1; otherwise raise InvalidParam(field name, message)
+        # >>> TASK validate_sampling_params: 把不可能的采样参数挡在门外，边界值都合法：温度不能为负；top-k 要么是 -1（不限制），要么至少为 1；top-p 落在 (0, 1] 里；最多生成的 token 数至少为 1。不合法就抛 InvalidParam，带上出错字段的名字，消息里写出收到的值
+        # en: reject impossible sampling parameters, boundary values being valid: temperature not negative; top-k either -1 (no limit) or at least 1; top-p within (0, 1]; at least 1 token of output. On a bad value raise InvalidParam carrying the offending field's name, with a message that states the value received
+        # hint1: 四个条件互不相干：各查各的，各抛各的。留意两个特殊的边界：top_k 的 -1 表示“不限制”，不是错误；top_p 的区间左开右闭（0 不行，1 可以）。
+        # en1: The four conditions are unrelated: check each on its own and raise for it.
+        # en1: Mind two special boundaries: -1 for top_k means "no limit", not an error,
+        # en1: and top_p's interval is open on the left and closed on the right (0 is out, 1 is in).
+        # hint2: 1. self.temperature < 0 → raise InvalidParam("temperature", 说明)；
+        # hint2: 2. self.top_k != -1 且 self.top_k < 1 → raise InvalidParam("top_k", …)；
+        # hint2: 3. not 0.0 < self.top_p <= 1.0 → raise InvalidParam("top_p", …)；
+        # hint2: 4. self.max_tokens < 1 → raise InvalidParam("max_tokens", …)。说明像文件里别处一样用 tr(...) 包起来，写出收到的值。
+        # en2: 1. self.temperature < 0 → raise InvalidParam("temperature", message);
+        # en2: 2. self.top_k != -1 and self.top_k < 1 → raise InvalidParam("top_k", ...);
+        # en2: 3. not 0.0 < self.top_p <= 1.0 → raise InvalidParam("top_p", ...);
+        # en2: 4. self.max_tokens < 1 → raise InvalidParam("max_tokens", ...).
+        # en2:    Wrap the message in tr(...) like the rest of the file, and state the value received.
         if self.temperature < 0:
             raise InvalidParam("temperature", tr("temperature must not be negative, got {temperature}", temperature=self.temperature))
         if self.top_k != -1 and self.top_k < 1:
@@ -121,8 +134,18 @@ class Req:
     cache_handle: Any = None
 
     def __post_init__(self) -> None:
-        # >>> TASK req_init: 检查 input_ids 在 CPU 上；算出 device_len 与 max_device_len；不变式不成立就抛 ValueError
-        # en: check that input_ids is on the CPU; compute device_len and max_device_len; raise ValueError if the invariant does not hold
+        # >>> TASK req_init: 算出类文档里那两个由提示词推出的长度；input_ids 不在 CPU 上，或者长度违反类文档里的不变式（空提示词、缓存盖住了全部已知 token、长度为负都算），就抛 ValueError
+        # en: derive the two lengths the class docstring defines from the prompt; raise ValueError when input_ids is not on the CPU or when the lengths break the docstring's invariant (an empty prompt, a cache covering every known token and negative lengths all do)
+        # hint1: 两个长度只取决于提示词有多长和 output_len；不变式的几个比较可以写成一条链式比较，一次查完（它要用到刚算出的长度）。张量自己有个属性说明它在不在 CPU 上。
+        # en1: Both lengths depend only on the prompt's length and output_len;
+        # en1: the invariant's comparisons can be one chained comparison, checked in one go (it needs the lengths you just derived).
+        # en1: A tensor has an attribute of its own that says whether it is on the CPU.
+        # hint2: 1. not self.input_ids.is_cpu → raise ValueError(…)；
+        # hint2: 2. self.device_len = len(self.input_ids)；self.max_device_len = len(self.input_ids) + self.output_len；
+        # hint2: 3. not 0 <= self.cached_len < self.device_len <= self.max_device_len → raise ValueError，消息里写出三个长度。
+        # en2: 1. not self.input_ids.is_cpu → raise ValueError(...);
+        # en2: 2. self.device_len = len(self.input_ids); self.max_device_len = len(self.input_ids) + self.output_len;
+        # en2: 3. not 0 <= self.cached_len < self.device_len <= self.max_device_len → raise ValueError, with the three lengths in the message.
         if not self.input_ids.is_cpu:
             raise ValueError(tr(
                 "Req.input_ids must be a CPU tensor: it is only used for bookkeeping and for assembling the output, "
@@ -146,8 +169,12 @@ class Req:
 
         en: Tokens to send through the model this step (the whole uncached prompt for a prefill, 1 for a decode).
         """
-        # >>> TASK extend_len: 本轮要算的 token 数 = device_len - cached_len
-        # en: tokens to compute this step = device_len - cached_len
+        # >>> TASK extend_len: 返回这一步要送进模型的 token 数：已知、但 K/V 还没进缓存的那些（预填充时是整段未缓存的提示词，解码时是 1）
+        # en: return how many tokens this step feeds to the model: those already known whose K/V is not in the cache yet (the whole uncached prompt in a prefill, 1 in a decode)
+        # hint1: 看类文档里三个长度怎样把 input_ids 切成几段：要的是其中一段的长度。
+        # en1: Look at how the class docstring's three lengths cut input_ids into segments: you want the length of one of them.
+        # hint2: return self.device_len - self.cached_len（已知的减去已缓存的）
+        # en2: return self.device_len - self.cached_len (known minus cached)
         return self.device_len - self.cached_len
         # <<< TASK
 
@@ -157,8 +184,12 @@ class Req:
 
         en: How many more tokens can be generated.
         """
-        # >>> TASK remain_len: 还能生成的 token 数 = max_device_len - device_len
-        # en: tokens that can still be generated = max_device_len - device_len
+        # >>> TASK remain_len: 返回这个请求还能再生成几个 token（走到上限时是 0）
+        # en: return how many more tokens this request may still generate (0 once it has reached its limit)
+        # hint1: 上限和当前已知的 token 数都是请求里现成的长度。
+        # en1: Both the limit and the number of known tokens are lengths the request already keeps.
+        # hint2: return self.max_device_len - self.device_len（上限减去已知的）
+        # en2: return self.max_device_len - self.device_len (the limit minus what is known)
         return self.max_device_len - self.device_len
         # <<< TASK
 
@@ -177,8 +208,13 @@ class Req:
         It advances at launch rather than when the sampled token is copied back to the CPU, so the scheduler can prepare
         the next step at once.
         """
-        # >>> TASK complete_one: cached_len 追上 device_len，device_len 加一
-        # en: cached_len catches up with device_len, device_len grows by one
+        # >>> TASK complete_one: 推进长度记账：这一步送进模型的 token 都算进缓存，另外多了一个已知 token（刚采样的那个，值还没回来，所以 input_ids 不动）
+        # en: advance the length bookkeeping: every token this step fed to the model now counts as cached, and there is one more known token (the one just sampled; its value is not back yet, so input_ids stays as it is)
+        # hint1: 只有两行，难点全在顺序：缓存追上的是加一之前的那个已知长度。
+        # en1: Only two lines, and the whole difficulty is their order: the cache catches up with the known length as it was before the increment.
+        # hint2: self.cached_len = self.device_len，然后 self.device_len += 1（顺序反了，缓存就多算了一个 K/V 还没算出来的 token）。
+        # en2: self.cached_len = self.device_len, then self.device_len += 1 (the other way round,
+        # en2: the cache would count a token whose K/V has not been computed).
         self.cached_len = self.device_len
         self.device_len += 1
         # <<< TASK
@@ -188,8 +224,13 @@ class Req:
 
         en: Append the new token copied back to the CPU (a one-element tensor) to ``input_ids``.
         """
-        # >>> TASK append_host: 用 torch.cat 把 next_token 接到 input_ids 后面（保持 int32、1 维）
-        # en: append next_token to input_ids with torch.cat (keep int32, 1-D)
+        # >>> TASK append_host: 把新 token 的值接到 input_ids 末尾；next_token 可能是 0 维或形状 [1]，也可能是 int64，接上之后 input_ids 仍是 CPU 上 1 维的 int32
+        # en: append the new token's value at the end of input_ids; next_token may be 0-D or of shape [1], and may be int64: afterwards input_ids is still 1-D int32 on the CPU
+        # hint1: 张量不能原地变长，只能拼出一个新的再赋回去；拼之前先把新 token 整理成和 input_ids 一样的 dtype 和维数。
+        # en1: A tensor cannot grow in place: concatenate into a new one and assign it back;
+        # en1: before that, bring the new token to the dtype and number of dimensions of input_ids.
+        # hint2: self.input_ids = torch.cat([self.input_ids, next_token.reshape(1).to(self.input_ids.dtype)])（reshape(1) 把 0 维和 [1] 都变成 [1]）
+        # en2: self.input_ids = torch.cat([self.input_ids, next_token.reshape(1).to(self.input_ids.dtype)]) (reshape(1) turns both 0-D and [1] into [1])
         self.input_ids = torch.cat([self.input_ids, next_token.reshape(1).to(self.input_ids.dtype)])
         # <<< TASK
 
@@ -294,8 +335,17 @@ class Context:
         en: Make ``batch`` the current batch inside the with block; it is always cleared on the way out (errors
         included).
         """
-        # >>> TASK ctx_forward_batch: 不允许嵌套（已有批次就抛 RuntimeError）；设置 _batch，yield，finally 里清回 None
-        # en: no nesting (raise RuntimeError if a batch is already set); set _batch, yield, reset it to None in finally
+        # >>> TASK ctx_forward_batch: 在 with 块里，参数给的批次就是当前批次；离开时（块里抛了异常也一样）一定清掉。已经有当前批次时再进入（嵌套）就抛 RuntimeError
+        # en: inside the with block the given batch is the current one; on the way out (also when the block raises) it is always cleared. Entering while a batch is already current (nesting) raises RuntimeError
+        # hint1: 这是用生成器写的上下文管理器：yield 之前是进入 with，之后是离开。“出错也要清掉”只有 try/finally 做得到；当前批次存在下划线开头的那个字段里。
+        # en1: This is a context manager written as a generator: the code before the yield runs on entering the with block, the code after it on leaving.
+        # en1: "Cleared even on an error" takes try/finally; the current batch lives in the field whose name starts with an underscore.
+        # hint2: 1. self._batch is not None → raise RuntimeError(…)；
+        # hint2: 2. self._batch = batch；
+        # hint2: 3. try: yield；finally: self._batch = None。
+        # en2: 1. self._batch is not None → raise RuntimeError(...);
+        # en2: 2. self._batch = batch;
+        # en2: 3. try: yield; finally: self._batch = None.
         if self._batch is not None:
             raise RuntimeError(tr("forward_batch cannot be nested: the previous batch has not finished"))
         self._batch = batch

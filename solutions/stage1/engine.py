@@ -175,8 +175,21 @@ def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     Filtered probabilities become 0; the result need not sum to 1, since the exponential race used for sampling only
     looks at the ratios within a row.
     """
-    # >>> TASK top_k_top_p: 按概率降序排序；排名 >= k 的置 0；归一化后，排在它前面的累计概率已 >= p 的置 0；再 scatter 回原顺序
-    # en: sort by probability, descending; zero the entries ranked >= k; after renormalising, zero the entries whose preceding cumulative probability is already >= p; scatter back to the original order
+    # >>> TASK top_k_top_p: 返回按行过滤后的概率（与 probs 同形状，规则见函数文档）：被过滤的置 0，留下的彼此比例不变；top-p 的核在 top-k 留下、重新归一化之后的概率上算，累计恰好达到 p 的那个也留下、它之后的都不留，第一个总是留下；top_k 或 top_p 为 None 表示整批都不做这一种过滤；top-k 等于词表大小就是不过滤
+    # en: return the probabilities filtered row by row (same dimensions as probs, rules in the docstring): filtered entries become 0 and the kept ones keep their ratios; the top-p nucleus is taken over what top-k kept, renormalised; the entry whose cumulative sum reaches p exactly is kept and none after it, and the first is always kept; None for top_k or top_p means the whole batch skips that filter; a top-k equal to the vocabulary size filters nothing
+    # hint1: 在降序排好的概率上，两种过滤都只是“按位置置 0”：top-k 看名次，top-p 看排在它前面的累计概率（不含它自己）。做完要按排序给出的下标放回原来的顺序。
+    # en1: On the probabilities sorted in decreasing order, both filters are just "zero by position": top-k looks at the rank,
+    # en1: top-p at the cumulative probability before the entry (itself excluded).
+    # en1: At the end, put everything back in the original order with the indices the sort gave.
+    # hint2: 1. sorted_probs, order = probs.sort(dim=-1, descending=True)；
+    # hint2: 2. top_k 不是 None：rank = torch.arange(probs.shape[-1], device=probs.device)，sorted_probs 在 rank[None, :] >= top_k[:, None] 处 masked_fill 成 0；
+    # hint2: 3. top_p 不是 None：sorted_probs 除以每行的和（keepdim）；mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs；mass_before >= top_p[:, None] 处置 0；
+    # hint2: 4. return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)。
+    # en2: 1. sorted_probs, order = probs.sort(dim=-1, descending=True);
+    # en2: 2. top_k not None: rank = torch.arange(probs.shape[-1], device=probs.device); masked_fill sorted_probs with 0 where rank[None, :] >= top_k[:, None];
+    # en2: 3. top_p not None: divide sorted_probs by each row's sum (keepdim); mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs;
+    # en2:    zero where mass_before >= top_p[:, None];
+    # en2: 4. return torch.zeros_like(probs).scatter_(-1, order, sorted_probs).
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     if top_k is not None:
         rank = torch.arange(probs.shape[-1], device=probs.device)
@@ -217,8 +230,22 @@ class Sampler:
         params: list[SamplingParams] = [r.sampling_params for r in batch.reqs]
         if all(p.is_greedy for p in params):
             return BatchSamplingArgs(temperatures=None)
-        # >>> TASK sampler_prepare: 每行的温度（贪心行为 1）、是否贪心、top_k（不限为 None）、top_p（不限为 None）、带种子行的发生器；都放到 self.device 上
-        # en: per row: temperature (1 for greedy rows), whether greedy, top_k (None when unrestricted), top_p (None when unrestricted), generators for seeded rows; all on self.device
+        # >>> TASK sampler_prepare: 返回这一批（不全是贪心）的 BatchSamplingArgs，字段见它的定义，每个请求一行，都放在 self.device 上：贪心的行温度填 1 并标成贪心；不限制的行在 top-k 上等于不过滤、在 top-p 上是 1，整批没有一行要某种过滤时那个字段为 None；带种子的行各有一个只由（种子，这一步的位置）决定的发生器，整批都没有种子时为 None
+        # en: return this (not all greedy) batch's BatchSamplingArgs, fields as in its definition, one row per request, all on self.device: greedy rows get temperature 1 and are flagged as greedy; an unrestricted row means no cut for top-k and 1 for top-p, and a field is None when no row of the batch uses that filter; each seeded row has its own generator determined only by (seed, this step's position), and the field is None when no row has a seed
+        # hint1: 逐行从各请求的 sampling_params 取值组成列表，最后一次建成张量。不限制的 top-k 行用词表大小代替，这样一行一个数就能放进同一个张量；“这一步的位置”就是 req.device_len（prepare 在前向之前调用）。
+        # en1: Gather each request's values from its sampling_params into lists, and build the tensors once at the end.
+        # en1: An unrestricted top-k row takes the vocabulary size, so that every row fits one number into the same tensor;
+        # en1: "this step's position" is req.device_len (prepare runs before the forward).
+        # hint2: 1. greedy = [p.is_greedy for p in params]；temps：贪心行 1.0，其余 p.temperature；
+        # hint2: 2. top_ks：p.top_k >= 1 且不贪心时是 p.top_k，否则 self.vocab_size；top_ps：贪心行 1.0，其余 p.top_p；
+        # hint2: 3. generators：p.seed 为 None 时 None，否则 torch.Generator(self.device).manual_seed((p.seed * 1_000_003 + r.device_len) % 2**64)；
+        # hint2: 4. return BatchSamplingArgs(temperatures=float32 张量, greedy=bool 张量, top_k=有一行 < self.vocab_size 时的张量否则 None,
+        # hint2:    top_p=有一行 < 1.0 时的张量否则 None, generators=有一个不是 None 时的列表否则 None)，张量都建在 self.device 上。
+        # en2: 1. greedy = [p.is_greedy for p in params]; temps: 1.0 for greedy rows, p.temperature otherwise;
+        # en2: 2. top_ks: p.top_k when it is >= 1 and the row is not greedy, else self.vocab_size; top_ps: 1.0 for greedy rows, p.top_p otherwise;
+        # en2: 3. generators: None when p.seed is None, else torch.Generator(self.device).manual_seed((p.seed * 1_000_003 + r.device_len) % 2**64);
+        # en2: 4. return BatchSamplingArgs(temperatures=a float32 tensor, greedy=a bool tensor, top_k=a tensor if some row is < self.vocab_size else None,
+        # en2:    top_p=a tensor if some row is < 1.0 else None, generators=the list if one is not None else None), every tensor built on self.device.
         greedy = [p.is_greedy for p in params]
         temps = [1.0 if g else p.temperature for g, p in zip(greedy, params)]
         top_ks = [p.top_k if p.top_k >= 1 and not g else self.vocab_size for g, p in zip(greedy, params)]
@@ -243,8 +270,22 @@ class Sampler:
         """
         if args.temperatures is None:
             return logits.argmax(dim=-1)
-        # >>> TASK sample: logits 转 float32 除以温度 → softmax → top_k_top_p_filter → 指数噪声（带种子的行用自己的发生器）→ argmax(p / E)；贪心行换成 argmax(logits)
-        # en: logits to float32, divided by temperature → softmax → top_k_top_p_filter → exponential noise (seeded rows use their own generator) → argmax(p / E); greedy rows use argmax(logits) instead
+        # >>> TASK sample: 返回每行采样出的 token id（[B]，int64）。分布与 HF 一致（top-k/top-p 作用在除以温度之后的概率上）；抽样用类文档里的指数竞赛，没有种子的行用采样器自己的发生器，带种子的行只用它自己的；贪心的行取原始 logits 的 argmax。给定：top_k_top_p_filter
+        # en: return one drawn token id per request ([B], int64). The distribution matches HF (top-k/top-p act on the probabilities after dividing by the temperature); draw with the class docstring's exponential race, requests without a seed using the sampler's own generator and seeded ones only their own; greedy requests take the argmax of the original logits. Given: top_k_top_p_filter
+        # hint1: logits 先转 fp32，贪心的行最后按掩码整体换掉。指数噪声先整批用采样器的发生器生成，再把带种子的那几行用各自的发生器重新生成——这样这些行的结果与同批的其他行无关。
+        # en1: Convert the logits to fp32 first, and swap in the greedy rows at the end, by mask.
+        # en1: Draw the exponential noise for the whole batch from the sampler's generator, then redraw the seeded rows from their own generators,
+        # en1: so that their results do not depend on the other rows.
+        # hint2: 1. logits = logits.float()；probs = (logits / args.temperatures[:, None]).softmax(dim=-1)；
+        # hint2: 2. args.top_k 或 args.top_p 不是 None 时 probs = top_k_top_p_filter(probs, args.top_k, args.top_p)；
+        # hint2: 3. noise = torch.empty_like(probs).exponential_(generator=self.generator)；
+        # hint2:    对 enumerate(args.generators or []) 里不是 None 的 (row, gen)：noise[row].exponential_(generator=gen)；
+        # hint2: 4. sampled = (probs / noise).argmax(dim=-1)；return torch.where(args.greedy, logits.argmax(dim=-1), sampled)。
+        # en2: 1. logits = logits.float(); probs = (logits / args.temperatures[:, None]).softmax(dim=-1);
+        # en2: 2. when args.top_k or args.top_p is not None, probs = top_k_top_p_filter(probs, args.top_k, args.top_p);
+        # en2: 3. noise = torch.empty_like(probs).exponential_(generator=self.generator);
+        # en2:    for each (row, gen) in enumerate(args.generators or []) with gen not None: noise[row].exponential_(generator=gen);
+        # en2: 4. sampled = (probs / noise).argmax(dim=-1); return torch.where(args.greedy, logits.argmax(dim=-1), sampled).
         logits = logits.float()
         probs = (logits / args.temperatures[:, None]).softmax(dim=-1)
         if args.top_k is not None or args.top_p is not None:
@@ -422,8 +463,25 @@ class Engine:
         could keep nothing at full load, and more would only hold memory. The smaller of the two.
         """
         c, config = self.model.config, self.config
-        # >>> TASK determine_num_pages: 有 override 直接用；上限 =（int(free_before × 比例) − model_bytes）// 每页字节数（比例缺省 CUDA 0.9、CPU 0.3；每页字节数用 MHAKVCache.bytes_per_page，别忘了 page_size 和 dtype）；CPU 上再与需要的页数取小：ceil(1.5 × max_running_req × ceil(max_seq_len / page_size))，max_seq_len = max_seq_len_override 或模型的 max_position_embeddings；不足 1 页就抛 RuntimeError，消息里同时写出 Python 参数名（memory_ratio、num_page_override）和服务器的命令行参数（--mem-fraction-static、--max-total-tokens）
-        # en: use the override if given; cap = (int(free_before × ratio) − model_bytes) // bytes per page (ratio defaults to 0.9 on CUDA, 0.3 on CPU; bytes per page from MHAKVCache.bytes_per_page, mind page_size and dtype); on the CPU take the smaller of that and the pages needed: ceil(1.5 × max_running_req × ceil(max_seq_len / page_size)), max_seq_len = max_seq_len_override or the model's max_position_embeddings; raise RuntimeError if less than 1 page fits, naming both the Python parameters (memory_ratio, num_page_override) and the server's flags (--mem-fraction-static, --max-total-tokens)
+        # >>> TASK determine_num_pages: 返回 KV 池的页数，规则见方法文档（内存上限向下取整，CPU 上按需要算的页数向上取整）；memory_ratio 没给时 CUDA 用 0.9、CPU 用 0.3；每页字节数按这个引擎的页大小和元素类型算；连 1 页都放不下就抛 RuntimeError，消息要同时写出 memory_ratio、num_page_override 和服务器的 --mem-fraction-static、--max-total-tokens。给定：MHAKVCache.bytes_per_page，self.model.config
+        # en: return the number of KV pages by the rules in the method's docstring (the memory cap rounds down, the CPU's need rounds up); memory_ratio defaults to 0.9 on CUDA and 0.3 on the CPU; bytes per page follow this engine's page size and element type; if not even one page fits, raise RuntimeError naming memory_ratio, num_page_override and the server's --mem-fraction-static and --max-total-tokens. Given: MHAKVCache.bytes_per_page, self.model.config
+        # hint1: CPU 与 CUDA 只差在 CPU 还要与按需要算的页数取小。两个坑：整数的向上取整可以写成 -(-a // b)；每页字节数要用这个引擎自己的 page_size 和 dtype。
+        # en1: CPU and CUDA differ only in that the CPU also takes the smaller of the cap and the pages it needs.
+        # en1: Two pitfalls: integer ceiling division can be written -(-a // b); bytes per page must use this engine's own page_size and dtype.
+        # hint2: 1. config.num_page_override 不是 None 就直接返回它；
+        # hint2: 2. ratio = config.memory_ratio or (0.9 if self.device.type == "cuda" else 0.3)；
+        # hint2:    per_page = MHAKVCache.bytes_per_page(c.num_kv_heads, c.num_layers, c.head_dim, config.page_size, self.dtype)；
+        # hint2: 3. num_pages = (int(free_before * ratio) - model_bytes) // per_page；
+        # hint2: 4. 不是 CUDA 时：max_seq_len = config.max_seq_len_override or c.max_position_embeddings；per_req = -(-max_seq_len // config.page_size)；
+        # hint2:    num_pages = min(num_pages, -(-3 * config.max_running_req * per_req // 2))；
+        # hint2: 5. num_pages < 1 就 raise RuntimeError（消息写出两个 Python 参数名和两个命令行参数），否则 return num_pages。
+        # en2: 1. if config.num_page_override is not None, return it;
+        # en2: 2. ratio = config.memory_ratio or (0.9 if self.device.type == "cuda" else 0.3);
+        # en2:    per_page = MHAKVCache.bytes_per_page(c.num_kv_heads, c.num_layers, c.head_dim, config.page_size, self.dtype);
+        # en2: 3. num_pages = (int(free_before * ratio) - model_bytes) // per_page;
+        # en2: 4. when not on CUDA: max_seq_len = config.max_seq_len_override or c.max_position_embeddings; per_req = -(-max_seq_len // config.page_size);
+        # en2:    num_pages = min(num_pages, -(-3 * config.max_running_req * per_req // 2));
+        # en2: 5. if num_pages < 1, raise RuntimeError (naming both Python parameters and both server flags); else return num_pages.
         if config.num_page_override is not None:
             return config.num_page_override
         ratio = config.memory_ratio or (0.9 if self.device.type == "cuda" else 0.3)
@@ -472,8 +530,17 @@ class Engine:
         # 同一进程里可能有多个引擎，各层读的是全局上下文
         # en: a process may hold several engines, and the layers read the global context
         set_global_ctx(self.ctx)
-        # >>> TASK forward_batch: 在 ctx.forward_batch(batch) 里跑 model.forward()；采样并转 int32；copy_to_host 得到主机副本和完成事件；返回 ForwardOutput（不调用 complete_one，不写 token 池）
-        # en: run model.forward() inside ctx.forward_batch(batch); sample and convert to int32; copy_to_host gives the host copy and the done event; return a ForwardOutput (do not call complete_one, do not write the token pool)
+        # >>> TASK forward_batch: 返回这一步的 ForwardOutput：每个请求采样出一个 token，设备上一份 int32，主机上一份与它不共享内存的副本，外加拷贝完成的事件。模型的前向要在设好当前批次的上下文里跑。只算、不记账：不推进请求，也不写 token 池。给定：copy_to_host，以及引擎上现成的上下文、模型和采样器
+        # en: return this step's ForwardOutput: one new token per request, an int32 copy on the device, a CPU copy sharing no memory with it, and the event that signals when that copy has finished. The network must run while the context holds this batch as the current one. It only computes and does no bookkeeping: it neither advances the requests nor writes the token pool. Given: copy_to_host, plus the context, network and sampling component the engine already holds
+        # hint1: 层只在 with self.ctx.forward_batch(batch) 里面才找得到当前批次；采样放在 with 外面也行。采样器给的是 int64，ForwardOutput 要 int32。
+        # en1: The layers find the current batch only inside with self.ctx.forward_batch(batch); sampling may happen outside it.
+        # en1: The sampler gives int64, ForwardOutput wants int32.
+        # hint2: 1. with self.ctx.forward_batch(batch): logits = self.model.forward()；
+        # hint2: 2. next_tokens = self.sampler.sample(logits, args).to(torch.int32)；
+        # hint2: 3. host, done = copy_to_host(next_tokens)；return ForwardOutput(next_tokens, host, done)。
+        # en2: 1. with self.ctx.forward_batch(batch): logits = self.model.forward();
+        # en2: 2. next_tokens = self.sampler.sample(logits, args).to(torch.int32);
+        # en2: 3. host, done = copy_to_host(next_tokens); return ForwardOutput(next_tokens, host, done).
         with self.ctx.forward_batch(batch):
             logits = self.model.forward()
         next_tokens = self.sampler.sample(logits, args).to(torch.int32)

@@ -65,8 +65,13 @@ class MHAKVCache:
         self.head_dim = head_dim
         self.num_pages = num_pages
         self.page_size = page_size
-        # >>> TASK kv_buffer: 用 torch.empty（不填 0，原因见上）分配 [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] 的张量，存为 self._kv_buffer
-        # en: allocate a tensor of shape [2, num_layers, num_pages, page_size, num_kv_heads, head_dim] with torch.empty (not filled with 0, see above) and store it as self._kv_buffer
+        # >>> TASK kv_buffer: 把整块 KV 池分配在 self._kv_buffer：形状见类文档，元素类型和设备按参数给的；不要填 0（类文档写了为什么）
+        # en: allocate the whole KV pool as self._kv_buffer: shape as in the class docstring, element type and device as the arguments say; do not fill it with zeros (the class docstring says why)
+        # hint1: 类里的其余部分（K、V 两个视图，dtype、device 两个属性）都从这一个张量读；torch 有个只分配、不初始化内容的函数。
+        # en1: The rest of the class (the K and V views, the dtype and device properties) reads from this one tensor;
+        # en1: torch has a function that allocates without initialising the contents.
+        # hint2: self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device)（第 0 维：0 是 K，1 是 V）
+        # en2: self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device) (dim 0: 0 is K, 1 is V)
         self._kv_buffer = torch.empty(
             (2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
         )
@@ -89,8 +94,13 @@ class MHAKVCache:
 
         en: The K of layer ``layer_id``, as a view flattened by slot: ``[num_pages * page_size, KV heads, head_dim]``.
         """
-        # >>> TASK kv_views: 取 _kv_buffer[0, layer_id]，view 成 (num_slots, num_kv_heads, head_dim)；不要拷贝
-        # en: take _kv_buffer[0, layer_id] and view it as (num_slots, num_kv_heads, head_dim); no copy
+        # >>> TASK kv_views: 返回第 layer_id 层的 K，按槽位摊平成 [槽位总数, KV 头数, 每头维度]；必须与池子共用内存（写它就是写池子），不能拷贝
+        # en: return the K of layer layer_id, flattened by slot into [all slots, KV heads, head size]; it must share memory with the pool (writing into it writes the pool), never a copy
+        # hint1: 用下标取出 K 那一半里的这一层，剩下四维里前两维（页、页内偏移）在内存里连续，可以直接合成一维而不拷贝；类里已经有槽位总数。
+        # en1: Indexing picks this layer out of the K half; of the four dimensions left, the first two (page,
+        # en1: offset in the page) are contiguous in memory and merge into one without a copy; the class already knows the slot count.
+        # hint2: return self._kv_buffer[0, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)（下面的 v_cache 是同一回事，只是下标 1）
+        # en2: return self._kv_buffer[0, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim) (v_cache below is the same with index 1)
         return self._kv_buffer[0, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)
         # <<< TASK
 
@@ -103,8 +113,14 @@ class MHAKVCache:
         en: Write this step's K/V (``[T, KV heads, head_dim]``) into the ``out_loc`` slots of layer ``layer_id``,
         touching nothing else.
         """
-        # >>> TASK store_kv: 按 out_loc 把 k、v 写进 k_cache(layer_id)、v_cache(layer_id)（原地写，用 index_copy_ 或下标赋值）
-        # en: write k and v into k_cache(layer_id) and v_cache(layer_id) at out_loc (in place, with index_copy_ or index assignment)
+        # >>> TASK store_kv: 把 k、v 原地写进第 layer_id 层里 out_loc 指定的槽位，别的槽位、别的层一个也不动；out_loc 是 int32。给定：这个类按层给出的 K、V 视图
+        # en: write k and v in place into the slots out_loc names in layer layer_id, leaving every other slot and every other layer untouched; out_loc is int32. Given: this class's per-layer K and V views
+        # hint1: 写进视图就是写进池子。按下标原地拷贝的张量方法（和下标赋值）要 int64 的下标。
+        # en1: Writing into a view writes the pool. The tensor method that copies in place by index (and index assignment) wants int64 indices.
+        # hint2: 1. index = out_loc.long()；
+        # hint2: 2. self.k_cache(layer_id).index_copy_(0, index, k)，v 对 v_cache 同样写（也可以写成 self.k_cache(layer_id)[index] = k）。
+        # en2: 1. index = out_loc.long();
+        # en2: 2. self.k_cache(layer_id).index_copy_(0, index, k), and the same for v into v_cache (self.k_cache(layer_id)[index] = k works too).
         index = out_loc.long()
         self.k_cache(layer_id).index_copy_(0, index, k)
         self.v_cache(layer_id).index_copy_(0, index, v)
@@ -119,8 +135,12 @@ class MHAKVCache:
         en: Bytes one page takes across all layers (K and V); the engine uses it to work out how many pages fit in free
         memory.
         """
-        # >>> TASK bytes_per_page: 2（K 和 V）× 层数 × page_size × KV 头数 × head_dim × 每个元素的字节数
-        # en: 2 (K and V) × layers × page_size × KV heads × head_dim × bytes per element
+        # >>> TASK bytes_per_page: 返回一页在所有层里、K 和 V 合起来占的字节数：页数乘它正好等于整个 KV 池的大小，fp32 和 bf16 都一样成立
+        # en: return the bytes one page takes across all layers, K and V together: times the number of pages it equals the size of the whole KV pool, for fp32 and bf16 alike
+        # hint1: 数一数 _kv_buffer 里固定一个页号之后剩几个元素，再乘每个元素的字节数；torch 的 dtype 自己知道后者。
+        # en1: Count the elements left in _kv_buffer once the page number is fixed, then multiply by the bytes per element; a torch dtype knows the latter.
+        # hint2: return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize（2 是 K 和 V）
+        # en2: return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize (the 2 is K and V)
         return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
         # <<< TASK
 
@@ -137,8 +157,15 @@ def pages_to_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
     Example: ``pages=[3, 1]``, ``page_size=2`` -> ``[6, 7, 2, 3]``. Writing the first n of the result into a row of the
     page table gives an n-token request its places.
     """
-    # >>> TASK pages_to_slots: pages[:, None] * page_size + arange(page_size)，再摊平；保持 pages 的 dtype 和设备
-    # en: pages[:, None] * page_size + arange(page_size), then flatten; keep the dtype and device of pages
+    # >>> TASK pages_to_slots: 返回这些页里的全部 token 槽位，1 维，按页的顺序、每页之内从小到大（例子见函数文档）；与输入的页号同 dtype、同设备
+    # en: return every token slot of the given page numbers as a 1-D tensor, page after page and in increasing order within each page (example in the docstring); same dtype and device as the input
+    # hint1: 不用循环：页号排成一列、页内偏移排成一行，相加就广播出一张 [页数, page_size] 的表，摊平即可。偏移要与页号同 dtype、同设备。
+    # en1: No loop: page numbers as a column plus in-page offsets as a row broadcast into a [pages, page_size] table, which you flatten.
+    # en1: The offsets need the dtype and device of the page numbers.
+    # hint2: 1. offsets = torch.arange(page_size, dtype=pages.dtype, device=pages.device)；
+    # hint2: 2. return (pages[:, None] * page_size + offsets).flatten()。
+    # en2: 1. offsets = torch.arange(page_size, dtype=pages.dtype, device=pages.device);
+    # en2: 2. return (pages[:, None] * page_size + offsets).flatten().
     offsets = torch.arange(page_size, dtype=pages.dtype, device=pages.device)
     return (pages[:, None] * page_size + offsets).flatten()
     # <<< TASK

@@ -192,8 +192,18 @@ class Linear(BaseOP):
 
         en: Copy the checkpoint tensor of part ``shard`` into its rows of the merged weight.
         """
-        # >>> TASK merged_linear_load: 第 shard 段从 sum(output_sizes[:shard]) 行开始、共 output_sizes[shard] 行；先 check_shape 再 copy_
-        # en: shard number shard starts at row sum(output_sizes[:shard]) and spans output_sizes[shard] rows; check_shape first, then copy_
+        # >>> TASK merged_linear_load: 把检查点里第 shard 段的张量原地拷进合并权重里属于这一段的那几行（各段按构造时给的大小自上而下排列，见类文档）；形状不对就抛 ValueError，消息先写模型要的形状、再写检查点给的。给定：check_shape
+        # en: copy the checkpoint's part number shard, in place, into that part's own rows of the merged weight (the parts are stacked top to bottom with the sizes given at construction, see the class docstring); a wrong shape raises ValueError that names the model's shape first, then the checkpoint's. Given: check_shape
+        # hint1: 第 shard 段的起始行是它前面各段的行数之和。对权重切片得到的是视图，往视图里原地拷贝就是写进权重本身；check_shape 的参数顺序决定消息里哪个形状在前。
+        # en1: Part shard starts at the sum of the row counts of the parts before it.
+        # en1: Slicing the weight gives a view, and copying into the view in place writes the weight itself;
+        # en1: the order of check_shape's arguments decides which shape comes first in the message.
+        # hint2: 1. start = sum(self.output_sizes[:shard])；
+        # hint2: 2. target = getattr(self, attr)[start : start + self.output_sizes[shard]]（视图，不拷贝）；
+        # hint2: 3. check_shape(target, tensor)，再 target.copy_(tensor)。
+        # en2: 1. start = sum(self.output_sizes[:shard]);
+        # en2: 2. target = getattr(self, attr)[start : start + self.output_sizes[shard]] (a view, no copy);
+        # en2: 3. check_shape(target, tensor), then target.copy_(tensor).
         start = sum(self.output_sizes[:shard])
         target = getattr(self, attr)[start : start + self.output_sizes[shard]]
         check_shape(target, tensor)
@@ -305,8 +315,17 @@ class LMHead(Linear):
         return {} if self._tied else super().own_slots(prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # >>> TASK lm_head_last_tokens: batch = get_global_ctx().batch；用 batch.attn_metadata.get_last_indices(batch.size) 取出每个请求最后一个 token 的隐藏状态，再交给 super().forward（Linear 的前向：打包成快速布局后 self.weight 是 None，不能直接 F.linear）
-        # en: batch = get_global_ctx().batch; use batch.attn_metadata.get_last_indices(batch.size) to pick each request's last-token hidden state, then pass it to super().forward (Linear's forward: after packing into the fast layout self.weight is None, so do not call F.linear directly)
+        # >>> TASK lm_head_last_tokens: 返回 [请求数, 词表大小] 的 logits：只算当前批次里每个请求最后一个 token 的那一行；权重打包成快速布局之后（那时 self.weight 是 None）也要照常工作。给定：全局上下文里的当前批次（它的注意力元数据知道每个请求的最后一个 token 在哪），父类 Linear 的前向
+        # en: return logits of shape [requests, vocabulary], computed only for the row of each request's final token in the current batch; it must keep working once the weight is packed into the fast layout (self.weight is then None). Given: the current batch in the global context (its attention metadata knows where each request's final token is), and the parent class Linear's own computation
+        # hint1: x 里是本批全部 token 的隐藏状态：挑出每个请求最后的那一行，再交给父类的前向。别自己写 F.linear：打包之后只有 Linear.forward 知道走哪条路。
+        # en1: x holds the hidden states of every token in the batch: pick each request's last row and hand them to the parent class's forward.
+        # en1: Do not write F.linear yourself: after packing, only Linear.forward knows which path to take.
+        # hint2: 1. batch = get_global_ctx().batch；
+        # hint2: 2. last = batch.attn_metadata.get_last_indices(batch.size)；
+        # hint2: 3. return super().forward(x[last])。
+        # en2: 1. batch = get_global_ctx().batch;
+        # en2: 2. last = batch.attn_metadata.get_last_indices(batch.size);
+        # en2: 3. return super().forward(x[last]).
         batch = get_global_ctx().batch
         last = batch.attn_metadata.get_last_indices(batch.size)
         return super().forward(x[last])
@@ -324,8 +343,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     en: RMSNorm: ``x / sqrt(mean(x²) + eps) * weight``, computed in fp32, then cast back to the original dtype and
     multiplied by the weight (as HF does).
     """
-    # >>> TASK rms_norm: 先转 float32，乘 rsqrt(x² 在最后一维的均值 + eps)，转回 x.dtype 后乘 weight
-    # en: convert to float32 first, multiply by rsqrt(mean of x² over the last dim + eps), convert back to x.dtype, then multiply by weight
+    # >>> TASK rms_norm: 返回 x 在最后一维上的 RMSNorm（公式见函数文档），形状、dtype 与 x 相同；bf16 下要与 HF 逐位一致：归一化在 fp32 里做，权重乘的是已经舍入回 x 的 dtype 的结果
+    # en: return the RMSNorm of x over its last dimension (formula in the docstring), with the shape and dtype of x; in bf16 it must match HF bit for bit: normalise in fp32, and let the weight multiply the result already rounded back into the dtype of x
+    # hint1: 均值只在最后一维上取，并保住这一维好广播；torch 有现成的平方根倒数。乘权重一定放在转回原 dtype 之后。
+    # en1: Take the mean over the last dimension only, keeping that dimension so it broadcasts; torch has a reciprocal square root.
+    # en1: Multiplying by the weight must come after the cast back to the original dtype.
+    # hint2: 1. x32 = x.float()；
+    # hint2: 2. x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)；
+    # hint2: 3. return weight * x32.to(x.dtype)。
+    # en2: 1. x32 = x.float();
+    # en2: 2. x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps);
+    # en2: 3. return weight * x32.to(x.dtype).
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -347,8 +375,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     en: SwiGLU activation: the first half of ``x`` is gate, the second half up (the output of the merged gate_up_proj);
     returns ``silu(gate) * up``.
     """
-    # >>> TASK silu_and_mul: 沿最后一维对半分成 gate 和 up，返回 F.silu(gate) * up
-    # en: split the last dim in half into gate and up; return F.silu(gate) * up
+    # >>> TASK silu_and_mul: 返回 SwiGLU 的激活（公式见函数文档）：结果的最后一维是 x 的一半；x 的前一半是门控的那一路，后一半是被门控的那一路
+    # en: return the SwiGLU activation (formula in the docstring): its last dimension is half of x's; the first half of x is the gating branch, the second half the branch being gated
+    # hint1: 沿最后一维对半切开就得到两路；torch.nn.functional 里有现成的 silu。
+    # en1: Cutting the last dimension in half gives the two branches; torch.nn.functional has silu ready-made.
+    # hint2: 1. gate, up = x.chunk(2, dim=-1)；
+    # hint2: 2. return F.silu(gate) * up。
+    # en2: 1. gate, up = x.chunk(2, dim=-1);
+    # en2: 2. return F.silu(gate) * up.
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
     # <<< TASK
@@ -365,8 +399,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     Each head's vector is seen as D/2 points in the plane, (x[i], x[i + D/2]), each rotated by its own angle for the
     position: ``x * cos + rotate_half(x) * sin``, where ``rotate_half(x) = cat(-second half of x, first half of x)``.
     """
-    # >>> TASK apply_rotary: cos/sin 加一个头维度并转成 x.dtype；x1, x2 = 前后两半；返回 x * cos + cat(-x2, x1) * sin
-    # en: give cos/sin a head dim and convert them to x.dtype; x1, x2 = first and second half; return x * cos + cat(-x2, x1) * sin
+    # >>> TASK apply_rotary: 返回旋转后的 x，形状、dtype 不变，按函数文档里“前后两半”的配对旋转；两张表是 [T, D] 的 fp32，x 是 [T, H, D]；bf16 下要与 HF 逐位一致，所以表先换成 x 的 dtype 再参与乘法
+    # en: return x rotated, same shape and dtype, with the "two halves" pairing of the docstring; the two tables are fp32 [T, D] while x is [T, H, D]; in bf16 the result must match HF bit for bit, so the tables take the dtype of x before they multiply
+    # hint1: 表缺一个头维度：插一个长度为 1 的维度就能对 x 广播。rotate_half 就是把后一半取负放到前面、前一半放到后面。
+    # en1: The tables lack a head dimension: insert one of length 1 and they broadcast against x.
+    # en1: rotate_half puts the negated second half first and the first half second.
+    # hint2: 1. cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)；
+    # hint2: 2. x1, x2 = x.chunk(2, dim=-1)；
+    # hint2: 3. return x * cos + torch.cat((-x2, x1), dim=-1) * sin。
+    # en2: 1. cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype);
+    # en2: 2. x1, x2 = x.chunk(2, dim=-1);
+    # en2: 3. return x * cos + torch.cat((-x2, x1), dim=-1) * sin.
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
@@ -439,8 +482,21 @@ class AttentionLayer(BaseOP):
 
         en: ``qkv``: [T, (Hq + 2·Hkv)·D] -> attention output [T, Hq·D].
         """
-        # >>> TASK attention_layer_forward: split 出 q/k/v 并 view 成 [T, 头数, D]；有 q/k norm 就先归一化；用 batch.positions 做 RoPE；调用 ctx.attn_backend.forward(q, k, v, layer_id, batch)
-        # en: split q/k/v and view them as [T, heads, D]; apply the q/k norms if present; RoPE with batch.positions; call ctx.attn_backend.forward(q, k, v, layer_id, batch)
+        # >>> TASK attention_layer_forward: 返回 [T, Hq·D] 的注意力输出。交给注意力后端的是：[T, Hq, D] 的 q，[T, Hkv, D] 的 k 和 v，本层的 layer_id 和当前批次；q、k 要经过各自的归一化（有的话）和按每个 token 位置的 RoPE，次序照类文档，v 两样都不做。给定：全局上下文里的后端和批次，本层借来的 _q_norm、_k_norm、_rotary
+        # en: return the attention output, [T, Hq·D]. The attention backend gets q as [T, Hq, D], k and v as [T, Hkv, D], this layer's layer_id and the current batch; q and k normalised by their own norms (when present) and rotated by RoPE at each token's position, in the order the class docstring gives; v gets neither. Given: the backend and the batch in the global context; this layer's borrowed _q_norm, _k_norm, _rotary
+        # hint1: 合并的 qkv 按段的顺序（q、k、v）沿最后一维切开，各自变成按头的三维；后端返回 [T, Hq, D]，交出去之前摊回二维给 o_proj。
+        # en1: Split the merged qkv along the last dimension in the order of its parts (q, k, v) and make each three-dimensional, per head;
+        # en1: the backend returns [T, Hq, D], which is flattened back to two dimensions for o_proj.
+        # hint2: 1. ctx = get_global_ctx()；qo = self.num_qo_heads * self.head_dim，kv = self.num_kv_heads * self.head_dim；
+        # hint2: 2. q, k, v = qkv.split([qo, kv, kv], dim=-1)，再分别 reshape(-1, 各自的头数, self.head_dim)；
+        # hint2: 3. self._q_norm / self._k_norm 不是 None 时，q = self._q_norm.forward(q)，k 同理；
+        # hint2: 4. q, k = self._rotary.forward(ctx.batch.positions, q, k)；
+        # hint2: 5. o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)；return o.reshape(-1, qo)。
+        # en2: 1. ctx = get_global_ctx(); qo = self.num_qo_heads * self.head_dim, kv = self.num_kv_heads * self.head_dim;
+        # en2: 2. q, k, v = qkv.split([qo, kv, kv], dim=-1), then reshape each to (-1, its number of heads, self.head_dim);
+        # en2: 3. when self._q_norm / self._k_norm is not None, q = self._q_norm.forward(q), likewise for k;
+        # en2: 4. q, k = self._rotary.forward(ctx.batch.positions, q, k);
+        # en2: 5. o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch); return o.reshape(-1, qo).
         ctx = get_global_ctx()
         qo, kv = self.num_qo_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([qo, kv, kv], dim=-1)

@@ -81,8 +81,29 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, hf: dict) -> ModelConfig:
-        # >>> TASK model_config_from_hf: architectures[0] 不在 ARCHITECTURES 里就抛 ValueError（消息带上架构名）；rope_parameters（或老的 rope_scaling）里 rope_type 不是 "default"、或 hidden_act 不是 "silu"，抛 NotImplementedError；head_dim 缺省为 hidden_size // num_attention_heads；num_key_value_heads 缺省等于头数；rope_theta 先看 rope_parameters、再看顶层（缺省 10000）；tie_word_embeddings、attention_bias、mlp_bias 缺省 False；qk_norm 查 ARCHITECTURES
-        # en: raise ValueError (naming the architecture) if architectures[0] is not in ARCHITECTURES; raise NotImplementedError if rope_type in rope_parameters (or the older rope_scaling) is not "default", or hidden_act is not "silu"; head_dim defaults to hidden_size // num_attention_heads; num_key_value_heads defaults to the number of heads; rope_theta: look in rope_parameters, then at the top level (default 10000); tie_word_embeddings, attention_bias, mlp_bias default to False; qk_norm comes from ARCHITECTURES
+        # >>> TASK model_config_from_hf: 由 config.json 的字典返回 ModelConfig。只认 ARCHITECTURES 里的架构，看 architectures 的第一项；缺了、空了或不认识都抛 ValueError，消息写出架构名。RoPE 缩放（rope_parameters 或老的 rope_scaling 里的类型不是 default）和 silu 以外的 hidden_act 抛 NotImplementedError。缺省值：head_dim 是隐藏维度平分给 num_attention_heads 个头的大小，num_key_value_heads 同 num_attention_heads，rope_theta 新版写在 rope_parameters 里、老版在顶层、都没有时取 10000，tie_word_embeddings、attention_bias、mlp_bias 为 False；qk_norm 查 ARCHITECTURES
+        # en: return a ModelConfig from the config.json dict. Only what ARCHITECTURES lists is accepted, judged by the first entry of architectures; a missing, empty or unknown one raises ValueError naming it. RoPE scaling (a type other than default in rope_parameters or the older rope_scaling) and any hidden_act but silu raise NotImplementedError. Defaults: head_dim is the hidden size split evenly over num_attention_heads, num_key_value_heads equals num_attention_heads, rope_theta comes from rope_parameters in newer configs or the top level in older ones, else 10000; tie_word_embeddings, attention_bias, mlp_bias are False; qk_norm comes from ARCHITECTURES
+        # hint1: 先把要拒绝的情况挡掉，再一个字段一个字段地填；缺省值大多是 dict.get 的第二个参数。两处要小心：architectures 可能缺或为空（不能直接取 [0]），rope_theta 要先看 rope_parameters、再看顶层；
+        # hint1: 另外 ModelConfig 的字段名和 HF 的键名不全一样（num_layers、num_qo_heads、num_kv_heads）。
+        # en1: Turn away what must be rejected first, then fill the fields one by one; most defaults are the second argument of dict.get.
+        # en1: Two places need care: architectures may be missing or empty (no bare [0]), and rope_theta is looked up in rope_parameters before the top level;
+        # en1: besides, ModelConfig's field names are not all HF's key names (num_layers, num_qo_heads, num_kv_heads).
+        # hint2: 1. arch = (hf.get("architectures") or ["?"])[0]；不在 ARCHITECTURES 里就 raise ValueError（消息带 arch）；
+        # hint2: 2. rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}；
+        # hint2:    rope.get("rope_type", rope.get("type", "default")) != "default" → raise NotImplementedError；
+        # hint2: 3. hf.get("hidden_act", "silu") != "silu" → raise NotImplementedError；
+        # hint2: 4. heads = hf["num_attention_heads"]；num_kv_heads = hf.get("num_key_value_heads") or heads；
+        # hint2:    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads；
+        # hint2: 5. rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))；三个布尔字段是 hf.get(键, False)；qk_norm = ARCHITECTURES[arch]；
+        # hint2: 6. 其余字段直接取 hf 里的值（num_layers ← num_hidden_layers，num_qo_heads ← heads），return cls(...)。
+        # en2: 1. arch = (hf.get("architectures") or ["?"])[0]; if it is not in ARCHITECTURES, raise ValueError (with arch in the message);
+        # en2: 2. rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {};
+        # en2:    rope.get("rope_type", rope.get("type", "default")) != "default" → raise NotImplementedError;
+        # en2: 3. hf.get("hidden_act", "silu") != "silu" → raise NotImplementedError;
+        # en2: 4. heads = hf["num_attention_heads"]; num_kv_heads = hf.get("num_key_value_heads") or heads;
+        # en2:    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads;
+        # en2: 5. rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0)); the three booleans are hf.get(key, False); qk_norm = ARCHITECTURES[arch];
+        # en2: 6. the other fields are hf's values as they are (num_layers ← num_hidden_layers, num_qo_heads ← heads); return cls(...).
         arch = (hf.get("architectures") or ["?"])[0]
         if arch not in ARCHITECTURES:
             raise ValueError(tr(
@@ -156,8 +177,13 @@ class MLP(BaseOP):
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # >>> TASK mlp_forward: 依次调用 gate_up_proj → silu_and_mul → down_proj
-        # en: call gate_up_proj → silu_and_mul → down_proj in turn
+        # >>> TASK mlp_forward: 返回这个 SwiGLU MLP 对 x 的输出，形状与 x 相同（结构见类文档）。给定：本块的两个线性层，第 1.2 章的激活函数
+        # en: return this SwiGLU MLP's output for x, of the same shape as x (structure in the class docstring). Given: this block's two linear layers, the activation function of chapter 1.2
+        # hint1: 合并的那个线性层输出前后两半，正好是激活函数要的输入；激活之后宽度减半，再投影回隐藏维度。
+        # en1: The merged linear layer outputs the two halves the activation function expects;
+        # en1: the activation halves the width, and a projection brings it back to the hidden size.
+        # hint2: return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))（由里往外读：合并投影、激活、下投影）
+        # en2: return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x))) (read it inside out: merged projection, activation, down projection)
         return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
         # <<< TASK
 
@@ -175,8 +201,15 @@ class DecoderLayer(BaseOP):
 
         en: Pre-norm residual: ``h = x + attn(norm(x))``, ``out = h + mlp(norm(h))``.
         """
-        # >>> TASK decoder_layer_forward: 两个子层都是“先归一化、再计算、再加回残差”
-        # en: both sub-layers are "normalise, compute, add the residual back"
+        # >>> TASK decoder_layer_forward: 返回这一层的输出：pre-norm 残差结构（公式见函数文档），注意力和 MLP 两个子层各用自己的那个归一化
+        # en: return this layer's output: the pre-norm residual structure (formula in the docstring), where the attention and MLP sub-layers each use a norm of their own
+        # hint1: 残差加回去的是子层的输入本身（没有归一化过的那个）；第二个子层的输入是第一个子层加完残差之后的结果。
+        # en1: The residual added back is the sub-layer's input itself (the one not normalised);
+        # en1: the second sub-layer's input is the first one's result after its residual is added.
+        # hint2: 1. h = x + self.self_attn.forward(self.input_layernorm.forward(x))；
+        # hint2: 2. return h + self.mlp.forward(self.post_attention_layernorm.forward(h))。
+        # en2: 1. h = x + self.self_attn.forward(self.input_layernorm.forward(x));
+        # en2: 2. return h + self.mlp.forward(self.post_attention_layernorm.forward(h)).
         h = x + self.self_attn.forward(self.input_layernorm.forward(x))
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
         # <<< TASK
@@ -273,8 +306,22 @@ def load_weights(model: BaseOP, model_path: str | Path) -> None:
     by name.
     """
     slots = model.checkpoint_slots()
-    # >>> TASK load_weights: 遍历 iter_safetensors；在 slots 里查到就 slot.op.load_weight(slot.attr, tensor, slot.shard)（它的 ValueError 加上张量名再抛）；查不到的，名字以 IGNORED_SUFFIXES 结尾或是 lm_head.weight（共享权重时多存的）就跳过，否则抛 ValueError；最后把 slots 里没装到的名字用 ValueError 报出来
-    # en: iterate over iter_safetensors; if the name is in slots, call slot.op.load_weight(slot.attr, tensor, slot.shard) (re-raise its ValueError with the tensor name added); otherwise skip names ending in IGNORED_SUFFIXES or equal to lm_head.weight (stored extra with tied weights), and raise ValueError for the rest; finally report the slot names that were never loaded with a ValueError
+    # >>> TASK load_weights: 把检查点里的每个张量装进 slots 给它的位置。出错都抛 ValueError 并写出张量名：检查点里有、模型里没处放的（以 IGNORED_SUFFIXES 结尾的和共享权重时多存的 lm_head.weight 除外，这两种跳过）；形状不对的（保留原消息里的两个形状）；全部读完后模型里还空着的位置。给定：iter_safetensors、slots、各算子的 load_weight
+    # en: load every checkpoint tensor into the place slots gives it. Every error is a ValueError naming the tensor: one the checkpoint has but the model has no place for (except those ending in IGNORED_SUFFIXES and the extra lm_head.weight saved with tied weights: skip those); a wrong shape (keeping both shapes of the original message); and, once everything is read, any place in the model still empty. Given: iter_safetensors, slots, each operator's load_weight
+    # hint1: 边读边记下装上了哪些名字，读完和 slots 的全部名字比一比，就知道缺了什么。形状错误由 load_weight 抛出：接住它，带上张量名再抛一次。
+    # en1: Keep track of the names loaded as you read, and compare them with all of slots' names at the end to see what is missing.
+    # en1: A wrong shape is raised by load_weight: catch it and raise it again with the tensor's name.
+    # hint2: 1. loaded = set()；for name, tensor in iter_safetensors(model_path)：
+    # hint2: 2. name 不在 slots 里：以 IGNORED_SUFFIXES 结尾（str.endswith 收元组）或等于 "lm_head.weight" 就 continue，否则 raise ValueError（带 name）；
+    # hint2: 3. slot = slots[name]；try: slot.op.load_weight(slot.attr, tensor, slot.shard)；except ValueError as e: raise ValueError(带 name 和 e)；
+    # hint2:    loaded.add(name)；
+    # hint2: 4. 循环之后 missing = sorted(set(slots) - loaded)，不空就 raise ValueError，写出缺了几个并举几个名字。
+    # en2: 1. loaded = set(); for name, tensor in iter_safetensors(model_path):
+    # en2: 2. name not in slots: continue if it ends in IGNORED_SUFFIXES (str.endswith takes a tuple) or equals "lm_head.weight",
+    # en2:    else raise ValueError (with name);
+    # en2: 3. slot = slots[name]; try: slot.op.load_weight(slot.attr, tensor, slot.shard); except ValueError as e: raise ValueError (with name and e);
+    # en2:    loaded.add(name);
+    # en2: 4. after the loop, missing = sorted(set(slots) - loaded); if it is not empty, raise ValueError saying how many are missing, with a few names.
     loaded: set[str] = set()
     for name, tensor in iter_safetensors(model_path):
         if name not in slots:

@@ -236,8 +236,19 @@ class CacheManager:
         en: Take ``num_pages`` free pages (returns the first slot of each); if there are not enough, evict from the
         prefix cache first.
         """
-        # >>> TASK allocate_pages: 空闲页不够时 evict 差额（按 token 数：缺的页数 × page_size），它返回 token 级槽位，每页取第一个并进 free_slots（同 _free）；再从 free_slots 头部切出 num_pages 个
-        # en: if there are not enough free pages, evict the shortfall (in tokens: missing pages × page_size); it returns token-level slots, take the first of each page and add them to free_slots (as _free does); then cut num_pages from the front of free_slots
+        # >>> TASK allocate_pages: 从空闲池取出 num_pages 页，返回各页的第一个槽位（取出的页不再留在 free_slots 里）；空闲页不够时，先让前缀缓存驱逐恰好差的那些（驱逐按 token 数计，返回 token 级槽位），腾出的页按 _free 的存法回到空闲池；还是不够就抛 RuntimeError
+        # en: take num_pages pages out of the pool and return the first slot of each (they no longer stay in free_slots); when the pool is short, first have the prefix cache give up exactly the shortfall (counted in tokens; it returns token-level slots) and put those pages back in the pool the way _free stores them; if it is still short, raise RuntimeError
+        # hint1: 空闲池存的是页首，驱逐给回来的却是每个 token 一个槽位：按 page_size 跳着取，才能放回空闲池。驱逐的量按 token 算：缺的页数乘 page_size。
+        # en1: The pool stores page starts, but eviction hands back one slot per token: take every page_size-th one before putting them back.
+        # en1: The amount to evict is in tokens: missing pages times page_size.
+        # hint2: 1. free = len(self.free_slots)；num_pages > free 时 evicted = self.prefix_cache.evict((num_pages - free) * self.page_size)，
+        # hint2: self.free_slots = torch.cat([self.free_slots, evicted[::self.page_size].to(self.free_slots)])；
+        # hint2: 2. num_pages 仍大于 len(self.free_slots) 就 raise RuntimeError（说明“准入控制错了”）；
+        # hint2: 3. allocated = self.free_slots[:num_pages]；self.free_slots = self.free_slots[num_pages:]；return allocated。
+        # en2: 1. free = len(self.free_slots); if num_pages > free: evicted = self.prefix_cache.evict((num_pages - free) * self.page_size),
+        # en2: self.free_slots = torch.cat([self.free_slots, evicted[::self.page_size].to(self.free_slots)]);
+        # en2: 2. if num_pages is still above len(self.free_slots), raise RuntimeError ("admission control is wrong");
+        # en2: 3. allocated = self.free_slots[:num_pages]; self.free_slots = self.free_slots[num_pages:]; return allocated.
         free = len(self.free_slots)
         if num_pages > free:
             evicted = self.prefix_cache.evict((num_pages - free) * self.page_size)
@@ -281,8 +292,22 @@ class CacheManager:
         The pages already allocated are the first ``div_ceil(cached_len, page_size)``; allocation goes up to page
         ``div_ceil(device_len, page_size)``.
         """
-        # >>> TASK allocate_paged: 算出每个请求缺的页（first=div_ceil(cached_len)，last=div_ceil(device_len)），一次 _allocate 全部，再把槽位写进页表对应的行与列
-        # en: work out the pages each request is missing (first=div_ceil(cached_len), last=div_ceil(device_len)), _allocate them all at once, then write the slots into the matching rows and columns of the page table
+        # >>> TASK allocate_paged: 给每个请求这一步要写 K/V 的位置 [cached_len, device_len) 补齐缺的整页（已经分到的页不再分），新页的 token 级槽位写进页表里它那一行的对应列：同一页里的位置槽位连续；伸出页表宽度的列不写，但那一页照样要分；别的行、别的列不动。给定：_allocate（返回页首）、_page_to_token、div_ceil
+        # en: for each request, add the whole pages missing for the positions [cached_len, device_len) it writes K/V at this step (pages it already has are not allocated again), and write the new pages' token-level slots into its row of the page table at the matching columns: positions in one page get consecutive slots; columns past the page table's width are not written, but that page is still allocated; other rows and columns stay as they are. Given: _allocate (returns page starts), _page_to_token, div_ceil
+        # hint1: 一个请求已有的页数和需要的页数都是“长度按页向上取整”，可能一页都不缺。整批先算出一共要几页，只调一次 _allocate，
+        # hint1: 再把槽位按（行, 列）两个索引张量一次写进页表。
+        # en1: The pages a request has and the pages it needs are both "length rounded up to pages"; it may need none. Work out how many pages the whole batch needs,
+        # en1: call _allocate once, then write the slots into the page table in one go with two index tensors (rows, columns).
+        # hint2: 1. ps = self.page_size；对每个请求：first, last = div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)；last > first 时记下 (req.table_idx, first * ps, last * ps)；
+        # hint2: 2. 一段都没有就 return；slots = self._page_to_token(self._allocate(各段长度之和 // ps))；
+        # hint2: 3. rows = 各段 torch.full((段长,), 行号) 拼起来，cols = 各段 torch.arange(起, 止) 拼起来（都用 int64）；
+        # hint2: 4. keep = cols < self.page_table.shape[1]，rows、cols、slots 都按 keep 过滤（slots 用 keep 搬到它的设备上）；
+        # hint2: 5. self.page_table[rows.to(self.device), cols.to(self.device)] = slots。
+        # en2: 1. ps = self.page_size; for each request: first, last = div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps); if last > first, note (req.table_idx, first * ps, last * ps);
+        # en2: 2. if nothing was noted, return; slots = self._page_to_token(self._allocate(total span length // ps));
+        # en2: 3. rows = torch.full((span length,), row) of each span concatenated, cols = torch.arange(start, end) of each span concatenated (both int64);
+        # en2: 4. keep = cols < self.page_table.shape[1]; filter rows, cols and slots by keep (moving keep to the device of slots for the latter);
+        # en2: 5. self.page_table[rows.to(self.device), cols.to(self.device)] = slots.
         ps, width = self.page_size, self.page_table.shape[1]
         spans = []
         for req in reqs:
@@ -317,8 +342,23 @@ class CacheManager:
         pages, then free the duplicates; otherwise the request, as it keeps decoding, would read pages that were handed
         to someone else.
         """
-        # >>> TASK cache_req: insert_prefix(input_ids[:cached_len], 页表这行[:cached_len])；重复的一段先改指缓存里的槽位再 _free；finished 就解锁旧句柄并 _free 尾巴——页表这行的 [新句柄.cached_len, req.cached_len)（分到的页只到 cached_len 所在的页为止，再往后从没分配过，不能还）；否则锁新句柄、解锁旧句柄、换上新句柄
-        # en: insert_prefix(input_ids[:cached_len], this page-table row[:cached_len]); for the duplicated part, point the row at the cached slots first, then _free the duplicates; if finished, unlock the old handle and _free the tail — this row's [new_handle.cached_len, req.cached_len) (pages were allocated only up to the page holding cached_len, beyond it nothing was ever allocated, so do not free it); otherwise lock the new handle, unlock the old one and switch to the new handle
+        # >>> TASK cache_req: 把请求算过的前缀（前 cached_len 个 token 和页表里它们的槽位）插进前缀缓存。缓存里早已有、它却自己又算了一遍的那段：页表这一行改指缓存里的槽位，它自己原来那份页还回空闲池（还的是原来的槽位，不是改指后的）。结束时（finished）：放开它原来的锁，把插入没留下的尾巴还掉，只还到 cached_len 为止（再往后的列是残留，不是它的）；没结束：锁住插入得到的新句柄、放开旧的，请求改持新句柄。给定：insert_prefix、lock / unlock、_free
+        # en: insert the prefix the request has computed (its first cached_len tokens and their slots in the page table) into the prefix cache. For a part the cache already held but the request computed again, point this page-table row at the cache's slots and put the request's own copies back in the pool (its original slots, not the repointed ones). When finished: release its old lock and give back the tail the insert did not keep, only as far as cached_len (columns past it hold stale slots that are not its own); otherwise lock the new handle the insert returned, unlock the old one, and let the request hold the new handle. Given: insert_prefix, lock / unlock, _free
+        # hint1: 插入返回的第一个数是“插入前缓存里已有多长”，它比旧句柄长出来的那一段就是重复的。从页表切出来的是视图：改指之前先 clone 一份要还的槽位。
+        # en1: The first value the insert returns is how much was cached before it; the part beyond the old handle's length is the duplicate.
+        # en1: A slice of the page table is a view: clone the slots to give back before repointing.
+        # hint2: 1. row, old = req.table_idx, req.cache_handle；indices = self.page_table[row, :req.cached_len]；
+        # hint2: 2. dup_end, new_handle = self.prefix_cache.insert_prefix(req.input_ids[:req.cached_len], indices)；
+        # hint2: 3. dup_end > old.cached_len 时：duplicate = indices[old.cached_len:dup_end].clone()；
+        # hint2: self.page_table[row, old.cached_len:dup_end] = new_handle.get_matched_indices()[old.cached_len:dup_end].to(indices)；self._free(duplicate)；
+        # hint2: 4. finished：self.unlock(old)；self._free(self.page_table[row, new_handle.cached_len:req.cached_len])；
+        # hint2: 5. 否则：self.lock(new_handle)；self.unlock(old)；req.cache_handle = new_handle。
+        # en2: 1. row, old = req.table_idx, req.cache_handle; indices = self.page_table[row, :req.cached_len];
+        # en2: 2. dup_end, new_handle = self.prefix_cache.insert_prefix(req.input_ids[:req.cached_len], indices);
+        # en2: 3. if dup_end > old.cached_len: duplicate = indices[old.cached_len:dup_end].clone();
+        # en2: self.page_table[row, old.cached_len:dup_end] = new_handle.get_matched_indices()[old.cached_len:dup_end].to(indices); self._free(duplicate);
+        # en2: 4. if finished: self.unlock(old); self._free(self.page_table[row, new_handle.cached_len:req.cached_len]);
+        # en2: 5. otherwise: self.lock(new_handle); self.unlock(old); req.cache_handle = new_handle.
         row, old_handle = req.table_idx, req.cache_handle
         indices = self.page_table[row, : req.cached_len]
         dup_end, new_handle = self.prefix_cache.insert_prefix(req.input_ids[: req.cached_len], indices)
@@ -346,8 +386,19 @@ class CacheManager:
         free pages + cached pages == total pages.
         """
         self.prefix_cache.check_integrity()
-        # >>> TASK check_integrity: protected_size 必须为 0；free_slots 不重复、都是 page_size 的倍数且在 [0, num_pages * page_size) 之内；空闲页数 + total_size/page_size == num_pages；不满足就抛 RuntimeError
-        # en: protected_size must be 0; free_slots has no duplicates, and each is a multiple of page_size within [0, num_pages * page_size); free pages + total_size/page_size == num_pages; raise RuntimeError otherwise
+        # >>> TASK check_integrity: 空闲时对账，下面任何一条不成立就抛 RuntimeError：前缀缓存里没有受保护（还锁着）的 token；空闲池里没有重复的项；每一项都是某一页的页首，而且在 KV 池之内（不小于 0、小于总槽位数）；空闲页数加上缓存占的页数（缓存里的 token 总数 ÷ 每页的 token 数）正好等于总页数。给定：self.prefix_cache.size_info
+        # en: the idle-time audit; raise RuntimeError if any of these fails: the prefix cache has no protected (still locked) tokens; the free pool has no repeated entries; every entry is the start of a page inside the KV pool (not below 0, below the total number of slots); free pages plus the pages the cache holds (its total tokens / tokens per page) equal the total number of pages. Given: self.prefix_cache.size_info
+        # hint1: free_slots 可能在设备上，先拿到 CPU 上再查。“页首”就是能被 page_size 整除；下界 0 也要查——page_size=1 时 -1 也能“整除”。
+        # en1: free_slots may live on the device: bring it to the CPU first.
+        # en1: "Page start" means divisible by page_size; check the lower bound 0 too, since with page_size=1 even -1 is "divisible".
+        # hint2: 1. info = self.prefix_cache.size_info；info.protected_size != 0 就抛；
+        # hint2: 2. free = self.free_slots.cpu()；len(torch.unique(free)) != len(free) 就抛；
+        # hint2: 3. 有任何一项 free % self.page_size != 0、free < 0 或 free >= self.num_pages * self.page_size 就抛；
+        # hint2: 4. len(free) + info.total_size // self.page_size != self.num_pages 就抛。消息像文件里别处一样用 tr(...) 包起来。
+        # en2: 1. info = self.prefix_cache.size_info; raise if info.protected_size != 0;
+        # en2: 2. free = self.free_slots.cpu(); raise if len(torch.unique(free)) != len(free);
+        # en2: 3. raise if any entry has free % self.page_size != 0, free < 0 or free >= self.num_pages * self.page_size;
+        # en2: 4. raise if len(free) + info.total_size // self.page_size != self.num_pages. Wrap the messages in tr(...) like the rest of the file.
         info = self.prefix_cache.size_info
         if info.protected_size != 0:
             raise RuntimeError(tr(
@@ -386,8 +437,24 @@ class ReservingPrefillAdder(PrefillAdder):
     """
 
     def _try_allocate_one(self, pending: PendingReq) -> tuple[Any, int, int] | None:
-        # >>> TASK reserve: 没有空的请求槽就返回 None；match_req 得到句柄；需要的 token 数 = tokens_needed(提示词+输出, 已缓存)；加上 reserved_size 超过 available_size 就返回 None；锁住句柄后再检查一次，这次不过要先 unlock 句柄再返回 None（否则这段前缀一直锁着）；通过后 reserved_size 加上需要的数、分槽位、把命中的槽位写进页表这行的 [:已缓存]
-        # en: return None when no request slot is free; match_req gives the handle; tokens needed = tokens_needed(prompt + output, cached); return None if that plus reserved_size exceeds available_size; check again after locking the handle, and if it fails this time, unlock the handle before returning None (otherwise that prefix stays locked forever); once it passes, add the tokens needed to reserved_size, allocate a slot and write the matched slots into [:cached] of this page-table row
+        # >>> TASK reserve: 准入一个请求：要有空的请求槽，而且它还要新分的 token 数（提示词 + 输出，已命中的前缀不算，按整页）加上 reserved_size 不超过可用空间——锁住命中的前缀之后这一条还得成立（锁住的页不再算可驱逐）。不接纳就返回 None，而且什么都没变（不留锁、不占槽、预留不变）；接纳时命中的前缀保持锁着、reserved_size 加上它要的数、占一个请求槽、命中的槽位写进页表那一行的开头，返回（句柄, 槽号, 已缓存长度）。给定：match_req、tokens_needed、available_size、lock / unlock
+        # en: admit a request only if a request slot is free and the tokens it still needs (prompt + output, minus the matched prefix, in whole pages) plus reserved_size fit in what is available, and this must still hold after the matched prefix is locked (locked pages stop counting as evictable). On refusal return None with nothing changed (no lock kept, no slot taken, the reservation as it was); on admission the prefix stays locked, reserved_size grows by what it needs, a request slot is taken and the matched slots are written at the start of that page-table row; return (the match, slot, cached length). Given: match_req, tokens_needed, available_size, lock / unlock
+        # hint1: 为什么比两次：锁住之前，命中的那些页还算在“可驱逐”里，available_size 偏大。第二次不过时，要先解锁再返回 None。
+        # hint1: 查请求槽放在最前面；真正占槽、改 reserved_size 要等两次比较都过了之后。
+        # en1: Why compare twice: before locking, the matched pages still count as evictable, so available_size is too large. If the second check fails, unlock before returning None.
+        # en1: Check for a request slot first of all; take the slot and change reserved_size only after both checks pass.
+        # hint2: 1. self.table_manager.available_size == 0 就 return None；cm = self.cache_manager；
+        # hint2: 2. handle = cm.match_req(pending)；cached_len = handle.cached_len；needed = cm.tokens_needed(pending.input_len + pending.output_len, cached_len)；
+        # hint2: 3. needed + self.reserved_size > cm.available_size 就 return None；
+        # hint2: 4. cm.lock(handle)；再比一次，不过就 cm.unlock(handle) 再 return None；
+        # hint2: 5. self.reserved_size += needed；table_idx = self.table_manager.allocate()；
+        # hint2: 6. cached_len > 0 时 cm.page_table[table_idx, :cached_len] = handle.get_matched_indices().to(cm.device)；return handle, table_idx, cached_len。
+        # en2: 1. if self.table_manager.available_size == 0: return None; cm = self.cache_manager;
+        # en2: 2. handle = cm.match_req(pending); cached_len = handle.cached_len; needed = cm.tokens_needed(pending.input_len + pending.output_len, cached_len);
+        # en2: 3. if needed + self.reserved_size > cm.available_size: return None;
+        # en2: 4. cm.lock(handle); compare again, and if it fails, cm.unlock(handle) and return None;
+        # en2: 5. self.reserved_size += needed; table_idx = self.table_manager.allocate();
+        # en2: 6. if cached_len > 0: cm.page_table[table_idx, :cached_len] = handle.get_matched_indices().to(cm.device); return handle, table_idx, cached_len.
         if self.table_manager.available_size == 0:
             return None
         handle = self.cache_manager.match_req(pending)

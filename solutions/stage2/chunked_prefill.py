@@ -72,8 +72,13 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
     def try_add_one(self, pending: PendingReq) -> Req | None:
         if self.token_budget <= 0:
             return None
-        # >>> TASK continue_chunk: 已有 pending.chunked_req 时不再匹配和预留，沿用它的句柄、槽位和 cached_len 接着切下一块
-        # en: if pending.chunked_req exists, do not match or reserve again: reuse its handle, slot and cached_len and cut the next chunk
+        # >>> TASK continue_chunk: 上一步留下了算到一半的分块（记在这个等待请求上）时，接着切下一块：不再匹配前缀、不再预留，沿用那一块的缓存句柄、请求槽和已缓存长度，返回新的一块；没有这样的分块就什么也不做，交给任务后面的代码。给定：_add_one_req
+        # en: when the previous step left a half-computed chunk (noted on this waiting request), cut the next chunk: no new prefix match, no new reservation; reuse that chunk's cache handle, request slot and cached length, and return the new chunk; without such a chunk do nothing and let the code after the task run. Given: _add_one_req
+        # hint1: 算到一半的那一块就是 pending.chunked_req，你要沿用的三样东西都在它身上；切多大一块交给 _add_one_req（下一个任务）去决定。
+        # en1: The half-computed chunk is pending.chunked_req, and the three things to reuse are all on it;
+        # en1: how big the next chunk is, _add_one_req (the next task) decides.
+        # hint2: chunked = pending.chunked_req；不是 None 就 return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)。
+        # en2: chunked = pending.chunked_req; if it is not None: return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len).
         if (chunked := pending.chunked_req) is not None:
             return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)
         # <<< TASK
@@ -87,8 +92,17 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
         en: If the budget covers the rest of the prompt, admit it as usual; otherwise admit only ``token_budget``
         tokens, as a ``ChunkedReq``.
         """
-        # >>> TASK take_chunk: 剩余 r = input_len - cached_len；r <= 预算就清掉 pending.chunked_req、照常交给父类；否则让父类只接纳到 cached_len + 预算（req_cls=ChunkedReq），记到 pending.chunked_req 再返回
-        # en: remaining r = input_len - cached_len; if r <= budget, clear pending.chunked_req and hand over to the parent as usual; otherwise let the parent admit only up to cached_len + budget (req_cls=ChunkedReq), store it in pending.chunked_req and return it
+        # >>> TASK take_chunk: 提示词剩下没算的部分不超过预算（恰好相等也算）时，这是最后一块：照常由父类建一个普通请求，并清掉等待请求上“有一块算到一半”的标记；否则只接纳预算那么多个 token，做成 ChunkedReq，记成那个标记再返回它。请求仍然只由父类的 _add_one_req 建
+        # en: if what remains of the prompt is within the budget (equal counts), this is the last chunk: the parent builds an ordinary request as usual, and the waiting request's "half-computed chunk" mark is cleared; otherwise admit only as many tokens as the budget allows, as a ChunkedReq, record it as that mark and return it. Requests are still built only by the parent's _add_one_req
+        # hint1: 父类的 _add_one_req 已经会写 token 池、扣预算、建请求：这里只决定传给它的 end 和 req_cls。那个标记是 pending.chunked_req。
+        # en1: The parent's _add_one_req already writes the token pool, charges the budget and builds the request:
+        # en1: here you only decide the end and req_cls it gets. The mark is pending.chunked_req.
+        # hint2: 1. pending.input_len - cached_len <= self.token_budget 时：pending.chunked_req = None；return super()._add_one_req(pending, cache_handle, table_idx, cached_len)；
+        # hint2: 2. 否则 end = cached_len + self.token_budget；pending.chunked_req = super()._add_one_req(pending, cache_handle, table_idx, cached_len, ChunkedReq, end)；
+        # hint2: return pending.chunked_req。
+        # en2: 1. if pending.input_len - cached_len <= self.token_budget: pending.chunked_req = None; return super()._add_one_req(pending, cache_handle, table_idx, cached_len);
+        # en2: 2. otherwise end = cached_len + self.token_budget; pending.chunked_req = super()._add_one_req(pending, cache_handle, table_idx, cached_len, ChunkedReq, end);
+        # en2: return pending.chunked_req.
         if pending.input_len - cached_len <= self.token_budget:
             pending.chunked_req = None
             return super()._add_one_req(pending, cache_handle, table_idx, cached_len)
@@ -114,8 +128,15 @@ class Scheduler(_Scheduler):
         en: After a chunk, if any request is decoding, let it take a step before the next chunk: a long prompt does not
         hold up decoding.
         """
-        # >>> TASK interleave: 上一步有中途的分块且有请求在解码，就先调度一步解码；否则照常（预填充优先）；记下这一步是否含中途的分块
-        # en: if the previous step had an unfinished chunk and some request is decoding, schedule a decode step first; otherwise as usual (prefill first); record whether this step contains an unfinished chunk
+        # >>> TASK interleave: 上一步算的是中途的分块、而且有请求在解码时，这一步先让它们解码一步；否则照常（预填充优先）。每一步都要记下它含不含中途的分块，供下一步判断；返回准备好的这一步（或 None）。给定：self._yield_to_decode
+        # en: if the previous step computed an unfinished chunk and some request is decoding, this step lets them decode once; otherwise as usual (prefill first). Every step notes whether it holds an unfinished chunk, for the next step to decide; return the prepared step (or None). Given: self._yield_to_decode
+        # hint1: “照常”就是父类的 _schedule_next_batch；中途的分块就是这一步里的 ChunkedReq。让解码先走的那一步本身不含分块：别忘了把标记放下。
+        # en1: "As usual" is the parent's _schedule_next_batch; an unfinished chunk is a ChunkedReq in the step.
+        # en1: The decode step you let through holds no chunk itself: remember to lower the flag.
+        # hint2: 1. self._yield_to_decode 且 self.decode_manager.runnable 时：self._yield_to_decode = False；return self._prepare_batch(self.decode_manager.schedule_next_batch())；
+        # hint2: 2. 否则 fi = super()._schedule_next_batch()；self._yield_to_decode = fi 不是 None 且 fi.batch.reqs 里有 ChunkedReq；return fi。
+        # en2: 1. if self._yield_to_decode and self.decode_manager.runnable: self._yield_to_decode = False; return self._prepare_batch(self.decode_manager.schedule_next_batch());
+        # en2: 2. otherwise fi = super()._schedule_next_batch(); self._yield_to_decode = fi is not None and any ChunkedReq is in fi.batch.reqs; return fi.
         if self._yield_to_decode and self.decode_manager.runnable:
             self._yield_to_decode = False
             return self._prepare_batch(self.decode_manager.schedule_next_batch())

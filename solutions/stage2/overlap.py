@@ -158,8 +158,17 @@ class Scheduler(_Scheduler):
         """
         if not self.overlap:
             return super()._forward(fi)
-        # >>> TASK launch_on_worker: 在主线程对每个请求 complete_one()；_launch(fi) 让设备开始算（CPU 上交给后台线程），得到 Future；更新 decode_manager；返回 Future
-        # en: on the main thread call complete_one() on every request; _launch(fi) starts the device (on the CPU it hands the work to the background thread) and gives a Future; update decode_manager; return the Future
+        # >>> TASK launch_on_worker: 重叠时发出这一步、不等它算完，把 _launch 给的 Future 原样返回；返回之前，这一步每个请求的长度记账都已在主线程推进（而且在设备开始算之前，免得和后台线程抢），运行队列也已更新（刚预填充完的加入、生成够的离开）。给定：_launch，以及第 2.1 章 _forward 里同样的那两件事
+        # en: with overlap on, launch this step without waiting for it and return the Future from _launch as it is; by then every request of the step has had its length bookkeeping advanced on the main thread (before the device starts, so the background thread never races it), and the running queue is updated (requests just prefilled join, those done generating leave). Given: _launch, and the same two pieces of work chapter 2.1's _forward does
+        # hint1: 对照第 2.1 章的 _forward：推进请求、更新运行队列两件事都一样，只是把同步的 _run_batch 换成 _launch。推进一定要放在 _launch 之前。
+        # en1: Compare with chapter 2.1's _forward: advancing the requests and updating the running queue are the same; only the synchronous _run_batch becomes _launch.
+        # en1: The advancing must come before _launch.
+        # hint2: 1. for req in fi.batch.reqs: req.complete_one()；
+        # hint2: 2. launched = self._launch(fi)；
+        # hint2: 3. self.decode_manager.filter_reqs(fi.batch.reqs)；return launched。
+        # en2: 1. for req in fi.batch.reqs: req.complete_one();
+        # en2: 2. launched = self._launch(fi);
+        # en2: 3. self.decode_manager.filter_reqs(fi.batch.reqs); return launched.
         for req in fi.batch.reqs:
             req.complete_one()
         launched = self._launch(fi)
@@ -190,8 +199,19 @@ class Scheduler(_Scheduler):
 
         en: Launch step N+1, then process the results of step N: the host works while the device computes.
         """
-        # >>> TASK overlap_loop: 调度并 _forward 下一步，_in_flight 换成这一步批次里的请求（不是累加；没有下一步就清空）；再 _finish 上一步（先把 _last_data 取出来）；归还已不在途的请求的资源；这一步成为“上一步”；发出或处理了东西就返回 True
-        # en: schedule and _forward the next step, and set _in_flight to the requests of this step's batch (replace, do not accumulate; clear it when there is no next step); then _finish the previous step (take _last_data out first); release the resources of requests no longer in flight; this step becomes the "previous step"; return True if anything was launched or processed
+        # >>> TASK overlap_loop: 重叠的一次迭代：下一步（如果有）要在处理上一步的结果之前就发出；_in_flight 恰好是刚发出的那一步的请求（每次替换，不累加；没发出就为空）；上一步的结果处理完之后，已经不在途的延后请求归还资源；刚发出的这一步成为新的“上一步”；发出或处理了东西就返回 True。给定：_finish、_free_deferred
+        # en: one overlapped iteration: the next step (if any) is launched before the previous step's results are processed; _in_flight is exactly the requests of the step just launched (replaced each time, never accumulated; empty when nothing was launched); after the previous step's results are processed, deferred requests no longer in flight get their resources back; the step just launched becomes the new previous step; return True if anything was launched or processed. Given: _finish, _free_deferred
+        # hint1: “上一步”存在 self._last_data 里：先把它取到局部变量，再放进这一步——不然处理的就是刚发出的那一步。这里 _forward 返回的是 Future，和 fi 配成一对存起来。
+        # en1: The previous step lives in self._last_data: take it into a local first, then store this step there; otherwise you would process the step just launched.
+        # en1: Here _forward returns a Future; store it paired with fi.
+        # hint2: 1. fi = self._schedule_next_batch()；ongoing = (fi, self._forward(fi)) if fi is not None else None；
+        # hint2: 2. self._in_flight = set(fi.batch.reqs) if fi is not None else set()；
+        # hint2: 3. last, self._last_data = self._last_data, ongoing；self._finish(last)；self._free_deferred()；
+        # hint2: 4. return ongoing is not None or last is not None。
+        # en2: 1. fi = self._schedule_next_batch(); ongoing = (fi, self._forward(fi)) if fi is not None else None;
+        # en2: 2. self._in_flight = set(fi.batch.reqs) if fi is not None else set();
+        # en2: 3. last, self._last_data = self._last_data, ongoing; self._finish(last); self._free_deferred();
+        # en2: 4. return ongoing is not None or last is not None.
         fi = self._schedule_next_batch()
         ongoing = (fi, self._forward(fi)) if fi is not None else None
         self._in_flight = set(fi.batch.reqs) if fi is not None else set()
@@ -206,8 +226,12 @@ class Scheduler(_Scheduler):
 
         en: Note a request still in flight, and free its resources once the batches using it are computed.
         """
-        # >>> TASK deferred_free: req 在 _in_flight 里就放进 _deferred，否则立刻 _free_req_resources
-        # en: if req is in _in_flight, put it in _deferred; otherwise _free_req_resources right away
+        # >>> TASK deferred_free: 设备可能还在用的请求（在 _in_flight 里）先记下来、暂不归还，等它不在途了由 _free_deferred 归还；别的请求立刻归还资源
+        # en: a request the device may still be using (it is in _in_flight) is noted and not given back yet: _free_deferred gives it back once it is no longer in flight; any other request gets its resources back at once
+        # hint1: “记下来”的名单就是 self._deferred（_free_deferred 遍历的那一个）；“立刻归还”就是第 2.1 章的 _free_req_resources。
+        # en1: The list for "noted" is self._deferred (the one _free_deferred goes through); "at once" is chapter 2.1's _free_req_resources.
+        # hint2: req in self._in_flight 时 self._deferred.append(req)；否则 self._free_req_resources(req)。
+        # en2: if req in self._in_flight: self._deferred.append(req); else: self._free_req_resources(req).
         if req in self._in_flight:
             self._deferred.append(req)
         else:

@@ -125,8 +125,18 @@ class RadixTreeNode:
         The new node inherits this node's reference count and timestamp: a handle that locked this node also locked
         every node on its path.
         """
-        # >>> TASK split_node: 新节点拿 key/value 的前 pos 个、挂到原父节点下、继承 ref_count 与 timestamp；本节点留下后半段并改挂到新节点下
-        # en: the new node takes the first pos entries of key/value, takes this node's place under its parent and inherits ref_count and timestamp; this node keeps the rest and becomes the new node's child
+        # >>> TASK split_node: 在第 pos 个 token 处把本节点一分为二，返回新建的前半段：它拿 token 和槽位的前 pos 个，接替本节点在父节点下的那一项，并继承引用计数和时间戳；本节点留下后半段，成为前半段唯一的子节点。给定：set_key_value、set_parent
+        # en: split this node in two at token pos and return the new first part: it takes the first pos tokens and slots, takes this node's place under the node above it, and inherits the reference count and the time of last use; this node keeps the rest and becomes the first part's only child. Given: set_key_value, set_parent
+        # hint1: 前半段的第一页和本节点原来的第一页相同，所以它挂到原父节点下时正好覆盖字典里本节点那一项，不用先删。
+        # hint1: 本节点的 key 改成后半段之后，再把它挂到前半段下面：set_parent 按它新的第一页建索引。
+        # en1: The first part starts with the same page as this node did, so hanging it under the old parent overwrites this node's entry in the dict: no need to delete it first.
+        # en1: Hang this node under the first part only after its key has become the second part: set_parent indexes it by its new first page.
+        # hint2: 1. new_node = RadixTreeNode(self.key_fn, self.timestamp)；new_node.set_key_value(self.key[:pos], self.value[:pos])；new_node.ref_count = self.ref_count；
+        # hint2: 2. new_node.set_parent(self.parent)（覆盖父节点字典里本节点那一项）；
+        # hint2: 3. self.set_key_value(self.key[pos:], self.value[pos:])；self.set_parent(new_node)；return new_node。
+        # en2: 1. new_node = RadixTreeNode(self.key_fn, self.timestamp); new_node.set_key_value(self.key[:pos], self.value[:pos]); new_node.ref_count = self.ref_count;
+        # en2: 2. new_node.set_parent(self.parent) (overwriting this node's entry in the parent's dict);
+        # en2: 3. self.set_key_value(self.key[pos:], self.value[pos:]); self.set_parent(new_node); return new_node.
         assert 0 < pos < self.length and self.parent is not None
         new_node = RadixTreeNode(self.key_fn, self.timestamp)
         new_node.set_key_value(self.key[:pos], self.value[:pos])
@@ -202,8 +212,21 @@ class RadixPrefixCache(BasePrefixCache):
         Returns the last fully matched node and the matched length. Every node used gets a fresh timestamp (strict LRU:
         a node used only in part is split first, and only the first part is refreshed).
         """
-        # >>> TASK tree_walk: 一次匹配用同一个 now = self._tick() 作时间戳；剩余不足一页就停；按 key_fn(剩余部分) 找子节点；匹配长度按 page_size 向下取整；没完全匹配就 split_at，只刷新分出来的前半段的 timestamp 并返回它（后半段没被用到，不刷新）；完全匹配就刷新 timestamp 继续
-        # en: use one now = self._tick() as the timestamp for the whole match; stop when less than a page remains; find the child by key_fn(remaining part); round the match length down to page_size; on a partial match, split_at and refresh only the timestamp of the split-off first half and return it (the unused second half keeps its time); on a full match, refresh timestamp and continue
+        # >>> TASK tree_walk: 从根往下按整页尽量长地匹配 input_ids，返回（最后一个完全匹配的节点, 匹配长度）；匹配停在某个节点中间，就把它分裂并返回前半段。路上用到的节点都刷新成同一个时间（一次匹配只 _tick 一次）；只用到前半段时，后半段保持原来的时间。剩下不足一页就不再往下找（key_fn 不接受不足一页的输入）。给定：key_fn、_match_len、split_at
+        # en: walk down from the top of the tree, matching as much of input_ids as possible in whole pages, and return (the last fully matched node, how many tokens matched); when matching stops inside a node, split it and return the first part. Every node used gets the same new time (one _tick per walk); when only the first part is used, the rest keeps its old time. Stop looking once less than a page remains (key_fn refuses less than a page). Given: key_fn, _match_len, split_at
+        # hint1: 子节点按剩余部分的第一页去 children 字典里查。逐 token 的匹配长度先按 page_size 向下取整，再和子节点的长度比：相等就走下去，短了就分裂。
+        # en1: Look a child up in the children dict by the first page of what remains. Round the token-by-token match length down to page_size, then compare it
+        # en1: with the child's length: equal means walk on, shorter means split.
+        # hint2: 1. node, prefix_len, now = self.root, 0, self._tick()；ps = self.page_size；
+        # hint2: 2. 当 len(input_ids) - prefix_len >= ps：child = node.children.get(self.key_fn(input_ids[prefix_len:]))；是 None 就 break；
+        # hint2: 3. match = _match_len(child.key, input_ids[prefix_len:]) // ps * ps；prefix_len += match；
+        # hint2: 4. match < child.length：head = child.split_at(match)；head.timestamp = now；return head, prefix_len；
+        # hint2: 5. 否则 child.timestamp = now；node = child，接着循环；循环结束 return node, prefix_len。
+        # en2: 1. node, prefix_len, now = self.root, 0, self._tick(); ps = self.page_size;
+        # en2: 2. while len(input_ids) - prefix_len >= ps: child = node.children.get(self.key_fn(input_ids[prefix_len:])); break if it is None;
+        # en2: 3. match = _match_len(child.key, input_ids[prefix_len:]) // ps * ps; prefix_len += match;
+        # en2: 4. if match < child.length: head = child.split_at(match); head.timestamp = now; return head, prefix_len;
+        # en2: 5. otherwise child.timestamp = now; node = child and loop on; after the loop return node, prefix_len.
         node, prefix_len, now = self.root, 0, self._tick()
         ps = self.page_size
         while len(input_ids) - prefix_len >= ps:
@@ -237,8 +260,22 @@ class RadixPrefixCache(BasePrefixCache):
         en: Insert the whole-page part of ``input_ids``. Returns the length that was already cached before the insert,
         and a handle covering the whole inserted part (all of its whole pages).
         """
-        # >>> TASK insert: 长度按页向下取整；_tree_walk 找已有的部分；剩下的挂一个新叶子（key 和 value 都要 clone！时间戳用这次 _tree_walk 的 self._clock），计入 evictable_size；返回 InsertResult(已有的长度, 指向最后一个节点、长度为整页部分的句柄)
-        # en: round the length down to whole pages; _tree_walk finds the part already there; the rest becomes a new leaf under the node it returned (clone both key and value! its timestamp is this walk's self._clock) and counts towards evictable_size; return InsertResult(length already there, a handle on the last node covering the whole-page part)
+        # >>> TASK insert: 插入 input_ids 的整页部分（连同 indices 里对应的槽位）：树里已有的部分不重复插入，其余挂成一个新叶子——存的是拷贝，不是传进来的视图，时间和这次匹配用的相同——并计入可驱逐的账；返回 InsertResult（插入前已有的长度, 指向最后一个节点、覆盖整页部分的句柄）。给定：_tree_walk、RadixCacheHandle
+        # en: insert the whole-page part of input_ids (with the matching slots of indices): what the tree already holds is not inserted again, the rest becomes one new leaf, storing copies rather than the views passed in, with the same time as this walk, and it counts as evictable; return InsertResult(how much was already cached, a handle ending where the inserted part ends and covering the whole-page part). Given: _tree_walk, RadixCacheHandle
+        # hint1: 先把 input_ids 和 indices 按页截短，再走一遍树：走到的节点和长度正好告诉你哪些已有、新叶子挂在哪。
+        # hint1: 新叶子的时间用 self._clock（_tree_walk 刚 tick 过），不是 0。
+        # en1: Cut input_ids and indices down to whole pages, then walk the tree: the node and length it returns tell you what is already there and where the new leaf hangs.
+        # en1: The new leaf's time is self._clock (_tree_walk has just ticked), not 0.
+        # hint2: 1. insert_len = len(input_ids) // self.page_size * self.page_size；input_ids、indices 都截到 insert_len；
+        # hint2: 2. node, prefix_len = self._tree_walk(input_ids)；
+        # hint2: 3. prefix_len < insert_len 时：new_node = RadixTreeNode(self.key_fn, self._clock)；new_node.set_key_value(input_ids[prefix_len:].clone(), indices[prefix_len:].clone())；
+        # hint2: new_node.set_parent(node)；self.evictable_size += new_node.length；node = new_node；
+        # hint2: 4. return InsertResult(prefix_len, RadixCacheHandle(insert_len, node))。
+        # en2: 1. insert_len = len(input_ids) // self.page_size * self.page_size; cut input_ids and indices to insert_len;
+        # en2: 2. node, prefix_len = self._tree_walk(input_ids);
+        # en2: 3. if prefix_len < insert_len: new_node = RadixTreeNode(self.key_fn, self._clock); new_node.set_key_value(input_ids[prefix_len:].clone(), indices[prefix_len:].clone());
+        # en2: new_node.set_parent(node); self.evictable_size += new_node.length; node = new_node;
+        # en2: 4. return InsertResult(prefix_len, RadixCacheHandle(insert_len, node)).
         insert_len = len(input_ids) // self.page_size * self.page_size
         input_ids, indices = input_ids[:insert_len], indices[:insert_len]
         node, prefix_len = self._tree_walk(input_ids)
@@ -262,8 +299,19 @@ class RadixPrefixCache(BasePrefixCache):
         total.
         """
         assert isinstance(handle, RadixCacheHandle)
-        # >>> TASK lock: 沿 parent 走到根（根不算）；加锁时 0→1 把长度从 evictable 挪到 protected，解锁时 1→0 挪回去；计数不能为负
-        # en: walk along parent to the root (the root excluded); locking 0→1 moves the length from evictable to protected, unlocking 1→0 moves it back; the count must never go negative
+        # >>> TASK lock: 从句柄所在的节点一路到根（根不算），每个节点的引用计数加一（unlock 时减一）；计数从 0 变成 1 时，这个节点的长度从可驱逐的账挪到受保护的账，从 1 变回 0 时挪回去；给没锁着的节点解锁要抛 RuntimeError
+        # en: for every node from the handle's node up to the root (the root excluded), add one to its reference count (subtract one when unlock is set); when a count goes 0 → 1 the node's tokens move from the evictable total to the protected one, and back when it goes 1 → 0; unlocking a node that is not locked raises RuntimeError
+        # hint1: 加锁和解锁走同一条路径、方向相反。想清楚“改计数”和“挪账”的先后：加锁时看改之前是不是 0，解锁时看改之后是不是 0。
+        # en1: Locking and unlocking walk the same path in opposite directions. Get the order of "change the count" and "move the total" right:
+        # en1: when locking, look at whether it was 0 before; when unlocking, whether it is 0 after.
+        # hint2: node = handle.node；当 not node.is_root()：
+        # hint2: · unlock：node.ref_count <= 0 就抛 RuntimeError；node.ref_count -= 1；变成 0 时 self.evictable_size += node.length，self.protected_size -= node.length；
+        # hint2: · 加锁：node.ref_count == 0 时 self.evictable_size -= node.length，self.protected_size += node.length；然后 node.ref_count += 1；
+        # hint2: · node = node.parent。
+        # en2: node = handle.node; while not node.is_root():
+        # en2: · unlock: raise RuntimeError if node.ref_count <= 0; node.ref_count -= 1; when it becomes 0, self.evictable_size += node.length and self.protected_size -= node.length;
+        # en2: · lock: when node.ref_count == 0, self.evictable_size -= node.length and self.protected_size += node.length; then node.ref_count += 1;
+        # en2: · node = node.parent.
         node = handle.node
         while not node.is_root():
             if unlock:
@@ -294,8 +342,20 @@ class RadixPrefixCache(BasePrefixCache):
                 "Asked to evict {size} tokens, but only {evictable_size} are evictable",
                 size=size, evictable_size=self.evictable_size,
             ))
-        # >>> TASK evict: 收集 ref_count==0 的叶子建堆（按 timestamp）；逐个弹出、从父节点删掉、记下 value、扣 evictable_size；父节点变成无锁叶子就入堆；够 size 就停
-        # en: collect the leaves with ref_count==0 into a heap (by timestamp); pop them one by one, remove each from its parent, keep its value, subtract from evictable_size; push the parent when it becomes an unlocked leaf; stop once size is reached
+        # >>> TASK evict: 驱逐至少 size 个 token，返回腾出来的槽位（拼成一个张量）：每次挑最久没用、没上锁的叶子（根除外），把它从树上摘掉，从可驱逐的账里扣掉；父节点因此成了没上锁的叶子，也就成了候选；够数就停；候选用完还不够就抛 RuntimeError。节点之间可以直接比新旧（__lt__）。给定：_all_nodes
+        # en: evict at least size tokens and return the slots set free, as one tensor: each time take the least recently used unlocked leaf (never the root), detach it from the tree and subtract it from the evictable total; a parent that thereby becomes an unlocked leaf joins the candidates; stop once there is enough; if the candidates run out first, raise RuntimeError. Nodes compare by age directly (__lt__). Given: _all_nodes
+        # hint1: 候选要一边弹出最旧的、一边加入新的：这正是堆（heapq）擅长的。节点本身就能比较，堆里直接放节点。
+        # en1: The candidates keep losing their oldest and gaining new ones: exactly what a heap (heapq) is good at. Nodes compare themselves, so put the nodes in the heap directly.
+        # hint2: 1. heap = [n for n in self._all_nodes() if n.is_leaf() and n.ref_count == 0 and not n.is_root()]；heapq.heapify(heap)；
+        # hint2: 2. 当 freed < size：heap 空了就抛 RuntimeError；node = heapq.heappop(heap)；del node.parent.children[self.key_fn(node.key)]；
+        # hint2: 3. 记下 node.value；freed += node.length；self.evictable_size -= node.length；
+        # hint2: 4. parent = node.parent；它不是根、是叶子、ref_count == 0 就 heapq.heappush(heap, parent)；
+        # hint2: 5. return torch.cat(记下的各个 value)。
+        # en2: 1. heap = [n for n in self._all_nodes() if n.is_leaf() and n.ref_count == 0 and not n.is_root()]; heapq.heapify(heap);
+        # en2: 2. while freed < size: raise RuntimeError if heap is empty; node = heapq.heappop(heap); del node.parent.children[self.key_fn(node.key)];
+        # en2: 3. keep node.value; freed += node.length; self.evictable_size -= node.length;
+        # en2: 4. parent = node.parent; if it is not the root, is a leaf and has ref_count == 0: heapq.heappush(heap, parent);
+        # en2: 5. return torch.cat(the values kept).
         heap = [n for n in self._all_nodes() if n.is_leaf() and n.ref_count == 0 and not n.is_root()]
         heapq.heapify(heap)
         evicted: list[torch.Tensor] = []
@@ -347,8 +407,25 @@ class RadixPrefixCache(BasePrefixCache):
         en: Count everything again: each node's structure, whole pages and reference count, and the evictable and
         protected totals. Raises RuntimeError on any mismatch.
         """
-        # >>> TASK check_tree: 遍历全部节点：每个子节点挂在父节点的正确位置；根节点只查这一条（它没有 key，ref_count 永远是 1，不受下面的长度和引用计数规则约束，也不计入记账）；其余节点非空、长度是 page_size 的倍数、key/value 等长、ref_count >= 0 且不小于子节点之和；按 ref_count 重新累计 evictable/protected 并与记账比较；槽位不重复
-        # en: visit every node: each child sits at the right key in its parent; that is the only rule for the root (it has no key and its ref_count stays 1, so the length and ref-count rules below do not apply to it and it is not counted); every other node is non-empty, its length is a multiple of page_size, key and value have equal length, ref_count >= 0 and not less than the sum of its children's; recount evictable/protected from ref_count and compare with the bookkeeping; no slot appears twice
+        # >>> TASK check_tree: 重新数一遍整棵树，下面任何一条不成立就抛 RuntimeError：每个子节点都挂在父节点字典里按 key_fn 算出的那一项下，而且它的父指针指回这个父节点（根只查这一条，也不计入两本账）；其余节点非空、长度是 page_size 的整数倍、token 和槽位一样长；引用计数不为负，也不小于子节点计数之和；按引用计数是否为 0 重新累计两本账，和 evictable_size、protected_size 都相等；全树没有重复的槽位。给定：_all_nodes、cached_indices
+        # en: count the whole tree again; raise RuntimeError if any of these fails: every entry in a node's dict is filed under what key_fn gives for it and points back at the node holding it (the only rule for the root, which is not counted in the totals); every other node is non-empty, its size a multiple of page_size, with as many slots as tokens; every reference count is non-negative and not below the sum of the counts directly beneath it; recounting the two totals by whether each count is zero gives evictable_size and protected_size; no slot appears twice in the tree. Given: _all_nodes, cached_indices
+        # hint1: 只遍历一次：每个节点先查它的子节点挂得对不对，然后根跳过其余的检查。两本账在循环里累计，循环后再比。重复的槽位：torch.unique 之后长度变没变。
+        # en1: One pass is enough: for each node first check how its children hang, then skip the remaining checks for the root.
+        # en1: Accumulate the two totals in the loop and compare after it. Repeated slots: does the length change after torch.unique?
+        # hint2: 1. evictable = protected = 0；for node in self._all_nodes()：
+        # hint2: · 每个 (k, child) in node.children.items()：child.parent is not node 或 self.key_fn(child.key) != k 就抛；node.is_root() 就 continue；
+        # hint2: · node.length == 0、node.length % self.page_size != 0 或 len(node.value) != node.length 就抛；
+        # hint2: · node.ref_count < 0 或 node.ref_count < sum(c.ref_count for c in node.children.values()) 就抛；
+        # hint2: · ref_count == 0 时 evictable += node.length，否则 protected += node.length；
+        # hint2: 2. (evictable, protected) != (self.evictable_size, self.protected_size) 就抛；
+        # hint2: 3. values = self.cached_indices()；len(torch.unique(values)) != len(values) 就抛。消息用 tr(...) 包起来。
+        # en2: 1. evictable = protected = 0; for node in self._all_nodes():
+        # en2: · for each (k, child) in node.children.items(): raise if child.parent is not node or self.key_fn(child.key) != k; continue if node.is_root();
+        # en2: · raise if node.length == 0, node.length % self.page_size != 0 or len(node.value) != node.length;
+        # en2: · raise if node.ref_count < 0 or node.ref_count < sum(c.ref_count for c in node.children.values());
+        # en2: · if ref_count == 0, evictable += node.length, else protected += node.length;
+        # en2: 2. raise if (evictable, protected) != (self.evictable_size, self.protected_size);
+        # en2: 3. values = self.cached_indices(); raise if len(torch.unique(values)) != len(values). Wrap the messages in tr(...).
         evictable = protected = 0
         for node in self._all_nodes():
             for k, child in node.children.items():

@@ -116,8 +116,17 @@ class StaticCacheManager:
                     num_pages=num_pages, max_running_req=max_running_req,
                 )
             )
-        # >>> TASK static_pages: 先定义 width = max_req_tokens（下面一行要用）；第 row 行的第 j 列写 row * slot_tokens + j（j < width）：每个槽位一段连续的槽位
-        # en: first define width = max_req_tokens (the next line uses it); column j of row row holds row * slot_tokens + j (j < width): each request slot gets one contiguous run of KV slots
+        # >>> TASK static_pages: 填好页表：每个请求槽一行，前 width 列依次是这个槽独占的那一段 KV 槽位（KV 池按 slot_tokens 个一段切开，第 r 段归第 r 个请求槽），各段互不重叠；width 取 self.max_req_tokens，任务之后的代码还要用这个变量
+        # en: fill the page table: one row per request slot, whose first width entries are, in order, the run of KV slots that slot owns (the pool cut into runs of slot_tokens, run r for request slot r), with no overlap; width is self.max_req_tokens, and the code after the task uses that variable
+        # hint1: 不用循环：一个“列偏移”的行向量加上一个“每行起点”的列向量，广播一下就是整个矩形。新建的张量要和页表同一个 dtype、同一个设备。
+        # en1: No loop needed: a row vector of column offsets plus a column vector of per-row starts broadcasts into the whole rectangle.
+        # en1: New tensors must match the page table's dtype and device.
+        # hint2: 1. width = self.max_req_tokens；
+        # hint2: 2. rows = torch.arange(max_running_req)，cols = torch.arange(width)，都用 dtype=torch.int32、device=page_table.device；
+        # hint2: 3. page_table[:max_running_req, :width] = rows[:, None] * self.slot_tokens + cols[None, :]。
+        # en2: 1. width = self.max_req_tokens;
+        # en2: 2. rows = torch.arange(max_running_req) and cols = torch.arange(width), both with dtype=torch.int32 and device=page_table.device;
+        # en2: 3. page_table[:max_running_req, :width] = rows[:, None] * self.slot_tokens + cols[None, :].
         width = self.max_req_tokens
         rows = torch.arange(max_running_req, dtype=torch.int32, device=page_table.device)
         cols = torch.arange(width, dtype=torch.int32, device=page_table.device)
@@ -205,8 +214,19 @@ class PrefillAdder:
         could never get in). Chunked prefill passes a smaller ``end`` and its own ``req_cls``.
         """
         end = pending.input_len if end is None else end
-        # >>> TASK add_one_req: 把 input_ids[cached_len:end] 写进 token_pool 第 table_idx 行的同样位置；预算减去这段的长度；返回 req_cls(input_ids=input_ids[:end], ...)
-        # en: write input_ids[cached_len:end] into the same positions of row table_idx of token_pool; subtract this span's length from the budget; return req_cls(input_ids=input_ids[:end], ...)
+        # >>> TASK add_one_req: 接纳提示词的 [cached_len, end) 这一段：写进 token 池里这个请求那一行的同样位置（别处不动），预算扣掉这一段的长度；返回一个 req_cls 的新请求，提示词只到 end，带上槽号、cached_len、缓存句柄，以及等待请求自带的那几个字段
+        # en: admit the span [cached_len, end) of the prompt: it goes into this request's row of the token pool at the same positions (nothing else changes), and its length is charged to the budget; return a new request of class req_cls whose prompt stops at end, carrying the slot, cached_len, the cache handle and the fields the waiting request brings along
+        # hint1: 写 token 池是一次切片拷贝，不用循环。注意：新请求的 input_ids 是从头到 end 的整段提示词，不只是这一段——已缓存的前缀也是它的。
+        # en1: Writing the token pool is one slice copy, no loop.
+        # en1: Note that the new request's input_ids is the whole prompt from the start up to end, not just this span: the cached prefix is part of it too.
+        # hint2: 1. self.token_pool[table_idx, cached_len:end].copy_(pending.input_ids[cached_len:end], non_blocking=True)；
+        # hint2: 2. self.token_budget -= end - cached_len；
+        # hint2: 3. return req_cls(input_ids=pending.input_ids[:end], table_idx=table_idx, cached_len=cached_len, output_len=pending.output_len,
+        # hint2: uid=pending.uid, sampling_params=pending.sampling_params, cache_handle=cache_handle)。
+        # en2: 1. self.token_pool[table_idx, cached_len:end].copy_(pending.input_ids[cached_len:end], non_blocking=True);
+        # en2: 2. self.token_budget -= end - cached_len;
+        # en2: 3. return req_cls(input_ids=pending.input_ids[:end], table_idx=table_idx, cached_len=cached_len, output_len=pending.output_len,
+        # en2: uid=pending.uid, sampling_params=pending.sampling_params, cache_handle=cache_handle).
         self.token_pool[table_idx, cached_len:end].copy_(pending.input_ids[cached_len:end], non_blocking=True)
         self.token_budget -= end - cached_len
         return req_cls(
@@ -240,16 +260,29 @@ class PrefillManager:
     def schedule_next_batch(self, adder: PrefillAdder) -> Batch | None:
         """从队首开始让 ``adder`` 接纳请求，第一个接纳不了的就停下；一个都没有就返回 None。
 
-        接纳了但提示词没算完的请求（``PendingReq.chunked_req`` 不为空）留在队首，下一步接着算。
+        接纳了但提示词没算完的请求（新请求的 ``device_len`` 还小于等待请求的 ``input_len``；只有第 2.4 章的分块请求
+        会这样）留在队首，下一步接着算。
 
         en: Let ``adder`` admit requests from the front of the queue, stopping at the first it cannot admit; return None
         if none was admitted.
 
-        An admitted request whose prompt is not finished yet (``PendingReq.chunked_req`` is set) stays at the front of the
-        queue and continues next step.
+        An admitted request whose prompt is not finished yet (the new request's ``device_len`` is still below the
+        waiting request's ``input_len``; only chapter 2.4's chunked requests do that) stays at the front of the queue
+        and continues next step.
         """
-        # >>> TASK schedule_prefill: 依次 adder.try_add_one(队列里的请求)，遇到 None 就停；更新队列（没算完提示词的留在队首）；返回预填充批次
-        # en: call adder.try_add_one(request in the queue) in order, stop at the first None; update the queue (requests whose prompt is not finished stay at the front); return the prefill batch
+        # >>> TASK schedule_prefill: 从队首起依次让 adder 接纳，遇到第一个接纳不了的就停（不跳过它去试后面的）；一个都没接纳就返回 None；否则接纳了的离开 pending_list——提示词还没全算完的除外，它们留在队首——其余的保持原来的顺序，返回这些新请求按顺序组成的预填充 Batch。给定：adder.try_add_one
+        # en: let the adder admit requests from the head of the queue in turn, and stop at the first it cannot admit (never skip it for later ones); if it admits none, return None; otherwise the requests it took leave pending_list, except any whose prompt is not fully computed yet (they stay at the head), the rest keep their order, and you return a prefill Batch of the new requests in order. Given: adder.try_add_one
+        # hint1: 分两段想：先收集接纳到的（等待请求, 新请求）对，再重建队列。提示词算没算完，比较新请求的 device_len 和等待请求的 input_len（只有第 2.4 章的分块请求会没算完）。
+        # en1: Think in two parts: first collect the (waiting request, new request) pairs, then rebuild the queue.
+        # en1: Whether a prompt is fully computed: compare the new request's device_len with the waiting request's input_len (only chapter 2.4's chunked requests fall short).
+        # hint2: 1. 遍历 self.pending_list：req = adder.try_add_one(pending)；是 None 就 break，否则记下 (pending, req)；
+        # hint2: 2. 一对都没有就返回 None；
+        # hint2: 3. 没算完的 = 记下的对里 req.device_len < pending.input_len 的那些 pending；self.pending_list = 没算完的 + self.pending_list[接纳的个数:]；
+        # hint2: 4. return Batch(reqs=[记下的各个 req], phase="prefill")。
+        # en2: 1. go through self.pending_list: req = adder.try_add_one(pending); break on None, otherwise note (pending, req);
+        # en2: 2. if no pair was noted, return None;
+        # en2: 3. unfinished = the pendings of the noted pairs with req.device_len < pending.input_len; self.pending_list = unfinished + self.pending_list[number admitted:];
+        # en2: 4. return Batch(reqs=[each noted req], phase="prefill").
         admitted: list[tuple[PendingReq, Req]] = []
         for pending in self.pending_list:
             req = adder.try_add_one(pending)
@@ -440,8 +473,16 @@ class Scheduler:
         en: Prefill first: prefill if a waiting request can be admitted, otherwise every running request decodes one
         step.
         """
-        # >>> TASK prefill_first: 先试 prefill_manager.schedule_next_batch(新的 adder)，没有再试 decode_manager；有批次就 _prepare_batch
-        # en: try prefill_manager.schedule_next_batch(a new adder) first, then decode_manager; _prepare_batch if there is a batch
+        # >>> TASK prefill_first: 预填充优先：等待的请求里有能接纳的，这一步就是预填充（准入员每步新建一个，带着这一步的预算）；否则所有运行中的请求一起解码一步；两样都没有就返回 None，有就返回准备好的这一步。给定：两个队列管理器各自的调度方法、_make_prefill_adder、_prepare_batch
+        # en: prefill first: if some waiting request can be admitted, this step is a prefill (with a new adder each step, holding this step's budget); otherwise every running request decodes one step together; if neither gives anything, return None, else return the prepared step. Given: the scheduling method of each of the two queue managers, _make_prefill_adder, _prepare_batch
+        # hint1: 预填充那边试过了、却一个也没接纳（返回 None）时，别就此返回 None：还要退回去试解码。
+        # en1: When the prefill side was tried but admitted nobody (it returned None), do not return None right there: fall back to decode.
+        # hint2: 1. batch = None；self.prefill_manager.runnable 时 batch = self.prefill_manager.schedule_next_batch(self._make_prefill_adder())；
+        # hint2: 2. batch 还是 None 就 batch = self.decode_manager.schedule_next_batch()；
+        # hint2: 3. batch 不是 None 就 return self._prepare_batch(batch)，否则 return None。
+        # en2: 1. batch = None; if self.prefill_manager.runnable: batch = self.prefill_manager.schedule_next_batch(self._make_prefill_adder());
+        # en2: 2. if batch is still None: batch = self.decode_manager.schedule_next_batch();
+        # en2: 3. return self._prepare_batch(batch) if batch is not None, else None.
         batch = None
         if self.prefill_manager.runnable:
             batch = self.prefill_manager.schedule_next_batch(self._make_prefill_adder())
@@ -459,8 +500,22 @@ class Scheduler:
         self.cache_manager.allocate_paged(batch.reqs)
         for req in batch.reqs:
             self.status[req.uid].req = req
-        # >>> TASK prepare_batch: positions = 各请求 arange(cached_len, device_len) 拼起来；行号按 extend_len 重复；out_loc = page_table[行号, positions]；写回位置 (table_idx, device_len)，不是输出的写到 scratch_row；两组 (行号, 位置) 用 _to_device 搬上设备，存成 input_mapping / write_mapping（下面要用），并填 batch.positions（int32）和 batch.out_loc
-        # en: positions = the requests' arange(cached_len, device_len) concatenated; row numbers repeated by extend_len; out_loc = page_table[rows, positions]; write-back positions (table_idx, device_len), with non-output requests written to scratch_row; move both (row, position) pairs to the device with _to_device and store them as input_mapping / write_mapping (used below), and fill batch.positions (int32) and batch.out_loc
+        # >>> TASK prepare_batch: 算出这一步的两组索引，存成局部变量 input_mapping 和 write_mapping（任务之后要用）：前者是这一步每个要算的 token 的（行号, 位置），请求按批次里的顺序，各自从已缓存的长度到设备上的长度；后者每个请求一对，是采样结果写回的地方——它那一行里紧接着已有 token 的位置，采到的不是输出时改写到 scratch_row 的第 0 列。两组都是（行号, 位置）两个一维张量的二元组，经 _to_device 放上设备；再填好 batch.positions（int32）和 batch.out_loc（页表在这些（行号, 位置）上的值）
+        # en: compute this step's two index sets and keep them as the local variables input_mapping and write_mapping (used after the task): the first gives (row, position) for every token this step computes, requests in their order in the step, each over the range from its cached length until its length on the device; the second has one pair per request, where its sample is written back: its own row, right after the ids it already has, or column 0 of scratch_row when that sample is no output. Both are pairs of 1-D index vectors (row ids, positions) put on the device via _to_device; also fill batch.positions (int32) and batch.out_loc (the page table's values at those (row, position) pairs)
+        # hint1: 把它想成两个等长的一维张量：每个要算的 token 一个行号、一个位置；这样的二元组能一次索引整个页表（之后读 token 池也是这样）。
+        # hint1: 坑：_samples_output 为假的请求不能写回自己那一行——那个位置放的是提示词的下一个 token。
+        # en1: Think of two 1-D tensors of equal length: one row and one position per token computed; such a pair indexes the whole page table in one go (and later the token pool too).
+        # en1: Trap: a request whose _samples_output is false must not write back into its own row: that position holds the prompt's next token.
+        # hint2: 1. reqs = batch.reqs；positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int64) for r in reqs])；
+        # hint2: 2. rows = torch.repeat_interleave(各请求 table_idx 的张量, 各请求 extend_len 的张量)（int64）；
+        # hint2: 3. 每个请求的写回处：self._samples_output(r) 为真时是 (r.table_idx, r.device_len)，否则是 (self.scratch_row, 0)；
+        # hint2: 4. input_mapping = (self._to_device(rows), self._to_device(positions))；write_mapping = 两列写回处各做成 torch.tensor 再 _to_device；
+        # hint2: 5. batch.positions = input_mapping[1].to(torch.int32)；batch.out_loc = self.page_table[input_mapping]。
+        # en2: 1. reqs = batch.reqs; positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int64) for r in reqs]);
+        # en2: 2. rows = torch.repeat_interleave(a tensor of the requests' table_idx, a tensor of their extend_len) (int64);
+        # en2: 3. each request's write-back place: (r.table_idx, r.device_len) if self._samples_output(r), otherwise (self.scratch_row, 0);
+        # en2: 4. input_mapping = (self._to_device(rows), self._to_device(positions)); write_mapping = the two columns of write-back places, each made a torch.tensor, then _to_device;
+        # en2: 5. batch.positions = input_mapping[1].to(torch.int32); batch.out_loc = self.page_table[input_mapping].
         reqs = batch.reqs
         positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int64) for r in reqs])
         rows = torch.repeat_interleave(
@@ -545,8 +600,21 @@ class Scheduler:
             # en: already settled: aborted, or computed by a step launched after its end (before the end was known): drop
             if status.finished:
                 continue
-            # >>> TASK process_results: req.append_host(token)（input_ids 要跟着 device_len 长，前缀缓存按它插入）；记进 status.output_ids（遇到 EOS 且没设 ignore_eos 时不记）；生成够 max_tokens、或遇到 EOS 且没设 ignore_eos 就结束：从 decode_manager 移除（EOS 提前结束的它不会自己离开），再 _end(status, 留下的 token 或 None, "length" 或 "stop")；预填充完没结束的请求交给 cache_manager.cache_req(req, finished=False)
-            # en: req.append_host(token) (input_ids must grow with device_len: the prefix cache inserts by it); record it in status.output_ids (not on EOS unless ignore_eos is set); finish once max_tokens are generated, or on EOS without ignore_eos: remove from decode_manager (a request ended early by EOS does not leave by itself), then _end(status, the token kept or None, "length" or "stop"); a request that finished prefill but not generation goes to cache_manager.cache_req(req, finished=False)
+            # >>> TASK process_results: 把这一步采到的 token 交给它的请求：请求的 input_ids 随之多一个（append_host；它得跟着 device_len 长，前缀缓存按它插入）；不是未被忽略的 EOS 就记进 output_ids；输出够了 max_tokens、或采到未被忽略的 EOS，请求就结束：离开 decode_manager（EOS 提前结束的不会自己离开），交给 _end（EOS 时不留 token；原因分别是 "length" 和 "stop"）；刚预填充完、还没结束的请求交给缓存管理器的 cache_req（标明未结束）
+            # en: hand this step's sampled token to its request: the request's input_ids grows by one (append_host; it must keep pace with device_len, since the prefix cache inserts by it); record it in output_ids unless it is an EOS that is not ignored; once max_tokens are output, or on such an EOS, the request ends: it leaves decode_manager (one ended early by EOS would not leave by itself) and goes to _end (keeping nothing on EOS; the reason is "length" or "stop"); a request just prefilled that goes on is handed to the cache manager's cache_req, marked as not over
+            # hint1: “是不是 EOS”要连同请求的 ignore_eos 一起判断：算一次存进变量，记不记输出、结不结束、原因是什么都用它。“刚预填充完”看的是这一步的批次是不是预填充。不要在这里调用 _release_req：_end 会还。
+            # en1: Decide "is it EOS" together with the request's ignore_eos, once, in a variable: recording, ending and the reason all use it.
+            # en1: "Just prefilled" means this step's batch is a prefill. Do not call _release_req here: _end does it.
+            # hint2: 1. req.append_host(torch.tensor([token], dtype=torch.int32))；
+            # hint2: 2. is_eos = token == self.eos_token_id and not req.sampling_params.ignore_eos；不是 is_eos 就 status.output_ids.append(token)；
+            # hint2: 3. is_eos 或 len(status.output_ids) >= status.max_tokens 时：self.decode_manager.remove_req(req)，
+            # hint2: 再 self._end(status, None if is_eos else token, "stop" if is_eos else "length")；
+            # hint2: 4. 否则，batch.is_prefill 时 self.cache_manager.cache_req(req, finished=False)。
+            # en2: 1. req.append_host(torch.tensor([token], dtype=torch.int32));
+            # en2: 2. is_eos = token == self.eos_token_id and not req.sampling_params.ignore_eos; if not is_eos: status.output_ids.append(token);
+            # en2: 3. if is_eos or len(status.output_ids) >= status.max_tokens: self.decode_manager.remove_req(req),
+            # en2: then self._end(status, None if is_eos else token, "stop" if is_eos else "length");
+            # en2: 4. otherwise, if batch.is_prefill: self.cache_manager.cache_req(req, finished=False).
             req.append_host(torch.tensor([token], dtype=torch.int32))
             is_eos = token == self.eos_token_id and not req.sampling_params.ignore_eos
             if not is_eos:
@@ -610,8 +678,12 @@ class Scheduler:
 
         en: Schedule -> prepare -> forward -> process results, one step at a time.
         """
-        # >>> TASK normal_loop: 调度出下一步（没有就返回 False），_forward 它，再 _process_last_data((fi, 输出))，返回 True
-        # en: schedule the next step (return False if there is none), _forward it, then _process_last_data((fi, output)) and return True
+        # >>> TASK normal_loop: 主循环的一次迭代，一步算完才处理：调度不出下一步就返回 False（什么也不算）；否则算这一步、处理它的结果，返回 True。给定：本类里调度、发出、处理结果的三个方法
+        # en: one iteration of the main loop, one step at a time: if no next step can be scheduled, return False (compute nothing); otherwise compute that step, process its results and return True. Given: this class's three methods for scheduling, launching and processing results
+        # hint1: 三个方法正好对应主循环的三段：_schedule_next_batch、_forward、_process_last_data。注意最后一个收的是一个二元组。
+        # en1: The three methods are the three parts of the main loop: _schedule_next_batch, _forward, _process_last_data. Note that the last one takes a pair.
+        # hint2: fi = self._schedule_next_batch()；是 None 就 return False；output = self._forward(fi)；self._process_last_data((fi, output))；return True。
+        # en2: fi = self._schedule_next_batch(); return False if it is None; output = self._forward(fi); self._process_last_data((fi, output)); return True.
         fi = self._schedule_next_batch()
         if fi is None:
             return False

@@ -115,8 +115,12 @@ def unsupported_params(body: dict[str, Any]) -> list[str]:
     en: The names of the parameters in the request that would change the result but are not supported (in the order of
     :data:`UNSUPPORTED_PARAMS`); an empty list if there are none.
     """
-    # >>> TASK unsupported_params: 逐个看 UNSUPPORTED_PARAMS：请求里有这个名字、且取值不在“没用它”的那些值里，就记下名字
-    # en: go through UNSUPPORTED_PARAMS: if the request has the name and its value is not one of the "not used" values, note the name
+    # >>> TASK unsupported_params: 返回请求里用到了的、不支持又会改变结果的参数名，按 UNSUPPORTED_PARAMS 的顺序；没写的、或取的是“没用它”的那些值之一的不算；一个也没有就返回空列表。给定：UNSUPPORTED_PARAMS（参数名 → 仍算“没用它”的取值）。
+    # en: Return the names of the parameters the request uses that are unsupported and would change the result, in the order of UNSUPPORTED_PARAMS; a parameter that is absent, or set to one of its "not used" values, does not count; with none, an empty list. Given: UNSUPPORTED_PARAMS (parameter → the values that still count as not used).
+    # hint1: 表里已经写好了每个参数哪些值算“没用它”，逐项对照就行；None（JSON 的 null）也在这些值里。
+    # en1: The table already lists, per parameter, which values mean "not used": compare entry by entry. None (JSON null) is among those values.
+    # hint2: [name for name, neutral in UNSUPPORTED_PARAMS.items() if name in body and body[name] not in neutral]
+    # en2: [name for name, neutral in UNSUPPORTED_PARAMS.items() if name in body and body[name] not in neutral]
     return [name for name, neutral in UNSUPPORTED_PARAMS.items() if name in body and body[name] not in neutral]
     # <<< TASK
 
@@ -160,8 +164,23 @@ def sampling_params_from(body: dict[str, Any], *, max_seq_len: int,
     chapter 1.1's ``SamplingParams.validate``). The :class:`~minisgl.core.InvalidParam` it raises names the field, which
     becomes the error's ``param`` (``max_completion_tokens`` when that is what the request used for ``max_tokens``).
     """
-    # >>> TASK sampling_params: 按 OpenAI 的缺省值取 temperature、top_p、top_k、ignore_eos、seed 和 max_tokens（先 max_tokens 再 max_completion_tokens；缺省按 default_max_tokens，None 即 max_seq_len-1），组成 SamplingParams 交给 check_sampling（InvalidParam → 400，param 用请求里的名字）；max_tokens ≥ max_seq_len → 400 context_length_exceeded；stop：字符串 → [它]，列表里都得是字符串；返回 (SamplingParams, stop 列表)
-    # en: read temperature, top_p, top_k, ignore_eos, seed and max_tokens with OpenAI's defaults (max_tokens first, then max_completion_tokens; default default_max_tokens, None meaning max_seq_len-1), build SamplingParams and pass it to check_sampling (InvalidParam → 400, param named as in the request); max_tokens ≥ max_seq_len → 400 context_length_exceeded; stop: a string → [it], a list must hold only strings; return (SamplingParams, the stop list)
+    # >>> TASK sampling_params: 按 OpenAI 的语义把请求里的采样字段读成 (采样参数, 停止字符串列表)，不合法就抛 400 的 ApiError，点名是哪个参数。约定：缺省值见文档字符串（温度缺省是 1，不是贪心）；max_tokens 也可以写成 max_completion_tokens（两个都写时前者优先），都没写就用调用方给的缺省，缺省为 None 就是上下文放得下的最多；类型和取值范围只由 check_sampling 这一道门查，它抛的 InvalidParam 变成 invalid_value，param 写请求里实际用的字段名；max_tokens 要小于 max_seq_len，否则是 context_length_exceeded，消息里写出上下文长度；stop 可以不写、是一个字符串或字符串列表，别的都是 400。给定：check_sampling、ApiError。
+    # en: Read the sampling fields of the request, with OpenAI's semantics, into (sampling parameters, list of stop strings); anything invalid raises a 400 ApiError naming the parameter. Contract: defaults as the docstring lists them (OpenAI's default samples at 1, it is not greedy); max_tokens may come as max_completion_tokens (max_tokens wins when both are there); with neither, the caller's default applies, and a None default means as many as the context holds; types and ranges are checked only by check_sampling, the one gate, whose InvalidParam becomes invalid_value with param set to the field the request actually used; max_tokens must stay below max_seq_len, else context_length_exceeded with the context length in the message; stop strings may be absent, a string or a list of strings, anything else is a 400. Given: check_sampling, ApiError.
+    # hint1: 先记下 max_tokens 实际来自哪个字段，出错时 param 才写得对。这里只负责组装，不自己查范围；上下文长度的检查放在那道门之后。
+    # en1: Note first which field max_tokens actually came from, so an error can name it. This function only assembles, it checks no ranges itself;
+    # en1: the context-length check comes after the gate.
+    # hint2: name = "max_tokens" 若请求里它不是 None，否则 "max_completion_tokens"；max_tokens = _field(body, name, default_max_tokens)；
+    # hint2: sp = SamplingParams(...)，各参数是 temperature=_field(body, "temperature", 1.0)、top_k=_field(body, "top_k", -1)、
+    # hint2: top_p=_field(body, "top_p", 1.0)、ignore_eos=_field(body, "ignore_eos", False)、seed=body.get("seed")，max_tokens 为 None 时用 max_seq_len - 1；
+    # hint2: try: check_sampling(sp)，except InvalidParam as e → raise ApiError(400, str(e), code="invalid_value", param=name if e.param == "max_tokens" else e.param)；
+    # hint2: sp.max_tokens >= max_seq_len → ApiError(400, 写出 max_seq_len 的消息, param=name, code="context_length_exceeded")；
+    # hint2: stop：None → []，str → [它]；结果不是全为 str 的 list → ApiError(400, ..., param="stop", code="invalid_value")；返回 (sp, stop)。
+    # en2: name = "max_tokens" if it is not None in the request, else "max_completion_tokens"; max_tokens = _field(body, name, default_max_tokens);
+    # en2: sp = SamplingParams(temperature=_field(body, "temperature", 1.0), top_k=_field(body, "top_k", -1), top_p=_field(body, "top_p", 1.0),
+    # en2: ignore_eos=_field(body, "ignore_eos", False), max_tokens=max_seq_len - 1 when max_tokens is None, seed=body.get("seed"));
+    # en2: try: check_sampling(sp), except InvalidParam as e → raise ApiError(400, str(e), code="invalid_value", param=name if e.param == "max_tokens" else e.param);
+    # en2: sp.max_tokens >= max_seq_len → ApiError(400, a message naming max_seq_len, param=name, code="context_length_exceeded");
+    # en2: stop: None → [], str → [it]; if the result is not a list of str only → ApiError(400, ..., param="stop", code="invalid_value"); return (sp, stop).
     name = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
     max_tokens = _field(body, name, default_max_tokens)
     sp = SamplingParams(temperature=_field(body, "temperature", 1.0), top_k=_field(body, "top_k", -1),
@@ -272,8 +291,27 @@ async def stream_chunks(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
       (:func:`usage_of`);
     - last, :data:`DONE`.
     """
-    # >>> TASK stream_chunks: 写一个 chunk(内容, finish_reason) 的小函数按 kind 造事件（对话用 delta，补全用 text）；对话先 yield 带 role 的那个；async for 每条回复：有 error → yield 错误事件和 DONE 并 return；有文字就 yield 一个；finished 就 yield 带 finish_reason 的结尾事件并记下 usage；最后按 include_usage 发 usage 事件，再 yield DONE
-    # en: write a small chunk(content, finish_reason) that builds an event by kind (delta for chat, text for completions); for chat first yield the one with the role; async for each reply: error → yield the error event and DONE, then return; yield one event if it has text; when finished yield the closing event with the finish_reason and note the usage; at the end the usage event if include_usage, then yield DONE
+    # >>> TASK stream_chunks: 按文档字符串列出的格式，把这个请求的回复变成流式回答的 SSE 事件。约定：对话流在任何回复到来之前先发带 assistant 角色的那个事件；每段非空的文字一个事件，空的不发；请求结束时先发它带的最后一段文字，再发一个带这条回复的 finish_reason 的结尾事件；回复出错就只发一个 OpenAI 样式的错误事件，然后 DONE，到此为止；include_usage 时结尾之后再发一个 choices 为空、带 token 计数的事件；最后总是 DONE。给定：sse、response_id、usage_of、DONE。
+    # en: Yield the SSE events of a streamed answer, shaped as the docstring lists them. Contract: a chat stream opens with the assistant-role event before anything arrives; every non-empty piece of text is its own event (empty pieces are skipped); when the request ends, its last text goes out first, then a closing event carrying that finish_reason; a failure report becomes a single OpenAI-style failure event followed by DONE, and nothing else; with include_usage, an event with empty choices and the token counts comes after the closing one; DONE is always last. Given: sse, response_id, usage_of, DONE.
+    # hint1: 两种接口的事件只差一个键（对话是 delta，补全是 text）：写一个按 kind 造事件的小函数，生成器就短了。错误事件的正文用 ApiError 的 body()，格式正好。
+    # en1: The events of the two endpoints differ in one key (delta for chat, text for completions):
+    # en1: a small helper that builds an event by kind keeps the generator short. ApiError's body() gives exactly the body of the failure event.
+    # hint2: 一个小函数 chunk(content, finish_reason)：返回 sse({"id": response_id(req, uid), "object": 对话 "chat.completion.chunk" / 补全 "text_completion",
+    # hint2: "created": req.created, "model": req.model, "choices": [{"index": 0, "delta"（对话）或 "text"（补全）: content, "finish_reason": finish_reason,
+    # hint2: "logprobs": None}]})；
+    # hint2: 对话先 yield chunk({"role": "assistant", "content": ""}, None)；
+    # hint2: async for reply in replies：reply.error → yield sse(ApiError(400, reply.error).body())，yield DONE，return；
+    # hint2: reply.incremental_output 非空 → yield chunk(对话 {"content": 文字} / 补全 文字, None)；
+    # hint2: reply.finished → yield chunk(对话 {} / 补全 "", reply.finish_reason)，usage = usage_of(reply)，break；
+    # hint2: req.include_usage 且有 usage → yield sse({同样的 id、object、created、model, "choices": [], "usage": usage})；最后 yield DONE。
+    # en2: a small chunk(content, finish_reason) returns sse({"id": response_id(req, uid), "object": "chat.completion.chunk" for chat / "text_completion",
+    # en2: "created": req.created, "model": req.model, "choices": [{"index": 0, "delta" (chat) or "text" (completion): content, "finish_reason": finish_reason,
+    # en2: "logprobs": None}]});
+    # en2: for chat, first yield chunk({"role": "assistant", "content": ""}, None);
+    # en2: async for reply in replies: reply.error → yield sse(ApiError(400, reply.error).body()), yield DONE, return;
+    # en2: non-empty reply.incremental_output → yield chunk({"content": text} for chat / text, None);
+    # en2: reply.finished → yield chunk({} for chat / "", reply.finish_reason), usage = usage_of(reply), break;
+    # en2: req.include_usage and a usage → yield sse({the same id, object, created, model, "choices": [], "usage": usage}); last, yield DONE.
     chat = req.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -323,8 +361,21 @@ async def full_response(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
     - ``finish_reason`` and ``usage`` (:func:`usage_of`) come from the last reply; a reply with ``error`` raises
       ``ApiError(400, error)``.
     """
-    # >>> TASK full_response: async for 收集每条回复的 incremental_output（遇到 error 抛 ApiError(400, error)），记住最后一条；按 kind 拼出 chat.completion（message）或 text_completion（text），finish_reason 与 usage 取自最后一条
-    # en: async for: collect each reply's incremental_output (on an error raise ApiError(400, error)) and remember the last reply; by kind build a chat.completion (message) or a text_completion (text), with the finish_reason and usage of the last reply
+    # >>> TASK full_response: 收完这个请求的全部回复，返回文档字符串里那样的一整个 OpenAI 对象（对话和补全的样子不同）。约定：全文是各段依次拼起来；finish_reason 和 token 计数取自最后一条回复；有回复出错就抛 400 的 ApiError，消息就是那个错误。给定：response_id、usage_of。
+    # en: Read the whole stream for this request and return one OpenAI object shaped as the docstring says (chat and completions differ). Contract: the answer is all pieces concatenated in order; the finish_reason and the token counts come from the final message; any failure report raises a 400 ApiError carrying its message. Given: response_id, usage_of.
+    # hint1: 先全部收下再组装：finish_reason 和计数只有最后一条回复里才有。两种对象只差 choices[0] 里的一个键（message 或 text）和 object 的名字。
+    # en1: Gather everything first, then assemble: only the final reply has the finish_reason and the counts.
+    # en1: The two objects differ only in one key of choices[0] (message or text) and in the object name.
+    # hint2: pieces = []，last = None；async for reply in replies：reply.error → raise ApiError(400, reply.error)；pieces.append(reply.incremental_output)；
+    # hint2: last = reply；text = "".join(pieces)；
+    # hint2: 对话：choice = {"index": 0, "message": {"role": "assistant", "content": text}}，object 是 "chat.completion"；
+    # hint2: 补全：choice = {"index": 0, "text": text}，object 是 "text_completion"；choice 再加上 finish_reason=last.finish_reason、logprobs=None；
+    # hint2: 返回 {"id": response_id(req, uid), "object": ..., "created": req.created, "model": req.model, "choices": [choice], "usage": usage_of(last)}。
+    # en2: pieces = [], last = None; async for reply in replies: reply.error → raise ApiError(400, reply.error); pieces.append(reply.incremental_output);
+    # en2: last = reply; text = "".join(pieces);
+    # en2: chat: choice = {"index": 0, "message": {"role": "assistant", "content": text}}, object "chat.completion";
+    # en2: completion: choice = {"index": 0, "text": text}, object "text_completion"; add finish_reason=last.finish_reason, logprobs=None to choice;
+    # en2: return {"id": response_id(req, uid), "object": ..., "created": req.created, "model": req.model, "choices": [choice], "usage": usage_of(last)}.
     pieces: list[str] = []
     last: UserReply | None = None
     async for reply in replies:
@@ -392,8 +443,12 @@ class ServerState(Frontend):
         scheduler) and stop waiting for its replies; if it is answered already, or aborted already, do nothing — one
         request's abort is sent once.
         """
-        # >>> TASK abort_once: 从 self.live 里 pop 这个 uid（不在就直接返回：答完了或取消过了）；在的话 await self.send.put(AbortMsg(uid))
-        # en: pop the uid from self.live (absent → just return: answered or aborted already); if it was there, await self.send.put(AbortMsg(uid))
+        # >>> TASK abort_once: 取消请求：它还没答完（还在 self.live 里）就把一条 AbortMsg 发给分词进程、真的等它发出去，此后不再等它的回复；已经答完、已经取消过或不认识的请求什么也不做。同一个请求无论从几条路走到这里，取消只发一次——两个调用者可能在等待发送的间隙里交错。给定：self.live，以及本类里发往分词进程的队列。
+        # en: Abort the request: if it is not answered yet (still in self.live), an AbortMsg goes to the tokenizer, really awaited until it is out, and its replies are no longer waited for; for a request answered, aborted already or unknown, nothing happens. However many paths reach here for a request, its abort goes out once: two callers may interleave while the message is being written out. Given: self.live and this object's queue to the tokenizer.
+        # hint1: 关键在顺序：在任何 await 之前，就把“还在不在 live 里”的判断和把它拿掉合成一步；await 的时候别的任务可能来取消同一个请求。
+        # en1: Order is the point: test and remove from live in one step, before any await; during an await another task may come to abort the same request.
+        # hint2: if self.live.pop(uid, None) is None: return；然后 await self.send.put(AbortMsg(uid))。
+        # en2: if self.live.pop(uid, None) is None: return; then await self.send.put(AbortMsg(uid)).
         if self.live.pop(uid, None) is None:
             return
         assert self.send is not None
@@ -411,8 +466,16 @@ async def until_disconnect(request: Request, state: ServerState, uid: int, work:
     request, really waiting until it is sent) and raise :class:`ClientGone`. However this returns, ``work`` must not be
     left running in the background.
     """
-    # >>> TASK abort_on_disconnect: task = asyncio.ensure_future(work)；try：task 没做完就 await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)，再 await request.is_disconnected()，为真就 await state.abort(uid) 并 raise ClientGone()；循环结束返回 task.result()；finally：task.cancel()（做完了的任务取消也无妨）
-    # en: task = asyncio.ensure_future(work); try: while the task is not done, await asyncio.wait({task}, timeout=DISCONNECT_POLL_S), then await request.is_disconnected(), and if true await state.abort(uid) and raise ClientGone(); after the loop return task.result(); finally: task.cancel() (cancelling a finished task does no harm)
+    # >>> TASK abort_on_disconnect: 让 work 跑完并返回它的结果，其间每隔 DISCONNECT_POLL_S 秒看一眼客户端还在不在（is_disconnected）；客户端走了，就取消它的生成（真的等取消消息发出去）并抛 ClientGone。约定：断开要在一两次查看之内发现，不能等到 work 做完；无论正常返回还是抛出，离开时 work 都不能留在后台继续跑；查看时不能卡住事件循环。给定：is_disconnected、服务器状态的 abort、ClientGone、DISCONNECT_POLL_S。
+    # en: Let work run to its end and return its outcome, checking every DISCONNECT_POLL_S seconds whether the client is still connected (is_disconnected); once the client has left, abort its generation (really awaiting until the abort message is out) and raise ClientGone. Contract: a disconnect is noticed within a poll or two, never only after work ends; however this returns or raises, work is not left running in the background; the checks never block the event loop. Given: is_disconnected, the server's abort, ClientGone, DISCONNECT_POLL_S.
+    # hint1: 把 work 变成一个独立运行的任务，才能一边让它跑、一边定时去看客户端；“无论怎样离开”就是 finally。
+    # en1: Make work a task of its own, so it runs while you look at the client at intervals; "however it leaves" means finally.
+    # hint2: task = asyncio.ensure_future(work)；try：while not task.done(): await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)；
+    # hint2: if await request.is_disconnected(): await state.abort(uid)；raise ClientGone()；
+    # hint2: 循环结束 return task.result()；finally：task.cancel()（做完了的任务取消也无妨）。
+    # en2: task = asyncio.ensure_future(work); try: while not task.done(): await asyncio.wait({task}, timeout=DISCONNECT_POLL_S);
+    # en2: if await request.is_disconnected(): await state.abort(uid); raise ClientGone();
+    # en2: after the loop return task.result(); finally: task.cancel() (cancelling a finished task does no harm).
     task = asyncio.ensure_future(work)
     try:
         while not task.done():

@@ -279,8 +279,27 @@ def to_wire(obj: Any, where: str = "msg") -> Any:
     bytes plus dtype, lists and dicts recursively; primitives as they are. ``where`` is the current field's path, put
     into the error message.
     """
-    # >>> TASK to_wire: None/bool/int/float/str/bytes 原样；登记过的 dataclass → {TYPE_KEY: 类名, 各字段递归}（没登记的抛 TypeError）；一维张量 → {TENSOR_KEY: 连续内存的字节, "dtype": 去掉 "torch." 的名字}（不是一维抛 TypeError）；list/tuple → 列表递归；键是 str 的 dict 递归；其余一律 TypeError，消息里写明 where 和类型名
-    # en: None/bool/int/float/str/bytes as they are; a registered dataclass → {TYPE_KEY: class name, each field recursively} (TypeError if not registered); a 1-D tensor → {TENSOR_KEY: the bytes of its contiguous memory, "dtype": the name without "torch."} (TypeError unless 1-D); list/tuple → a list, recursively; a dict with str keys, recursively; anything else TypeError, naming where and the type
+    # >>> TASK to_wire: 把一个值变成 msgpack 能直接写、from_wire 能原样建回的东西。约定：None、bool、int、float、str、bytes 原样；登记过的消息 dataclass → 字典，TYPE_KEY 下是类名，其余是各字段的线上形式（与登记的类同名、却不是那个类的，也算没登记）；一维张量 → 字典，TENSOR_KEY 下是它的原始字节，"dtype" 下是 "int32" 这样的名字（不连续的切片、带梯度的张量也按值发）；list 和 tuple → 列表；键全是字符串的 dict → 字典；其余一切，包括不是一维的张量，都抛 TypeError，消息里写明字段路径（从 where 开始，如 msg.data[1].input_ids）和类型名（张量写形状）。给定：MESSAGE_TYPES、TYPE_KEY、TENSOR_KEY。
+    # en: Turn a value into what msgpack writes directly and from_wire rebuilds unchanged. Contract: None, bool, int, float, str, bytes as they are; a registered message dataclass → a dict with its class name under TYPE_KEY plus each field in wire form (a class with the name of a registered class that is not that class counts as unregistered); a 1-D tensor → a dict with its raw bytes under TENSOR_KEY and "dtype" holding a name like "int32" (non-contiguous slices and tensors that track gradients go by their values); list and tuple → a list; a dict whose keys are all strings → a dict; anything else, tensors that are not 1-D included, raises TypeError naming the field path (starting at where, e.g. msg.data[1].input_ids) and the type (for a tensor, its sizes). Given: MESSAGE_TYPES, TYPE_KEY, TENSOR_KEY.
+    # hint1: 它是递归的：每往下走一层就把路径接长一截（字段接 .名字，列表元素接 [下标]），出错时才说得清是哪个字段。张量的坑：取字节之前先让它脱离计算图、放到 CPU 上、变成连续的，不连续的切片直接取字节是错的。
+    # en1: It is recursive: each level down extends the path (.name for a field, [i] for a list element), which is what lets an error name the field.
+    # en1: The tensor pitfall: before taking its bytes, detach it, move it to the CPU and make it contiguous; the bytes of a non-contiguous slice are wrong.
+    # hint2: 1. None / bool / int / float / str / bytes → 原样返回（bool 是 int 的子类，放在同一个 isinstance 里没关系）；
+    # hint2: 2. dataclasses.is_dataclass(obj) 且 obj 不是类本身：name = type(obj).__name__；MESSAGE_TYPES.get(name) is not type(obj) → TypeError；
+    # hint2: 否则 {TYPE_KEY: name, 每个 dataclasses.fields(obj) 的 f.name: to_wire(getattr(obj, f.name), f"{where}.{f.name}")}；
+    # hint2: 3. torch.Tensor：obj.dim() != 1 → TypeError（写上 tuple(obj.shape)）；host = obj.detach().to("cpu").contiguous()；
+    # hint2: 返回 {TENSOR_KEY: host.view(torch.uint8).numpy().tobytes(), "dtype": str(host.dtype).removeprefix("torch.")}；
+    # hint2: 4. list / tuple → [to_wire(x, f"{where}[{i}]") for i, x in enumerate(obj)]；
+    # hint2: 5. dict 且所有键都是 str → {k: to_wire(v, f"{where}.{k}")}；
+    # hint2: 6. 其余 → TypeError，写明 where 和 type(obj).__name__。
+    # en2: 1. None / bool / int / float / str / bytes → return as is (bool is a subclass of int, sharing one isinstance is fine);
+    # en2: 2. dataclasses.is_dataclass(obj) and obj is not the class itself: name = type(obj).__name__; MESSAGE_TYPES.get(name) is not type(obj) → TypeError;
+    # en2: otherwise {TYPE_KEY: name, for each f in dataclasses.fields(obj): f.name: to_wire(getattr(obj, f.name), f"{where}.{f.name}")};
+    # en2: 3. torch.Tensor: obj.dim() != 1 → TypeError (with tuple(obj.shape)); host = obj.detach().to("cpu").contiguous();
+    # en2: return {TENSOR_KEY: host.view(torch.uint8).numpy().tobytes(), "dtype": str(host.dtype).removeprefix("torch.")};
+    # en2: 4. list / tuple → [to_wire(x, f"{where}[{i}]") for i, x in enumerate(obj)];
+    # en2: 5. a dict whose keys are all str → {k: to_wire(v, f"{where}.{k}")};
+    # en2: 6. anything else → TypeError naming where and type(obj).__name__.
     if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
         return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -309,8 +328,20 @@ def from_wire(obj: Any) -> Any:
 
     en: The inverse of :func:`to_wire`: rebuild dataclasses by class name and tensors by dtype.
     """
-    # >>> TASK from_wire: 列表逐个递归；有 TYPE_KEY 的字典 → 按 MESSAGE_TYPES 找到类（找不到抛 TypeError），其余键递归后作为关键字参数；有 TENSOR_KEY 的字典 → torch.frombuffer 按 dtype 重建（bytearray 拷一份，张量要可写）；其余字典逐值递归；基本类型原样
-    # en: lists element by element; a dict with TYPE_KEY → find the class in MESSAGE_TYPES (TypeError if absent) and pass the other keys, recursively decoded, as keyword arguments; a dict with TENSOR_KEY → rebuild with torch.frombuffer and the dtype (copy into a bytearray: the tensor must be writable); other dicts value by value; primitives as they are
+    # >>> TASK from_wire: to_wire 的逆：把线上的形式建回原来的值。约定：带 TYPE_KEY 的字典按 MESSAGE_TYPES 建回那个类（类名不认识就抛 TypeError，写明类名，嵌在列表里的也一样）；带 TENSOR_KEY 的字典建回同样 dtype、同样长度的一维张量——可写、有自己的内存、不发警告，0 个元素也要行；其余列表、字典逐个建回，基本类型原样。给定：MESSAGE_TYPES、TYPE_KEY、TENSOR_KEY。
+    # en: The inverse of to_wire: rebuild the original value from its wire form. Contract: a dict with TYPE_KEY becomes that class again, looked up in MESSAGE_TYPES (an unknown class raises TypeError naming it, also when it sits inside a list); a dict with TENSOR_KEY becomes a 1-D tensor of the same dtype and length that is writable, owns its memory and raises no warning, with zero elements too; other lists and dicts are rebuilt item by item, primitives stay as they are. Given: MESSAGE_TYPES, TYPE_KEY, TENSOR_KEY.
+    # hint1: torch.frombuffer 不拷贝：直接建在 msgpack 给的只读 bytes 上，PyTorch 会警告，张量也不可写；0 个字节它干脆不接受。
+    # en1: torch.frombuffer does not copy: built straight on the read-only bytes msgpack gives, PyTorch warns and the tensor is not writable;
+    # en1: and it refuses zero bytes outright.
+    # hint2: 列表 → [from_wire(x) for x in obj]；
+    # hint2: 字典：有 TYPE_KEY → cls = MESSAGE_TYPES.get(obj[TYPE_KEY])，None 就抛 TypeError（写上类名），否则 cls(**{k: from_wire(v) 对 TYPE_KEY 以外的键})；
+    # hint2: 有 TENSOR_KEY → dtype = getattr(torch, obj["dtype"])；
+    # hint2: 字节非空时 torch.frombuffer(bytearray(字节), dtype=torch.uint8).view(dtype)，空时 torch.empty(0, dtype=dtype)；其余字典 → {k: from_wire(v)}；别的原样返回。
+    # en2: list → [from_wire(x) for x in obj];
+    # en2: dict: with TYPE_KEY → cls = MESSAGE_TYPES.get(obj[TYPE_KEY]), None raises TypeError (with the class name),
+    # en2: otherwise cls(**{k: from_wire(v) for the keys other than TYPE_KEY});
+    # en2: with TENSOR_KEY → dtype = getattr(torch, obj["dtype"]); non-empty bytes: torch.frombuffer(bytearray(the bytes), dtype=torch.uint8).view(dtype);
+    # en2: empty: torch.empty(0, dtype=dtype); other dicts → {k: from_wire(v)}; anything else is returned as is.
     if isinstance(obj, list):
         return [from_wire(x) for x in obj]
     if isinstance(obj, dict):
@@ -477,8 +508,17 @@ class ZmqPubQueue(_Queue):
         en: Wait for ``n`` subscriptions; on timeout raise TimeoutError (a subscriber did not come up) instead of sending
         messages into the void.
         """
-        # >>> TASK subscriber_handshake: 在截止时间前反复 poll；每收到一条以 b"\x01" 开头的订阅帧，subscribers 加一（b"\x00" 开头是退订，减一）；够 n 个就返回；到时还不够就抛 TimeoutError，写明等到了几个
-        # en: poll repeatedly until the deadline; each received frame starting with b"\x01" is a subscription (subscribers += 1; b"\x00" is an unsubscription, -= 1); return once there are n; raise TimeoutError naming how many arrived if the deadline passes first
+        # >>> TASK subscriber_handshake: 等到 self.subscribers 达到 n 就返回，够了就不再多读。约定：收到以 b"\x01" 开头的帧算一个订阅、以 b"\x00" 开头的算一个退订（后面可能跟着主题）；timeout 是总时限，不是每次等待的时限；到时不够就抛 TimeoutError，消息里写明等到了几个、要几个；时间已经用完（timeout ≤ 0）就立刻抛；没有东西可读时绝不能卡在接收上。给定：self.socket（XPUB，已开 XPUB_VERBOSE）、self.subscribers。
+        # en: Return once self.subscribers reaches n, reading nothing more after that. Contract: a received message starting with b"\x01" is one subscription and one starting with b"\x00" one unsubscription (a topic may follow); timeout bounds the whole wait, not each single wait; if there are still too few when it runs out, raise TimeoutError saying how many arrived and how many were wanted; with none of it remaining (timeout ≤ 0) raise at once; never hang in a receive when there is nothing to read. Given: self.socket (an XPUB with XPUB_VERBOSE on), self.subscribers.
+        # hint1: 先定下截止的时刻；每次只等剩下的那么久，剩下的不是正数就不要再等——负数交给 poll 就是“永远等”。
+        # en1: Fix the deadline once; each wait lasts only as long as what remains, and when nothing remains, do not wait at all.
+        # en1: A negative timeout given to poll means "wait forever".
+        # hint2: deadline = time.monotonic() + timeout；while self.subscribers < n：left = deadline - time.monotonic()；
+        # hint2: left ≤ 0 或 self.socket.poll(int(left * 1000)) 为 0 → 抛 TimeoutError（写上 self.subscribers、n 和 timeout）；
+        # hint2: 否则 frame = self.socket.recv()；frame[:1] == b"\x01" → self.subscribers += 1；frame[:1] == b"\x00" → self.subscribers -= 1。
+        # en2: deadline = time.monotonic() + timeout; while self.subscribers < n: left = deadline - time.monotonic();
+        # en2: left ≤ 0 or self.socket.poll(int(left * 1000)) gives 0 → raise TimeoutError (with self.subscribers, n and timeout);
+        # en2: otherwise frame = self.socket.recv(); frame[:1] == b"\x01" → self.subscribers += 1; frame[:1] == b"\x00" → self.subscribers -= 1.
         deadline = time.monotonic() + timeout
         while self.subscribers < n:
             left = deadline - time.monotonic()

@@ -181,8 +181,17 @@ class Scheduler(_Scheduler):
         en: Take every message that has arrived (batch messages split into single ones). With ``blocking``, first wait
         until there is at least one.
         """
-        # >>> TASK receive: blocking 时先 recv_queue.get() 等来一条；然后反复 get_nowait() 取到 None 为止；每条都用 unwrap 拆开，按到达的顺序返回
-        # en: with blocking, first wait for one with recv_queue.get(); then get_nowait() repeatedly until it gives None; split each with unwrap and return them in arrival order
+        # >>> TASK receive: 返回此刻已经到了的全部消息，批量消息拆成一条一条，按到达的顺序。约定：blocking 为真时至少要有一条（没有就等）；为假时绝不等待，可以返回空列表；一次调用取走所有在等的消息——每次只取一条是错的。给定：self.recv_queue、unwrap。
+        # en: Return every message that has arrived by now, batch messages split into single messages, in arrival order. Contract: with blocking true there is at least a message (wait for it if need be); with it false, never wait, and an empty list is fine; a call takes every message waiting: taking a single message per call is wrong. Given: self.recv_queue, unwrap.
+        # hint1: 队列有两种取法：一种会等，一种不等（没有就给 None）。要等也只等第一条，之后的全用不等的那种取。
+        # en1: The queue reads in two ways: a waiting read and a non-waiting read (None when nothing is there). If you wait at all, wait only for the first message;
+        # en1: take the rest with the non-waiting read.
+        # hint2: msgs = [self.recv_queue.get()] if blocking else []；
+        # hint2: while (msg := self.recv_queue.get_nowait()) is not None: msgs.append(msg)；
+        # hint2: 返回 [one for msg in msgs for one in unwrap(msg)]。
+        # en2: msgs = [self.recv_queue.get()] if blocking else [];
+        # en2: while (msg := self.recv_queue.get_nowait()) is not None: msgs.append(msg);
+        # en2: return [one for msg in msgs for one in unwrap(msg)].
         msgs = [self.recv_queue.get()] if blocking else []
         while (msg := self.recv_queue.get_nowait()) is not None:
             msgs.append(msg)
@@ -194,8 +203,15 @@ class Scheduler(_Scheduler):
 
         en: Handle one message: a new request, an abort or exit.
         """
-        # >>> TASK process_msg: UserMsg 交给 _add_user_msg；AbortBackendMsg 就 abort 它（不认识、已经结束的 uid，abort 自己会忽略）；ExitMsg 把 _exit_requested 设为真；别的类型抛 TypeError
-        # en: a UserMsg goes to _add_user_msg; an AbortBackendMsg aborts its uid (abort itself ignores an unknown or finished uid); an ExitMsg sets _exit_requested; any other type raises TypeError
+        # >>> TASK process_msg: 处理一条发给调度器的消息：新请求交去接纳（或拒绝），取消让那个请求结束，退出让这次的 run_once 返回 False。约定：取消一个不认识的、已经结束或已经取消过的请求什么也不做——不报错、不回消息；不是这三种的消息抛 TypeError，不能悄悄吞掉。给定：self._add_user_msg、self.abort、self._exit_requested。
+        # en: Handle one message for the scheduler: a new request goes to admission (or is refused), an abort ends that request, exit makes this run_once return False. Contract: aborting an unknown request, or one already finished or aborted, does nothing: no error, no reply; a message of any other kind raises TypeError rather than being swallowed. Given: self._add_user_msg, self.abort, self._exit_requested.
+        # hint1: 按消息的类型分派（isinstance）。第 2.1 章的取消本来就宽容，直接交给它，不必自己先查请求在不在。
+        # en1: Dispatch on the type of the message (isinstance).
+        # en1: Chapter 2.1's abort is already lenient: hand the uid straight to it, with no check of your own first.
+        # hint2: UserMsg → self._add_user_msg(msg)；AbortBackendMsg → self.abort(msg.uid)；ExitMsg → self._exit_requested = True；
+        # hint2: 其余 → raise TypeError（写明 type(msg).__name__）。
+        # en2: UserMsg → self._add_user_msg(msg); AbortBackendMsg → self.abort(msg.uid); ExitMsg → self._exit_requested = True;
+        # en2: anything else → raise TypeError (naming type(msg).__name__).
         if isinstance(msg, UserMsg):
             self._add_user_msg(msg)
         elif isinstance(msg, AbortBackendMsg):
@@ -211,8 +227,17 @@ class Scheduler(_Scheduler):
 
         en: Validate a new request; if it fits, add it under its own uid; if it can never fit, answer with a RejectMsg.
         """
-        # >>> TASK admit: validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...) 再 add_request(ids, sp, uid=msg.uid)：提示词达到长度上限、token 不在词表里、采样参数不对、uid 重复，它们都抛 ValueError / TypeError，就拒绝并带上它的消息；validate_requests 截短 max_tokens 时会警告，这里不要警告（客户端从 finish_reason "length" 看得出来）
-        # en: validate_requests([input_ids], sampling_params, tokenizer=..., max_seq_len=...), then add_request(ids, sp, uid=msg.uid): a prompt reaching the length limit, a token outside the vocabulary, bad sampling parameters, a duplicate uid all make them raise ValueError / TypeError: reject with its message; validate_requests warns when it clips max_tokens: no warning here (the client sees it from finish_reason "length")
+        # >>> TASK admit: 放得下的新请求用它自己的 uid（API 服务器给的）加进调度器；永远放不下的——提示词达到长度上限、token 不在词表里、空提示词、采样参数不对、uid 与还没了结的请求重复——只回一条 RejectMsg 说明原因（太长时写出提示词长度和上限），调度器照常服务别的请求；max_tokens 超出上限就截短，且不发警告（客户端从 finish_reason "length" 看得出来）。给定：validate_requests（第 2 阶段的校验）、self.add_request、self._reject。
+        # en: Add a new request that fits under its own uid (the one the API server gave it); one that can never fit (a prompt reaching the length limit, a token outside the vocabulary, an empty prompt, bad sampling parameters, a uid equal to that of a request not settled yet) gets exactly one RejectMsg saying why (for a long prompt, its length and the limit), and the scheduler goes on serving the others; a max_tokens past the limit is clipped without a warning (the client sees finish_reason "length"). Given: validate_requests (stage 2's validation), self.add_request, self._reject.
+        # hint1: 第 2 阶段的校验函数处理的是一整批，这里给它一个只有一个提示词的列表；它和 add_request 抛的是同几种异常，放进同一个 try。截短时的警告用 warnings 的上下文管理器压下去。
+        # en1: Stage 2's validation takes a whole batch: give it a list holding the one prompt.
+        # en1: It and add_request raise the same kinds of exception, so they share one try. Silence the clipping warning with the warnings context manager.
+        # hint2: try：with warnings.catch_warnings(): warnings.simplefilter("ignore")；
+        # hint2: [(ids, sp)] = validate_requests([msg.input_ids], msg.sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len)；
+        # hint2: self.add_request(ids, sp, uid=msg.uid)；except (TypeError, ValueError) as err: self._reject(msg.uid, str(err))。
+        # en2: try: with warnings.catch_warnings(): warnings.simplefilter("ignore");
+        # en2: [(ids, sp)] = validate_requests([msg.input_ids], msg.sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len);
+        # en2: self.add_request(ids, sp, uid=msg.uid); except (TypeError, ValueError) as err: self._reject(msg.uid, str(err)).
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -233,8 +258,15 @@ class Scheduler(_Scheduler):
         """
         if event.finished:
             self._chunking.discard(event.uid)
-        # >>> TASK collect_replies: 取消（reason 为 "abort"）不回消息——分词进程已经答复了客户端；其余每个事件一条 DetokenizeMsg(uid, token——没有就是 NO_TOKEN, finished, reason)，放进 _replies
-        # en: an abort (reason "abort") gets no message: the tokenizer has already answered the client; every other event becomes one DetokenizeMsg(uid, token, or NO_TOKEN when there is none, finished, reason) in _replies
+        # >>> TASK collect_replies: 把调度器的一个结果事件写成给反分词进程的消息，攒进 self._replies（这一步结束时一起发出，这里不发）。约定：每个事件正好一条 DetokenizeMsg，照抄请求、是否结束和结束原因；事件没带输出（因 EOS 结束）时 next_token 是 NO_TOKEN（-1）；取消（结束原因是 "abort"）什么也不回。给定：NO_TOKEN、self._replies。
+        # en: Write one result of the scheduler as a message for the detokenizer into self._replies (they all go out together at the end of the step; nothing is sent here). Contract: exactly one DetokenizeMsg per result, copying the request, whether it is over and its finish_reason; a result with no output (the request ended on EOS) has next_token NO_TOKEN (-1); an abort (finish_reason "abort") gets no message at all. Given: NO_TOKEN, self._replies.
+        # hint1: 只看事件，不去查 status：请求结束时资源可能当场就归还了，它的账目已经删掉。取消不回话，因为分词进程已经答复了客户端。
+        # en1: Look only at the event, never at status: when a request ends its resources may be freed on the spot and its entry is gone.
+        # en1: An abort gets no reply because the tokenizer process has already answered the client.
+        # hint2: event.reason == "abort" → return；token = NO_TOKEN if event.token is None else event.token；
+        # hint2: self._replies.append(DetokenizeMsg(event.uid, token, event.finished, event.reason))。
+        # en2: event.reason == "abort" → return; token = NO_TOKEN if event.token is None else event.token;
+        # en2: self._replies.append(DetokenizeMsg(event.uid, token, event.finished, event.reason)).
         if event.reason == "abort":
             return
         token = NO_TOKEN if event.token is None else event.token
@@ -260,8 +292,19 @@ class Scheduler(_Scheduler):
 
         en: The step listener: after each step is processed, add to the counters :meth:`stats` reports.
         """
-        # >>> TASK count_step: steps 加一；预填充步：prefill_tokens 加上这一步的 token 数，每个请求的 cached_len 算作命中——但接着上一块算的分块请求（uid 在 _chunking 里）不算；这一步不出 token 的（outputs 为假：算了一块、提示词还没算完）记进 _chunking（请求结束时会移出）；解码步：decode_tokens 加上请求数，请求数比 max_decode_batch 大就更新它
-        # en: steps += 1; a prefill step: add its token count to prefill_tokens and each request's cached_len to the hits, except for a chunked request continuing its previous chunk (uid in _chunking); a request whose token this step is no output (outputs false: one chunk computed, the prompt not finished) goes into _chunking (it leaves when the request ends); a decode step: add the number of requests to decode_tokens, and raise max_decode_batch if the number is larger
+        # >>> TASK count_step: 每处理完一步，按这一步累加 self.counters。约定：steps 每步加一；预填充步把算过的 token 数加进 prefill_tokens，把每个请求的 cached_len 加进 cache_hit_tokens——但分块预填充里接着上一块往下算的请求不算命中（它的 cached_len 是上一块算过的，不是前缀缓存省下的）；解码步把请求数加进 decode_tokens，max_decode_batch 记下最大的解码批。给定：trace（这一步的 StepTrace）、self._chunking（由你维护：提示词只算了一部分的请求；请求结束时 _on_result 会把它移出）。
+        # en: After each step is processed, fold it into self.counters. Contract: steps grows by one per step; a prefill step adds its computed token count to prefill_tokens and each request's cached_len to cache_hit_tokens, except for a request continuing its previous chunk under chunked prefill (its cached_len is what the earlier chunk computed, not something the prefix cache saved); a decode step adds its request count to decode_tokens, and max_decode_batch keeps the largest decode batch. Given: trace (the step's StepTrace), self._chunking (yours to maintain: requests whose prompt is only partly computed; _on_result takes a request out when it ends).
+        # hint1: 算了一块、提示词还没算完的请求，这一步不出 token：StepTrace 里记着每个请求这一步出没出 token，靠它认出分块的请求，它的下一块就不算命中。
+        # en1: A request that computed a chunk but not yet its whole prompt produces no token in that step: StepTrace records, per request, whether it did.
+        # en1: Use that to recognise chunked requests, so that their next chunk is not counted as a hit.
+        # hint2: c = self.counters；c["steps"] += 1；
+        # hint2: 预填充（trace.is_prefill）：c["prefill_tokens"] += trace.tokens；对 zip(trace.uids, trace.cached_lens, trace.outputs) 里的 uid, cached, output：
+        # hint2: uid 不在 self._chunking → c["cache_hit_tokens"] += cached；not output → self._chunking.add(uid)；
+        # hint2: 解码：c["decode_tokens"] += len(trace.uids)；len(trace.uids) 更大就更新 c["max_decode_batch"]。
+        # en2: c = self.counters; c["steps"] += 1;
+        # en2: prefill (trace.is_prefill): c["prefill_tokens"] += trace.tokens; for uid, cached, output in zip(trace.uids, trace.cached_lens, trace.outputs):
+        # en2: uid not in self._chunking → c["cache_hit_tokens"] += cached; not output → self._chunking.add(uid);
+        # en2: decode: c["decode_tokens"] += len(trace.uids); raise c["max_decode_batch"] to len(trace.uids) if that is larger.
         c = self.counters
         c["steps"] += 1
         if trace.is_prefill:
@@ -288,8 +331,21 @@ class Scheduler(_Scheduler):
         step's results and the state. Returns False once an ``ExitMsg`` has arrived.
         """
         self._exit_requested = False
-        # >>> TASK run_once: 空闲（not self.busy）时先补发一次现状（_idle_reported 为假时；发完设为真）；receive_msg(blocking=空闲) 并逐条处理；收到退出就返回 False；busy 就 step()；_replies 非空就打包成一条 BatchTokenizerMsg 发给 send_tokenizer 并清空；走了一步就 send_stats() 并把 _idle_reported 设为假；返回 True
-        # en: when idle (not self.busy), first send the state once more (if _idle_reported is false; set it afterwards); receive_msg(blocking=idle) and handle each message; return False on exit; step() if busy; if _replies is not empty, pack it into one BatchTokenizerMsg for send_tokenizer and clear it; after a step, send_stats() and set _idle_reported to false; return True
+        # >>> TASK run_once: 主循环的一次迭代。约定：收下此刻在等的全部消息并逐条处理；收到退出就返回 False（不再走这一步），否则返回 True；有事可做（self.busy：有等待或运行的请求，或有一步还在途）时绝不等消息，空闲时才阻塞；空闲下来、阻塞之前报一次现状（SchedulerStats），一段空闲只报一次；有事就让调度器走一步，走了之后再报一次现状；这次迭代攒下的回复（self._replies）打包成恰好一条 BatchTokenizerMsg 发给反分词进程，没有就不发，发完清空。给定：本类里收消息、处理消息、报现状的方法，以及一个记着“这段空闲已经报过”的标志。
+        # en: One iteration of the main loop. Contract: take every message waiting right now and handle each; return False once exit was asked for (without advancing), True otherwise; with work to do (self.busy: waiting or running requests, or a launched batch whose results are not processed yet) never wait for a message; block only when idle; on going idle, report the state (a SchedulerStats) once before it blocks, only once per idle spell; with work, have the scheduler advance once, and report the state again after it did; the replies gathered during the iteration (self._replies) go to the detokenizer packed in exactly one BatchTokenizerMsg (none if there are none) and are cleared. Given: this class's methods to receive, handle and report, and a flag remembering that the idle report was sent.
+        # hint1: 阻塞与否只看 busy：只看等待、运行队列的话，重叠调度下在途那一步里的最后一个 token 会永远发不出去。“空闲只报一次”靠一个标志，每走一步就把它复位。
+        # en1: Whether to block depends on busy alone: looking only at the waiting and running queues would strand the last token of the step
+        # en1: in flight under overlap scheduling. "Report idle once" needs a flag that is reset whenever a step is taken.
+        # hint2: not self.busy 且 not self._idle_reported → self.send_stats()，self._idle_reported = True；
+        # hint2: for msg in self.receive_msg(blocking=not self.busy): self._process_one_msg(msg)；self._exit_requested → return False；
+        # hint2: stepped = self.step() if self.busy else False；
+        # hint2: self._replies 非空 → self.send_tokenizer.put(BatchTokenizerMsg(data=self._replies))，self._replies = []；
+        # hint2: stepped → self.send_stats()，self._idle_reported = False；return True。
+        # en2: not self.busy and not self._idle_reported → self.send_stats(), self._idle_reported = True;
+        # en2: for msg in self.receive_msg(blocking=not self.busy): self._process_one_msg(msg); self._exit_requested → return False;
+        # en2: stepped = self.step() if self.busy else False;
+        # en2: self._replies not empty → self.send_tokenizer.put(BatchTokenizerMsg(data=self._replies)), self._replies = [];
+        # en2: stepped → self.send_stats(), self._idle_reported = False; return True.
         if not self.busy and not self._idle_reported:
             self.send_stats()
             self._idle_reported = True

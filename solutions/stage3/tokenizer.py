@@ -187,8 +187,18 @@ class DetokenizeManager:
         ``prefix_offset`` moves to ``read_offset`` and ``read_offset`` to the end. When the request finishes
         (``finished``) there is no next time, and whatever is left is settled regardless.
         """
-        # >>> TASK incremental_decode: 上下文 = decode(ids[prefix_offset:read_offset])，全部 = decode(ids[prefix_offset:])，新文字 = 全部[len(上下文):]；没结束且新文字以 REPLACEMENT 结尾 → 直接 return（什么也不改）；否则 text 加上新文字，prefix_offset = read_offset，read_offset = len(ids)
-        # en: context = decode(ids[prefix_offset:read_offset]), full = decode(ids[prefix_offset:]), new = full[len(context):]; if not finished and new ends with REPLACEMENT → just return (change nothing); otherwise add new to text, prefix_offset = read_offset, read_offset = len(ids)
+        # >>> TASK incremental_decode: 把新到的 token 里已经能确定的文字接到 s.text 后面，并推进两个偏移。约定：这段新文字还以替换字符 U+FFFD 结尾（字符没完整）就什么也不改，等下一个 token 来了再说——请求已经结束时除外，那时剩下的无论如何都确定下来；解码新 token 时要带上前面几个已确定的 token 作上下文（SentencePiece 式的分词器单独解码一段后缀会丢掉开头的空格）；所有发出的段拼起来正好等于整段解码。给定：REPLACEMENT（U+FFFD）。
+        # en: Append to s.text the settled part of the string of the newly arrived tokens, and advance both offsets. Contract: if that fresh part still ends with U+FFFD (a character not complete yet), change nothing and wait for the next token, unless the request has ended, when whatever is left is settled regardless; fresh tokens are decoded together with a few settled tokens before them (SentencePiece-style vocabularies lose a leading space when a suffix is decoded alone); all pieces sent, joined, equal decoding all tokens at once. Given: REPLACEMENT (U+FFFD).
+        # hint1: 两个偏移：read_offset 之前的都已确定；从 prefix_offset 起的那几个已确定的 token 只当上下文，和新 token 一起解码之后，再把它们自己的文字去掉。扣住时一个偏移也不能动。
+        # en1: Two offsets: everything before read_offset is settled;
+        # en1: the settled tokens from prefix_offset on serve only as context, decoded along with the new ones, after which their own text is cut off.
+        # en1: While holding back, neither offset moves.
+        # hint2: 上下文 = self.tokenizer.decode(s.ids[s.prefix_offset:s.read_offset])；新文字 = decode(s.ids[s.prefix_offset:])[len(上下文):]；
+        # hint2: not finished 且新文字以 REPLACEMENT 结尾 → 直接 return（什么也不改）；
+        # hint2: 否则 s.text += 新文字，s.prefix_offset 移到 s.read_offset，s.read_offset 移到 len(s.ids)。
+        # en2: context = self.tokenizer.decode(s.ids[s.prefix_offset:s.read_offset]); new = decode(s.ids[s.prefix_offset:])[len(context):];
+        # en2: not finished and new ends with REPLACEMENT → just return (change nothing);
+        # en2: otherwise s.text += new, s.prefix_offset moves to s.read_offset and s.read_offset to len(s.ids).
         context = self.tokenizer.decode(s.ids[s.prefix_offset:s.read_offset])
         new = self.tokenizer.decode(s.ids[s.prefix_offset:])[len(context):]
         if not finished and new.endswith(REPLACEMENT):
@@ -211,8 +221,17 @@ class DetokenizeManager:
         - otherwise, if its end is the beginning of a stop string (it may be about to match), hold back that end (the
           longest such), send the rest; if the request has finished (``finished``) hold nothing back and send it all.
         """
-        # >>> TASK stop_strings: pending = text[sent:]；各停止字符串在 pending 里 find，取最小的下标 i → 返回 (pending[:i], True)（请求就此结束，sent 不必再管）；否则（没结束时）找最长的 k（k ≤ len(pending)），使 pending 的末尾 k 个字符是某个停止字符串的开头，扣住它们；发出其余部分（sent 跟着加），返回 (这部分, False)
-        # en: pending = text[sent:]; find each stop string in pending and take the smallest index i → return (pending[:i], True) (the request ends here, sent no longer matters); otherwise (unless finished) find the longest k (k ≤ len(pending)) such that pending's last k characters begin some stop string, hold them back; send the rest (sent grows with it), return (that part, False)
+        # >>> TASK stop_strings: 从还没发出的文字里取出这次能发的一段，返回 (这一段, 是否命中停止字符串)。约定：其中出现了停止字符串就取最早的一处，只返回它前面的部分，算命中（请求就此结束）；否则末尾若可能是某个停止字符串的开头，就扣住最长的那一截，其余发出，s.sent 跟着记下发出了多少；请求已结束（finished）时什么也不扣。停止字符串可能跨好几个 token 才凑齐。给定：s.sent、s.stop（已去掉空串）。
+        # en: Return (what can be sent now, whether a stop string matched), taken from the string not sent yet. Contract: if a stop string occurs in it, take the earliest occurrence and return only what comes before it, a match (the request ends there); otherwise, if its end could be the start of some stop string, hold back the longest such end and send the rest, with s.sent counting what went out; once finished, hold nothing back. A stop string may take several tokens to complete. Given: s.sent, s.stop (empty strings already dropped).
+        # hint1: 先找完整的匹配，再找部分匹配：两者可能同时存在，完整的优先；部分匹配从最长的末尾试起，第一个对得上的就是要扣住的。
+        # en1: Look for full matches before partial ones: both may be present, and a full one wins;
+        # en1: try partial matches from the longest end down, and the first that fits is what to hold back.
+        # hint2: pending = s.text[s.sent:]；对每个停止字符串 pending.find(它)，取 ≥ 0 里最小的 i → 返回 (pending[:i], True)；
+        # hint2: 否则 keep = 0；没结束时 k 从 len(pending) 往下到 1，第一个使某个 stop.startswith(pending[-k:]) 的 k 就是 keep；
+        # hint2: piece = pending[:len(pending) - keep]；s.sent += len(piece)；返回 (piece, False)。
+        # en2: pending = s.text[s.sent:]; pending.find(each stop string), the smallest i ≥ 0 → return (pending[:i], True);
+        # en2: otherwise keep = 0; unless finished, k from len(pending) down to 1: the first k for which some stop.startswith(pending[-k:]) is keep;
+        # en2: piece = pending[:len(pending) - keep]; s.sent += len(piece); return (piece, False).
         pending = s.text[s.sent:]
         hits = [i for i in (pending.find(stop) for stop in s.stop) if i >= 0]
         if hits:
@@ -231,18 +250,31 @@ class DetokenizeManager:
     def detokenize(self, msg: DetokenizeMsg) -> UserReply | None:
         """处理调度器的一条 :class:`DetokenizeMsg`，返回给 API 服务器的回复；没有状态的请求返回 None。
 
-        ``finish_reason`` 为 ``"stop"``（遇到 EOS）时 ``next_token`` 不是输出（-1）：不解码、不计数。结束（调度器说结束了，或命中了停止字符串）时回复带上 ``finished``、``finish_reason``
-        和 token 计数，并释放状态；``completion_tokens`` 是收到的输出 token 数。
+        ``next_token`` 是一个输出 token；请求因 EOS 结束（``finish_reason`` 为 ``"stop"``）的那条消息里它是 -1，不是 EOS 的 id
+        （EOS 不是输出）：不解码、不计数。结束（调度器说结束了，或命中了停止字符串）时回复带上 ``finished``、
+        ``finish_reason`` 和 token 计数，并释放状态；``completion_tokens`` 是收到的输出 token 数。
 
         en: Handle one :class:`DetokenizeMsg` from the scheduler and return the reply for the API server; None for a
         request with no state.
 
-        With ``finish_reason`` ``"stop"`` (EOS) ``next_token`` is not output (-1): it is neither decoded nor counted. When the request finishes (the scheduler says so, or a stop string is
-        hit) the reply carries ``finished``, ``finish_reason`` and the token counts, and the state is freed;
-        ``completion_tokens`` is the number of output tokens received.
+        ``next_token`` is an output token; in the message of a request that ends on EOS (``finish_reason`` ``"stop"``) it is
+        -1, not the id of EOS (EOS is not output): it is neither decoded nor counted. When the request finishes (the
+        scheduler says so, or a stop string is hit) the reply carries ``finished``, ``finish_reason`` and the token counts,
+        and the state is freed; ``completion_tokens`` is the number of output tokens received.
         """
-        # >>> TASK detokenize: 没有状态 → None（不要新建）；finish_reason 不是 "stop" 时把 next_token 加进 ids；decode_new 再 apply_stop；命中停止字符串也算结束，finish_reason 为 "stop"；结束就从 decode_map 删掉；回复 UserReply(uid, 这一段, finished, 结束时的 finish_reason, prompt_tokens, len(ids))
-        # en: no state → None (do not create any); unless finish_reason is "stop", append next_token to ids; decode_new, then apply_stop; a stop-string hit finishes too, with finish_reason "stop"; on finishing delete it from decode_map; reply UserReply(uid, the piece, finished, the finish_reason when finished, prompt_tokens, len(ids))
+        # >>> TASK detokenize: 处理调度器的一条消息，返回给 API 服务器的回复；没有状态的请求（已经结束的、从没建过的）返回 None，也不许为它建状态。约定：next_token 是一个输出 token，但因 EOS 结束（finish_reason 为 "stop"）的那条里它是 -1，不解码、不计数；调度器说结束了、或命中了停止字符串，请求就结束了——回复标明结束，带上 finish_reason（命中时为 "stop"，没结束时为 None）、提示词 token 数和收到的输出 token 数，并释放状态。给定：decode_new、apply_stop、self.decode_map。
+        # en: Handle one message from the scheduler and return the reply for the API server; a request with no state (ended already, or never created) gives None, and no state may be created for it. Contract: next_token is an output token, except that the message of a request ending on EOS (finish_reason "stop") carries -1, which is neither decoded nor counted; the request ends when the scheduler says so or a stop string matches: then the reply says it is over and carries the finish_reason ("stop" on a match, None while not over), the prompt token count and the number of output tokens received, and the state is freed. Given: decode_new, apply_stop, self.decode_map.
+        # hint1: 两个坑：EOS 那条的 -1 不能进 ids；命中停止字符串时调度器并没有说结束，也要当作结束（释放状态、finish_reason 写 "stop"）。
+        # en1: Two pitfalls: the -1 of the EOS message must not go into ids;
+        # en1: and a stop-string match ends the request although the scheduler did not say so (free the state, finish_reason "stop").
+        # hint2: s = self.decode_map.get(msg.uid)，None → 返回 None；msg.finish_reason 不是 "stop" → s.ids.append(msg.next_token)；
+        # hint2: self.decode_new(s, msg.finished)；piece, hit = self.apply_stop(s, msg.finished)；
+        # hint2: finished = msg.finished or hit；reason = "stop" if hit else msg.finish_reason；finished 就 del self.decode_map[msg.uid]；
+        # hint2: 返回 UserReply(msg.uid, piece, finished, 结束时是 reason、否则 None, s.prompt_tokens, len(s.ids))。
+        # en2: s = self.decode_map.get(msg.uid), None → return None; msg.finish_reason is not "stop" → s.ids.append(msg.next_token);
+        # en2: self.decode_new(s, msg.finished); piece, hit = self.apply_stop(s, msg.finished);
+        # en2: finished = msg.finished or hit; reason = "stop" if hit else msg.finish_reason; if finished, del self.decode_map[msg.uid];
+        # en2: return UserReply(msg.uid, piece, finished, reason when finished else None, s.prompt_tokens, len(s.ids)).
         s = self.decode_map.get(msg.uid)
         if s is None:
             return None

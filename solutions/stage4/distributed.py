@@ -107,8 +107,17 @@ class Communicator:
         en: Add every rank's ``x`` element-wise, write the result **in place** into each rank's ``x`` and return it.
         With one rank, return it unchanged and count nothing.
         """
-        # >>> TASK all_reduce: 一个秩（self.info.size == 1）就直接返回 x；否则 dist.all_reduce(x, group=self.group)（缺省就是求和），self.calls["all_reduce"] 加一，返回 x
-        # en: with one rank (self.info.size == 1) just return x; otherwise dist.all_reduce(x, group=self.group) (a sum by default), add one to self.calls["all_reduce"], return x
+        # >>> TASK all_reduce: 各秩的 x 逐元素求和，和必须留在调用者手里的那个 x 里（就地）并返回它；真的通信了就在 calls 里按操作名记一笔，走数据组。只有一个秩时原样返回，不通信、不记数
+        # en: every rank's x summed element-wise, the sum left in the caller's own x (in place) and that x returned; a real communication is counted once in calls under the operation's name and goes over the data group. With one rank: return it unchanged, no communication, no count
+        # hint1: torch.distributed 的求和本身就是就地的、缺省就是 SUM：别返回新张量，也别先 clone。一个秩时根本没有进程组，连通信函数都不能碰
+        # en1: torch.distributed's reduction already works in place and sums by default: return no new tensor and clone nothing.
+        # en1: With one rank there is no process group, so do not even touch the communication call
+        # hint2: 1. self.info.size == 1 时直接 return x；
+        # hint2: 2. 否则 dist.all_reduce(x, group=self.group)（数据组，缺省 ReduceOp.SUM）；
+        # hint2: 3. self.calls["all_reduce"] += 1，return x。
+        # en2: 1. if self.info.size == 1: return x;
+        # en2: 2. otherwise dist.all_reduce(x, group=self.group) (the data group, ReduceOp.SUM by default);
+        # en2: 3. self.calls["all_reduce"] += 1 and return x.
         if self.info.size == 1:
             return x
         dist.all_reduce(x, group=self.group)
@@ -131,8 +140,21 @@ class Communicator:
         ``(size, ...)`` first, then move the rank dimension to just before the last one and merge. A plain ``reshape``
         makes a row hold one rank's whole piece, instead of each row joining every rank's part of it.
         """
-        # >>> TASK all_gather: 一个秩就返回 x；否则 out = x.new_empty((size * x.shape[0], *x.shape[1:]))，_all_gather_flat(out, x.contiguous(), self.group)，记一笔 calls["all_gather"]；out.view(size, *x.shape) 把第 0 维（秩）挪到倒数第二维（movedim(0, -2)），再 reshape 成 (*x.shape[:-1], size * x.shape[-1])
-        # en: with one rank return x; otherwise out = x.new_empty((size * x.shape[0], *x.shape[1:])), _all_gather_flat(out, x.contiguous(), self.group), count calls["all_gather"]; move dimension 0 (the rank) of out.view(size, *x.shape) to the second-to-last place (movedim(0, -2)), then reshape to (*x.shape[:-1], size * x.shape[-1])
+        # >>> TASK all_gather: 返回一个新张量：各秩的 x 沿最后一维按秩号拼起来，(..., d) 变成 (..., 秩数·d)，列 r·d 到 (r+1)·d 是秩 r 的那份；二维、三维都要对。一个秩时返回 x 本身、不记数，否则在 calls 里记一笔。给定：_all_gather_flat（只会沿第 0 维接）
+        # en: return a new tensor: every rank's x joined along the last dimension in rank order, (..., d) becomes (..., ranks·d), columns r·d to (r+1)·d being rank r's piece; 2-D and 3-D alike. With one rank return x itself and count nothing, otherwise count one in calls. Given: _all_gather_flat (it only joins along dimension 0)
+        # hint1: 底下的通信沿第 0 维接，收回来直接 reshape 形状对、数全错（也不报错）：先让“秩”这一维紧挨在最后一维之前，再把这两维合并。
+        # hint1: 收的地方要自己先分配好，送出去的张量要连续
+        # en1: The communication underneath joins along dimension 0,
+        # en1: and a plain reshape of what comes back has the right shape and the wrong numbers (silently):
+        # en1: first put the rank dimension just before the last one, then merge those two. Allocate the receiving buffer yourself and send a contiguous tensor
+        # hint2: 1. size = self.info.size；为 1 时 return x；
+        # hint2: 2. out = x.new_empty((size * x.shape[0], *x.shape[1:]))，_all_gather_flat(out, x.contiguous(), self.group)，self.calls["all_gather"] += 1；
+        # hint2: 3. out.view(size, *x.shape) 是 (秩, ..., d)；.movedim(0, -2) 变成 (..., 秩, d)；
+        # hint2: 4. 再 .reshape(*x.shape[:-1], size * x.shape[-1]) 返回（movedim(0, -1) 不对：那样每一列都在各秩之间交替）。
+        # en2: 1. size = self.info.size; if it is 1, return x;
+        # en2: 2. out = x.new_empty((size * x.shape[0], *x.shape[1:])), _all_gather_flat(out, x.contiguous(), self.group), self.calls["all_gather"] += 1;
+        # en2: 3. out.view(size, *x.shape) is (rank, ..., d); .movedim(0, -2) makes it (..., rank, d);
+        # en2: 4. then return .reshape(*x.shape[:-1], size * x.shape[-1]) (movedim(0, -1) is wrong: every column would alternate between the ranks).
         size = self.info.size
         if size == 1:
             return x
@@ -150,8 +172,19 @@ class Communicator:
         take the smallest and nobody overflows). Goes over the control group: one int64 CPU tensor, ``ReduceOp.MIN``.
         With one rank, return it unchanged and count nothing.
         """
-        # >>> TASK agree_min: 一个秩就返回 value；否则 t = torch.tensor([value], dtype=torch.int64)，dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)，记一笔 calls["agree_min"]，返回 int(t.item())
-        # en: with one rank return value; otherwise t = torch.tensor([value], dtype=torch.int64), dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control), count calls["agree_min"], return int(t.item())
+        # >>> TASK agree_min: 返回各秩的 value 里最小的那个，是个 Python int；走控制组（gloo、CPU 上的张量，不走数据组），真的通信了就在 calls 里记一笔。一个秩时原样返回 value、不记数
+        # en: return the smallest of the ranks' value as a Python int, over the control group (gloo, CPU tensors; not the data group); a real communication is counted once in calls. With one rank return value unchanged and count nothing
+        # hint1: 集合通信只收张量：把这个整数装进一个 CPU 上的小整数张量，让归约取最小而不是求和，收完再变回 Python 整数。GPU 上数据组是 NCCL，收不了 CPU 张量
+        # en1: Collectives take tensors only: put the integer in a small integer tensor on the CPU, make the reduction take the minimum instead of the sum,
+        # en1: and turn the result back into a Python int. On a GPU the data group is NCCL, which cannot take a CPU tensor
+        # hint2: 1. self.info.size == 1 时 return value；
+        # hint2: 2. t = torch.tensor([value], dtype=torch.int64)；
+        # hint2: 3. dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)，self.calls["agree_min"] += 1；
+        # hint2: 4. return int(t.item())。
+        # en2: 1. if self.info.size == 1: return value;
+        # en2: 2. t = torch.tensor([value], dtype=torch.int64);
+        # en2: 3. dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control), self.calls["agree_min"] += 1;
+        # en2: 4. return int(t.item()).
         if self.info.size == 1:
             return value
         t = torch.tensor([value], dtype=torch.int64)
@@ -233,8 +266,21 @@ def init_distributed(info: DistributedInfo, addr: str, device: torch.device | No
     """
     device = device or torch.device("cpu")
     timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    # >>> TASK init_distributed: 一个秩：comm = Communicator(info)；否则 dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=..., world_size=..., timeout=timeout)，control = dist.new_group(backend="gloo", timeout=timeout)，comm = Communicator(info, dist.group.WORLD, control)；最后 set_tp_comm(comm) 并返回它
-    # en: one rank: comm = Communicator(info); otherwise dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=..., world_size=..., timeout=timeout), control = dist.new_group(backend="gloo", timeout=timeout), comm = Communicator(info, dist.group.WORLD, control); finally set_tp_comm(comm) and return it
+    # >>> TASK init_distributed: 返回这个秩的 Communicator，并把它设为本进程的张量并行通信器（之后 get_tp_comm 拿到的就是它）。一个秩：不建任何组，也不碰那个地址。多个秩：在集合点会合，建数据组（CPU 上 gloo，GPU 上 NCCL），再建一个全部秩都在的 gloo 控制组，两个组都最多等 COLLECTIVE_TIMEOUT_S 秒。给定：rendezvous、default_backend
+    # en: return this rank's Communicator and make it this process's tensor-parallel communicator (what get_tp_comm gives afterwards). One rank: make no group and never touch the address. Several ranks: meet at the rendezvous, a data group (gloo on the CPU, NCCL on a GPU) plus a gloo control group of all ranks; both wait at most COLLECTIVE_TIMEOUT_S seconds. Given: rendezvous, default_backend
+    # hint1: 集合点的存储交给建进程组的那个函数，它建的缺省组就是数据组；控制组是在它之后每个秩都按同样顺序再建的一个组。不管几个秩，
+    # hint1: 最后都要登记成本进程的通信器
+    # en1: Hand the rendezvous store to the function that makes the process group: the default group it makes is the data group;
+    # en1: the control group is one more group every rank makes after it, in the same order. Whatever the rank count,
+    # en1: register the communicator as this process's at the end
+    # hint2: 1. info.size == 1：comm = Communicator(info)；
+    # hint2: 2. 否则 dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=info.rank, world_size=info.size, timeout=timeout)；
+    # hint2: 3. control = dist.new_group(backend="gloo", timeout=timeout)；comm = Communicator(info, dist.group.WORLD, control)；
+    # hint2: 4. set_tp_comm(comm)，return comm。
+    # en2: 1. info.size == 1: comm = Communicator(info);
+    # en2: 2. otherwise dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=info.rank, world_size=info.size, timeout=timeout);
+    # en2: 3. control = dist.new_group(backend="gloo", timeout=timeout); comm = Communicator(info, dist.group.WORLD, control);
+    # en2: 4. set_tp_comm(comm) and return comm.
     if info.size == 1:
         comm = Communicator(info)
     else:

@@ -105,16 +105,32 @@ class TPFusedMoE(FusedMoE):
         self.bytes_moved = 0
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        # >>> TASK tp_expert_load: 本秩只留每个专家中间维的第 rank 段（每段 intermediate_size 长）：gate 和 up（[I, H]，w13 的片）中间维在行上，down（[H, I]，w2 的片）在列上；切好交给父类
-        # en: this rank keeps only stretch rank of each expert's intermediate dimension (intermediate_size long each): for gate and up ([I, H], shards of w13) it runs along the rows, for down ([H, I], shards of w2) along the columns; hand the slice to the parent
+        # >>> TASK tp_expert_load: 本秩只留每个专家中间维的第 rank 段（段长就是本层的 intermediate_size，构造时已经除过秩数）：gate、up（[I, H]，装进 w13）的中间维在行上，down（[H, I]，装进 w2）的在列上。切好之后，片号不变地交给父类
+        # en: this rank keeps only stretch rank of each expert's intermediate dimension (each stretch as long as this layer's intermediate_size, already divided by the rank count): for gate and up ([I, H], into w13) it runs along the lines, for down ([H, I], into w2) along the columns. Hand the cut piece to the parent with its piece number unchanged
+        # hint1: 只有“沿哪一维切”随要装进的那块权重变，切法一样；放到 gate 还是 up 的位置、查形状，父类都会做
+        # en1: Only the dimension to cut along depends on which stacked weight it goes into; the cut is the same.
+        # en1: The parent places it at gate or up and checks the shape
+        # hint2: 1. n = self.intermediate_size；dim = 0 if attr == "w13" else 1；
+        # hint2: 2. super().load_weight(attr, tensor.narrow(dim, self.tp.rank * n, n), shard)。
+        # en2: 1. n = self.intermediate_size; dim = 0 if attr == "w13" else 1;
+        # en2: 2. super().load_weight(attr, tensor.narrow(dim, self.tp.rank * n, n), shard).
         n = self.intermediate_size
         dim = 0 if attr == "w13" else 1
         super().load_weight(attr, tensor.narrow(dim, self.tp.rank * n, n), shard)
         # <<< TASK
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        # >>> TASK tp_moe_forward: 父类用本秩那段中间维算出的只是部分和；加起来之后每个秩都有完整的结果。记下交给通信的字节数
-        # en: what the parent computes from this rank's stretch of the intermediate dimension is only a partial sum; once added up, every rank has the whole result. Note the bytes handed to the communication
+        # >>> TASK tp_moe_forward: 返回与没切的专家层相同的 [T, H]，每个秩都拿到整份：父类用本秩那段中间维算出的只是部分和，要在所有秩之间加起来（每次前向正好一次 all_reduce）；bytes_moved 加上交给这次通信的字节数
+        # en: return the same [T, H] as the unsplit experts, every rank getting all of it: what the parent computes from this rank's stretch of the intermediate dimension is only part of the sum, to be added up over all ranks (exactly one all_reduce per call); bytes_moved grows by the bytes handed to that communication
+        # hint1: 路由、分组、乘权重、按 token 相加，父类全做了；剩下的就是第 4.2 章按行切的那一步，外加数一数这块张量有多少字节
+        # en1: Routing, grouping, weighting and adding per token are all done by the parent; what is left is chapter 4.2's row-parallel step,
+        # en1: plus counting the bytes of that tensor
+        # hint2: 1. partial = super().forward(x, topk_weights, topk_ids)；
+        # hint2: 2. self.bytes_moved += partial.numel() * partial.element_size()；
+        # hint2: 3. return get_tp_comm().all_reduce(partial)。
+        # en2: 1. partial = super().forward(x, topk_weights, topk_ids);
+        # en2: 2. self.bytes_moved += partial.numel() * partial.element_size();
+        # en2: 3. return get_tp_comm().all_reduce(partial).
         partial = super().forward(x, topk_weights, topk_ids)
         self.bytes_moved += partial.numel() * partial.element_size()
         return get_tp_comm().all_reduce(partial)
@@ -130,8 +146,12 @@ def expert_range(num_experts: int, rank: int, size: int) -> range:
 
     en: The experts rank ``rank`` (of ``size``) holds: one contiguous block, the same count on every rank.
     """
-    # >>> TASK expert_range: 专家平均分成 size 段连续的，第 rank 段归本秩（调用前已查过能整除）
-    # en: the experts cut evenly into size contiguous blocks; block rank is this rank's (divisibility was checked before)
+    # >>> TASK expert_range: 返回本秩持有的专家号：连续的一段 range，每个秩一样多，秩号小的拿编号小的（调用前已查过能整除）。调用方拿它判断归属、换算本地编号、分配权重
+    # en: return the expert numbers this rank holds: one contiguous range, the same count on every rank, lower ranks holding lower numbers (divisibility was checked before). Callers use it to test ownership, to turn numbers into local ones and to allocate the weights
+    # hint1: 先算每个秩分几个，本秩那段就从“秩号 × 每段个数”开始
+    # en1: Work out how many each rank gets; this rank's block begins at its rank times that
+    # hint2: n = num_experts // size；return range(rank * n, (rank + 1) * n)
+    # en2: n = num_experts // size; return range(rank * n, (rank + 1) * n)
     n = num_experts // size
     return range(rank * n, (rank + 1) * n)
     # <<< TASK
@@ -181,8 +201,17 @@ class EPMoE(FusedMoE):
         self.bytes_moved = 0
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        # >>> TASK ep_load: 片号是检查点里的专家号（w13 的第 shard 片属于专家 shard // 2，w2 的属于专家 shard）；不是本秩的专家就丢掉，是的就换成本地的片号交给父类
-        # en: shard numbers are the checkpoint's expert numbers (shard of w13 belongs to expert shard // 2, shard of w2 to expert shard); drop experts that are not this rank's, and hand the others to the parent with the local shard number
+        # >>> TASK ep_load: 片号按检查点里的专家编（w13 每个专家两片，w2 每个专家一片）：不是本秩持有的专家就丢掉，什么都不装；是的就换成本秩自己的片号交给父类——父类只有本秩那几个专家的位置。给定：self.local
+        # en: piece numbers count over the checkpoint's experts (two pieces each in w13, one each in w2): drop pieces of experts this rank does not hold, loading nothing; renumber the others into this rank's own numbering and hand them to the parent, which only has room for this rank's experts. Given: self.local
+        # hint1: 先由片号认出是检查点里的哪个专家；本地片号等于全局片号减去本秩第一个专家的片号，而 w13 上一个专家占两片。用全局片号交给父类，秩 1 会越界
+        # en1: First tell from the piece number which checkpoint expert it is; the local piece number is the global one minus that of this rank's first expert,
+        # en1: and in w13 an expert takes two pieces. Handing the global number to the parent overflows on rank 1
+        # hint2: 1. expert = shard // 2 if attr == "w13" else shard；expert not in self.local 时 return；
+        # hint2: 2. first = self.local.start * (2 if attr == "w13" else 1)；
+        # hint2: 3. super().load_weight(attr, tensor, shard - first)。
+        # en2: 1. expert = shard // 2 if attr == "w13" else shard; if expert not in self.local: return;
+        # en2: 2. first = self.local.start * (2 if attr == "w13" else 1);
+        # en2: 3. super().load_weight(attr, tensor, shard - first).
         expert = shard // 2 if attr == "w13" else shard
         if expert not in self.local:
             return
@@ -199,8 +228,21 @@ class EPMoE(FusedMoE):
         (``0 .. this rank's expert count - 1``), and the record combine needs.
         """
         comm, per_rank = get_tp_comm(), self.num_experts
-        # >>> TASK dispatch: 各秩的专家是连续的几段，所以按专家号排好的对也就按目的秩排好了；数出发给每个秩几行，用 comm.all_to_all 发出这些对的输入行，再发一次它们的专家号（条数已知）；收到的专家号换成本地的
-        # en: each rank's experts are one contiguous block, so pairs sorted by expert number are sorted by destination rank too; count the rows for each rank, send the pairs' input rows with comm.all_to_all, then their expert numbers once more (counts known); turn the expert numbers received into local ones
+        # >>> TASK dispatch: 返回 (收到的行, 它们的本地专家号, Dispatched 记录)：本秩这段 token 的每个 (token, 选择) 对正好发一次，发给持有那个专家的秩（各秩条数不等，可以是 0）；Dispatched 记下这些对发出的顺序（拉平后的下标）和发给、收自每个秩的行数。用 comm 的 all_to_all 正好两次：发行、再发专家号，第二次不再交换条数
+        # en: return (rows received, their local expert numbers, a Dispatched record): each (token, choice) pair of this rank's tokens goes exactly once to the rank holding its expert (uneven counts, possibly 0); Dispatched notes the sequence the pairs were sent in (flattened indices) and the rows sent to and received from each rank. Exactly two all_to_all calls on comm: the rows, then the expert numbers, the second exchanging no counts
+        # hint1: 每个秩的专家是连续的一段，所以按专家号排好序，就同时按目的秩排好了；一个专家号整除每秩专家数就是它的目的秩。第二次发送时收的条数已经知道了
+        # en1: Each rank's experts form one contiguous block, so sorting by expert number also sorts by destination rank;
+        # en1: an expert number divided by the experts per rank is its destination. On the second send the receive counts are already known
+        # hint2: 1. flat = topk_ids.reshape(-1)；order = torch.argsort(flat)；第 i 对属于 token i // k（k = topk_ids.shape[1]）；
+        # hint2: 2. send_splits = torch.bincount(flat // per_rank, minlength=self.ep.size).tolist()；
+        # hint2: 3. rows, recv_splits = comm.all_to_all(x[order // topk_ids.shape[1]], send_splits)；
+        # hint2: 4. ids, _ = comm.all_to_all(flat[order], send_splits, recv_splits)；
+        # hint2: 5. return rows, ids - self.local.start, Dispatched(order, send_splits, recv_splits)。
+        # en2: 1. flat = topk_ids.reshape(-1); order = torch.argsort(flat); pair i belongs to token i // k (k = topk_ids.shape[1]);
+        # en2: 2. send_splits = torch.bincount(flat // per_rank, minlength=self.ep.size).tolist();
+        # en2: 3. rows, recv_splits = comm.all_to_all(x[order // topk_ids.shape[1]], send_splits);
+        # en2: 4. ids, _ = comm.all_to_all(flat[order], send_splits, recv_splits);
+        # en2: 5. return rows, ids - self.local.start, Dispatched(order, send_splits, recv_splits).
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat)
         send_splits = torch.bincount(flat // per_rank, minlength=self.ep.size).tolist()
@@ -215,8 +257,17 @@ class EPMoE(FusedMoE):
         en: Send the computed rows (in the order they were received) back to the ranks they came from, multiply by the
         routing weights and add them up per token into this rank's stretch of the output, ``[t, H]``.
         """
-        # >>> TASK combine: 回程是去程反过来：收的条数就是当初发的；回来的行与 sent.order 一一对应，乘上那一对的路由权重，加到它的 token 上（一个 token 的 k 行加在一起）
-        # en: the return trip is the outbound one reversed: the counts received are those sent; the rows that come back match sent.order one for one: multiply each by its pair's routing weight and add it to its token (a token's k rows add up)
+        # >>> TASK combine: 返回本秩这段 token 的输出 [t, H]：算好的行（与收到时同序）原路送回它们来的秩，回程条数就是去程的反过来、不再交换；送回来的每行乘上它那一对的路由权重（换成行的类型），一个 token 的 k 行加在一起。t 可以是 0，这时通信也照样要参加。给定：sent
+        # en: return this rank's stretch of the output, [t, H]: the computed rows (in the sequence they arrived) go back the way they came, the return counts being the outbound ones reversed, with no exchange; each row that comes back is multiplied by its pair's routing weight (cast into the rows' dtype), and a token's k rows add up. t may be 0, and then the communication must still be joined. Given: sent
+        # hint1: 回来的行和派发时记下的发出顺序一一对应：权重按那个顺序取，那个顺序除以 k 就是每行的 token。同一个 token 的几行要累加
+        # en1: The rows that come back match the sending sequence noted at dispatch one for one: take the weights in that sequence,
+        # en1: and that sequence divided by k gives each row's token. A token's rows must accumulate
+        # hint2: 1. back, _ = get_tp_comm().all_to_all(out_rows, sent.recv_splits, sent.send_splits)（发去程收的条数，收去程发的条数）；
+        # hint2: 2. k = topk_weights.shape[1]；back = back * topk_weights.reshape(-1)[sent.order, None].to(back.dtype)；
+        # hint2: 3. out = back.new_zeros((topk_weights.shape[0], back.shape[1]))；return out.index_add_(0, sent.order // k, back)。
+        # en2: 1. back, _ = get_tp_comm().all_to_all(out_rows, sent.recv_splits, sent.send_splits) (send the outbound receive counts, receive the outbound send counts);
+        # en2: 2. k = topk_weights.shape[1]; back = back * topk_weights.reshape(-1)[sent.order, None].to(back.dtype);
+        # en2: 3. out = back.new_zeros((topk_weights.shape[0], back.shape[1])); return out.index_add_(0, sent.order // k, back).
         back, _ = get_tp_comm().all_to_all(out_rows, sent.recv_splits, sent.send_splits)
         k = topk_weights.shape[1]
         back = back * topk_weights.reshape(-1)[sent.order, None].to(back.dtype)

@@ -104,8 +104,13 @@ class MoeConfig(ModelConfig):
 
         en: Is layer ``layer_id`` (counted from 0) an MoE layer? The same rule as Hugging Face's ``Qwen3MoeDecoderLayer``.
         """
-        # >>> TASK sparse_layers: 规则来自 Qwen3-MoE 的配置：mlp_only_layers 里的层永远稠密；其余的层，有专家、并且落在每 decoder_sparse_step 层一次的节拍上（step 为 2 时是第 2、4、6…层，即从 0 编号的 1、3、5）才是 MoE
-        # en: the rule comes from Qwen3-MoE's config: layers in mlp_only_layers are always dense; any other layer is MoE when there are experts and it falls on the beat of once every decoder_sparse_step layers (counting from layer 1: with step 2 that is the 2nd, 4th, ... layer, i.e. 1, 3, 5 counting from 0)
+        # >>> TASK sparse_layers: 返回这一层（从 0 数）是不是 MoE 层，规则与 Hugging Face 的 Qwen3MoeDecoderLayer 相同：mlp_only_layers 里的层永远稠密；模型没有专家时全都稠密；其余的层按配置的稀疏节拍每隔几层一个，节拍从第 1 层数起（节拍为 2 时，从 0 编号的 1、3、5…是 MoE）
+        # en: return whether this layer (counted from 0) is an MoE layer, by the same rule as Hugging Face's Qwen3MoeDecoderLayer: layers in mlp_only_layers are always dense; with no experts everything is dense; any other layer is MoE on the config's sparse beat, once every few layers, counting the beat from layer 1 (with a beat of 2, layers 1, 3, 5, ... numbered from 0 are MoE)
+        # hint1: 三个条件同时成立才是 MoE。易错的是节拍：层号从 0 数、节拍从 1 数，差一位就成了 0、2、4
+        # en1: All three conditions must hold. The beat is where it goes wrong: layers are numbered from 0 but the beat counts from 1,
+        # en1: and an off-by-one gives 0, 2, 4
+        # hint2: return (layer_id not in self.mlp_only_layers and self.num_experts > 0 and (layer_id + 1) % self.decoder_sparse_step == 0)
+        # en2: return (layer_id not in self.mlp_only_layers and self.num_experts > 0 and (layer_id + 1) % self.decoder_sparse_step == 0)
         return (
             layer_id not in self.mlp_only_layers
             and self.num_experts > 0
@@ -125,8 +130,19 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -
     en: Pick ``top_k`` experts per token. ``router_logits``: ``[T, E]``. Returns ``(topk_weights, topk_ids)``, both
     ``[T, top_k]``: the weights are fp32 probabilities (largest first), the ids int64 expert numbers.
     """
-    # >>> TASK select_experts: 每个 token 的 E 个分数先变成概率（在 fp32 里算，bf16 的 logits 也一样），取最大的 top_k 个；renormalize 时让每个 token 选中的权重之和为 1
-    # en: turn each token's E scores into probabilities (computed in fp32, bf16 logits too), keep the top_k largest; with renormalize, make each token's chosen weights sum to 1
+    # >>> TASK select_experts: 返回 (权重, 专家号)，都是 [T, top_k]：每个 token 选概率最大的 top_k 个专家，权重是 fp32 的概率（从大到小），专家号是 int64。概率一律在 fp32 里算，bf16 的 logits 也一样；renormalize 时每个 token 选中的权重之和为 1。与 Hugging Face 的路由器一致
+    # en: return (weights, expert ids), both [T, top_k]: each token picks the top_k experts of highest probability; the weights are fp32 probabilities (largest first), the ids int64. Probabilities are always computed in fp32, bf16 logits too; with renormalize each token's chosen weights sum to 1. It must agree with Hugging Face's router
+    # hint1: 概率是沿专家那一维的 softmax，让 softmax 自己先转成 fp32 再算；取前 k 个的那个函数同时给出值和下标。归一化之后权重别转回 logits 的类型
+    # en1: The probabilities are a softmax along the experts' dimension; let the softmax itself cast to fp32 first.
+    # en1: The top-k function gives values and indices together. Do not cast the weights back to the logits' dtype
+    # hint2: 1. probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)；
+    # hint2: 2. topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)；
+    # hint2: 3. renormalize 时 topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)（keepdim 让它按行广播）；
+    # hint2: 4. return topk_weights, topk_ids。
+    # en2: 1. probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32);
+    # en2: 2. topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1);
+    # en2: 3. with renormalize, topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True) (keepdim makes it broadcast per row);
+    # en2: 4. return topk_weights, topk_ids.
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -156,8 +172,22 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
     ``x``: ``[T, H]``, ``w13``: ``[E, 2I, H]``, ``w2``: ``[E, H, I]``, ``topk_*``: ``[T, k]``. Returns ``[T, H]`` of
     ``x``'s dtype.
     """
-    # >>> TASK experts_reference: 一个专家一个专家地来：哪些 (token, 第几个选择) 选了它，就把这些 token 送过 expert_mlp，乘上各自那一格的路由权重，加到输出里那个 token 的行上；没有 token 的专家跳过
-    # en: go expert by expert: for the (token, choice) pairs that chose it, send those tokens through expert_mlp, multiply by each pair's routing weight, and add into that token's row of the output; skip experts no token chose
+    # >>> TASK experts_reference: 返回 [T, H]，与 x 同类型：每个 token 的输出是它选中的 k 个专家的输出、各乘自己那一格路由权重后的和。这是最直白的参考实现：一个专家一个专家地来，没被任何 token 选中的专家跳过；分组实现拿它来对。给定：expert_mlp
+    # en: return [T, H] in x's dtype: each token's output is the sum of its k chosen experts' outputs, each times its own routing weight. This is the plain reference: go expert by expert, skipping experts no token chose; the grouped path is checked against it. Given: expert_mlp
+    # hint1: 对每个专家，要的是“哪些 (token, 第几个选择) 选了它”——一次比较加上找非零下标就都有了。同一个 token 会从几个专家各加一次，
+    # hint1: 加回去要用能累加重复下标的办法
+    # en1: For each expert you need the (token, choice) pairs that chose it — one comparison and a search for the nonzero positions give them all.
+    # en1: A token gets added to by several experts, so add back with something that accumulates repeated indices
+    # hint2: 1. out = torch.zeros_like(x)；对 e in range(w13.shape[0])：
+    # hint2: 2.   token, choice = torch.where(topk_ids == e)；token.numel() == 0 时 continue；
+    # hint2: 3.   y = expert_mlp(x[token], w13[e], w2[e]) * topk_weights[token, choice, None].to(x.dtype)（None 加一维才能和 [n, H] 相乘）；
+    # hint2: 4.   out.index_add_(0, token, y)；
+    # hint2: 5. return out。
+    # en2: 1. out = torch.zeros_like(x); for e in range(w13.shape[0]):
+    # en2: 2.   token, choice = torch.where(topk_ids == e); if token.numel() == 0: continue;
+    # en2: 3.   y = expert_mlp(x[token], w13[e], w2[e]) * topk_weights[token, choice, None].to(x.dtype) (None adds the dimension to multiply with [n, H]);
+    # en2: 4.   out.index_add_(0, token, y);
+    # en2: 5. return out.
     out = torch.zeros_like(x)
     for e in range(w13.shape[0]):
         token, choice = torch.where(topk_ids == e)
@@ -178,8 +208,21 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     matrix multiplication per expert. ``counts[e]`` is the number of (token, choice) pairs that chose expert ``e``
     (counted by the caller, on the host).
     """
-    # >>> TASK fused_experts: 把 T × k 对排成“同一个专家的挨在一起”（专家号从小到大），按 counts 切成每个专家连续的一段；每段的输入行一次送过该专家的 expert_mlp，乘上各自的路由权重，最后按 token 加回 [T, H]
-    # en: order the T × k pairs so that one expert's pairs sit together (experts in increasing order) and cut them by counts into one contiguous stretch per expert; each stretch's input rows go through that expert's expert_mlp in one call, get multiplied by their routing weights, and are finally added back per token into [T, H]
+    # >>> TASK fused_experts: 返回与 experts_reference 相同的结果（[T, H]，x 的类型），但每个专家只调用一次 expert_mlp：T × k 个 (token, 选择) 对按专家号从小到大排好，同一个专家的挨成连续一段，各段的长度就是 counts。counts 已在主机上数好，切段时不要再去碰设备上的数
+    # en: return the same as experts_reference ([T, H], x's dtype) but with a single expert_mlp call per expert: the T × k (token, choice) pairs sorted by expert id, smallest first, each expert's pairs forming one contiguous stretch whose length is given by counts. counts is already on the host; cut the stretches without touching numbers on the device
+    # hint1: 把专家号拉平了排序，排好的位置除以 k 就是它属于哪个 token；输入行和路由权重都要按同一个顺序取。最后同一个 token 的几行要累加回去，不是覆盖
+    # en1: Sort the flattened expert ids: a sorted position divided by k is its token. Take both the input rows and the routing weights in that same order.
+    # en1: In the end a token's rows must accumulate, not overwrite
+    # hint2: 1. k = topk_ids.shape[1]；order = torch.argsort(topk_ids.reshape(-1))；token = order // k；
+    # hint2: 2. rows = x[token]；out_rows = torch.empty_like(rows)；start = 0；
+    # hint2: 3. for e, n in enumerate(counts)：n 不为 0 时 out_rows[start:start + n] = expert_mlp(rows[start:start + n], w13[e], w2[e])；无论如何 start += n；
+    # hint2: 4. out_rows *= topk_weights.reshape(-1)[order, None].to(x.dtype)；
+    # hint2: 5. return torch.zeros_like(x).index_add_(0, token, out_rows)。
+    # en2: 1. k = topk_ids.shape[1]; order = torch.argsort(topk_ids.reshape(-1)); token = order // k;
+    # en2: 2. rows = x[token]; out_rows = torch.empty_like(rows); start = 0;
+    # en2: 3. for e, n in enumerate(counts): if n, out_rows[start:start + n] = expert_mlp(rows[start:start + n], w13[e], w2[e]); always start += n;
+    # en2: 4. out_rows *= topk_weights.reshape(-1)[order, None].to(x.dtype);
+    # en2: 5. return torch.zeros_like(x).index_add_(0, token, out_rows).
     k = topk_ids.shape[1]
     order = torch.argsort(topk_ids.reshape(-1))
     token = order // k
@@ -231,8 +274,17 @@ class FusedMoE(BaseOP):
         return slots
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        # >>> TASK expert_load: 按 own_slots 的编号把检查点里一个专家的一个张量拷进叠起来的权重：w13 的第 shard 片属于专家 shard // 2，是它的 gate（前 I 行）还是 up（后 I 行）看 shard 的奇偶；w2 的第 shard 片就是专家 shard；形状不对时 check_shape 报错
-        # en: copy one checkpoint tensor of one expert into the stacked weight, numbered as own_slots numbers them: shard of w13 belongs to expert shard // 2, and whether it is the gate (first I rows) or the up (last I rows) depends on shard's parity; shard of w2 is expert shard; check_shape complains on a wrong shape
+        # >>> TASK expert_load: 把检查点里一个专家的一个权重拷进叠起来的那块，编号与 own_slots 一致：专家 e 的 gate、up 是 w13 的第 2e、2e+1 片，分别占 w13[e] 的前一半行和后一半行；down 是 w2 的第 e 片，即 w2[e]。形状不对时抛 ValueError（给定：check_shape）
+        # en: copy one checkpoint weight of one expert into the stacked block, numbered as own_slots numbers them: expert e's gate and up are pieces 2e and 2e+1 of w13, the first and the second half of w13[e]'s lines; its down is piece e of w2, that is w2[e]. A wrong shape raises ValueError (given: check_shape)
+        # hint1: 先按要装进哪块权重分两种情形；在叠起来的张量上用下标取出的是视图，形状对了就能直接拷进去
+        # en1: Split into two cases by which stacked weight it goes into; indexing the stacked tensor gives a view,
+        # en1: which can be copied into directly once its shape is checked
+        # hint2: 1. attr == "w13"：n = self.intermediate_size；target = self.w13[shard // 2, (shard % 2) * n : (shard % 2 + 1) * n]；
+        # hint2: 2. 否则 target = self.w2[shard]；
+        # hint2: 3. check_shape(target, tensor)；target.copy_(tensor)。
+        # en2: 1. attr == "w13": n = self.intermediate_size; target = self.w13[shard // 2, (shard % 2) * n : (shard % 2 + 1) * n];
+        # en2: 2. otherwise target = self.w2[shard];
+        # en2: 3. check_shape(target, tensor); target.copy_(tensor).
         if attr == "w13":
             n = self.intermediate_size
             target = self.w13[shard // 2, (shard % 2) * n : (shard % 2 + 1) * n]
@@ -276,8 +328,14 @@ class SparseMoeBlock(BaseOP):
         self.experts = experts or FusedMoE(config.num_experts, config.hidden_size, config.moe_intermediate_size, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # >>> TASK moe_block_forward: 路由器给每个 token 打分，选出专家和权重（用本层的 top_k 和 renormalize），交给专家
-        # en: the router scores every token, the experts and weights are selected (with this layer's top_k and renormalize), the experts take it from there
+        # >>> TASK moe_block_forward: 返回这一层 MoE 的输出 [T, H]：路由器给每个 token 打分，按本层从配置存下的 k 和是否重新归一化选出专家和权重，再交给本层的专家去算（分组还是参考实现由专家自己决定）。给定：select_experts
+        # en: return this MoE layer's output [T, H]: the router scores every token, the experts and their weights are picked with the k and the renormalisation this layer kept from its config, and this layer's experts compute the result (grouped or reference is their own choice). Given: select_experts
+        # hint1: 需要的都在 __init__ 里存好了：路由器是个线性层，k 和是否归一化是两个字段，专家是一个 FusedMoE
+        # en1: Everything you need was kept in __init__: the router is a linear layer, k and the renormalisation are two fields, the experts are one FusedMoE
+        # hint2: 1. topk_weights, topk_ids = select_experts(self.gate.forward(x), self.top_k, self.renormalize)；
+        # hint2: 2. return self.experts.forward(x, topk_weights, topk_ids)。
+        # en2: 1. topk_weights, topk_ids = select_experts(self.gate.forward(x), self.top_k, self.renormalize);
+        # en2: 2. return self.experts.forward(x, topk_weights, topk_ids).
         topk_weights, topk_ids = select_experts(self.gate.forward(x), self.top_k, self.renormalize)
         return self.experts.forward(x, topk_weights, topk_ids)
         # <<< TASK

@@ -110,8 +110,19 @@ class PrefixTree:
         en: The length in characters of the longest common prefix of ``text`` with any text stored in the tree (changes
         nothing, and does not count as a use).
         """
-        # >>> TASK prefix_match: 从根往下走：按 text 下一个字符找孩子，比较那条边上的文字，整条边都相同才继续往下，在中途分岔就停下
-        # en: walk down from the root: find the child by text's next character, compare the text on that edge, go on down only when the whole edge matches, stop where it forks midway
+        # >>> TASK prefix_match: 返回树里存过的任何文字与 text 的最长公共前缀有几个字符；公共前缀可以停在一条边的中途。不改动树，也不算一次“用到”（last_used 一个都不变）。给定：common_prefix_len
+        # en: return how many characters the longest common prefix of text with any text stored in the tree has; it may end midway along an edge. Change nothing in the tree, and do not count it as a use (no last_used changes). Given: common_prefix_len
+        # hint1: 孩子是按边上文字的第一个字符索引的，所以每一步最多只有一条边可走。一条边只对上了前一段，就停在那里
+        # en1: Children are indexed by the first character of their edge, so at each step at most one edge can be followed.
+        # en1: When only the start of an edge matches, stop there
+        # hint2: 1. node, i = self.root, 0；
+        # hint2: 2. while i < len(text)：child = node.children.get(text[i])，是 None 就 break；
+        # hint2: 3.   n = common_prefix_len(child.text, text[i:])；i += n；n < len(child.text)（中途分岔）就 break；否则 node = child；
+        # hint2: 4. return i。
+        # en2: 1. node, i = self.root, 0;
+        # en2: 2. while i < len(text): child = node.children.get(text[i]); break if it is None;
+        # en2: 3.   n = common_prefix_len(child.text, text[i:]); i += n; break if n < len(child.text) (forks midway); else node = child;
+        # en2: 4. return i.
         node, i = self.root, 0
         while i < len(text):
             child = node.children.get(text[i])
@@ -132,8 +143,23 @@ class PrefixTree:
         split in two; every node passed on the way is marked as used now.
         """
         self.clock += 1
-        # >>> TASK tree_insert: 像 match 一样往下走；没有孩子就挂上剩下的文字作一个新叶子（size 加上它的长度）；只有边的前一段相同时，先在相同处把边拆开（中间插一个节点），再往下走；经过的节点（根除外：它永远不删）last_used 都改成 self.clock
-        # en: walk down as match does; with no child, hang the rest of the text as a new leaf (size grows by its length); when only the start of an edge matches, first split the edge there (a node in between), then go on; every node passed (but the root: it is never removed) gets last_used = self.clock
+        # >>> TASK tree_insert: 记下 text：已有的前缀共用已有的节点；在一条边的中途分岔时，把那条边在分岔处拆成两段（中间多一个节点，字符一个不多）；新挂上的叶子让 size 加上它的字符数。路上经过的每个节点都把 last_used 记成 self.clock（进来时已经加过一）
+        # en: note text: the prefix already there shares the nodes already there; where it forks midway along an edge, split that edge in two at the fork (one more in between, not a character more); a newly hung leaf adds its characters to size. Every one passed on the way gets last_used set to self.clock (already advanced on entry)
+        # hint1: 走法和 match 一样，只多两种情形：没有能走的边时挂一个叶子就完了；边只对上前一段时，先拆边再接着走。拆边要改三处链接：新节点挂到父亲下，
+        # hint1: 原来的孩子挂到新节点下、它的文字只剩后一段
+        # en1: Walk as match does, with two extra cases: no edge to follow means hang a leaf and you are done;
+        # en1: an edge matching only at its start is split first, then the walk goes on. A split changes three links: the new node under the parent,
+        # en1: the old child under the new node with only the rest of its text
+        # hint2: 1. node, i = self.root, 0；while i < len(text)：child = node.children.get(text[i])；
+        # hint2: 2.   child 是 None：node.children[text[i]] = Node(text[i:], node, self.clock)；self.size += len(text) - i；return；
+        # hint2: 3.   n = common_prefix_len(child.text, text[i:])；n < len(child.text) 时拆边：mid = Node(child.text[:n], node, self.clock)；
+        # hint2:      child.text, child.parent = child.text[n:], mid；mid.children[child.text[0]] = child；node.children[text[i]] = mid；child = mid；
+        # hint2: 4.   child.last_used = self.clock；node, i = child, i + n。
+        # en2: 1. node, i = self.root, 0; while i < len(text): child = node.children.get(text[i]);
+        # en2: 2.   if child is None: node.children[text[i]] = Node(text[i:], node, self.clock); self.size += len(text) - i; return;
+        # en2: 3.   n = common_prefix_len(child.text, text[i:]); if n < len(child.text), split: mid = Node(child.text[:n], node, self.clock);
+        # en2:      child.text, child.parent = child.text[n:], mid; mid.children[child.text[0]] = child; node.children[text[i]] = mid; child = mid;
+        # en2: 4.   child.last_used = self.clock; node, i = child, i + n.
         node, i = self.root, 0
         while i < len(text):
             child = node.children.get(text[i])
@@ -159,8 +185,21 @@ class PrefixTree:
         en: Remove the least recently used leaves until the tree holds at most ``max_chars`` characters; a parent left
         without children becomes a candidate too. Returns the number of characters removed.
         """
-        # >>> TASK tree_evict: 把所有叶子（没有孩子、不是根）按 last_used 放进一个小顶堆；每次取出最旧的，从父节点的 children 里去掉、size 减去它的长度；父节点因此没了孩子（又不是根）就也放进堆
-        # en: put every leaf (no children, not the root) in a min-heap by last_used; each time take the oldest out, remove it from its parent's children and subtract its length from size; a parent left without children (and not the root) goes into the heap too
+        # >>> TASK tree_evict: 按 last_used 从旧到新删叶子，直到 size 不超过 max_chars；一个节点的孩子都删光了，它自己也成了候选（根永远不删）。返回删掉的字符数；evict(0) 要把树删成只剩一个空根。给定：_nodes
+        # en: delete leaves oldest last_used first until size is at most max_chars; a node with nothing left below it becomes a candidate itself (the root is never deleted). Return the number of characters deleted; evict(0) must leave nothing but an empty root. Given: _nodes
+        # hint1: “每次取最旧的一个、中途还会加进新的候选”正是小顶堆的用处；时刻相同时堆会去比较节点本身，放一个唯一的数在中间挡住它
+        # en1: 'Always take the oldest, with new candidates arriving midway' is what a min-heap is for;
+        # en1: on equal times the heap would compare the nodes themselves, so put a unique number in between
+        # hint2: 1. removed = 0；heap = [(n.last_used, id(n), n) for n in self._nodes() if not n.children]；heapq.heapify(heap)；
+        # hint2: 2. while self.size > max_chars：_, _, leaf = heapq.heappop(heap)；parent = leaf.parent；del parent.children[leaf.text[0]]；
+        # hint2: 3.   self.size -= len(leaf.text)；removed += len(leaf.text)；
+        # hint2: 4.   not parent.children and parent is not self.root 时 heapq.heappush(heap, (parent.last_used, id(parent), parent))；
+        # hint2: 5. return removed。
+        # en2: 1. removed = 0; heap = [(n.last_used, id(n), n) for n in self._nodes() if not n.children]; heapq.heapify(heap);
+        # en2: 2. while self.size > max_chars: _, _, leaf = heapq.heappop(heap); parent = leaf.parent; del parent.children[leaf.text[0]];
+        # en2: 3.   self.size -= len(leaf.text); removed += len(leaf.text);
+        # en2: 4.   if not parent.children and parent is not self.root: heapq.heappush(heap, (parent.last_used, id(parent), parent));
+        # en2: 5. return removed.
         removed = 0
         heap = [(n.last_used, id(n), n) for n in self._nodes() if not n.children]
         heapq.heapify(heap)
@@ -194,8 +233,16 @@ def is_imbalanced(loads: Iterable[int], abs_threshold: int, rel_threshold: float
     en: Is the load imbalanced: the most and the fewest differ by more than ``abs_threshold``, and the most is above
     ``rel_threshold`` times the fewest (both must hold).
     """
-    # >>> TASK imbalanced: 两个条件都是“严格大于”；没有负载（空）时不算不均
-    # en: both conditions are "strictly greater"; no loads (empty) is not imbalanced
+    # >>> TASK imbalanced: 返回负载是否不均：最大与最小之差严格大于绝对门槛，并且最大严格大于最小的相对门槛倍，两条都要成立。loads 可能是生成器或字典的值视图；没有负载时不算不均
+    # en: return whether the load is imbalanced: the largest and the smallest differ by strictly more than the absolute threshold, and the largest is strictly above the relative threshold times the smallest; both must hold. loads may be a generator or a dict view; no loads at all is not imbalanced
+    # hint1: 最大、最小都要用，而生成器只能走一遍：先把它变成列表
+    # en1: You need both the largest and the smallest, and a generator can be walked once only: make it a list first
+    # hint2: 1. values = list(loads)；空的 return False；
+    # hint2: 2. most, fewest = max(values), min(values)；
+    # hint2: 3. return most - fewest > abs_threshold and most > rel_threshold * fewest。
+    # en2: 1. values = list(loads); if empty, return False;
+    # en2: 2. most, fewest = max(values), min(values);
+    # en2: 3. return most - fewest > abs_threshold and most > rel_threshold * fewest.
     values = list(loads)
     if not values:
         return False
@@ -251,8 +298,12 @@ class ShortestQueue:
 
     def choose(self, text: str, loads: Mapping[int, int]) -> int:
         _check_loads(loads)
-        # >>> TASK shortest_queue: 负载最小的那个；一样时编号最小的
-        # en: the one with the smallest load; on a tie the lowest number
+        # >>> TASK shortest_queue: 返回手上请求最少的那个活着的副本；一样少时编号小的。只在活着的副本里挑
+        # en: return the live replica with the fewest requests in hand; on a tie the lower number. Pick among the live replicas only
+        # hint1: min 可以按一个元组比较：先比的放前面
+        # en1: min can compare by a tuple: what is compared first goes first
+        # hint2: return min(loads, key=lambda r: (loads[r], r))
+        # en2: return min(loads, key=lambda r: (loads[r], r))
         return min(loads, key=lambda r: (loads[r], r))
         # <<< TASK
 
@@ -286,8 +337,19 @@ class CacheAware:
 
     def choose(self, text: str, loads: Mapping[int, int]) -> int:
         _check_loads(loads)
-        # >>> TASK cache_aware_choice: 负载不均（is_imbalanced，用本对象的两个门槛）时取负载最小的；否则在每个活着的副本的树里 match，匹配字符数 ÷ 文字长度超过 cache_threshold 就取匹配最长的（一样长时负载小的、再编号小的），不然取负载最小的（一样时树小的、再编号小的）；最后把 text 插进选中副本的树并 evict 到 max_tree_chars
-        # en: when the load is imbalanced (is_imbalanced with this object's two thresholds) take the smallest load; otherwise match in every live replica's tree: when matched characters ÷ text length is above cache_threshold take the longest match (ties: smaller load, then lower number), else the smallest load (ties: smaller tree, then lower number); finally insert text into the chosen replica's tree and evict it down to max_tree_chars
+        # >>> TASK cache_aware_choice: 返回选中的活着的副本，并把 text 记进它的树、再把那棵树修剪到 max_tree_chars 以内。负载不均（is_imbalanced，用本对象上的两个门槛，不是模块常量）时取负载最小的（一样时编号小的）；否则看各活着副本的树与 text 的最长匹配：最长的（一样长时负载小的、再编号小的）匹配比例严格大于 cache_threshold 就选它，不然取负载最小的（一样时树小的、再编号小的）。空的 text 当作什么都没匹配上
+        # en: return the live replica picked, after noting text in its tree and trimming that tree to max_tree_chars. When the load is imbalanced (is_imbalanced with this object's two thresholds, not the module constants) take the smallest load (ties: lower number); otherwise look at each live replica's longest prefix in common with text: if the longest (ties: smaller load, then lower number) covers a share of text strictly above cache_threshold, pick it, else the smallest load (ties: smaller tree, then lower number). An empty text counts as matching nothing
+        # hint1: 三种“最小”都能写成按一个元组取 min：要最长的匹配，就把匹配长度取负放在元组最前面。比例的分母是文字长度，空文字不能去除
+        # en1: All three 'smallest' picks are a min over a tuple: for the longest match, put the negated match length first.
+        # en1: The share is divided by the text's length, so never divide by the length of an empty text
+        # hint2: 1. is_imbalanced(loads.values(), self.balance_abs_threshold, self.balance_rel_threshold) 时 chosen = min(loads, key=lambda r: (loads[r], r))；
+        # hint2: 2. 否则 matched = {r: self.trees[r].match(text) for r in loads}；best = min(loads, key=lambda r: (-matched[r], loads[r], r))；
+        # hint2: 3.   text and matched[best] / len(text) > self.cache_threshold 时 chosen = best，否则 chosen = min(loads, key=lambda r: (loads[r], self.trees[r].size, r))；
+        # hint2: 4. self.trees[chosen].insert(text)；self.trees[chosen].evict(self.max_tree_chars)；return chosen。
+        # en2: 1. if is_imbalanced(loads.values(), self.balance_abs_threshold, self.balance_rel_threshold): chosen = min(loads, key=lambda r: (loads[r], r));
+        # en2: 2. else matched = {r: self.trees[r].match(text) for r in loads}; best = min(loads, key=lambda r: (-matched[r], loads[r], r));
+        # en2: 3.   chosen = best if text and matched[best] / len(text) > self.cache_threshold, else min(loads, key=lambda r: (loads[r], self.trees[r].size, r));
+        # en2: 4. self.trees[chosen].insert(text); self.trees[chosen].evict(self.max_tree_chars); return chosen.
         if is_imbalanced(loads.values(), self.balance_abs_threshold, self.balance_rel_threshold):
             chosen = min(loads, key=lambda r: (loads[r], r))
         else:

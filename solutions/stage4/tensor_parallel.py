@@ -63,8 +63,20 @@ def split_problems(config: ModelConfig, tp: int) -> list[str]:
 
     en: Where ``config`` cannot be split over ``tp`` ranks, one sentence each; an empty list when it can.
     """
-    # >>> TASK split_problems: tp 必须 ≥ 1；query 头数、中间维、词表都要能被 tp 整除；KV 头数要么能被 tp 整除，要么整除 tp（复制）；每条不满足的写一句（带上数字）
-    # en: tp must be ≥ 1; the query heads, the intermediate size and the vocabulary must each be divisible by tp; the KV heads must either be divisible by tp or divide tp (copied); one sentence (with the numbers) for each that fails
+    # >>> TASK split_problems: 返回切不开的每一处，各一句话、带上数字（都切得开就是空列表）；要一次列全，不能碰到第一处就停。query 头数、中间维、词表都要能被 tp 整除；KV 头数能被 tp 整除或者能整除 tp（复制）都行。tp < 1 只返回一句，不许抛 ZeroDivisionError
+    # en: return every place where it does not split, one sentence each with the numbers in it (an empty list when it splits); list them all, do not stop at the first. Query heads, intermediate size and vocabulary must each be divisible by tp; the KV heads may either be divisible by tp or divide tp (copied). tp < 1 gives just one sentence, never a ZeroDivisionError
+    # hint1: tp < 1 要先单独处理：之后的每个整除判断都会拿 tp 去取余。KV 头那一条是“或”：两样都不成立才算切不开
+    # en1: Handle tp < 1 on its own first: every later divisibility test takes a remainder by tp. The KV-head rule is an 'or': it fails only when neither holds
+    # hint2: 1. tp < 1：return [一句话]；
+    # hint2: 2. problems = []；
+    # hint2:    config.num_qo_heads % tp、config.intermediate_size % tp、config.vocab_size % tp 不为 0 的，各 append 一句（用 tr(...) 写，带上数字和 tp）；
+    # hint2: 3. kv = config.num_kv_heads；kv % tp and tp % kv 时再 append 一句；
+    # hint2: 4. return problems。
+    # en2: 1. tp < 1: return [one sentence];
+    # en2: 2. problems = [];
+    # en2:    for each of config.num_qo_heads % tp, config.intermediate_size % tp, config.vocab_size % tp that is not 0, append a sentence (via tr(...), with the number and tp);
+    # en2: 3. kv = config.num_kv_heads; if kv % tp and tp % kv, append one more;
+    # en2: 4. return problems.
     if tp < 1:
         return [tr("tp must be at least 1, got {tp}", tp=tp)]
     problems = []
@@ -129,8 +141,14 @@ class ColumnParallelLinear(Linear):
 
         en: The rows of part ``shard`` in the checkpoint tensor that belong to this rank: ``(first row, row count)``.
         """
-        # >>> TASK column_rows: 这一段整段 full_sizes[shard] 行平均切成 tp 份，本秩（self.tp.rank）拿第 rank 份
-        # en: the part's full_sizes[shard] rows cut evenly into tp pieces; this rank (self.tp.rank) takes piece rank
+        # >>> TASK column_rows: 返回这一段在检查点张量里属于本秩的行：(起始行, 行数)。每段的整段行数平均分成秩数那么多份，秩号是几就拿第几份（是检查点里的行号，不是本地合并权重里的）
+        # en: return the rows of this part in the checkpoint tensor that belong to this rank, as (first row, row count): each part's whole row count is cut evenly into as many pieces as there are ranks, and rank r takes piece r (rows of the checkpoint tensor, not of the local merged weight)
+        # hint1: 需要的三样都在 self 上：这一段的整段行数，以及本秩的 DistributedInfo（秩号和秩数）
+        # en1: All three numbers you need are on self: the part's whole row count, and this rank's DistributedInfo (its rank and the rank count)
+        # hint2: 1. n = self.full_sizes[shard] // self.tp.size；
+        # hint2: 2. return self.tp.rank * n, n。
+        # en2: 1. n = self.full_sizes[shard] // self.tp.size;
+        # en2: 2. return self.tp.rank * n, n.
         n = self.full_sizes[shard] // self.tp.size
         return self.tp.rank * n, n
         # <<< TASK
@@ -154,8 +172,17 @@ class QKVParallelLinear(ColumnParallelLinear):
                          shard_names=["q_proj", "k_proj", "v_proj"], dtype=dtype, device=device)
 
     def rows(self, shard: int) -> tuple[int, int]:
-        # >>> TASK kv_heads_copied: q 段（shard 0）、以及 KV 头数 ≥ tp 时，照父类切；否则本秩用第 rank * num_kv_heads // tp 个 KV 头：从它的第一行起 head_dim 行
-        # en: the q part (shard 0), and KV heads ≥ tp, split as the parent does; otherwise this rank uses KV head rank * num_kv_heads // tp: head_dim rows from its first row
+        # >>> TASK kv_heads_copied: 返回 (起始行, 行数)，和父类一样。q 段、以及 KV 头不比秩少时的 k/v 段，都照父类切；KV 头比秩少时 k、v 不切而复制：秩 r 拿第 ⌊r × KV 头数 ÷ 秩数⌋ 个 KV 头的全部行
+        # en: return (first row, row count) like the parent. The q part, and the k/v parts when there are at least as many KV heads as ranks, split as the parent does; with fewer KV heads than ranks, k and v are copied, not cut: rank r takes all the lines of KV head number ⌊r × KV heads ÷ ranks⌋
+        # hint1: 只有“k/v 段且 KV 头不够分”这一种情形要自己算，其余交给父类。一个 KV 头在 k（或 v）张量里占连续的一个头宽那么多行
+        # en1: Only the case 'a k/v part with too few KV heads' is yours to compute; leave the rest to the parent.
+        # en1: One KV head occupies one head-width of consecutive lines in the k (or v) tensor
+        # hint2: 1. shard == 0 或 self.num_kv_heads >= self.tp.size：return super().rows(shard)；
+        # hint2: 2. head = self.tp.rank * self.num_kv_heads // self.tp.size；
+        # hint2: 3. return head * self.head_dim, self.head_dim。
+        # en2: 1. if shard == 0 or self.num_kv_heads >= self.tp.size: return super().rows(shard);
+        # en2: 2. head = self.tp.rank * self.num_kv_heads // self.tp.size;
+        # en2: 3. return head * self.head_dim, self.head_dim.
         if shard == 0 or self.num_kv_heads >= self.tp.size:
             return super().rows(shard)
         head = self.tp.rank * self.num_kv_heads // self.tp.size
@@ -177,8 +204,15 @@ class RowParallelLinear(Linear):
         super().__init__(full_input // self.tp.size, output_size, bias=bias, dtype=dtype, device=device)
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        # >>> TASK row_load: 权重（二维）取本秩那段列：narrow(1, rank * 本地输入宽, 本地输入宽)；偏置（一维）整份装
-        # en: the weight (2-D) takes this rank's column stretch: narrow(1, rank * local input width, local input width); the bias (1-D) is loaded whole
+        # >>> TASK row_load: 装好本秩的那份：权重（二维，[out, in]）只留本秩那一段输入列，偏置（一维）每个秩都装整份；真正的存放交给父类的 load_weight
+        # en: load this rank's share: the weight (2-D, [out, in]) keeps only this rank's stretch of input columns, the bias (1-D) is loaded whole on every rank; the storing itself is the parent's load_weight
+        # hint1: 权重和偏置走的是同一个函数，靠维数分开它们；按行切的层切的是输入那一维，也就是第 1 维，不是第 0 维
+        # en1: Weight and bias come through the same function; tell them apart by their number of dimensions. A row-parallel layer cuts the input dimension,
+        # en1: which is dimension 1, not 0
+        # hint2: 1. tensor.dim() == 2 时：n = tensor.shape[1] // self.tp.size，tensor = tensor.narrow(1, self.tp.rank * n, n)；
+        # hint2: 2. super().load_weight(attr, tensor, shard)（偏置原样交过去）。
+        # en2: 1. if tensor.dim() == 2: n = tensor.shape[1] // self.tp.size, tensor = tensor.narrow(1, self.tp.rank * n, n);
+        # en2: 2. super().load_weight(attr, tensor, shard) (the bias goes through unchanged).
         if tensor.dim() == 2:
             n = tensor.shape[1] // self.tp.size
             tensor = tensor.narrow(1, self.tp.rank * n, n)
@@ -186,8 +220,15 @@ class RowParallelLinear(Linear):
         # <<< TASK
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # >>> TASK row_forward: 不带偏置的部分和 self.matmul(x, None)，交给 get_tp_comm().all_reduce，之后（有偏置时）加偏置
-        # en: the partial sum without bias self.matmul(x, None), passed to get_tp_comm().all_reduce, then add the bias (if any)
+        # >>> TASK row_forward: 返回和没切的线性层一样的结果：各秩用自己那段输入列算出的部分积在所有秩之间加起来，有偏置时只加一次、加在求和之后。一个秩时就是普通的线性层
+        # en: return what the unsplit linear layer returns: each rank's partial product (from its own input columns) summed over all ranks, and the bias, when there is one, added exactly once, after the sum. With one rank it is a plain linear layer
+        # hint1: 父类的矩阵乘法可以不带偏置地算；偏置要是在求和之前加，就被加了秩数那么多次。求和用本进程的张量并行通信器
+        # en1: The parent's matmul can compute without the bias; a bias added before the sum is added once per rank.
+        # en1: Sum with this process's tensor-parallel communicator
+        # hint2: 1. y = get_tp_comm().all_reduce(self.matmul(x, None))；
+        # hint2: 2. return y if self.bias is None else y + self.bias。
+        # en2: 1. y = get_tp_comm().all_reduce(self.matmul(x, None));
+        # en2: 2. return y if self.bias is None else y + self.bias.
         y = get_tp_comm().all_reduce(self.matmul(x, None))
         return y if self.bias is None else y + self.bias
         # <<< TASK
@@ -209,8 +250,19 @@ class VocabParallelEmbedding(VocabEmbedding):
         super().load_weight(attr, tensor.narrow(0, self.start, self.num_local), shard)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # >>> TASK vocab_embedding_forward: mine = start ≤ id < start + num_local；查 (id - start)（不归本秩的先换成 0，免得越界），再把不归本秩的行清零；get_tp_comm().all_reduce 之后每个秩都有整份
-        # en: mine = start ≤ id < start + num_local; look up (id - start) (ids not owned replaced by 0 first, so nothing is out of range), then zero the rows not owned; after get_tp_comm().all_reduce every rank has the whole result
+        # >>> TASK vocab_embedding_forward: 返回这些 id 在整张词表里查出的向量，每个秩都拿到整份。本秩只存 [start, start + num_local) 这段词表：段外的 id 本秩贡献 0 行，而且查表时不能越界；各秩的结果在所有秩之间相加
+        # en: return the vectors these ids look up in the whole vocabulary, every rank getting all of them. This rank stores only the stretch [start, start + num_local): for ids outside it this rank contributes zero rows, and its lookup must never go past its table; the ranks' results are summed over all ranks
+        # hint1: 先弄清哪些 id 归本秩（一个和 id 同形的布尔掩码），不归本秩的先换成一个安全的本地下标再查，查完把它们那几行清零，最后相加
+        # en1: First work out which ids are this rank's (a boolean mask shaped like the ids); swap the others for a safe local index before the lookup,
+        # en1: zero their rows afterwards, then sum
+        # hint2: 1. mine = (input_ids >= self.start) & (input_ids < self.start + self.num_local)；
+        # hint2: 2. local = torch.where(mine, input_ids - self.start, 0)；
+        # hint2: 3. out = F.embedding(local, self.weight).masked_fill_(~mine.unsqueeze(-1), 0)（unsqueeze 让掩码对上隐藏维）；
+        # hint2: 4. return get_tp_comm().all_reduce(out)。
+        # en2: 1. mine = (input_ids >= self.start) & (input_ids < self.start + self.num_local);
+        # en2: 2. local = torch.where(mine, input_ids - self.start, 0);
+        # en2: 3. out = F.embedding(local, self.weight).masked_fill_(~mine.unsqueeze(-1), 0) (unsqueeze lines the mask up with the hidden dimension);
+        # en2: 4. return get_tp_comm().all_reduce(out).
         mine = (input_ids >= self.start) & (input_ids < self.start + self.num_local)
         local = torch.where(mine, input_ids - self.start, 0)
         out = F.embedding(local, self.weight).masked_fill_(~mine.unsqueeze(-1), 0)
@@ -238,8 +290,13 @@ class ParallelLMHead(LMHead):
         super().load_weight(attr, tensor.narrow(0, self.start, self.num_local), shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # >>> TASK lm_head_gather: 父类的前向算出本段 logits [B, vocab / tp]，get_tp_comm().all_gather 拼成 [B, vocab]
-        # en: the parent's forward gives this stretch's logits [B, vocab / tp]; get_tp_comm().all_gather joins them into [B, vocab]
+        # >>> TASK lm_head_gather: 返回整个词表的 logits，[B, vocab]，每个秩都一样；按秩号把各段接起来正好是词表的顺序。本秩只算得出自己那段 [B, vocab / tp]，父类正好就算这个
+        # en: return the logits over the whole vocabulary, [B, vocab], the same on every rank; the stretches joined in rank order are the vocabulary's order. This rank can compute only its own stretch [B, vocab / tp], which is exactly what the parent class computes
+        # hint1: 父类（第 1.2 章的 LMHead）已经只取最后一个 token、用本秩那段权重；剩下的只是沿最后一维把各秩的那段拼起来
+        # en1: The parent (chapter 1.2's LMHead) already keeps the last tokens only and uses this rank's stretch of the weight;
+        # en1: all that is left is joining the ranks' stretches along the last dimension
+        # hint2: return get_tp_comm().all_gather(super().forward(x))
+        # en2: return get_tp_comm().all_gather(super().forward(x))
         return get_tp_comm().all_gather(super().forward(x))
         # <<< TASK
 
@@ -295,7 +352,12 @@ class TPEngine(Engine):
         page counts the ranks would admit different requests and take different steps, and their collectives would no
         longer match.
         """
-        # >>> TASK agree_pages: 先按第 1.6 章的办法（super()）算出本秩的页数，再用通信器的 agree_min 让所有秩取最小值
-        # en: first this rank's count the chapter 1.6 way (super()), then make every rank take the smallest with the communicator's agree_min
+        # >>> TASK agree_pages: 返回所有秩都同意的 KV 页数：每个秩按第 1.6 章的办法、用自己看到的内存各算一个，取其中最小的。各秩看到的内存可以不同，得到的页数必须一样。给定：4.1 章通信器的 agree_min
+        # en: return the KV page count every rank agrees on: each rank works one out the chapter 1.6 way from the memory it sees, and the smallest of them wins. The ranks may see different memory; the count they end up with must be the same. Given: the chapter 4.1 communicator's agree_min
+        # hint1: 本秩自己的页数不用重算：父类的同名方法就是第 1.6 章的办法。然后交给本进程的张量并行通信器
+        # en1: Do not recompute this rank's own count: the parent's method of the same name is the chapter 1.6 way.
+        # en1: Then hand it to this process's tensor-parallel communicator
+        # hint2: return get_tp_comm().agree_min(super()._determine_num_pages(free_before, model_bytes))
+        # en2: return get_tp_comm().agree_min(super()._determine_num_pages(free_before, model_bytes))
         return get_tp_comm().agree_min(super()._determine_num_pages(free_before, model_bytes))
         # <<< TASK

@@ -71,8 +71,15 @@ class UidOrderDecodeManager(DecodeManager):
     """
 
     def schedule_next_batch(self) -> Batch | None:
-        # >>> TASK decode_order: 没有正在运行的请求就返回 None；否则 Batch(reqs=按 uid 排好的 running_reqs, phase="decode")
-        # en: no running request: return None; otherwise Batch(reqs=running_reqs sorted by uid, phase="decode")
+        # >>> TASK decode_order: 没有正在运行的请求时返回 None（同父类）；否则返回一个解码批次，装着全部正在运行的请求，按 uid 从小到大排，不论它们加入的先后。running_reqs 本身不能动
+        # en: with no running request return None (as the parent does); otherwise return a decode batch of all the running requests ordered by uid, smallest first, whatever order they joined in. Leave running_reqs itself as it is
+        # hint1: 父类的做法几乎就是答案，只差顺序：父类按加入的先后（字典的顺序）装批次，而各秩上的先后可以不同；uid 在每个秩上都一样
+        # en1: The parent's method is nearly the answer, only the order differs: it fills the batch in joining order (the dict's order),
+        # en1: which may differ between ranks; a uid is the same on every rank
+        # hint2: 1. if not self.runnable: return None；
+        # hint2: 2. return Batch(reqs=sorted(self.running_reqs, key=lambda r: r.uid), phase="decode")（sorted 给出新列表，不改 running_reqs）。
+        # en2: 1. if not self.runnable: return None;
+        # en2: 2. return Batch(reqs=sorted(self.running_reqs, key=lambda r: r.uid), phase="decode") (sorted makes a new list and leaves running_reqs alone).
         if not self.runnable:
             return None
         return Batch(reqs=sorted(self.running_reqs, key=lambda r: r.uid), phase="decode")
@@ -119,8 +126,25 @@ class TPScheduler(Scheduler):
         subscribe to it, and their queue to the tokenizer goes nowhere. Rank 0 broadcasts the XPUB's address on the
         control group, and returns only once every rank has subscribed.
         """
-        # >>> TASK connect: 一个秩：就是 super().connect(addrs)。否则秩 0：super().connect(addrs)，self.pub = ZmqPubQueue(f"tcp://{host}:*")（* 让 ZMQ 挑端口），地址 = pub.socket.last_endpoint.decode()；所有秩：dist.broadcast_object_list([地址或 None], src=0, group=self.comm.control)；其余的秩：self.sub = ZmqSubQueue(收到的地址)，send_tokenizer = _Nowhere()；最后秩 0 pub.wait_for_subscribers(size - 1, SUBSCRIBE_TIMEOUT_S)
-        # en: one rank: just super().connect(addrs). Otherwise rank 0: super().connect(addrs), self.pub = ZmqPubQueue(f"tcp://{host}:*") (* lets ZMQ pick the port), address = pub.socket.last_endpoint.decode(); every rank: dist.broadcast_object_list([address or None], src=0, group=self.comm.control); the other ranks: self.sub = ZmqSubQueue(the address received), send_tokenizer = _Nowhere(); finally rank 0 pub.wait_for_subscribers(size - 1, SUBSCRIBE_TIMEOUT_S)
+        # >>> TASK connect: 一个秩时和第 3.3 章完全一样，别的什么都不做。多个秩：秩 0 照第 3.3 章接好，再在 host 的一个空闲端口上开 XPUB（存进 self.pub），并把它真正的地址经控制组告诉其余的秩；其余的秩订阅它（self.sub），去往分词进程的队列换成一个哪儿也不去的。秩 0 等到其余的秩都订阅了才返回，最多等 SUBSCRIBE_TIMEOUT_S 秒。给定：ZmqPubQueue、ZmqSubQueue
+        # en: with one rank do exactly what chapter 3.3 does and nothing more. Several ranks: rank 0 attaches as in chapter 3.3, then opens an XPUB on a free port of host (kept in self.pub) and tells the other ranks its real address over the control group; the others subscribe to it (self.sub) and their queue to the tokenizer goes nowhere. Rank 0 returns only once every other rank has subscribed, waiting at most SUBSCRIBE_TIMEOUT_S seconds. Given: ZmqPubQueue, ZmqSubQueue
+        # hint1: 交换地址是一次集合通信，每个秩都要参加（其余的秩放个空位，调用之后里面就是秩 0 的地址）。端口要让 ZMQ 挑，再从套接字上读回真正的那个；
+        # hint1: 等订阅者一定要放在交换地址之后：反过来，秩 0 在等一群还不知道地址的秩，它们又在集合通信里等秩 0
+        # en1: Sharing the address is a collective every rank takes part in (the others put in a placeholder, which holds rank 0's address afterwards).
+        # en1: Let ZMQ pick the port and read the real one back from the socket. Waiting for subscribers must come after the address is shared:
+        # en1: the other way round, rank 0 waits for ranks that do not know the address while they wait for it in the collective
+        # hint2: 1. self.tp_info.size == 1：super().connect(addrs)，return；
+        # hint2: 2. endpoint = [None]；
+        # hint2:    秩 0（self.tp_info.is_primary）：super().connect(addrs)，self.pub = ZmqPubQueue(f"tcp://{host}:*")，endpoint = [self.pub.socket.last_endpoint.decode()]；
+        # hint2: 3. 所有秩：dist.broadcast_object_list(endpoint, src=0, group=self.comm.control)；
+        # hint2: 4. 其余的秩：self.sub = ZmqSubQueue(str(endpoint[0]))，self.send_tokenizer = _Nowhere()；
+        # hint2: 5. 秩 0：self.pub.wait_for_subscribers(self.tp_info.size - 1, SUBSCRIBE_TIMEOUT_S)。
+        # en2: 1. self.tp_info.size == 1: super().connect(addrs) and return;
+        # en2: 2. endpoint = [None];
+        # en2:    rank 0 (self.tp_info.is_primary): super().connect(addrs), self.pub = ZmqPubQueue(f"tcp://{host}:*"), endpoint = [self.pub.socket.last_endpoint.decode()];
+        # en2: 3. every rank: dist.broadcast_object_list(endpoint, src=0, group=self.comm.control);
+        # en2: 4. the other ranks: self.sub = ZmqSubQueue(str(endpoint[0])), self.send_tokenizer = _Nowhere();
+        # en2: 5. rank 0: self.pub.wait_for_subscribers(self.tp_info.size - 1, SUBSCRIBE_TIMEOUT_S).
         if self.tp_info.size == 1:
             super().connect(addrs)
             return
@@ -160,8 +184,27 @@ class TPScheduler(Scheduler):
         """
         if self.tp_info.size == 1:
             return super().receive_msg(blocking)
-        # >>> TASK fan_out: 秩 0：从 recv_queue.socket 收原始字节（blocking 时先 recv() 等来一帧，再 recv(zmq.NOBLOCK) 收到 zmq.Again 为止），每帧原样 pub.socket.send 出去，再把帧数放进一个 int64 张量 dist.broadcast(..., src=0, group=self.comm.control)；其余的秩：blocking 时先 sub.socket.poll() 等到第一帧（别在集合通信里空等：它会超时），再 broadcast 收下帧数，从 sub.socket 正好 recv 这么多帧；每个秩 comm.calls["broadcast"] 加一；最后每帧 deserialize 再 unwrap，按顺序返回
-        # en: rank 0: receive raw bytes from recv_queue.socket (with blocking, first recv() to wait for one frame, then recv(zmq.NOBLOCK) until zmq.Again), send each frame unchanged with pub.socket.send, then put the frame count in an int64 tensor and dist.broadcast(..., src=0, group=self.comm.control); the other ranks: with blocking, first sub.socket.poll() until the first frame is there (do not wait idle inside a collective: it times out), then broadcast to receive the count and recv exactly that many frames from sub.socket; every rank adds one to comm.calls["broadcast"]; finally deserialize and unwrap each frame, and return them in order
+        # >>> TASK fan_out: 返回这次迭代的消息，每个秩上都是同一批、同样的顺序。秩 0 从分词进程那边的队列收原始字节（不反序列化），原样经 self.pub 转给其余的秩，并在控制组上广播这次收了几条——哪怕 0 条，每次迭代都广播一次，每个秩在 calls["broadcast"] 里记一笔；其余的秩从 self.sub 正好取这么多条。blocking 时要等到至少有一条，但空闲的秩不能在集合通信里干等（会超时）。给定：deserialize、unwrap
+        # en: return this iteration's messages, the same ones in the same order on every rank. Rank 0 takes raw bytes from the tokenizer's queue (not deserialized), passes them on unchanged through self.pub, and broadcasts how many it took on the control group — every iteration, even zero, each rank noting it in calls["broadcast"]; the other ranks take exactly that many from self.sub. With blocking, wait until at least a message is there, but an idle rank must not wait inside a collective (it times out). Given: deserialize, unwrap
+        # hint1: 两个坑：秩 0 要绕开队列自己的取法（它会反序列化），直接从底下的套接字收字节；其余的秩在 blocking 时要先在自己的套接字上等到数据，再进广播
+        # en1: Two pitfalls: rank 0 must bypass the queue's own getter (it deserializes) and read bytes from the socket underneath; with blocking,
+        # en1: the other ranks first wait on their own socket for data, and only then join the broadcast
+        # hint2: 1. count = torch.zeros(1, dtype=torch.int64)；
+        # hint2: 2. 秩 0：frames = [self.recv_queue.socket.recv()] if blocking else []；
+        # hint2:    再循环 frames.append(self.recv_queue.socket.recv(zmq.NOBLOCK))，直到抛 zmq.Again；
+        # hint2:    每帧 self.pub.socket.send(frame)；count[0] = len(frames)；dist.broadcast(count, src=0, group=self.comm.control)；
+        # hint2: 3. 其余的秩：blocking 时 self.sub.socket.poll()；dist.broadcast(count, src=0, group=self.comm.control)；
+        # hint2:    frames = [self.sub.socket.recv() for _ in range(int(count.item()))]；
+        # hint2: 4. self.comm.calls["broadcast"] += 1；
+        # hint2: 5. return [one for frame in frames for one in unwrap(deserialize(frame))]。
+        # en2: 1. count = torch.zeros(1, dtype=torch.int64);
+        # en2: 2. rank 0: frames = [self.recv_queue.socket.recv()] if blocking else [];
+        # en2:    then loop frames.append(self.recv_queue.socket.recv(zmq.NOBLOCK)) until it raises zmq.Again;
+        # en2:    self.pub.socket.send(frame) for each; count[0] = len(frames); dist.broadcast(count, src=0, group=self.comm.control);
+        # en2: 3. the other ranks: if blocking, self.sub.socket.poll(); dist.broadcast(count, src=0, group=self.comm.control);
+        # en2:    frames = [self.sub.socket.recv() for _ in range(int(count.item()))];
+        # en2: 4. self.comm.calls["broadcast"] += 1;
+        # en2: 5. return [one for frame in frames for one in unwrap(deserialize(frame))].
         count = torch.zeros(1, dtype=torch.int64)
         if self.tp_info.is_primary:
             frames = [self.recv_queue.socket.recv()] if blocking else []
