@@ -181,7 +181,7 @@ def test_english_chapter_page_and_switcher(driver, site_url: str) -> None:  # no
     assert _count(driver, "div.included-code") >= 2, "英文的第 1.1 章页面上没有从解答引用的代码块"
     assert _count(driver, "h3.task") >= 1, "英文的第 1.1 章页面上没有任务标题"
     text = driver.execute_script("return document.querySelector('article').innerText")
-    assert "Hint" in text and "Hands on" in text, "英文页上的任务和“动手”块不是英文"
+    assert "Goal" in text and "Hint 1" in text and "Hands on" in text, "英文页上的任务（目标、折叠的提示）和“动手”块不是英文"
     errors = _errors(driver)
     _screenshot(driver, "en_stage1_core")
     assert not errors, "英文的第 1.1 章页面的浏览器控制台有错误：\n" + "\n".join(errors)

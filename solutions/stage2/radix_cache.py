@@ -125,8 +125,8 @@ class RadixTreeNode:
         The new node inherits this node's reference count and timestamp: a handle that locked this node also locked
         every node on its path.
         """
-        # >>> TASK split_node: 在第 pos 个 token 处把本节点一分为二，返回新建的前半段：它拿 token 和槽位的前 pos 个，接替本节点在父节点下的那一项，并继承引用计数和时间戳；本节点留下后半段，成为前半段唯一的子节点。给定：set_key_value、set_parent
-        # en: split this node in two at token pos and return the new first part: it takes the first pos tokens and slots, takes this node's place under the node above it, and inherits the reference count and the time of last use; this node keeps the rest and becomes the first part's only child. Given: set_key_value, set_parent
+        # >>> TASK split_node: 在第 pos 个 token 处（pos 是 page_size 的正整数倍、小于本节点长度）把本节点一分为二，返回新建的前一段：它拿 token 和槽位的前 pos 个，接替本节点在父节点下的那一项，并继承引用计数和时间戳；本节点留下其余部分，成为前一段唯一的子节点。给定：set_key_value、set_parent
+        # en: split this node in two at token pos (a positive multiple of page_size, below the node's length) and return the new first part: it takes the first pos tokens and slots, takes this node's place under the node above it, and inherits the reference count and the time of last use; this node keeps the rest and becomes the first part's only child. Given: set_key_value, set_parent
         # hint1: 前半段的第一页和本节点原来的第一页相同，所以它挂到原父节点下时正好覆盖字典里本节点那一项，不用先删。
         # hint1: 本节点的 key 改成后半段之后，再把它挂到前半段下面：set_parent 按它新的第一页建索引。
         # en1: The first part starts with the same page as this node did, so hanging it under the old parent overwrites this node's entry in the dict: no need to delete it first.
@@ -260,8 +260,8 @@ class RadixPrefixCache(BasePrefixCache):
         en: Insert the whole-page part of ``input_ids``. Returns the length that was already cached before the insert,
         and a handle covering the whole inserted part (all of its whole pages).
         """
-        # >>> TASK insert: 插入 input_ids 的整页部分（连同 indices 里对应的槽位）：树里已有的部分不重复插入，其余挂成一个新叶子——存的是拷贝，不是传进来的视图，时间和这次匹配用的相同——并计入可驱逐的账；返回 InsertResult（插入前已有的长度, 指向最后一个节点、覆盖整页部分的句柄）。给定：_tree_walk、RadixCacheHandle
-        # en: insert the whole-page part of input_ids (with the matching slots of indices): what the tree already holds is not inserted again, the rest becomes one new leaf, storing copies rather than the views passed in, with the same time as this walk, and it counts as evictable; return InsertResult(how much was already cached, a handle ending where the inserted part ends and covering the whole-page part). Given: _tree_walk, RadixCacheHandle
+        # >>> TASK insert: 插入 input_ids 的整页部分（连同 indices 里对应的槽位）：树里已有的部分不重复插入，其余挂成一个新叶子——存的是拷贝，不是传进来的视图，时间和这次匹配用的相同（_tick 给的那个时间，匹配到根时根的时间不会刷新）——并计入可驱逐的账；返回 InsertResult（插入前已有的长度, 指向最后一个节点、覆盖整页部分的句柄）。给定：_tree_walk、RadixCacheHandle、self._clock
+        # en: insert the whole-page part of input_ids (with the matching slots of indices): what the tree already holds is not inserted again, the rest becomes one new leaf, storing copies rather than the views passed in, with the same time as this walk (the time _tick gave it: a walk that matches nothing ends at the root, whose time is never refreshed), and it counts as evictable; return InsertResult(how much was already cached, a handle ending where the inserted part ends and covering the whole-page part). Given: _tree_walk, RadixCacheHandle, self._clock
         # hint1: 先把 input_ids 和 indices 按页截短，再走一遍树：走到的节点和长度正好告诉你哪些已有、新叶子挂在哪。
         # hint1: 新叶子的时间用 self._clock（_tree_walk 刚 tick 过），不是 0。
         # en1: Cut input_ids and indices down to whole pages, then walk the tree: the node and length it returns tell you what is already there and where the new leaf hangs.
@@ -408,7 +408,7 @@ class RadixPrefixCache(BasePrefixCache):
         protected totals. Raises RuntimeError on any mismatch.
         """
         # >>> TASK check_tree: 重新数一遍整棵树，下面任何一条不成立就抛 RuntimeError：每个子节点都挂在父节点字典里按 key_fn 算出的那一项下，而且它的父指针指回这个父节点（根只查这一条，也不计入两本账）；其余节点非空、长度是 page_size 的整数倍、token 和槽位一样长；引用计数不为负，也不小于子节点计数之和；按引用计数是否为 0 重新累计两本账，和 evictable_size、protected_size 都相等；全树没有重复的槽位。给定：_all_nodes、cached_indices
-        # en: count the whole tree again; raise RuntimeError if any of these fails: every entry in a node's dict is filed under what key_fn gives for it and points back at the node holding it (the only rule for the root, which is not counted in the totals); every other node is non-empty, its size a multiple of page_size, with as many slots as tokens; every reference count is non-negative and not below the sum of the counts directly beneath it; recounting the two totals by whether each count is zero gives evictable_size and protected_size; no slot appears twice in the tree. Given: _all_nodes, cached_indices
+        # en: count the whole tree again; raise RuntimeError if any of these fails: every child in a node's dict is filed under what key_fn gives for it and points back at that very node (the only rule for the root, which is not counted in the totals); every other node is non-empty, its size a multiple of page_size, with as many slots as tokens; every reference count is non-negative and not below the sum of the counts directly beneath it; recounting the two totals by whether each count is zero gives evictable_size and protected_size; no slot appears twice in the tree. Given: _all_nodes, cached_indices
         # hint1: 只遍历一次：每个节点先查它的子节点挂得对不对，然后根跳过其余的检查。两本账在循环里累计，循环后再比。重复的槽位：torch.unique 之后长度变没变。
         # en1: One pass is enough: for each node first check how its children hang, then skip the remaining checks for the root.
         # en1: Accumulate the two totals in the loop and compare after it. Repeated slots: does the length change after torch.unique?

@@ -28,7 +28,7 @@
 #
 # - **match**: matches at most up to the second-to-last token of the prompt (the last one must always be computed, to have logits);
 # - **insert**: inserts whole pages only; a part already in the tree is not inserted again, and the caller is told that part is a duplicate;
-# - **split**: when only the first half of a node matches, the node is split in two;
+# - **split**: when only the first part of a node matches, the node is split in two;
 # - **reference counts**: the prefix a request is using is locked along its path, and locked nodes cannot be evicted;
 # - **eviction**: when space runs out, unlocked leaves are evicted least recently used first (LRU), and returned as whole pages.
 

@@ -6,9 +6,9 @@
 #
 #     （空闲时先报一次现状）→ 收消息（空闲才阻塞）→ 处理：加请求 / 取消 / 退出 → 有事就走一步 → 发出这一步的结果和现状
 #
-# - 新请求用 API 服务器给的 **同一个 uid**；永远放不下的请求回一条 `RejectMsg`，绝不悄悄丢掉；
-# - 每一步恰好一条 `BatchTokenizerMsg`，每个得到新 token 的请求一条 `DetokenizeMsg`；
-# - 结束原因 `length` / `stop`（EOS）/ `abort`；EOS 和取消不是输出文本，这时 `next_token` 为 -1；
+# - 新请求用 API 服务器给的 **同一个 uid**；不合法或永远放不下的请求回一条 `RejectMsg`，绝不悄悄丢掉；
+# - 每一步恰好一条 `BatchTokenizerMsg`，每个结果事件（得到新 token，或在 EOS 结束）一条 `DetokenizeMsg`；
+# - 结束原因 `length` / `stop`（EOS）；遇到 EOS 时 `next_token` 为 -1（EOS 不是输出文本）；取消的请求什么也不回；
 # - `SchedulerStats` 在每一步之后、以及空闲下来时直接发给 API 服务器。
 #
 # 这个笔记本自己扮演分词进程和 API 服务器：绑定它们的收信套接字，往调度器的收信套接字里送消息，
@@ -24,10 +24,10 @@
 #
 #     (when idle, report the state once) → receive (block only when idle) → handle: add / abort / exit → take a step if there is work → send this step's results and the state
 #
-# - a new request keeps **the same uid** the API server gave it; a request that can never fit gets a `RejectMsg`, it is
+# - a new request keeps **the same uid** the API server gave it; a request that is invalid or can never fit gets a `RejectMsg`, it is
 #   never silently dropped;
-# - exactly one `BatchTokenizerMsg` per step, with one `DetokenizeMsg` per request that got a new token;
-# - finish reasons `length` / `stop` (EOS) / `abort`; EOS and abort are not output text, and then `next_token` is -1;
+# - exactly one `BatchTokenizerMsg` per step, with one `DetokenizeMsg` per result event (a new token, or the end at EOS);
+# - finish reasons `length` / `stop` (EOS); at EOS `next_token` is -1 (EOS is not output text); an aborted request gets nothing;
 # - `SchedulerStats` goes straight to the API server after every step and when the scheduler becomes idle.
 #
 # This notebook plays the tokenizer process and the API server itself: it binds their inboxes, puts messages into the
@@ -57,7 +57,7 @@ show_tasks("scheduler_io")
 # %% [markdown] tags=["lang-zh"]
 # ## 1. 接上套接字，送几个请求
 #
-# 三个进程各绑定一个 PULL 套接字（收信），往别人的 PUSH。这里调度器绑定 `addrs.backend`；笔记本绑定
+# 三个进程各绑定一个 PULL 套接字（收信），用自己的 PUSH 套接字往别人的 PULL 里发信。这里调度器绑定 `addrs.backend`；笔记本绑定
 # `addrs.tokenizer`（反分词进程的收信处）和 `addrs.frontend`（API 服务器的收信处），再连上 `addrs.backend` 发消息。
 # 三个请求装在一条 `BatchBackendMsg` 里一起到达：uid 是 API 服务器挑的（这里故意不从 0 数起），
 # 第三个请求的提示词比单个请求的长度上限还长。
