@@ -199,9 +199,31 @@ def execute(pair: Pair, timeout: int = 900):
     return nb
 
 
+#: A line the CPU kernel prints the first time it measures a weight shape (minisgl/kernel): whether it shows depends on
+#: what this machine's kernel cache already holds, not on the lesson, so recorded outputs drop it.
+CALIBRATION_LINE = re.compile(r"^(线性层 .*量过一次|Linear layer .*measured once on this CPU).*$")
+
+
+def drop_calibration(nb) -> None:
+    """Remove the kernel's calibration lines from stderr outputs (and the outputs left empty)."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                lines = [ln for ln in out["text"].splitlines(keepends=True) if not CALIBRATION_LINE.match(ln.rstrip("\n"))]
+                if not "".join(lines).strip():
+                    continue
+                out["text"] = "".join(lines)
+            kept.append(out)
+        cell.outputs = kept
+
+
 def write(pair: Pair, nb) -> None:
     import nbformat
 
+    drop_calibration(nb)
     path = REPO_ROOT / pair.notebook
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(nb, ensure_ascii=False, indent=1, sort_keys=True) + "\n"
