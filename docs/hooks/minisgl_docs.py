@@ -37,6 +37,7 @@ from pathlib import Path
 
 from bench.report import BOOK_TABLES, book_table
 from minisgl.course.bilingual import for_language
+from minisgl.course.hints import enclosing
 from minisgl.course.registry import CHAPTERS, Chapter, notebook_edition
 from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message
 from minisgl.i18n import tr
@@ -87,22 +88,6 @@ def find_symbol(tree: ast.Module, dotted: str, path: str) -> ast.AST:
             raise DocsError(f"{path} 里没有符号 {dotted}")
         scope = getattr(node, "body", [])
     return node
-
-
-def qualname_at(tree: ast.Module, lineno: int) -> str:
-    """Dotted name of the innermost function or class containing ``lineno``."""
-    names: list[str] = []
-    scope: list[ast.stmt] = tree.body
-    while True:
-        inner = next(
-            (n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-             and n.lineno <= lineno <= n.end_lineno),
-            None,
-        )
-        if inner is None:
-            return ".".join(names)
-        names.append(inner.name)
-        scope = inner.body
 
 
 def _start(node: ast.AST) -> int:
@@ -234,7 +219,7 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
     if name not in tasks:
         raise DocsError(f"第 {chapter.label} 章 {chapter.id} 没有任务 {name}；有：{', '.join(tasks)}")
     task = tasks[name]
-    symbol = qualname_at(tree, task.line)
+    symbol = enclosing(tree, task.line)
     if not symbol:
         raise DocsError(f"{sol_path}:{task.line}: 任务 {name} 不在任何函数里")
     goal = task.hint_for(language)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 from minisgl.course import hints, select
 from minisgl.course.pytest_plugin import IMPL_NAMES, Outcome, outcome
 from minisgl.course.registry import CHAPTERS, COURSE_ROOT, STAGES, Chapter, get_chapter
+from minisgl.course.skeleton import parse_tasks
 from minisgl.i18n import tr
 
 
@@ -93,11 +95,11 @@ def cmd_hint(args: argparse.Namespace) -> int:
     if not select.is_written(ch):
         print(tr("The reference solution of chapter {label} {id} is not written yet.", label=ch.label, id=ch.id))
         return 2
-    solution = select.shipped_solution(ch)
-    tasks, source = hints.tasks_of(ch, solution), solution.read_text(encoding="utf-8")
+    source = select.shipped_solution(ch).read_text(encoding="utf-8")
+    tasks, tree = {t.name: t for t in parse_tasks(source, ch.relpath)}, ast.parse(source)
     got = hints.used(workspace).get(ch.id, {})
     if args.task is None:
-        rows = [[t.name, hints.enclosing(source, t.line), str(got.get(t.name, 0))] for t in tasks.values()]
+        rows = [[t.name, hints.enclosing(tree, t.line), str(got.get(t.name, 0))] for t in tasks.values()]
         print(format_table([tr("task"), tr("where"), tr("hints used")], rows))
         print(tr("Next hint for a task: python -m minisgl.course hint {id} <task>", id=ch.id))
         return 0
@@ -111,7 +113,7 @@ def cmd_hint(args: argparse.Namespace) -> int:
     print(tr("Chapter {label} {id}, task {task} — {level}:", label=ch.label, id=ch.id, task=task.name,
              level=hints.level_name(level)))  # fmt: skip
     print(tr("Goal: {goal}", goal=task.hint_for()))
-    print(hints.level_text(ch, task, level, hints.enclosing(source, task.line)))
+    print(hints.level_text(ch, task, level, hints.enclosing(tree, task.line)))
     if level < hints.LEVELS:
         print(tr("(still stuck? run the same command again for {next})", next=hints.level_name(level + 1)))
     return 0

@@ -21,7 +21,7 @@ import tokenize
 from pathlib import Path
 
 from minisgl.course.registry import Chapter
-from minisgl.course.skeleton import Task, parse_tasks
+from minisgl.course.skeleton import Task
 from minisgl.i18n import tr
 
 LEVELS = 3  # 第 3 级是参考解答的位置
@@ -90,26 +90,16 @@ def record(workspace: Path, chapter_id: str, task: str, level: int) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def enclosing(source: str, line: int) -> str:
-    """第 ``line`` 行所在的函数，写成 ``类.方法`` 或 ``函数``（不在函数里时是空串）。"""
-    best = ""
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        nonlocal best
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}"
-                if child.lineno <= line <= (child.end_lineno or child.lineno):
-                    if not isinstance(child, ast.ClassDef):
-                        best = name
-                    visit(child, name + ".")
-
-    visit(ast.parse(source), "")
-    return best
-
-
-def tasks_of(ch: Chapter, solution: Path) -> dict[str, Task]:
-    return {t.name: t for t in parse_tasks(solution.read_text(encoding="utf-8"), ch.relpath)}
+def enclosing(tree: ast.Module, line: int) -> str:
+    """第 ``line`` 行所在的最内层函数（或类），写成 ``类.方法`` 或 ``函数``；不在任何定义里时是空串。
+    任务总在函数里，所以它就是任务所在的函数（``tree`` 由调用者解析一次，列出一章的任务时不必每个都重新解析）。"""
+    names: list[str] = []
+    scope: list[ast.stmt] = tree.body
+    while inner := next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                         and n.lineno <= line <= (n.end_lineno or n.lineno)), None):
+        names.append(inner.name)
+        scope = inner.body
+    return ".".join(names)
 
 
 def level_text(ch: Chapter, task: Task, level: int, symbol: str) -> str:

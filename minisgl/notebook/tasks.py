@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -44,11 +45,11 @@ def show_tasks(chapter_id: str) -> None:
         print(tr("The reference solution of chapter {label} {id} is not written yet.", label=ch.label, id=ch.id))
         return
     source = select.shipped_solution(ch).read_text(encoding="utf-8")
-    tasks = parse_tasks(source, ch.relpath)
+    tasks, tree = parse_tasks(source, ch.relpath), ast.parse(source)
     print(tr("Chapter {label} “{title}”: complete {n_tasks} tasks in {relpath}",
              label=ch.label, title=ch.display_title, n_tasks=len(tasks), relpath=ch.relpath))
     for i, t in enumerate(tasks, 1):
-        print(f"  {i:>2}. " + tr("{name} ({where}): {hint}", name=t.name, where=enclosing(source, t.line), hint=t.hint_for()))
+        print(f"  {i:>2}. " + tr("{name} ({where}): {hint}", name=t.name, where=enclosing(tree, t.line), hint=t.hint_for()))
     choice = select.choose(ch)
     impl = select.IMPL_NAMES[choice.impl]
     print(tr("In this notebook {module} is: {impl} ({reason})", module=ch.public_module, impl=impl, reason=choice.reason))
