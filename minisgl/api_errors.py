@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
@@ -45,6 +46,23 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
+#: 框架自己回的错误（路径、方法不对等）→ OpenAI 错误体的 ``code``：路径不存在 ``not_found``、方法不对
+#: ``method_not_allowed``、请求体不合要求 ``invalid_request``；其余的 4xx 也是 ``invalid_request``。
+#: en: Errors the framework answers itself (wrong path, wrong method, ...) → the ``code`` of the OpenAI error body: an
+#: en: unknown path ``not_found``, a wrong method ``method_not_allowed``, a body that does not fit ``invalid_request``;
+#: en: any other 4xx is ``invalid_request`` too.
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 422: "invalid_request"}
+
+
+def http_code(status: int) -> str:
+    """框架回的状态码 → ``code``（:data:`HTTP_CODES`；别的 4xx 是 ``invalid_request``，5xx 是 ``internal_error``）。
+
+    en: A status the framework answers → its ``code`` (:data:`HTTP_CODES`; any other 4xx is ``invalid_request``, a 5xx
+    ``internal_error``).
+    """
+    return HTTP_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
+
+
 class ClientGone(Exception):
     """客户端在回答写完之前断开了。
 
@@ -59,6 +77,9 @@ def add_error_handlers(app: FastAPI, count: Callable[[int], None], dead: Callabl
     en: Make every error of ``app`` answer the OpenAI way and note it with ``count(status)``; while ``dead()`` is not
     None (a worker died), an error carried by a reply is really that, and answers 503. A client that left
     (:class:`ClientGone`) gets a 499 nobody will read.
+
+    ``code`` of the errors answered here: see :func:`http_code` (404 ``not_found``, 405 ``method_not_allowed``, 422
+    ``invalid_request``) and ``internal_error`` for an unexpected exception (500).
     """
 
     def answer(err: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -77,7 +98,15 @@ def add_error_handlers(app: FastAPI, count: Callable[[int], None], dead: Callabl
         # 路径不存在（404）、方法不对（405）：也回 OpenAI 的错误体
         # en: an unknown path (404) or a wrong method (405) gets OpenAI's error body too
         why = tr("{method} {path}: {detail}", method=request.method, path=request.url.path, detail=err.detail)
-        return answer(ApiError(err.status_code, why, type="invalid_request_error"), err.headers)
+        return answer(ApiError(err.status_code, why, type="invalid_request_error", code=http_code(err.status_code)),
+                      err.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        # 接口声明的参数对不上（422）：同样是 OpenAI 的错误体
+        # en: the endpoint's declared parameters do not fit (422): OpenAI's error body as well
+        why = tr("{method} {path}: {detail}", method=request.method, path=request.url.path, detail=err.errors())
+        return answer(ApiError(422, why, type="invalid_request_error", code="invalid_request"))
 
     @app.exception_handler(ClientGone)
     async def on_client_gone(request: Request, err: ClientGone) -> Response:
@@ -85,4 +114,4 @@ def add_error_handlers(app: FastAPI, count: Callable[[int], None], dead: Callabl
 
     @app.exception_handler(Exception)
     async def on_error(request: Request, err: Exception) -> JSONResponse:
-        return answer(ApiError(500, f"{type(err).__name__}: {err}"))
+        return answer(ApiError(500, f"{type(err).__name__}: {err}", code="internal_error"))

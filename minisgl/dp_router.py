@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from fastapi import FastAPI, Request
@@ -54,10 +55,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from minisgl.access_log import AccessLog
 from minisgl.api_errors import ApiError, ClientGone, add_error_handlers
 from minisgl.i18n import tr
 from minisgl.metrics import CONTENT_TYPE
-from minisgl.openai_body import messages_of, prompt_of
+from minisgl.openai_body import messages_of, prompts_of
 from minisgl.router import Policy, make_policy
 from minisgl.serving import add_policy_flags, policy_thresholds, port_problem
 
@@ -89,7 +91,7 @@ def request_text(kind: str, body: bytes) -> str:
             return ""
         if kind == "chat":
             return "".join(f"<{m['role']}>{m['content']}" for m in messages_of(parsed))
-        prompt = prompt_of(parsed)
+        prompt = prompts_of(parsed)[0]
     except (ValueError, ApiError):
         return ""
     return prompt if isinstance(prompt, str) else "".join(f"{t} " for t in prompt)
@@ -292,12 +294,14 @@ async def forward(router: DpRouter, request: Request, path: str) -> Response:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def create_router_app(router: DpRouter) -> FastAPI:
-    """路由器的 FastAPI 应用：三个生成接口转发，``/v1/models`` 和聊天页问一个活着的副本，``/health``、``/metrics``、
-    ``/list_workers`` 路由器自己答。
+def create_router_app(router: DpRouter, *, access_log: bool = True) -> FastAPI:
+    """路由器的 FastAPI 应用：三个生成接口转发，``/v1/models``（和 ``/v1/models/{id}``）、聊天页问一个活着的副本，
+    ``/health``、``/metrics``、``/list_workers`` 路由器自己答；``access_log`` 时每个请求一行访问日志
+    （:mod:`minisgl.access_log`）。
 
-    en: The router's FastAPI application: the three generation endpoints are forwarded, ``/v1/models`` and the chat page
-    ask a live replica, ``/health``, ``/metrics`` and ``/list_workers`` the router answers itself.
+    en: The router's FastAPI application: the three generation endpoints are forwarded, ``/v1/models`` (and
+    ``/v1/models/{id}``) and the chat page ask a live replica, ``/health``, ``/metrics`` and ``/list_workers`` the router
+    answers itself; with ``access_log``, one access log line per request (:mod:`minisgl.access_log`).
     """
 
     @asynccontextmanager
@@ -311,6 +315,8 @@ def create_router_app(router: DpRouter) -> FastAPI:
 
     app = FastAPI(title="mini-sglang router", lifespan=lifespan)
     add_error_handlers(app, count=lambda status: None, dead=lambda: None)
+    if access_log:
+        app.add_middleware(AccessLog)
 
     for path in FORWARDED:
         async def endpoint(request: Request, path: str = path) -> Response:
@@ -332,6 +338,10 @@ def create_router_app(router: DpRouter) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         return await ask_any("/v1/models", request)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> Response:
+        return await ask_any(f"/v1/models/{quote(model_id)}", request)
 
     @app.get("/")
     async def page(request: Request) -> Response:
@@ -393,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--worker-urls", nargs="+", required=True, help=tr("the replicas' addresses, e.g. http://127.0.0.1:30001"))
     p.add_argument("--host", default="127.0.0.1", help=tr("the address to listen on (default 127.0.0.1)"))
     p.add_argument("--port", type=int, default=30000, help=tr("the port (default 30000)"))
+    p.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help=tr("do not log one line per HTTP request (method, path, status, tokens, time) to stderr"))
     add_policy_flags(p)
     args = p.parse_args(argv)
     try:
@@ -407,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     router = DpRouter(args.worker_urls, make_policy(args.router_policy, len(args.worker_urls), **policy_thresholds(args)))
     print(tr("listening on http://{host}:{port}", host=args.host, port=sock.getsockname()[1]), flush=True)
-    config = uvicorn.Config(create_router_app(router), log_level="warning", access_log=False, lifespan="on",
+    config = uvicorn.Config(create_router_app(router, access_log=args.access_log), log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=2)
     uvicorn.Server(config).run(sockets=[sock])
 

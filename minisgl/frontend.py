@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from minisgl.access_log import note_usage
 from minisgl.message import SchedulerStats, UserReply, ZmqAsyncPullQueue, ZmqAsyncPushQueue, unwrap
 from minisgl.metrics import CountingPush, ServerMetrics
 from minisgl.serving import ServerAddrs, ServerArgs
@@ -87,13 +88,16 @@ class Frontend:
 
     @staticmethod
     async def replies(queue: asyncio.Queue[UserReply], first: UserReply | None = None) -> AsyncIterator[UserReply]:
-        """一个请求的回复，一条接一条，到 ``finished`` 的那条为止（``first`` 是已经取出来的第一条）。
+        """一个请求的回复，一条接一条，到 ``finished`` 的那条为止（``first`` 是已经取出来的第一条）。结束的那条的 token
+        数记进访问日志（:func:`~minisgl.access_log.note_usage`）。
 
         en: One request's replies, one after another, up to the ``finished`` one (``first``: the first one, already
-        taken out).
+        taken out). The finishing one's token counts go to the access log (:func:`~minisgl.access_log.note_usage`).
         """
         reply = first if first is not None else await queue.get()
         while True:
+            if reply.finished:
+                note_usage(reply.prompt_tokens, reply.completion_tokens)  # 访问日志的那一行 | en: for the access log's line
             yield reply
             if reply.finished:
                 return

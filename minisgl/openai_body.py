@@ -47,11 +47,74 @@ def check_model(body: dict[str, Any], name: str, path: str) -> None:
                        param="model", code="model_not_found")
 
 
-def messages_of(body: dict[str, Any]) -> list[dict[str, str]]:
-    """对话消息：非空列表，每条有 ``role`` 和文字 ``content``（也认 OpenAI 的 ``[{"type": "text", "text": ...}]``）。
+#: 传给对话模板的角色；``developer``（OpenAI 给 system 的新名字）当作 ``system``。
+#: en: The roles passed on to the chat template; ``developer`` (OpenAI's new name for system) is taken as ``system``.
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _text_of(content: Any, where: str) -> str | None:
+    """消息的文字：字符串原样；文字片段的列表（``[{"type": "text", "text": ...}]``）连起来；``None`` 还是 ``None``。
+    别的片段（图片、音频……）是 400，点名是哪一片。
+
+    en: A message's text: a string as it is; a list of text parts (``[{"type": "text", "text": ...}]``) joined; ``None``
+    stays ``None``. Any other part (image, audio, ...) is a 400 naming that part.
+    """
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, tr("{where} must be a string or a list of text parts, got {value!r}", where=where, value=content),
+                       param=where, code="invalid_value")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else None
+            raise ApiError(400, tr("{where}[{j}]: only parts of type text are supported here, got {kind!r}",
+                                   where=where, j=j, kind=kind if kind is not None else part),
+                           param=f"{where}[{j}]", code="unsupported_value" if kind not in (None, "text") else "invalid_value")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _tool_calls_of(calls: Any, where: str) -> list[dict[str, Any]]:
+    """助手消息的 ``tool_calls``，交给对话模板：每个是 ``{"type": "function", "function": {"name", "arguments"}}``
+    （``id`` 有就带上）；``arguments`` 是 JSON 对象的字符串时解析成 dict（模板大多按对象写出它，vLLM 也这样做）。
+
+    en: An assistant message's ``tool_calls`` for the chat template: each ``{"type": "function", "function": {"name",
+    "arguments"}}`` (with its ``id`` when given); ``arguments`` given as the string of a JSON object is parsed into a
+    dict (most templates write it out as an object; vLLM does the same).
+    """
+    if not isinstance(calls, list) or not calls:
+        raise ApiError(400, tr("{where} must be a non-empty list of tool calls, got {value!r}", where=where, value=calls),
+                       param=where, code="invalid_value")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(400, tr("{where}[{j}] must be a function call with a name and arguments, got {value!r}",
+                                   where=where, j=j, value=call), param=f"{where}[{j}]", code="invalid_value")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                parsed = json.loads(arguments or "{}")
+            except ValueError:
+                parsed = None
+            arguments = parsed if isinstance(parsed, dict) else arguments
+        one: dict[str, Any] = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+        if isinstance(call.get("id"), str):
+            one["id"] = call["id"]
+        out.append(one)
+    return out
+
+
+def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """对话消息：非空列表，每条有 ``role`` 和文字 ``content``（也认 OpenAI 的 ``[{"type": "text", "text": ...}]``，
+    连起来；别的片段是 400）。角色是 :data:`CHAT_ROLES` 之一，``developer`` 当作 ``system``；``tool`` 消息还要有
+    ``tool_call_id``；带 ``tool_calls`` 的助手消息可以没有 ``content``。这些都原样交给对话模板。
 
     en: Chat messages: a non-empty list, each with a ``role`` and a text ``content`` (OpenAI's ``[{"type": "text",
-    "text": ...}]`` is accepted too).
+    "text": ...}]`` is accepted too, joined; any other part is a 400). The role is one of :data:`CHAT_ROLES`,
+    ``developer`` taken as ``system``; a ``tool`` message also needs a ``tool_call_id``; an assistant message with
+    ``tool_calls`` may have no ``content``. All of it goes on to the chat template.
     """
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -59,32 +122,59 @@ def messages_of(body: dict[str, Any]) -> list[dict[str, str]]:
                        param="messages", code="missing_required_parameter" if messages is None else "invalid_value")
     out = []
     for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(content, str):
-            raise ApiError(400, tr("messages[{i}] must have a role (system, user or assistant) and a text content, got {value!r}",
-                                   i=i, value=m), param=f"messages[{i}]", code="invalid_value")
-        out.append({"role": m["role"], "content": content})
+        where = f"messages[{i}]"
+        role = m.get("role") if isinstance(m, dict) else None
+        role = "system" if role == "developer" else role
+        if not isinstance(m, dict) or role not in CHAT_ROLES:
+            raise ApiError(400, tr("messages[{i}] must have a role (system, developer, user, assistant or tool) and a text content, got {value!r}",
+                                   i=i, value=m), param=where, code="invalid_value")
+        content = _text_of(m.get("content"), f"{where}.content")
+        one: dict[str, Any] = {"role": role}
+        if role == "assistant" and m.get("tool_calls") is not None:
+            one["tool_calls"] = _tool_calls_of(m["tool_calls"], f"{where}.tool_calls")
+            content = content or ""
+        if role == "tool":
+            if not isinstance(m.get("tool_call_id"), str):
+                raise ApiError(400, tr("messages[{i}] is a tool message: it needs the tool_call_id (a string) of the call it answers",
+                                       i=i), param=f"{where}.tool_call_id", code="missing_required_parameter")
+            one["tool_call_id"] = m["tool_call_id"]
+        if content is None:
+            raise ApiError(400, tr("messages[{i}] must have a role (system, developer, user, assistant or tool) and a text content, got {value!r}",
+                                   i=i, value=m), param=where, code="missing_required_parameter")
+        one["content"] = content
+        if isinstance(m.get("name"), str):
+            one["name"] = m["name"]
+        out.append(one)
     return out
 
 
-def prompt_of(body: dict[str, Any]) -> str | list[int]:
-    """补全的提示词：一个字符串、一列 token id，或只有一项的列表（OpenAI 客户端会这样包一层）。
-
-    en: A completion prompt: a string, a list of token ids, or a one-item list (the OpenAI client may wrap it so).
-    """
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+def _one_prompt(prompt: Any) -> str | list[int] | None:
     if isinstance(prompt, str) and prompt:
         return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return prompt
+    return None
+
+
+def prompts_of(body: dict[str, Any]) -> list[str | list[int]]:
+    """补全的提示词，总是一个列表：一个字符串或一列 token id 是一个提示词；字符串的列表、token id 列表的列表是几个
+    （每个一份回答）。
+
+    en: The completion prompts, always a list: a string or a list of token ids is one prompt; a list of strings or of
+    lists of token ids is several (one answer each).
+    """
+    prompt = body.get("prompt")
+    one = _one_prompt(prompt)
+    if one is not None:
+        return [one]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        many = [_one_prompt(p) for p in prompt]
+        if all(p is not None for p in many):
+            return many  # type: ignore[return-value]
     if prompt is None or prompt == "" or prompt == []:
         raise ApiError(400, tr("prompt is missing: give a non-empty string or a list of token ids"), param="prompt",
                        code="missing_required_parameter")
-    raise ApiError(400, tr("prompt must be one non-empty string or one list of token ids (one prompt per request), got {value!r}",
+    raise ApiError(400, tr("prompt must be a non-empty string, a list of token ids, or a list of those (one answer each), got {value!r}",
                            value=prompt), param="prompt", code="invalid_value")
 
 

@@ -23,11 +23,13 @@ from minisgl.i18n import tr
 from minisgl.launch import DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, SHUTDOWN_WAIT_S, cpu_budget, interrupt_on_signals
 from minisgl.serving import ServerArgs
 
-#: 副本的设置里不转给副本的：地址由副本向系统要，数据并行和路由器的设置只属于前面的路由器。
+#: 副本的设置里不转给副本的：地址由副本向系统要，数据并行和路由器的设置只属于前面的路由器；访问日志由路由器写
+#: （副本总是 ``--no-access-log``：它的输出没人看，只攒在内存里）。
 #: en: Settings not passed on to a replica: it asks the OS for its own address; data parallelism and the router's
-#: en: settings belong to the router in front only.
+#: en: settings belong to the router in front only; the router writes the access log (a replica always runs with
+#: en: ``--no-access-log``: nobody reads its output, which only piles up in memory).
 NOT_FOR_REPLICAS = ("model_path", "host", "port", "dp_size", "router_policy", "router_cache_threshold",
-                    "router_balance_abs_threshold", "router_balance_rel_threshold")
+                    "router_balance_abs_threshold", "router_balance_rel_threshold", "access_log")
 #: 字段名与命令行参数名不同的那几个。
 #: en: The fields whose flag is not their name.
 FLAG_OF = {"model_name": "--served-model-name", "memory_ratio": "--mem-fraction-static", "tp_size": "--tp",
@@ -89,7 +91,7 @@ def serve_replicas(args: ServerArgs, sock: socket.socket) -> int:
     from minisgl.harness import ServerProcess
 
     threads = max(1, cpu_budget() // args.dp_size)
-    flags = replica_flags(args)
+    flags = [*replica_flags(args), "--no-access-log"]
     print(tr("Starting {dp} replicas of {model} ({threads} threads each) ...", dp=args.dp_size, model=args.model_path,
              threads=threads), flush=True)
     replicas = [ServerProcess(args.model_path, *flags, env=replica_env(i, args, threads), timeout=READY_TIMEOUT_S)
@@ -103,7 +105,8 @@ def serve_replicas(args: ServerArgs, sock: socket.socket) -> int:
         from minisgl.serving import policy_thresholds
 
         router = DpRouter([r.url for r in replicas], make_policy(args.router_policy, args.dp_size, **policy_thresholds(args)))
-        server = uvicorn.Server(uvicorn.Config(create_router_app(router), log_level="warning", access_log=False,
+        app = create_router_app(router, access_log=args.access_log)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                                lifespan="on", timeout_graceful_shutdown=2))
         gone: set[int] = set()
 

@@ -18,12 +18,24 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 import torch
 
 from minisgl.core import Batch
-from minisgl.engine import EngineConfig
+from minisgl.engine import Engine, EngineConfig
 from minisgl.i18n import tr
+from minisgl.grammar import Sampler
+from minisgl.sampling import TokenLogprob, logprob_of
 
 if TYPE_CHECKING:
     from minisgl.core import Req, SamplingParams
     from minisgl.trace import StepTrace
+
+
+def install_sampler(engine: Engine, eos_token_id: int | None, tokenizer: Any) -> None:
+    """给引擎换上第 3.6 章的采样器：它带着第 3.5 章的采样控制和第 1.6 章的采样器，只在有请求用到控制或语法时多做事。
+
+    en: Give the engine chapter 3.6's sampler: it carries chapter 3.5's sampling controls and chapter 1.6's sampler, and
+    does more only when a request uses a control or a grammar.
+    """
+    engine.sampler = Sampler(engine.device, engine.model_config.vocab_size, engine.config.seed,
+                             rows=engine.page_table.shape[0], eos_token_id=eos_token_id, tokenizer=tokenizer)
 
 
 def div_ceil(a: int, b: int) -> int:
@@ -74,6 +86,9 @@ class RequestStatus:
     #: 占着请求槽和页面的 ``Req``（每次被调度时更新）；``None``：还没被接纳
     #: en: the ``Req`` holding the slot and pages (updated each time it is scheduled); ``None``: not admitted yet
     req: Req | None = None
+    #: 这一步交出的 token 的对数概率（第 3.5 章，请求要了才有）
+    #: en: the log-probabilities of the token handed out this step (chapter 3.5, only when the request asked)
+    logprobs: TokenLogprob | None = None
 
     @property
     def finished(self) -> bool:
@@ -97,6 +112,7 @@ class RequestEvent(NamedTuple):
     token: int | None
     finished: bool
     reason: str | None
+    logprobs: TokenLogprob | None = None  # 第 3.5 章：``token`` 的对数概率 | en: chapter 3.5: the log-probabilities of ``token``
 
 
 #: 结果监听者：每个 :class:`RequestEvent` 调用一次。

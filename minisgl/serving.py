@@ -43,6 +43,7 @@ class ServerArgs:
     port: int = DEFAULT_PORT
     api_key: str | None = None
     model_name: str | None = None  # /v1/models 里的名字；缺省为模型目录名 | en: the name in /v1/models; default: the model folder's name
+    access_log: bool = True  # 每个 HTTP 请求一行访问日志（minisgl.access_log）| en: one access log line per HTTP request (minisgl.access_log)
     dtype: str | None = None
     device: str = "auto"
     max_running_req: int = 8
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=tr("the most of the memory available before loading that the model and the KV cache may take (default 0.9 on CUDA, 0.3 on the CPU)"))
     p.add_argument("--device", default="auto", help=tr("cpu, cuda or auto"))
     p.add_argument("--api-key", default=None, help=tr("require Authorization: Bearer <key> on /v1/* and /generate"))
+    p.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help=tr("do not log one line per HTTP request (method, path, status, tokens, time) to stderr"))
     p.add_argument("--served-model-name", dest="model_name", default=None, help=tr("the name in /v1/models (default: the model folder's name)"))
     p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=None,
                    help=tr("tensor parallelism: split the model over this many ranks (over all nodes)"))

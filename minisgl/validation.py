@@ -9,27 +9,50 @@ import math
 import numbers
 import warnings
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 import torch
 
 from minisgl.core import InvalidParam, SamplingParams
 from minisgl.graph import GRAPH_MODES
 from minisgl.i18n import tr
+from minisgl.grammar import check_grammar
+from minisgl.sampling import check_controls
+
+E = TypeVar("E", bound=Exception)
+
+#: 拒绝的种类 → OpenAI 错误体的 ``code``（服务器的 400 里客户端读到的就是它）。
+#: en: the kind of refusal → the ``code`` of the OpenAI error body (what a client reads in the server's 400).
+INVALID_TYPE = "invalid_type"
+INVALID_VALUE = "invalid_value"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
+def coded(err: E, code: str) -> E:
+    """给异常加上 ``code`` 属性并返回它：类型不变（调用方照样按 TypeError / ValueError 捕获），调度器拒绝请求时
+    把它带进 ``RejectMsg``，成为 OpenAI 错误体的 ``code``（:data:`INVALID_TYPE`、:data:`INVALID_VALUE`、
+    :data:`CONTEXT_LENGTH_EXCEEDED`）。
+
+    en: Give the exception a ``code`` attribute and return it: its type stays (callers still catch TypeError /
+    ValueError); when the scheduler refuses a request it carries it in the ``RejectMsg``, where it becomes the ``code``
+    of the OpenAI error body (:data:`INVALID_TYPE`, :data:`INVALID_VALUE`, :data:`CONTEXT_LENGTH_EXCEEDED`).
+    """
+    setattr(err, "code", code)
+    return err
 
 
 def _token_ids(i: int, prompt: Any) -> list[int]:
     """token id 必须是真正的整数：1.5、True 这样的值不能悄悄变成别的 token。"""
     if isinstance(prompt, torch.Tensor):
         if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
-            raise TypeError(tr("Prompt {i}: the token id tensor is {dtype}; use an integer type (such as torch.int64)",
-                               i=i, dtype=prompt.dtype))
+            raise coded(TypeError(tr("Prompt {i}: the token id tensor is {dtype}; use an integer type (such as torch.int64)",
+                                     i=i, dtype=prompt.dtype)), INVALID_TYPE)
         return [int(t) for t in prompt.reshape(-1).tolist()]
     ids = list(prompt)
     bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
     if bad:
-        raise TypeError(tr("Prompt {i} has token ids that are not integers: {bad} (token ids must be int; neither booleans nor floats will do)",
-                           i=i, bad=bad[:5]))
+        raise coded(TypeError(tr("Prompt {i} has token ids that are not integers: {bad} (token ids must be int; neither booleans nor floats will do)",
+                                 i=i, bad=bad[:5])), INVALID_TYPE)
     return [int(t) for t in ids]
 
 
@@ -77,6 +100,8 @@ def check_sampling(sp: SamplingParams) -> None:
     """
     check_sampling_types(sp)
     sp.validate()
+    check_controls(sp)
+    check_grammar(sp)
 
 
 def check_token_ids(ids: Sequence[int], vocab: int) -> None:
@@ -87,8 +112,8 @@ def check_token_ids(ids: Sequence[int], vocab: int) -> None:
     """
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
-        raise ValueError(tr("The prompt has token ids outside the vocabulary (size {vocab}): {bad}", vocab=vocab,
-                            bad=bad[:5]))
+        raise coded(ValueError(tr("The prompt has token ids outside the vocabulary (size {vocab}): {bad}", vocab=vocab,
+                                  bad=bad[:5])), INVALID_VALUE)
 
 
 def validate_requests(
@@ -99,12 +124,14 @@ def validate_requests(
     max_seq_len: int,
 ) -> list[tuple[torch.Tensor, SamplingParams]]:
     """把提示词变成 token id 并逐个检查；``max_tokens`` 超出长度上限时截短并给出警告。
+    抛出的 TypeError / ValueError 都带 ``code``（见 :func:`coded`）。
 
     ``max_seq_len`` 已经考虑了 KV 池的总容量（引擎把它限制在总页数 × page_size 之内），
     所以通过检查的请求总有放得下的一天：不会永远等下去。
     """
     if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
-        raise TypeError(tr("prompts should be a list whose items are each a string or a list of token ids"))
+        raise coded(TypeError(tr("prompts should be a list whose items are each a string or a list of token ids")),
+                    INVALID_TYPE)
     if sampling_params is None:
         sampling_params = SamplingParams()
     if isinstance(sampling_params, SamplingParams):
@@ -112,38 +139,42 @@ def validate_requests(
     else:
         params = list(sampling_params)
         if len(params) != len(prompts):
-            raise ValueError(
+            raise coded(ValueError(
                 tr("The number of sampling_params ({n_params}) does not match the number of prompts ({n_prompts}): give either one SamplingParams shared by all prompts, or one per prompt",
                    n_params=len(params), n_prompts=len(prompts))
-            )
+            ), INVALID_VALUE)
     vocab = len(tokenizer)
     out: list[tuple[torch.Tensor, SamplingParams]] = []
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
         if not isinstance(sp, SamplingParams):
-            raise TypeError(tr("The sampling parameters of prompt {i} are not a SamplingParams but a {type_name}",
-                               i=i, type_name=type(sp).__name__))
+            raise coded(TypeError(tr("The sampling parameters of prompt {i} are not a SamplingParams but a {type_name}",
+                                     i=i, type_name=type(sp).__name__)), INVALID_TYPE)
         try:
             check_sampling(sp)
         except ValueError as e:
-            raise ValueError(tr("Invalid sampling parameters for prompt {i}: {e}", i=i, e=e)) from None
+            raise coded(ValueError(tr("Invalid sampling parameters for prompt {i}: {e}", i=i, e=e)), INVALID_VALUE) from None
         if isinstance(prompt, str):
             ids = tokenizer.encode(prompt, add_special_tokens=False)
         elif isinstance(prompt, (Sequence, torch.Tensor)):
             ids = _token_ids(i, prompt)
         else:
-            raise TypeError(tr("Prompt {i} is neither a string nor a list of token ids: {type_name}",
-                               i=i, type_name=type(prompt).__name__))
+            raise coded(TypeError(tr("Prompt {i} is neither a string nor a list of token ids: {type_name}",
+                                     i=i, type_name=type(prompt).__name__)), INVALID_TYPE)
         if len(ids) == 0:
-            raise ValueError(tr("Prompt {i} is empty: it needs at least 1 token", i=i))
+            raise coded(ValueError(tr("Prompt {i} is empty: it needs at least 1 token", i=i)), INVALID_VALUE)
         try:
             check_token_ids(ids, vocab)
         except ValueError as e:
-            raise ValueError(tr("Prompt {i}: {e}", i=i, e=e)) from None
+            raise coded(ValueError(tr("Prompt {i}: {e}", i=i, e=e)), INVALID_VALUE) from None
+        outside = [k for k in sp.logit_bias or {} if int(k) >= vocab]
+        if outside:
+            raise coded(ValueError(tr("Prompt {i}: logit_bias names token ids outside the vocabulary [0, {vocab}): {ids}",
+                                      i=i, vocab=vocab, ids=outside[:5])), INVALID_VALUE)
         if len(ids) >= max_seq_len:
-            raise ValueError(
+            raise coded(ValueError(
                 tr("Prompt {i} has {n_ids} tokens, reaching the length limit of a single request, {max_seq_len} (at least 1 output token must fit after the prompt; the limit is the smaller of max_seq_len_override and the KV pool capacity): shorten the prompt, or raise max_seq_len_override / num_page_override",
                    i=i, n_ids=len(ids), max_seq_len=max_seq_len)
-            )
+            ), CONTEXT_LENGTH_EXCEEDED)
         if sp.max_tokens > max_seq_len - len(ids):
             warnings.warn(
                 tr("Prompt {i}: max_tokens={max_tokens} goes past the length limit {max_seq_len}; clipped to {clipped} (the prompt has {n_ids} tokens)",

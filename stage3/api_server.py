@@ -13,12 +13,13 @@
 你来写的是对客户端说话的部分：
 
 - **请求 → 采样参数**：OpenAI 的语义（``temperature`` 缺省 1，0 是贪心）加上上游的扩展字段（``ignore_eos``、
-  ``top_k``）；不合法的值、会改变结果却不支持的参数（``n`` > 1、``logprobs``、``tools`` ……）一律 400，
+  ``top_k``）；不合法的值、会改变结果却不支持的参数（``tools``、``suffix`` ……）一律 400，
   错误体是 OpenAI 的样子（:class:`~minisgl.api_errors.ApiError`），说清是哪个参数；
 - **流式输出**（server-sent events）和**非流式输出**：真实的 ``usage``、正确的 ``finish_reason``；
 - **客户端断开就取消请求**：取消消息要真的发出去（只发一次），请求的槽位和页面才回得来。
 
-本模块里给定的：请求的登记、接口的接线。别处给定的：按 uid 分发回复的后台任务（:mod:`minisgl.frontend`）、
+本模块里给定的：请求的登记、接口的接线、第 3.5 / 3.6 章控制和语法的请求字段、几个 choice（``n``、提示词列表）的
+提交与合并、对数概率的样子。别处给定的：按 uid 分发回复的后台任务（:mod:`minisgl.frontend`）、
 请求体里采样之外的部分（:mod:`minisgl.openai_body`）、错误体（:mod:`minisgl.api_errors`）、API 密钥和 503 的门
 （:mod:`minisgl.gate`）、``/metrics``（:mod:`minisgl.metrics`）、对话页面（:mod:`minisgl.chat_page`）、启动器
 （:mod:`minisgl.launch`）。
@@ -36,18 +37,19 @@ You write the part that talks to the client:
 
 - **request → sampling parameters**: OpenAI's semantics (``temperature`` defaults to 1, 0 is greedy) plus upstream's
   extra fields (``ignore_eos``, ``top_k``); an invalid value, or a parameter that would change the result but is not
-  supported (``n`` > 1, ``logprobs``, ``tools``, ...), is a 400 with an OpenAI-style body
+  supported (``tools``, ``suffix``, ...), is a 400 with an OpenAI-style body
   (:class:`~minisgl.api_errors.ApiError`) naming the parameter;
 - **streaming** (server-sent events) and **the non-streamed response**: the real ``usage``, the right
   ``finish_reason``;
 - **a client that disconnects aborts its request**: the abort message must really be sent (exactly once), or the
   request's slot and pages never come back.
 
-Given in this module: registering a request, the endpoints' wiring. Given elsewhere: the background task that hands
-replies out by uid (:mod:`minisgl.frontend`), the parts of the request body other than sampling
-(:mod:`minisgl.openai_body`), the error body (:mod:`minisgl.api_errors`), the gate for the API key and the 503
-(:mod:`minisgl.gate`), ``/metrics`` (:mod:`minisgl.metrics`), the chat page (:mod:`minisgl.chat_page`), the launcher
-(:mod:`minisgl.launch`).
+Given in this module: registering a request, the endpoints' wiring, the request fields of chapters 3.5 / 3.6 (controls
+and grammars), submitting and merging several choices (``n``, lists of prompts), the shape of the log-probabilities.
+Given elsewhere: the background task that hands replies out by uid (:mod:`minisgl.frontend`), the parts of the request
+body other than sampling (:mod:`minisgl.openai_body`), the error body (:mod:`minisgl.api_errors`), the gate for the
+API key and the 503 (:mod:`minisgl.gate`), ``/metrics`` (:mod:`minisgl.metrics`), the chat page
+(:mod:`minisgl.chat_page`), the launcher (:mod:`minisgl.launch`).
 """
 
 from __future__ import annotations
@@ -59,13 +61,14 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from minisgl.access_log import AccessLog
 from minisgl.api_errors import ApiError, ClientGone, add_error_handlers
 from minisgl.chat_page import chat_page
 from minisgl.core import InvalidParam, SamplingParams
@@ -74,7 +77,7 @@ from minisgl.gate import Gate
 from minisgl.i18n import tr
 from minisgl.message import AbortMsg, TokenizeMsg, UserReply
 from minisgl.metrics import CONTENT_TYPE
-from minisgl.openai_body import check_model, json_body, messages_of, prompt_of, stream_flags
+from minisgl.openai_body import check_model, json_body, messages_of, prompts_of, stream_flags
 from minisgl.validation import check_sampling
 
 T = TypeVar("T")
@@ -86,22 +89,12 @@ COMPLETION_MAX_TOKENS = 16
 #: en: Parameters that would change the result but are not supported here: name → the values that still count as "not
 #: en: used". Any other value is a 400, not silently ignored.
 UNSUPPORTED_PARAMS: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "best_of": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "suffix": (None, ""),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1),
-    "min_tokens": (None, 0),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
 }
 #: 客户端断开的检查间隔（秒）。
 #: en: How often (seconds) to check whether the client has disconnected.
@@ -191,6 +184,12 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
+    #: 每个提示词采几份（OpenAI 的 ``n``）；``/v1/completions`` 的提示词列表放在 ``prompts`` 里（这时 ``prompt`` 是第一个）
+    #: en: how many samples per prompt (OpenAI's ``n``); a list of prompts of ``/v1/completions`` sits in ``prompts``
+    #: en: (``prompt`` is then the first)
+    n: int = 1
+    prompts: list[Any] = field(default_factory=list)
+    echo: bool = False  # 补全：回答前面带上提示词 | en: completions: the answer starts with the prompt
 
 
 def response_id(req: ParsedRequest, uid: int) -> str:
@@ -223,43 +222,73 @@ def usage_of(reply: UserReply) -> dict[str, int]:
             "total_tokens": reply.prompt_tokens + reply.completion_tokens}
 
 
-async def stream_chunks(req: ParsedRequest, uid: int, replies: AsyncIterator[UserReply]) -> AsyncIterator[str]:
+def logprobs_block(req: ParsedRequest, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """一个 choice 的 ``logprobs``（给定）：请求没要对数概率时是 None；要了就把反分词进程给的各项（每个 token 一项，
+    见 :class:`~minisgl.message.UserReply`）写成 OpenAI 的样子——对话是 ``{"content": [...], "refusal": None}``，
+    补全是 ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` 四个并排的列表。
+
+    en: A choice's ``logprobs`` (given): None when the request did not ask for log-probabilities; otherwise the entries
+    from the detokenizer (one per token, see :class:`~minisgl.message.UserReply`) in OpenAI's shape: for chat
+    ``{"content": [...], "refusal": None}``, for completions four parallel lists ``{"tokens", "token_logprobs",
+    "top_logprobs", "text_offset"}``.
+    """
+    if not req.sampling_params.logprobs:
+        return None
+    entries = entries or []
+    if req.kind == "chat":
+        return {"content": [{k: e[k] for k in ("token", "logprob", "bytes", "top_logprobs")} for e in entries],
+                "refusal": None}
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": [e["text_offset"] for e in entries]}
+
+
+async def stream_chunks(req: ParsedRequest, uid: int, replies: AsyncIterator[UserReply], index: int = 0,
+                        ) -> AsyncIterator[str]:
     """流式回答：把 ``replies``（这个请求的 :class:`UserReply`，最后一条 ``finished``）变成一个个 SSE 事件（字符串）。
 
     - 对话（``kind == "chat"``）：每个事件是 ``chat.completion.chunk``，``choices[0]`` 是
-      ``{"index": 0, "delta": {...}, "finish_reason": ..., "logprobs": None}``；第一个事件在任何回复之前发出，
+      ``{"index": index, "delta": {...}, "finish_reason": ..., "logprobs": ...}``；第一个事件在任何回复之前发出，
       ``delta`` 是 ``{"role": "assistant", "content": ""}``；之后每段新文字一个事件，``delta`` 是 ``{"content": 文字}``；
-    - 补全：每个事件是 ``text_completion``，``choices[0]`` 是 ``{"index": 0, "text": 文字, "finish_reason": ...,
-      "logprobs": None}``；
+    - 补全：每个事件是 ``text_completion``，``choices[0]`` 是 ``{"index": index, "text": 文字, "finish_reason": ...,
+      "logprobs": ...}``；
+    - ``logprobs`` 是 ``logprobs_block(req, 这条回复的 logprobs)``（没要对数概率时是 None）；没有文字的事件是 None；
     - 每个事件还有 ``id``（:func:`response_id`）、``object``、``created``（``req.created``）、``model``；
     - 空的片段不发（反分词扣住了半个字符时会有）；回复结束时，先发它带的最后一段文字（若有），再发一个
       ``finish_reason`` 为这条回复的 ``finish_reason`` 的事件（对话的 ``delta`` 为 ``{}``，补全的 ``text`` 为 ``""``）；
     - 回复带 ``error``：发一个 ``{"error": {"message": ..., "type": "invalid_request_error", "param": None,
-      "code": None}}`` 事件，然后 ``DONE``，结束；
+      "code": 回复的 code}}`` 事件，然后 ``DONE``，结束；
     - ``req.include_usage`` 时，结束之后再发一个 ``choices`` 为空列表、带 ``usage``（:func:`usage_of`）的事件；
     - 最后是 :data:`DONE`。
+
+    有几个 choice 时（``n`` > 1、提示词列表），给定的 :func:`merge_streams` 为每一个调用它一次（``index`` 是第几个），把事件合成一个流。
 
     en: The streamed answer: turn ``replies`` (this request's :class:`UserReply` objects, the last one ``finished``)
     into SSE events (strings).
 
     - chat (``kind == "chat"``): each event is a ``chat.completion.chunk`` whose ``choices[0]`` is
-      ``{"index": 0, "delta": {...}, "finish_reason": ..., "logprobs": None}``; the first event goes out before any
+      ``{"index": index, "delta": {...}, "finish_reason": ..., "logprobs": ...}``; the first event goes out before any
       reply, with ``delta`` ``{"role": "assistant", "content": ""}``; then one event per new piece of text, with
       ``delta`` ``{"content": text}``;
-    - completions: each event is a ``text_completion`` whose ``choices[0]`` is ``{"index": 0, "text": text,
-      "finish_reason": ..., "logprobs": None}``;
+    - completions: each event is a ``text_completion`` whose ``choices[0]`` is ``{"index": index, "text": text,
+      "finish_reason": ..., "logprobs": ...}``;
+    - ``logprobs`` is ``logprobs_block(req, that reply's logprobs)`` (None when not asked for); an event without text
+      has None;
     - every event also has ``id`` (:func:`response_id`), ``object``, ``created`` (``req.created``) and ``model``;
     - an empty piece is not sent (the detokenizer holding back half a character makes one); when the replies finish,
       first the last piece they carry (if any), then an event whose ``finish_reason`` is the reply's ``finish_reason``
       (a chat ``delta`` of ``{}``, a completion ``text`` of ``""``);
     - a reply with ``error``: send one ``{"error": {"message": ..., "type": "invalid_request_error", "param": None,
-      "code": None}}`` event, then ``DONE``, and stop;
+      "code": the reply's code}}`` event, then ``DONE``, and stop;
     - with ``req.include_usage``, after the end one more event with an empty ``choices`` list and the ``usage``
       (:func:`usage_of`);
     - last, :data:`DONE`.
+
+    With several choices (``n`` > 1, a list of prompts) the given :func:`merge_streams` calls it once per choice
+    (``index`` says which) and merges the events into one stream.
     """
-    # TODO 任务 stream_chunks：按文档字符串列出的格式，把这个请求的回复变成流式回答的 SSE 事件。约定：对话流在任何回复到来之前先发带 assistant 角色的那个事件；每段非空的文字一个事件，空的不发；请求结束时先发它带的最后一段文字，再发一个带这条回复的 finish_reason 的结尾事件；回复出错就只发一个 OpenAI 样式的错误事件，然后 DONE，到此为止；include_usage 时结尾之后再发一个 choices 为空、带 token 计数的事件；最后总是 DONE。给定：sse、response_id、usage_of、DONE。
-    # TODO task stream_chunks: Yield the SSE events of a streamed answer, shaped as the docstring lists them. Contract: a chat stream opens with the assistant-role event before anything arrives; every non-empty piece of text is its own event (empty pieces are skipped); when the request ends, its last text goes out first, then a closing event carrying that finish_reason; a failure report becomes a single OpenAI-style failure event followed by DONE, and nothing else; with include_usage, an event with empty choices and the token counts comes after the closing one; DONE is always last. Given: sse, response_id, usage_of, DONE.
+    # TODO 任务 stream_chunks：按文档字符串列出的格式，把这个请求的回复变成流式回答的 SSE 事件。约定：对话流在任何回复到来之前先发带 assistant 角色的那个事件；每段非空的文字一个事件，空的不发，带着这条回复的对数概率；请求结束时先发它带的最后一段文字，再发一个带结束原因的结尾事件；回复出错就只发一个 OpenAI 样式的错误事件（带上回复的错误代码），然后是流的结束标记，到此为止；客户端要了用量时，结尾之后再发一个 choices 为空、带 token 计数的事件；最后总是结束标记。每个 choice 的序号是调用者给的那个。给定：sse、response_id、usage_of、logprobs_block。
+    # TODO task stream_chunks: Yield the SSE events of a streamed answer, shaped as the docstring lists them. Contract: a chat stream opens with the assistant-role event before anything arrives; every non-empty piece of text is its own event (empty pieces are skipped), carrying that reply's log-probabilities; when the request ends, its last text goes out first, then a closing event carrying the reason it ended; a failure report becomes a single OpenAI-style failure event (with the reply's error code) followed by the stream's end marker, and nothing else; when the client asked for usage, an event with empty choices and the token counts comes after the closing one; the end marker is always last. Every choice carries the number the caller passed. Given: sse, response_id, usage_of, logprobs_block.
     raise TaskNotDone("api_server", "stream_chunks")
 
 
@@ -267,23 +296,25 @@ async def full_response(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
     """非流式回答：收完 ``replies``，返回一整个 OpenAI 对象。
 
     - 对话：``{"id", "object": "chat.completion", "created", "model", "choices": [{"index": 0, "message":
-      {"role": "assistant", "content": 全文}, "finish_reason": ..., "logprobs": None}], "usage": ...}``；
+      {"role": "assistant", "content": 全文}, "finish_reason": ..., "logprobs": ...}], "usage": ...}``；
     - 补全：``{"id", "object": "text_completion", "created", "model", "choices": [{"index": 0, "text": 全文,
-      "finish_reason": ..., "logprobs": None}], "usage": ...}``；
+      "finish_reason": ..., "logprobs": ...}], "usage": ...}``；
+    - ``logprobs`` 是 ``logprobs_block(req, 各条回复的 logprobs 依次连起来)``（没要对数概率时是 None）；
     - ``finish_reason`` 和 ``usage``（:func:`usage_of`）取自最后一条回复；有回复带 ``error`` 就抛
-      ``ApiError(400, error)``。
+      ``ApiError(400, error, code=回复的 code)``。
 
     en: The non-streamed answer: collect all of ``replies`` and return one OpenAI object.
 
     - chat: ``{"id", "object": "chat.completion", "created", "model", "choices": [{"index": 0, "message":
-      {"role": "assistant", "content": full text}, "finish_reason": ..., "logprobs": None}], "usage": ...}``;
+      {"role": "assistant", "content": full text}, "finish_reason": ..., "logprobs": ...}], "usage": ...}``;
     - completions: ``{"id", "object": "text_completion", "created", "model", "choices": [{"index": 0, "text":
-      full text, "finish_reason": ..., "logprobs": None}], "usage": ...}``;
+      full text, "finish_reason": ..., "logprobs": ...}], "usage": ...}``;
+    - ``logprobs`` is ``logprobs_block(req, every reply's logprobs joined in order)`` (None when not asked for);
     - ``finish_reason`` and ``usage`` (:func:`usage_of`) come from the last reply; a reply with ``error`` raises
-      ``ApiError(400, error)``.
+      ``ApiError(400, error, code=the reply's code)``.
     """
-    # TODO 任务 full_response：收完这个请求的全部回复，返回文档字符串里那样的一整个 OpenAI 对象（对话和补全的样子不同）。约定：全文是各段依次拼起来；finish_reason 和 token 计数取自最后一条回复；有回复出错就抛 400 的 ApiError，消息就是那个错误。给定：response_id、usage_of。
-    # TODO task full_response: Read the whole stream for this request and return one OpenAI object shaped as the docstring says (chat and completions differ). Contract: the answer is all pieces concatenated in order; the finish_reason and the token counts come from the final message; any failure report raises a 400 ApiError carrying its message. Given: response_id, usage_of.
+    # TODO 任务 full_response：收完这个请求的全部回复，返回文档字符串里那样的一整个 OpenAI 对象（对话和补全的样子不同）。约定：全文是各段依次拼起来，对数概率的各项也依次连起来；结束原因和 token 计数取自最后一条回复；有回复出错就抛 400 的 ApiError，消息就是那个错误，code 是回复的 code。给定：response_id、usage_of、logprobs_block。
+    # TODO task full_response: Read the whole stream for this request and return one OpenAI object shaped as the docstring says (chat and completions differ). Contract: the answer is all pieces concatenated in order, and the log-probability entries joined in order too; why it ended and the token counts come from the final message; any failure report raises a 400 ApiError carrying its message and the reply's code. Given: response_id, usage_of, logprobs_block.
     raise TaskNotDone("api_server", "full_response")
 
 
@@ -357,64 +388,303 @@ async def until_disconnect(request: Request, state: ServerState, uid: int, work:
 # en: ----------------------------------------------------------------------------- the HTTP endpoints (given)
 
 
-def parse_request(kind: str, body: dict[str, Any], state: ServerState, *, stream_default: bool = False) -> ParsedRequest:
-    """请求体 → :class:`ParsedRequest`：模型名、提示词（:mod:`minisgl.openai_body`）、不支持的参数、采样参数、
-    ``stream`` / ``stream_options``。
+def controls_from(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    """第 3.5 章的采样控制在请求体里的写法 → ``SamplingParams`` 的字段（给定）。对数概率两个接口写法不同：
+    对话是 ``logprobs: true`` 加 ``top_logprobs: k``（单给 ``top_logprobs`` 是 400），补全是 ``logprobs: k``
+    （k 个最可能的，0 也表示要）。
 
-    en: Request body → :class:`ParsedRequest`: the model name, the prompt (:mod:`minisgl.openai_body`), unsupported
-    parameters, the sampling parameters, ``stream`` / ``stream_options``.
+    en: Chapter 3.5's sampling controls as a request body writes them → ``SamplingParams`` fields (given). The two
+    endpoints write log-probabilities differently: chat has ``logprobs: true`` plus ``top_logprobs: k`` (``top_logprobs``
+    alone is a 400), completions ``logprobs: k`` (the k most likely; 0 still asks).
+    """
+    out = {name: _field(body, name, default) for name, default in (
+        ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("min_p", 0.0),
+        ("min_tokens", 0))}
+    out["logit_bias"] = body.get("logit_bias") or None
+    logprobs = body.get("logprobs")
+    if kind == "chat":
+        out["logprobs"] = _field(body, "logprobs", False)
+        out["top_logprobs"] = _field(body, "top_logprobs", 0)
+        if out["top_logprobs"] and out["logprobs"] is not True:
+            raise ApiError(400, tr("top_logprobs needs logprobs: true"), param="top_logprobs", code="invalid_value")
+    elif logprobs is not None and logprobs is not False:
+        out["logprobs"] = True
+        out["top_logprobs"] = logprobs
+    out.update(grammar_from(body))
+    return out
+
+
+def grammar_from(body: dict[str, Any]) -> dict[str, Any]:
+    """第 3.6 章的语法在请求体里的写法 → ``SamplingParams`` 的字段（给定）：OpenAI 的 ``response_format``
+    （``{"type": "json_object"}`` 是任意 JSON 对象，``{"type": "json_schema", "json_schema": {"schema": ...}}`` 按
+    给的 Schema），或者 SGLang 的扩展字段 ``json_schema`` / ``regex`` / ``ebnf``。
+
+    en: Chapter 3.6's grammar as a request body writes it → ``SamplingParams`` fields (given): OpenAI's
+    ``response_format`` (``{"type": "json_object"}`` is any JSON object, ``{"type": "json_schema", "json_schema":
+    {"schema": ...}}`` follows the schema given), or SGLang's extra fields ``json_schema`` / ``regex`` / ``ebnf``.
+    """
+    out = {name: body[name] for name in ("regex", "ebnf") if body.get(name) is not None}
+    schema = body.get("json_schema")
+    if schema is not None:
+        out["json_schema"] = schema if isinstance(schema, str) else json.dumps(schema)
+    fmt = body.get("response_format")
+    if fmt is None or fmt == {"type": "text"}:
+        return out
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        out["json_schema"] = json.dumps({"type": "object"})
+    elif kind == "json_schema" and isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
+        out["json_schema"] = json.dumps(spec["schema"])
+    else:
+        raise ApiError(400, tr('response_format must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", "json_schema": {{"name": ..., "schema": {{...}}}}}}, got {value!r}',
+                               value=fmt), param="response_format", code="invalid_value")
+    if len(out) > 1:
+        raise ApiError(400, tr("Give at most one of response_format, json_schema, regex and ebnf"), param="response_format",
+                       code="invalid_value")
+    return out
+
+
+def checked(sp: SamplingParams, names: dict[str, str] | None = None) -> SamplingParams:
+    """过 :func:`~minisgl.validation.check_sampling` 这道门；:class:`~minisgl.core.InvalidParam` 变成 400，``param``
+    写请求里用的名字（``names``：字段 → 请求里的名字）。
+
+    en: Pass the :func:`~minisgl.validation.check_sampling` gate; an :class:`~minisgl.core.InvalidParam` becomes a 400
+    whose ``param`` is the name the request used (``names``: field → the name in the request).
+    """
+    try:
+        check_sampling(sp)
+    except InvalidParam as e:
+        raise ApiError(400, str(e), param=(names or {}).get(e.param, e.param), code="invalid_value") from None
+    return sp
+
+
+def parse_request(kind: str, body: dict[str, Any], state: ServerState, *, stream_default: bool = False) -> ParsedRequest:
+    """请求体 → :class:`ParsedRequest`：模型名、提示词（:mod:`minisgl.openai_body`；补全可以是提示词列表）、不支持的
+    参数、采样参数（第 3.5 章的控制由 :func:`controls_from` 读）、``n``、``echo``、``stream`` / ``stream_options``。
+
+    en: Request body → :class:`ParsedRequest`: the model name, the prompt (:mod:`minisgl.openai_body`; for completions
+    it may be a list of prompts), unsupported parameters, the sampling parameters (chapter 3.5's controls read by
+    :func:`controls_from`), ``n``, ``echo``, ``stream`` / ``stream_options``.
     """
     check_model(body, state.model_name, state.args.model_path)
-    prompt = messages_of(body) if kind == "chat" else prompt_of(body)
+    prompts = [messages_of(body)] if kind == "chat" else prompts_of(body)
     bad = unsupported_params(body)
     if bad:
         raise ApiError(400, tr("Unsupported parameters that would change the result: {names} (remove them)",
                                names=", ".join(bad)), param=bad[0], code="unsupported_parameter")
     sp, stop = sampling_params_from(body, max_seq_len=state.max_seq_len,
                                     default_max_tokens=None if kind == "chat" else COMPLETION_MAX_TOKENS)
+    names = {"top_logprobs": "top_logprobs" if kind == "chat" else "logprobs",
+             "json_schema": "response_format" if body.get("response_format") is not None else "json_schema"}
+    sp = checked(replace(sp, **controls_from(body, kind)), names)
+    n = _field(body, "n", 1)
+    slots = int(state.info.get("max_running_req") or 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n * len(prompts) <= slots:
+        raise ApiError(400, tr("n must be an integer in [1, {slots}] (the request slots of this server, shared by all prompts), got {n!r}",
+                               slots=max(1, slots // len(prompts)), n=n), param="n", code="invalid_value")
+    echo = _field(body, "echo", False)
+    if kind == "completion" and echo is not False:
+        if echo is not True or sp.logprobs or not all(isinstance(p, str) for p in prompts):
+            raise ApiError(400, tr("echo must be true or false; with true the prompts must be text and logprobs is not supported with it yet"),
+                           param="echo", code="unsupported_value")
     stream, include_usage = stream_flags(body, stream_default)
-    return ParsedRequest(kind, state.model_name, prompt, sp, stop, stream, include_usage)
+    return ParsedRequest(kind, state.model_name, prompts[0], sp, stop, stream, include_usage, n=n,
+                         prompts=prompts if len(prompts) > 1 else [], echo=echo is True)
 
 
-async def _guard(chunks: AsyncIterator[str], state: ServerState, uid: int) -> AsyncIterator[str]:
-    """包住流：生成器自己出了错，就取消请求，别让它在后台白白跑下去。
+def choice_requests(req: ParsedRequest) -> list[ParsedRequest]:
+    """一个 choice 一个请求：每个提示词 ``n`` 份，第 ``k`` 份的 choice 序号是 ``提示词序号 * n + k``；给了种子时
+    第 ``k`` 份用 ``seed + k``（各有各的随机数）。
 
-    en: Wraps the stream: if the generator itself fails, abort the request so it does not run on for nothing.
+    en: One request per choice: each prompt ``n`` times, sample ``k`` of a prompt being choice number ``prompt index * n +
+    k``; with a seed, sample ``k`` uses ``seed + k`` (a random stream of its own).
+    """
+    out = []
+    for prompt in req.prompts or [req.prompt]:
+        for k in range(req.n):
+            sp = req.sampling_params
+            if k and sp.seed is not None:
+                sp = replace(sp, seed=(sp.seed + k) % 2**64)
+            out.append(replace(req, prompt=prompt, prompts=[], n=1, sampling_params=sp))
+    return out
+
+
+async def open_choices(request: Request, state: ServerState, req: ParsedRequest, uids: list[int],
+                       ) -> list[AsyncIterator[UserReply]]:
+    """提交每个 choice，等到每个的第一条回复（被拒绝的这时还能回 400），按 choice 的顺序返回它们的回复；提交了的 uid
+    记进 ``uids``（出错时调用者全部取消）。
+
+    每个提示词的第一份先提交，其余几份等它的第一条回复到了再提交：那时它的提示词已经进了 Radix 前缀缓存
+    （第 2.3 章），其余几份只需预填充最后一个 token——提示词只算一遍。
+
+    en: Submit every choice, wait for each one's first reply (a refused one can still get a 400 then), and return their
+    replies in choice order; the uids submitted go into ``uids`` (on an error the caller aborts them all).
+
+    The first sample of each prompt is submitted first, the others once its first reply is there: by then its prompt is
+    in the radix prefix cache (chapter 2.3) and the others prefill only the last token: the prompt is computed once.
+    """
+    subs = choice_requests(req)
+    opened: dict[int, AsyncIterator[UserReply]] = {}
+
+    async def open_group(group: list[int]) -> None:
+        # 一组一起提交（同一步里预填充），再等每个的第一条回复
+        # en: a group is submitted together (prefilled in the same step), then each one's first reply is awaited
+        submitted = []
+        for k in group:
+            uid, queue = await state.submit(subs[k])
+            uids.append(uid)
+            submitted.append((k, uid, queue))
+        for k, uid, queue in submitted:
+            first = await until_disconnect(request, state, uid, queue.get())
+            if first.error:
+                raise ApiError(503 if state.dead else 400, first.error, code=first.code)
+            opened[k] = state.replies(queue, first)
+
+    leaders = list(range(0, len(subs), req.n))
+    await open_group(leaders)
+    await open_group([k for k in range(len(subs)) if k not in leaders])
+    return [opened[k] for k in range(len(subs))]
+
+
+def merge_answers(req: ParsedRequest, answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """几个 choice 的非流式回答合成一个：``choices`` 按序号排好，``usage`` 相加（提示词每个只算一次）；``echo`` 时
+    文字前面带上提示词。
+
+    en: Merge the non-streamed answers of several choices into one: ``choices`` in order, ``usage`` summed (each prompt
+    counted once); with ``echo`` the text starts with the prompt.
+    """
+    merged = dict(answers[0], choices=[])
+    for k, answer in enumerate(answers):
+        choice = dict(answer["choices"][0], index=k)
+        if req.echo:
+            choice["text"] = (req.prompts or [req.prompt])[k // req.n] + choice["text"]
+        merged["choices"].append(choice)
+    if len(answers) > 1:
+        prompt_tokens = sum(a["usage"]["prompt_tokens"] for a in answers[::req.n])
+        completion_tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+        merged["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    return merged
+
+
+async def merge_streams(req: ParsedRequest, uid: int, streams: list[AsyncIterator[UserReply]]) -> AsyncIterator[str]:
+    """几个 choice 的流合成一个（返回合好的 SSE 事件流）：每个 choice 的事件（:func:`stream_chunks`，``index`` 是它的
+    序号）来了就发，只在最后发一次（相加的）``usage`` 和 ``DONE``；``echo`` 时每个 choice 先发提示词。一个 choice 的
+    流出错只结束它自己。只有一个 choice 时就是它自己的流。
+
+    en: Merge the streams of several choices into one (returns the merged stream of SSE events): each choice's events
+    (:func:`stream_chunks`, ``index`` being its number) go out as they come, and the (summed) ``usage`` and ``DONE`` only
+    once at the end; with ``echo`` each choice sends its prompt first. A choice whose stream fails ends only itself.
+    With a single choice it is that choice's own stream.
+    """
+    single = len(streams) == 1 and not req.echo
+    last: dict[int, UserReply] = {}
+
+    async def tapped(k: int, replies: AsyncIterator[UserReply]) -> AsyncIterator[UserReply]:
+        async for reply in replies:
+            last[k] = reply
+            yield reply
+
+    sub = req if single else replace(req, include_usage=False)
+    chunks = [stream_chunks(sub, uid, tapped(k, r), index=k) for k, r in enumerate(streams)]
+    for c in chunks:
+        if asyncio.iscoroutine(c):  # 骨架：还没写成生成器，这里就抛出它的 TaskNotDone | en: skeleton: not a generator yet, this raises its TaskNotDone
+            await c
+    if single:
+        return chunks[0]
+    return _merged(req, uid, chunks, last)
+
+
+async def _merged(req: ParsedRequest, uid: int, chunks: list[AsyncIterator[str]], last: dict[int, UserReply],
+                  ) -> AsyncIterator[str]:
+    events: asyncio.Queue[str | None] = asyncio.Queue()
+    prompts = req.prompts or [req.prompt]
+
+    async def pump(k: int) -> None:
+        try:
+            if req.echo:
+                await events.put(sse({"id": response_id(req, uid), "object": "text_completion", "created": req.created,
+                                      "model": req.model, "choices": [{"index": k, "text": prompts[k // req.n],
+                                                                       "finish_reason": None, "logprobs": None}]}))
+            async for event in chunks[k]:
+                if event != DONE:
+                    await events.put(event)
+        finally:
+            await events.put(None)
+
+    pumps = [asyncio.create_task(pump(k)) for k in range(len(chunks))]
+    try:
+        open_pumps = len(pumps)
+        while open_pumps:
+            event = await events.get()
+            if event is None:
+                open_pumps -= 1
+            else:
+                yield event
+        for task in pumps:
+            task.result()  # 流自己出的错在这里抛出 | en: a stream's own failure is raised here
+    finally:
+        for task in pumps:
+            task.cancel()
+    if req.include_usage and len(last) == len(chunks):
+        usage = merge_answers(replace(req, echo=False), [{"choices": [{}], "usage": usage_of(last[k])}
+                                                         for k in range(len(chunks))])["usage"]
+        yield sse({"id": response_id(req, uid), "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
+                   "created": req.created, "model": req.model, "choices": [], "usage": usage})
+    yield DONE
+
+
+async def _guard(chunks: AsyncIterator[str], state: ServerState, uids: list[int]) -> AsyncIterator[str]:
+    """包住流：生成器自己出了错，就取消请求，别让它们在后台白白跑下去。
+
+    en: Wraps the stream: if the generator itself fails, abort the requests so they do not run on for nothing.
     """
     try:
         async for chunk in chunks:
             yield chunk
     except Exception:
-        await state.abort(uid)
+        await abort_all(state, uids)
         raise
 
 
-async def answer(request: Request, state: ServerState, req: ParsedRequest) -> Response:
-    """提交请求，再按 ``stream`` 回答：流式先等到第一条回复（被拒绝的请求这时还能回 400），然后一段段发；
-    流结束后（正常结束或客户端断开）由后台任务 ``state.abort(uid)`` 收尾——答完了的请求它什么也不做。
+async def abort_all(state: ServerState, uids: list[int]) -> None:
+    for uid in uids:
+        await state.abort(uid)
 
-    en: Submit the request, then answer according to ``stream``: a stream first waits for the first reply (a refused
-    request can still get a 400 then), then sends piece by piece; after the stream ends (normally or because the client
-    disconnected) the background task ``state.abort(uid)`` tidies up — for an answered request it does nothing.
+
+async def answer(request: Request, state: ServerState, req: ParsedRequest) -> Response:
+    """提交请求的每个 choice（:func:`open_choices`），再按 ``stream`` 回答：非流式收齐后合成一个对象
+    （:func:`merge_answers`），流式一段段发（:func:`merge_streams`）。出了错（拒绝、客户端断开……）就把提交了的全部
+    取消；流结束后（正常结束或客户端断开）由后台任务 :func:`abort_all` 收尾——答完了的请求它什么也不做。
+
+    en: Submit each choice of the request (:func:`open_choices`), then answer according to ``stream``: non-streamed,
+    collect them all and merge them into one object (:func:`merge_answers`); streamed, send piece by piece
+    (:func:`merge_streams`). On a failure (a refusal, the client leaving, ...) every submitted choice is aborted; after
+    the stream ends (normally or because the client disconnected) the background task :func:`abort_all` tidies up —
+    for an answered request it does nothing.
     """
-    uid, queue = await state.submit(req)
-    if not req.stream:
-        return JSONResponse(await until_disconnect(request, state, uid, full_response(req, uid, state.replies(queue))))
-    first = await until_disconnect(request, state, uid, queue.get())
-    if first.error:
-        raise ApiError(503 if state.dead else 400, first.error)
-    chunks = stream_chunks(req, uid, state.replies(queue, first))
-    if asyncio.iscoroutine(chunks):  # 骨架：还没写成生成器，这里就抛出它的 TaskNotDone | en: skeleton: not a generator yet, this raises its TaskNotDone
-        await chunks
-    return StreamingResponse(_guard(chunks, state, uid), media_type="text/event-stream",
+    uids: list[int] = []
+    try:
+        streams = await open_choices(request, state, req, uids)
+        if not req.stream:
+            subs = choice_requests(req)
+            work = asyncio.gather(*(full_response(sub, uids[0], replies) for sub, replies in zip(subs, streams)))
+            return JSONResponse(merge_answers(req, await until_disconnect(request, state, uids[0], work)))
+        chunks = await merge_streams(req, uids[0], streams)
+    except BaseException:
+        await abort_all(state, uids)
+        raise
+    return StreamingResponse(_guard(chunks, state, uids), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                             background=BackgroundTask(state.abort, uid))
+                             background=BackgroundTask(abort_all, state, uids))
 
 
 def create_app(state: ServerState) -> FastAPI:
-    """FastAPI 应用：各个接口、API 密钥、错误体、工作进程死掉后的 503。
+    """FastAPI 应用：各个接口、API 密钥、错误体、工作进程死掉后的 503、访问日志（``--no-access-log`` 关掉）。
 
-    en: The FastAPI application: the endpoints, the API key, error bodies, the 503 after a worker died.
+    en: The FastAPI application: the endpoints, the API key, error bodies, the 503 after a worker died, the access log
+    (``--no-access-log`` turns it off).
     """
 
     @asynccontextmanager
@@ -425,6 +695,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="mini-sglang", lifespan=lifespan)
     app.add_middleware(Gate, state=state)
+    if state.args.access_log:
+        app.add_middleware(AccessLog)  # 最外层：密钥和 503 的回答也记 | en: outermost: the key check's and the 503's answers are logged too
     add_error_handlers(app, count=state.metrics.error, dead=lambda: state.dead)
 
     @app.post("/v1/chat/completions")
@@ -441,11 +713,18 @@ def create_app(state: ServerState) -> FastAPI:
         # en: upstream's endpoint: the same fields as /v1/completions, streamed by default
         return await answer(request, state, parse_request("completion", await json_body(request), state, stream_default=True))
 
+    def card() -> dict[str, Any]:
+        return {"id": state.model_name, "object": "model", "created": int(STARTED), "owned_by": "minisgl",
+                "root": state.args.model_path, "max_model_len": state.max_seq_len}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": state.model_name, "object": "model", "created": int(STARTED), "owned_by": "minisgl",
-                "root": state.args.model_path, "max_model_len": state.max_seq_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        check_model({"model": model_id}, state.model_name, state.args.model_path)
+        return card()
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -175,8 +175,13 @@ class Scheduler(_Scheduler):
             "decode_path": self.engine.decode_path,
         }
 
-    def _reject(self, uid: int, error: str) -> None:
-        self._replies.append(RejectMsg(uid=uid, error=error))
+    def _reject(self, uid: int, error: str | Exception) -> None:
+        """回一条 :class:`RejectMsg`。给异常本身：它的 ``code`` 属性（若有）成为 OpenAI 错误体的 ``code``。
+
+        en: Answer with a :class:`RejectMsg`. Pass the exception itself: its ``code`` attribute (if any) becomes the code of
+        the OpenAI error body.
+        """
+        self._replies.append(RejectMsg(uid=uid, error=str(error), code=getattr(error, "code", None)))
 
     # ------------------------------------------------------------------ 收
     # en: ------------------------------------------------------------------ receiving
@@ -220,8 +225,8 @@ class Scheduler(_Scheduler):
         """
         if event.finished:
             self._chunking.discard(event.uid)
-        # TODO 任务 collect_replies：把调度器的一个结果事件写成给反分词进程的消息，攒进 self._replies（这一步结束时一起发出，这里不发）。约定：每个事件正好一条 DetokenizeMsg，照抄请求、是否结束和结束原因；事件没带输出（因 EOS 结束）时 next_token 是 NO_TOKEN（-1）；取消（结束原因是 "abort"）什么也不回。给定：NO_TOKEN、self._replies。
-        # TODO task collect_replies: Write one result of the scheduler as a message for the detokenizer into self._replies (they all go out together at the end of the step; nothing is sent here). Contract: exactly one DetokenizeMsg per result, copying the request, whether it is over and its finish_reason; a result with no output (the request ended on EOS) has next_token NO_TOKEN (-1); an abort (finish_reason "abort") gets no message at all. Given: NO_TOKEN, self._replies.
+        # TODO 任务 collect_replies：把调度器的一个结果事件写成给反分词进程的消息，攒进 self._replies（这一步结束时一起发出，这里不发）。约定：每个事件正好一条 DetokenizeMsg，照抄请求、是否结束、结束原因和对数概率（第 3.5 章，没要时为 None）；事件没带输出（因 EOS 结束）时 next_token 是 NO_TOKEN（-1）；取消（结束原因是 "abort"）什么也不回。给定：NO_TOKEN、self._replies。
+        # TODO task collect_replies: Write one result of the scheduler as a message for the detokenizer into self._replies (they all go out together at the end of the step; nothing is sent here). Contract: exactly one DetokenizeMsg per result, copying the request, whether it is over, its finish_reason and its log-probabilities (chapter 3.5; None when not asked for); a result with no output (the request ended on EOS) has next_token NO_TOKEN (-1); an abort (finish_reason "abort") gets no message at all. Given: NO_TOKEN, self._replies.
         raise TaskNotDone("scheduler_io", "collect_replies")
 
     def stats(self) -> SchedulerStats:

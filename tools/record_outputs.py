@@ -79,6 +79,8 @@ EXAMPLES: dict[str, Example] = {
     "tokenizer": Example("examples/chapters/tokenizer.py"),
     "scheduler_io": Example("examples/chapters/scheduler_io.py"),
     "api_server": Example("examples/chapters/api_server.py"),
+    "sampling": Example("examples/chapters/sampling.py"),
+    "grammar": Example("examples/chapters/grammar.py"),
     "distributed": Example("examples/chapters/distributed.py"),
     "tensor_parallel": Example("examples/chapters/tensor_parallel.py"),
     "tp_scheduler": Example("examples/chapters/tp_scheduler.py"),

@@ -100,8 +100,17 @@ class Server(ServerProcess):
 
         en: POST JSON (``body`` as bytes is sent as it is) and return (status, the parsed JSON or the raw text).
         """
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method="POST",
+        return self.call("POST", path, body, timeout, headers)
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 60.0,
+             headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        """任意方法的请求（``body`` 是 bytes 就原样发，None 就不带正文，否则编成 JSON），返回 (状态码, 解析后的 JSON 或原文)。
+
+        en: A request of any method (``body`` as bytes goes as it is, None sends no body, anything else goes as JSON);
+        returns (status, the parsed JSON or the raw text).
+        """
+        data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:

@@ -151,11 +151,10 @@ def bad_request(call: Callable[[], Any], param: str, code: str = "invalid_value"
 def test_unsupported_params_are_named() -> None:
     from minisgl.api_server import unsupported_params
 
-    neutral = {"n": 1, "logprobs": False, "echo": None, "tools": [], "tool_choice": "auto", "presence_penalty": 0,
-               "temperature": 0.5, "stream": True}
+    neutral = {"best_of": 1, "suffix": None, "tools": [], "tool_choice": "auto", "n": 3, "temperature": 0.5, "stream": True}
     expect(unsupported_params(neutral), [], tr("Parameters at their neutral value change nothing and are not refused"))
-    body = {"tools": [{"type": "function"}], "n": 2, "logprobs": True, "max_tokens": 4, "presence_penalty": 0.5}
-    expect(unsupported_params(body), ["n", "logprobs", "presence_penalty", "tools"],
+    body = {"tools": [{"type": "function"}], "suffix": "x", "max_tokens": 4, "best_of": 2, "n": 2}
+    expect(unsupported_params(body), ["best_of", "suffix", "tools"],
            tr("Every unsupported parameter that would change the result is named, in the table's order"))
 
 
@@ -223,9 +222,18 @@ def test_stream_chunks_shape() -> None:
         expect(got, want, tr("The events of a {kind} stream (one per non-empty piece, then the finish_reason, the usage, [DONE])", kind=kind))
         got = asyncio.run(collect(stream_chunks(parsed(kind), 7, fake_replies(*replies))))
         expect(got, want[:-2] + ["[DONE]"], tr("Without include_usage there is no usage chunk"))
-    error = {"error": {"message": "too long", "type": "invalid_request_error", "param": None, "code": None}}
-    got = asyncio.run(collect(stream_chunks(parsed("completion"), 1, fake_replies(UserReply(1, "", finished=True, error="too long")))))
-    expect(got, [error, "[DONE]"], tr("A reply with an error becomes one error event, then [DONE]"))
+    error = {"error": {"message": "too long", "type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}}
+    got = asyncio.run(collect(stream_chunks(parsed("completion"), 1, fake_replies(
+        UserReply(1, "", finished=True, error="too long", code="context_length_exceeded")))))
+    expect(got, [error, "[DONE]"], tr("A reply with an error becomes one error event (with the reply's code), then [DONE]"))
+    entry = {"token": "He", "logprob": -0.5, "bytes": [72, 101], "top_logprobs": [], "text_offset": 0}
+    asked = parsed("chat", n=2)
+    asked.sampling_params = SamplingParams(logprobs=True)
+    got = asyncio.run(collect(stream_chunks(asked, 7, fake_replies(UserReply(7, "He", logprobs=[entry]),
+                                                                   UserReply(7, "", finished=True, finish_reason="stop")), 1)))
+    expect([c["choices"][0]["index"] for c in got[:-1]], [1, 1, 1], tr("Every event of the stream carries the index it was given"))
+    expect(got[1]["choices"][0]["logprobs"], {"content": [{k: entry[k] for k in ("token", "logprob", "bytes", "top_logprobs")}],
+                                              "refusal": None}, tr("A piece of text carries its tokens' log-probabilities"))
 
 
 def test_full_response_shape() -> None:
@@ -241,8 +249,19 @@ def test_full_response_shape() -> None:
                 "choices": [{"index": 0, key: content, "finish_reason": "length", "logprobs": None}], "usage": usage}
         expect(got, want, tr("The non-streamed {kind} answer", kind=kind))
     with pytest.raises(ApiError) as info:
-        asyncio.run(full_response(parsed("chat"), 2, fake_replies(UserReply(2, "a"), UserReply(2, "", finished=True, error="bad"))))
-    expect((info.value.status, info.value.message), (400, "bad"), tr("A reply with an error raises ApiError(400, its error)"))
+        asyncio.run(full_response(parsed("chat"), 2, fake_replies(UserReply(2, "a"), UserReply(2, "", finished=True, error="bad",
+                                                                                               code="invalid_value"))))
+    expect((info.value.status, info.value.message, info.value.code), (400, "bad", "invalid_value"),
+           tr("A reply with an error raises ApiError(400, its error, code=its code)"))
+    entries = [{"token": t, "logprob": -1.0, "bytes": [], "top_logprobs": [{"token": t, "logprob": -1.0, "bytes": []}],
+                "text_offset": i} for i, t in enumerate("abc")]
+    asked = parsed("completion")
+    asked.sampling_params = SamplingParams(logprobs=True)
+    got = asyncio.run(full_response(asked, 2, fake_replies(UserReply(2, "a", logprobs=entries[:1]), UserReply(2, "b", logprobs=entries[1:]),
+                                                           UserReply(2, "c", finished=True, finish_reason="length"))))
+    expect(got["choices"][0]["logprobs"], {"tokens": ["a", "b", "c"], "token_logprobs": [-1.0] * 3,
+                                           "top_logprobs": [{"a": -1.0}, {"b": -1.0}, {"c": -1.0}], "text_offset": [0, 1, 2]},
+           tr("The log-probabilities of every reply, joined in order (completions shape)"))
 
 
 class FakeSend:
@@ -549,11 +568,11 @@ BAD = [
     ("/v1/completions", {"prompt": "a", "stop": ["x", 1]}, 400, "stop", "stop"),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream_options"),
     ("/v1/completions", {"prompt": "a", "stream": "yes"}, 400, "stream", "stream"),
-    ("/v1/completions", {"prompt": "a", "n": 2}, 400, "n", "n"),
-    ("/v1/completions", {"prompt": "a", "logprobs": 3, "echo": True}, 400, "logprobs", "echo"),
-    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True}, 400, "logprobs", "logprobs"),
+    ("/v1/completions", {"prompt": "a", "n": 0}, 400, "n", "n"),
+    ("/v1/completions", {"prompt": "a", "logprobs": 3, "echo": True}, 400, "echo", "echo"),
+    ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs", "top_logprobs"),
     ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "tools"),
-    ("/v1/chat/completions", {"messages": CHAT, "presence_penalty": 0.5}, 400, "presence_penalty", "presence_penalty"),
+    ("/v1/chat/completions", {"messages": CHAT, "presence_penalty": 3}, 400, "presence_penalty", "presence_penalty"),
     ("/v1/completions", {"prompt": "hello " * 1100, "max_tokens": 4}, 400, None, "1024"),
     ("/v1/completions", {"prompt": "hello " * 1100, "max_tokens": 4, "stream": True}, 400, None, "1024"),
     ("/v1/completions", {"prompt": "a", "model": "gpt-4o"}, 404, "model", "gpt-4o"),
@@ -625,7 +644,7 @@ def test_official_openai_client(server: Server) -> None:
     assert done.choices[0].text == want and done.usage is not None and done.usage.completion_tokens == MAX_TOKENS, tr(
         "openai completions.create: expected {want!r}, got {got}", want=want, got=done)
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=model, prompt="a", n=2)
+        client.completions.create(model=model, prompt="a", n=0)
     assert "n" in str(err.value), tr("The openai client should see a 400 naming n, got {err}", err=err.value)
 
 

@@ -157,7 +157,7 @@ def test_wire_format_of_messages_and_tensors() -> None:
         tr("A 1-D tensor goes on the wire as {{TENSOR_KEY: its raw bytes, 'dtype': 'int32'}}: got {wire!r}", wire=wire))
     big = UserMsg(1, torch.full((10000,), 100000, dtype=torch.int32), SamplingParams())
     size = len(serialize(big))
-    assert size < 40000 + 300, tr("10000 int32 token ids should take about 40000 bytes on the wire (raw bytes), got {size}: are they sent as Python ints?", size=size)
+    assert size < 40000 + 1000, tr("10000 int32 token ids should take about 40000 bytes on the wire (raw bytes), got {size}: are they sent as Python ints?", size=size)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).removeprefix("torch.") for d in DTYPES])

@@ -49,7 +49,7 @@ with ServerProcess(tiny_qwen3(), "--dtype", "float32", "--num-pages", "512", "--
     answer = json.loads(text)
     print(tr("\nPOST /v1/chat/completions, not streamed: status {status}, finish_reason {reason!r}, usage {usage}",
              status=status, reason=answer["choices"][0]["finish_reason"], usage=answer["usage"]))
-    status, text = post(f"{server.url}/v1/completions", {"prompt": "Hi", "max_tokens": 4, "n": 2})
+    status, text = post(f"{server.url}/v1/completions", {"prompt": "Hi", "max_tokens": 4, "suffix": " world"})
     print(tr("\nA parameter that would change the result but is not supported: status {status}", status=status))
     print("  " + text)
 print(tr("\nstopped: exit code {code}, processes left behind: {n}", code=server.proc.returncode, n=len(server.left_behind)))

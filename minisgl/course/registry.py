@@ -86,6 +86,8 @@ BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
     Chapter("tokenizer", 3, 2, "分词进程与增量反分词", "The tokenizer process and incremental detokenization"),
     Chapter("scheduler_io", 3, 3, "调度器的输入输出：由消息驱动的调度循环", "Scheduler I/O: the scheduler loop driven by messages"),
     Chapter("api_server", 3, 4, "API 服务器：OpenAI 兼容的 HTTP 接口与流式输出", "The API server: an OpenAI-compatible HTTP API with streaming"),
+    Chapter("sampling", 3, 5, "采样控制：惩罚、偏置、最少 token 与对数概率", "Sampling controls: penalties, bias, min tokens and log-probabilities"),
+    Chapter("grammar", 3, 6, "结构化输出：语法约束与 token 位掩码", "Structured output: grammars and token bitmasks"),
     Chapter("distributed", 4, 1, "分布式基础：进程组、通信器与集合通信", "Distributed basics: process groups, the communicator and collectives"),
     Chapter("tensor_parallel", 4, 2, "张量并行：切开的层与模型", "Tensor parallelism: split layers and a split model"),
     Chapter("tp_scheduler", 4, 3, "多秩调度：步调一致的秩", "Multi-rank scheduling: ranks that agree"),

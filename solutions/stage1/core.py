@@ -57,6 +57,25 @@ class SamplingParams:
     # en: with a seed, this request's random numbers depend only on (seed, position), not on the other requests in the
     # en: batch
     seed: int | None = None
+    # 第 3.5 章的采样控制（按 OpenAI / Hugging Face 的定义）；缺省值都是“不起作用”。范围在 minisgl.validation 里查
+    # en: chapter 3.5's sampling controls (as OpenAI / Hugging Face define them); every default means "off". Their
+    # en: ranges are checked in minisgl.validation
+    repetition_penalty: float = 1.0  # 提示词和输出里出现过的 token | en: tokens seen in the prompt or the output
+    presence_penalty: float = 0.0  # 输出里出现过的 token | en: tokens seen in the output
+    frequency_penalty: float = 0.0  # 按输出里出现的次数 | en: by how often they occur in the output
+    min_p: float = 0.0
+    min_tokens: int = 0  # 输出够这么多之前不许 EOS | en: no EOS until this many tokens are output
+    # token id（像 JSON 那样写成字符串）→ 加到它 logit 上的值
+    # en: token id (a string, as JSON writes it) → the value added to its logit
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool = False  # 回报采到的 token 的对数概率 | en: report the log-probability of each sampled token
+    top_logprobs: int = 0  # 再回报概率最大的几个 | en: and of this many most likely tokens
+    # 第 3.6 章的结构化输出：输出必须符合的语法，至多给一种（JSON Schema 的文本、正则表达式、EBNF 文法）
+    # en: chapter 3.6's structured output: the grammar the output must follow, at most one kind (the text of a JSON
+    # en: Schema, a regular expression, an EBNF grammar)
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @property
     def is_greedy(self) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -163,6 +163,9 @@ class BatchSamplingArgs:
     # 带种子的行用自己的随机数发生器
     # en: rows with a seed use their own random generator
     generators: list[torch.Generator | None] | None = None
+    # 第 3.5 章的采样控制（惩罚、偏置、对数概率……）；None：这一批没有请求用到
+    # en: chapter 3.5's sampling controls (penalties, bias, log-probabilities, ...); None: no request of the batch uses any
+    controls: Any = None
 
 
 def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:

@@ -84,6 +84,8 @@ from minisgl.scheduling import (
     SchedulerConfig,
     TableManager,
     div_ceil,
+    install_sampler,
+    logprob_of,
 )
 from minisgl.trace import StepListener, StepTracer
 from minisgl.validation import validate_config, validate_requests
@@ -339,6 +341,7 @@ class Scheduler:
         self.scratch_row = self.max_running_req
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         self.eos_token_id = self.tokenizer.eos_token_id
+        install_sampler(self.engine, self.eos_token_id, self.tokenizer)
         self.table_manager = TableManager(self.max_running_req)
         self.cache_manager = self._make_cache_manager()
         self.prefill_manager = PrefillManager()
@@ -592,7 +595,7 @@ class Scheduler:
         started = time.perf_counter()
         batch = fi.batch
         next_tokens = output.next_tokens_cpu.tolist()
-        for req, token in zip(batch.reqs, next_tokens):
+        for row, (req, token) in enumerate(zip(batch.reqs, next_tokens)):
             if not self._samples_output(req):
                 continue
             status = self.status[req.uid]
@@ -600,6 +603,7 @@ class Scheduler:
             # en: already settled: aborted, or computed by a step launched after its end (before the end was known): drop
             if status.finished:
                 continue
+            status.logprobs = logprob_of(fi.sample_args, row)
             # >>> TASK process_results: 把这一步采到的 token 交给它的请求：请求的 input_ids 随之多一个（append_host；它得跟着 device_len 长，前缀缓存按它插入）；不是未被忽略的 EOS 就记进 output_ids；输出够了 max_tokens、或采到未被忽略的 EOS，请求就结束：离开 decode_manager（EOS 提前结束的不会自己离开），交给 _end（EOS 时不留 token；原因分别是 "length" 和 "stop"）；刚预填充完、还没结束的请求交给缓存管理器的 cache_req（标明未结束）
             # en: hand this step's sampled token to its request: the request's input_ids grows by one (append_host; it must keep pace with device_len, since the prefix cache inserts by it); record it in output_ids unless it is an EOS that is not ignored; once max_tokens are output, or on such an EOS, the request ends: it leaves decode_manager (one ended early by EOS would not leave by itself) and goes to _end (keeping nothing on EOS; the reason is "length" or "stop"); a request just prefilled that goes on is handed to the cache manager's cache_req, marked as not over
             # hint1: “是不是 EOS”要连同请求的 ignore_eos 一起判断：算一次存进变量，记不记输出、结不结束、原因是什么都用它。“刚预填充完”看的是这一步的批次是不是预填充。不要在这里调用 _release_req：_end 会还。
@@ -626,7 +630,7 @@ class Scheduler:
                 self.cache_manager.cache_req(req, finished=False)
             # <<< TASK
             if not status.finished:  # 没结束：告诉监听者这一步留下的 token | en: not finished: tell the listeners the token kept
-                self._emit(RequestEvent(req.uid, token, False, None))
+                self._emit(RequestEvent(req.uid, token, False, None, status.logprobs))
         self.tracer.finish(fi.trace, started)
 
     def _end(self, status: RequestStatus, token: int | None, reason: str) -> None:
@@ -636,7 +640,7 @@ class Scheduler:
         resources back.
         """
         status.finish_reason = reason
-        self._emit(RequestEvent(status.uid, token, True, reason))
+        self._emit(RequestEvent(status.uid, token, True, reason, status.logprobs if token is not None else None))
         if status.req is not None:
             self._release_req(status.req)
         else:  # 还没被接纳：什么也没占着 | en: never admitted: it holds nothing
@@ -729,11 +733,14 @@ class Scheduler:
         prompts: Sequence[str] | Sequence[Sequence[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[dict[str, Any]]:
-        """为每个提示词生成文本，按输入顺序返回 ``{"text": ..., "token_ids": [...]}``（不含 EOS）。
+        """为每个提示词生成文本，按输入顺序返回 ``{"text": ..., "token_ids": [...]}``（不含 EOS）；要了对数概率
+        （``logprobs=True``）的请求再多一个 ``"logprobs"``：每个输出 token 一个 :class:`~minisgl.sampling.TokenLogprob`。
 
         先校验全部请求，有任何一个不合法就抛错，一个 token 也不算。
 
-        en: Generate text for each prompt; returns ``{"text": ..., "token_ids": [...]}`` in input order (without EOS).
+        en: Generate text for each prompt; returns ``{"text": ..., "token_ids": [...]}`` in input order (without EOS); a
+        request that asked for log-probabilities (``logprobs=True``) also gets ``"logprobs"``: one
+        :class:`~minisgl.sampling.TokenLogprob` per output token.
 
         All requests are validated first: if any is invalid, it raises before a single token is computed.
         """
@@ -745,10 +752,13 @@ class Scheduler:
         )
         uids = [self.add_request(ids, sp) for ids, sp in requests]
         outputs: dict[int, list[int]] = {uid: [] for uid in uids}
+        logprobs: dict[int, list[Any]] = {uid: [] for uid, (_, sp) in zip(uids, requests) if sp.logprobs}
 
         def collect(event: RequestEvent) -> None:
             if event.token is not None and event.uid in outputs:
                 outputs[event.uid].append(event.token)
+                if event.uid in logprobs:
+                    logprobs[event.uid].append(event.logprobs)
 
         stop_listening = self.add_result_listener(collect)
         try:
@@ -756,7 +766,11 @@ class Scheduler:
         finally:
             stop_listening()
         self.check_integrity()
-        return [{"text": self.tokenizer.decode(outputs[uid]), "token_ids": outputs[uid]} for uid in uids]
+        results: list[dict[str, Any]] = [{"text": self.tokenizer.decode(outputs[uid]), "token_ids": outputs[uid]} for uid in uids]
+        for uid, result in zip(uids, results):
+            if uid in logprobs:
+                result["logprobs"] = logprobs[uid]
+        return results
 
     def shutdown(self) -> None:
         self._drain()

@@ -143,6 +143,10 @@ class DetokenizeMsg(BaseTokenizerMsg):
     next_token: int
     finished: bool = False
     finish_reason: str | None = None
+    #: 第 3.5 章：请求要了对数概率时，``next_token`` 的（:class:`~minisgl.sampling.TokenLogprob`，线上是列表）
+    #: en: chapter 3.5: when the request asked for log-probabilities, those of ``next_token``
+    #: en: (:class:`~minisgl.sampling.TokenLogprob`, a list on the wire)
+    logprobs: list[Any] | None = None
 
 
 @dataclass
@@ -156,6 +160,9 @@ class RejectMsg(BaseTokenizerMsg):
 
     uid: int
     error: str
+    #: OpenAI 错误体里的 ``code``（如 ``"context_length_exceeded"``）；``None``：没有更具体的
+    #: en: the ``code`` of the OpenAI error body (such as ``"context_length_exceeded"``); ``None``: nothing more specific
+    code: str | None = None
 
 
 @dataclass
@@ -224,6 +231,13 @@ class UserReply(BaseFrontendMsg):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    code: str | None = None  # 出错时 OpenAI 错误体的 code | en: on an error, the code of the OpenAI error body
+    #: 第 3.5 章：这段文字里各 token 的对数概率，每个 token 一项
+    #: ``{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}``（OpenAI 对话接口的样子）
+    #: en: chapter 3.5: the log-probabilities of the tokens of this piece, one entry per token
+    #: en: ``{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}`` (the shape of OpenAI's
+    #: en: chat API)
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass

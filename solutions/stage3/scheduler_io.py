@@ -169,8 +169,13 @@ class Scheduler(_Scheduler):
             "decode_path": self.engine.decode_path,
         }
 
-    def _reject(self, uid: int, error: str) -> None:
-        self._replies.append(RejectMsg(uid=uid, error=error))
+    def _reject(self, uid: int, error: str | Exception) -> None:
+        """回一条 :class:`RejectMsg`。给异常本身：它的 ``code`` 属性（若有）成为 OpenAI 错误体的 ``code``。
+
+        en: Answer with a :class:`RejectMsg`. Pass the exception itself: its ``code`` attribute (if any) becomes the code of
+        the OpenAI error body.
+        """
+        self._replies.append(RejectMsg(uid=uid, error=str(error), code=getattr(error, "code", None)))
 
     # ------------------------------------------------------------------ 收
     # en: ------------------------------------------------------------------ receiving
@@ -234,17 +239,17 @@ class Scheduler(_Scheduler):
         # en1: It and add_request raise the same kinds of exception, so they share one try. Silence the clipping warning with the warnings context manager.
         # hint2: try：with warnings.catch_warnings(): warnings.simplefilter("ignore")；
         # hint2: [(ids, sp)] = validate_requests([msg.input_ids], msg.sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len)；
-        # hint2: self.add_request(ids, sp, uid=msg.uid)；except (TypeError, ValueError) as err: self._reject(msg.uid, str(err))。
+        # hint2: self.add_request(ids, sp, uid=msg.uid)；except (TypeError, ValueError) as err: self._reject(msg.uid, err)。
         # en2: try: with warnings.catch_warnings(): warnings.simplefilter("ignore");
         # en2: [(ids, sp)] = validate_requests([msg.input_ids], msg.sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len);
-        # en2: self.add_request(ids, sp, uid=msg.uid); except (TypeError, ValueError) as err: self._reject(msg.uid, str(err)).
+        # en2: self.add_request(ids, sp, uid=msg.uid); except (TypeError, ValueError) as err: self._reject(msg.uid, err).
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 [(ids, sp)] = validate_requests([msg.input_ids], msg.sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len)
             self.add_request(ids, sp, uid=msg.uid)
         except (TypeError, ValueError) as err:
-            self._reject(msg.uid, str(err))
+            self._reject(msg.uid, err)
         # <<< TASK
 
     # ------------------------------------------------------------------ 发
@@ -258,19 +263,19 @@ class Scheduler(_Scheduler):
         """
         if event.finished:
             self._chunking.discard(event.uid)
-        # >>> TASK collect_replies: 把调度器的一个结果事件写成给反分词进程的消息，攒进 self._replies（这一步结束时一起发出，这里不发）。约定：每个事件正好一条 DetokenizeMsg，照抄请求、是否结束和结束原因；事件没带输出（因 EOS 结束）时 next_token 是 NO_TOKEN（-1）；取消（结束原因是 "abort"）什么也不回。给定：NO_TOKEN、self._replies。
-        # en: Write one result of the scheduler as a message for the detokenizer into self._replies (they all go out together at the end of the step; nothing is sent here). Contract: exactly one DetokenizeMsg per result, copying the request, whether it is over and its finish_reason; a result with no output (the request ended on EOS) has next_token NO_TOKEN (-1); an abort (finish_reason "abort") gets no message at all. Given: NO_TOKEN, self._replies.
+        # >>> TASK collect_replies: 把调度器的一个结果事件写成给反分词进程的消息，攒进 self._replies（这一步结束时一起发出，这里不发）。约定：每个事件正好一条 DetokenizeMsg，照抄请求、是否结束、结束原因和对数概率（第 3.5 章，没要时为 None）；事件没带输出（因 EOS 结束）时 next_token 是 NO_TOKEN（-1）；取消（结束原因是 "abort"）什么也不回。给定：NO_TOKEN、self._replies。
+        # en: Write one result of the scheduler as a message for the detokenizer into self._replies (they all go out together at the end of the step; nothing is sent here). Contract: exactly one DetokenizeMsg per result, copying the request, whether it is over, its finish_reason and its log-probabilities (chapter 3.5; None when not asked for); a result with no output (the request ended on EOS) has next_token NO_TOKEN (-1); an abort (finish_reason "abort") gets no message at all. Given: NO_TOKEN, self._replies.
         # hint1: 只看事件，不去查 status：请求结束时资源可能当场就归还了，它的账目已经删掉。取消不回话，因为分词进程已经答复了客户端。
         # en1: Look only at the event, never at status: when a request ends its resources may be freed on the spot and its entry is gone.
         # en1: An abort gets no reply because the tokenizer process has already answered the client.
         # hint2: event.reason == "abort" → return；token = NO_TOKEN if event.token is None else event.token；
-        # hint2: self._replies.append(DetokenizeMsg(event.uid, token, event.finished, event.reason))。
+        # hint2: self._replies.append(DetokenizeMsg(event.uid, token, event.finished, event.reason, event.logprobs))。
         # en2: event.reason == "abort" → return; token = NO_TOKEN if event.token is None else event.token;
-        # en2: self._replies.append(DetokenizeMsg(event.uid, token, event.finished, event.reason)).
+        # en2: self._replies.append(DetokenizeMsg(event.uid, token, event.finished, event.reason, event.logprobs)).
         if event.reason == "abort":
             return
         token = NO_TOKEN if event.token is None else event.token
-        self._replies.append(DetokenizeMsg(event.uid, token, event.finished, event.reason))
+        self._replies.append(DetokenizeMsg(event.uid, token, event.finished, event.reason, event.logprobs))
         # <<< TASK
 
     def stats(self) -> SchedulerStats:

@@ -144,6 +144,9 @@ class DecodeStatus:
     read_offset: int = 0
     text: str = ""
     sent: int = 0
+    #: 第 3.5 章：还没随文字发出去的对数概率（给定的 :func:`process_messages` 管它）
+    #: en: chapter 3.5: log-probabilities not yet sent with a piece of text (the given :func:`process_messages` keeps it)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 class DetokenizeManager:
@@ -294,6 +297,29 @@ class DetokenizeManager:
 # en: ----------------------------------------------------------------------------- the tokenizer process (given)
 
 
+#: 报给客户端的最小对数概率：-inf（被屏蔽的 token）写不进 JSON。
+#: en: The smallest log-probability reported to a client: -inf (a masked token) cannot be written in JSON.
+LOGPROB_FLOOR = -9999.0
+
+
+def logprob_entry(tokenizer: Any, token: int, logprobs: list[Any], text_offset: int) -> dict[str, Any]:
+    """一个 token 的对数概率（:class:`~minisgl.sampling.TokenLogprob` 的线上形式）→ OpenAI 对话接口里的一项：
+    token 的文字、UTF-8 字节、对数概率和 ``top_logprobs``，外加补全接口要的 ``text_offset``（它在输出文字里的位置，
+    按已经确定的文字算；给定）。
+
+    en: One token's log-probabilities (the wire form of :class:`~minisgl.sampling.TokenLogprob`) → one entry of OpenAI's
+    chat API: the token's text, its UTF-8 bytes, its log-probability and ``top_logprobs``, plus the ``text_offset`` the
+    completions API wants (its place in the output text, counted over the text settled so far; given).
+    """
+    def one(tid: int, lp: float) -> dict[str, Any]:
+        text = tokenizer.decode([tid])
+        return {"token": text, "logprob": max(float(lp), LOGPROB_FLOOR), "bytes": list(text.encode("utf-8"))}
+
+    chosen, top_ids, top_logprobs = logprobs
+    return {**one(token, chosen), "top_logprobs": [one(t, lp) for t, lp in zip(top_ids, top_logprobs)],
+            "text_offset": text_offset}
+
+
 def process_messages(msgs: list[Message], tokenize_manager: TokenizeManager, detokenize_manager: DetokenizeManager,
                      ) -> tuple[list[BaseBackendMsg], list[BaseFrontendMsg]]:
     """处理一轮收到的消息（按到达顺序），返回 ``(给调度器的, 给 API 服务器的)``（给定，不是任务）。
@@ -319,9 +345,14 @@ def process_messages(msgs: list[Message], tokenize_manager: TokenizeManager, det
     frontend: list[BaseFrontendMsg] = []
     for msg in msgs:
         if isinstance(msg, DetokenizeMsg):
+            s = detokenize_manager.decode_map.get(msg.uid)
+            if s is not None and msg.logprobs is not None:
+                s.logprobs.append(logprob_entry(detokenize_manager.tokenizer, msg.next_token, msg.logprobs, len(s.text)))
             reply = detokenize_manager.detokenize(msg)
             if reply is None:
                 continue
+            if s is not None and s.logprobs:
+                reply.logprobs, s.logprobs = s.logprobs, []
             frontend.append(reply)
             if reply.finished and not msg.finished:
                 backend.append(AbortBackendMsg(msg.uid))
@@ -329,7 +360,7 @@ def process_messages(msgs: list[Message], tokenize_manager: TokenizeManager, det
             try:
                 ids = tokenize_manager.tokenize(msg.prompt)
             except (TypeError, ValueError) as e:
-                frontend.append(UserReply(msg.uid, "", finished=True, error=str(e)))
+                frontend.append(UserReply(msg.uid, "", finished=True, error=str(e), code=getattr(e, "code", None)))
                 continue
             detokenize_manager.add(msg.uid, len(ids), msg.stop)
             backend.append(UserMsg(msg.uid, torch.tensor(ids, dtype=torch.int32), msg.sampling_params))
@@ -342,7 +373,8 @@ def process_messages(msgs: list[Message], tokenize_manager: TokenizeManager, det
         elif isinstance(msg, RejectMsg):
             s = detokenize_manager.pop(msg.uid)
             if s is not None:
-                frontend.append(UserReply(msg.uid, "", finished=True, prompt_tokens=s.prompt_tokens, error=msg.error))
+                frontend.append(UserReply(msg.uid, "", finished=True, prompt_tokens=s.prompt_tokens, error=msg.error,
+                                          code=msg.code))
         else:
             raise TypeError(tr("The tokenizer process got a message it does not handle: {type}", type=type(msg).__name__))
     return backend, frontend

@@ -173,22 +173,25 @@ print(re.sub(r'"created": \d+', '"created": …', raw))
 # %% [markdown] tags=["lang-zh"]
 # ## 5. 坏请求
 #
-# 会改变结果、这里却不支持的参数（`n=2` 要两个答案、`logprobs` 要概率……）不能悄悄忽略：回 400，错误体是 OpenAI 的样子，
-# 点名是哪些参数。太长的提示词由调度器拒绝（`RejectMsg`），API 服务器同样回 400，客户端不会一直等下去。
+# 会改变结果、这里却不支持的参数（`suffix` 要在中间补全、`tools` 要调用工具……）不能悄悄忽略：回 400，错误体是 OpenAI 的
+# 样子，点名是哪些参数。（`n`、`logprobs` 和惩罚从第 3.5 章起支持，`response_format` 从第 3.6 章起支持，它们不在此列。）
+# 不合法的值（负的 `temperature` ……）同样是 400。太长的提示词由调度器拒绝（`RejectMsg`），API 服务器同样回 400，客户端不会一直等下去。
 # `openai` 客户端把 400 变成 `BadRequestError`。
 
 # %% [markdown] tags=["lang-en"]
 # ## 5. Bad requests
 #
-# A parameter that would change the result but is not supported here (`n=2` asks for two answers, `logprobs` for
-# probabilities, ...) must not be silently ignored: a 400 with an OpenAI-style error body that names the parameters. A
+# A parameter that would change the result but is not supported here (`suffix` asks to fill in the middle, `tools` to
+# call tools, ...) must not be silently ignored: a 400 with an OpenAI-style error body that names the parameters. (`n`,
+# `logprobs` and the penalties are supported from chapter 3.5 on, `response_format` from chapter 3.6 on; they are not
+# among them.) An invalid value (a negative `temperature`, ...) is a 400 as well. A
 # prompt that is too long is refused by the scheduler (`RejectMsg`), and the API server answers 400 for it too, so the
 # client never waits forever. The `openai` client turns a 400 into a `BadRequestError`.
 
 # %%
 import openai
 
-for kwargs in ({"prompt": "Hi", "n": 2, "logprobs": 1}, {"prompt": "hello " * 300}, {"prompt": "Hi", "temperature": -1}):
+for kwargs in ({"prompt": "Hi", "suffix": " world"}, {"prompt": "hello " * 300}, {"prompt": "Hi", "temperature": -1}):
     try:
         client.completions.create(model=MODEL, max_tokens=4, **kwargs)
     except openai.BadRequestError as err:
@@ -297,11 +300,12 @@ print(tr("processes left behind:"), server.left_behind)
 # 上游的一个版本把取消协程交给了后台任务却没有真正调用它，请求就这样白白跑完。
 # </details>
 #
-# 3. `n=2` 为什么回 400，而不是忽略它、只给一个答案？
+# 3. `suffix` 为什么回 400，而不是忽略它、照常往后补全？
 #
 # <details><summary>答案</summary>
 #
-# 客户端要两个答案，悄悄只给一个，它会以为服务器支持、拿着错的结果继续跑。会改变结果的参数，不支持就要明说。
+# 客户端要的是补中间：前文和后文都给了，补出来的要能接上后文。悄悄忽略，它拿到的是只顾前文的续写，却以为服务器支持、
+# 拿着错的结果继续跑。会改变结果的参数，不支持就要明说。
 # </details>
 
 # %% [markdown] tags=["lang-en"]
@@ -325,12 +329,14 @@ print(tr("processes left behind:"), server.left_behind)
 # coroutine to a background task without ever calling it, and the request simply ran to the end.
 # </details>
 #
-# 3. Why is `n=2` a 400 rather than ignored with one answer given?
+# 3. Why is `suffix` a 400 rather than ignored with an ordinary continuation?
 #
 # <details><summary>Answer</summary>
 #
-# The client asked for two answers; quietly giving one, it would believe the server supports it and carry on with a wrong
-# result. A parameter that changes the result must be refused out loud if it is not supported.
+# The client asked to fill in the middle: it gave the text before and after, and the answer has to lead into the text
+# after. Quietly ignoring it, the client gets a continuation of the text before only, believes the server supports
+# `suffix`, and carries on with a wrong result. A parameter that changes the result must be refused out loud if it is not
+# supported.
 # </details>
 
 # %% [markdown] tags=["lang-zh"]

@@ -1,0 +1,367 @@
+# 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint sampling <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint sampling <task>` gives the next hint.
+"""第 3.5 章 sampling：客户端能调的采样——重复 / 出现 / 频率惩罚、logit 偏置、最少 token 数、min-p，以及对数概率。
+
+第 1.6 章的采样器只看这一步的 logits。OpenAI 的客户端每天都会多发几样：``presence_penalty``、
+``frequency_penalty``（Hugging Face 叫 ``repetition_penalty`` 的是另一种）、``logit_bias``、``min_tokens``、``min_p``，
+还要 ``logprobs`` / ``top_logprobs``。它们有一个共同点：**要记住这个请求之前采过什么**（惩罚、最少 token 数），
+或者**要把采样用的分布交回去**（对数概率）。
+
+本章的 :class:`Sampler` 继承第 1.6 章的采样器，在它前后各加一段：
+
+    logits → 惩罚（用到这一步之前的输出）→ 偏置 → 没到 min_tokens 时屏蔽 EOS → ÷ 温度
+           → 对数概率（就从这里取）→ min-p → 第 1.6 章的 top-k / top-p / 抽样 → 把采到的 token 记进状态
+
+每个请求的状态（输出里每个 token 出现了几次、提示词和输出里出现过哪些 token）放在采样器自己的两个
+``[行数, 词表]`` 张量里，行号就是请求在页表里的那一行（``table_idx``），像 token 池一样。
+
+**重叠调度的坑**：``prepare`` 在调度线程里、上一步还没算完时就调用，``sample`` 在算的线程里按步的顺序执行。
+所以 ``prepare`` 只能看调度线程知道的东西（长度记账），状态只在 ``sample`` 里读写——这样第 N+1 步的惩罚一定
+看得到第 N 步采到的 token，哪怕那个 token 还没回到主机。
+
+en: Chapter 3.5 sampling: the sampling a client can steer — repetition / presence / frequency penalties, logit bias,
+a minimum number of tokens, min-p, and log-probabilities.
+
+Chapter 1.6's sampler looks only at this step's logits. What OpenAI clients send every day goes further:
+``presence_penalty``, ``frequency_penalty`` (what Hugging Face calls ``repetition_penalty`` is yet another one),
+``logit_bias``, ``min_tokens``, ``min_p``, and they ask for ``logprobs`` / ``top_logprobs``. What these share: they
+**remember what the request sampled before** (penalties, the minimum number of tokens), or they **hand back the
+distribution the token was drawn from** (log-probabilities).
+
+This chapter's :class:`Sampler` extends chapter 1.6's with a stage before and after it:
+
+    logits → penalties (over the output before this step) → bias → EOS masked until min_tokens → ÷ temperature
+           → log-probabilities (taken right here) → min-p → chapter 1.6's top-k / top-p / draw → record the token
+
+Each request's state (how often each token occurred in its output, which tokens occurred in its prompt or output)
+lives in two ``[rows, vocab]`` tensors of the sampler, indexed by the request's row of the page table
+(``table_idx``), like the token pool.
+
+**The overlap trap**: ``prepare`` runs on the scheduling thread, while the previous step may still be computing;
+``sample`` runs on the computing thread, in step order. So ``prepare`` may only use what the scheduling thread knows
+(the length bookkeeping), and the state is read and written only in ``sample``: step N+1's penalties then always see
+the token of step N, even before that token reaches the host.
+"""
+
+from __future__ import annotations
+
+from minisgl.course.skeleton import TaskNotDone
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from minisgl.core import Batch, InvalidParam, Req, SamplingParams
+from minisgl.engine import BatchSamplingArgs, copy_to_host
+from minisgl.engine import Sampler as BaseSampler
+from minisgl.i18n import tr
+
+#: OpenAI 允许的 ``top_logprobs`` 上限。
+#: en: The largest ``top_logprobs`` OpenAI allows.
+MAX_TOP_LOGPROBS = 20
+
+
+class TokenLogprob(NamedTuple):
+    """一个采到的 token 的对数概率，以及概率最大的 ``len(top_ids)`` 个 token 的（从大到小）。
+
+    en: The log-probability of one sampled token, and those of the ``len(top_ids)`` most likely tokens (largest first).
+    """
+
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class StepLogprobs:
+    """一步的对数概率，在主机上：``rows`` 是要了对数概率的那几行（批次里的行号），其余张量与它一一对应。
+
+    en: One step's log-probabilities, on the host: ``rows`` are the rows of the batch that asked for them, the tensors
+    follow them one to one.
+    """
+
+    rows: list[int]
+    chosen: torch.Tensor  # [R] float32：采到的 token 的 | en: of the sampled token
+    top_ids: torch.Tensor  # [R, k] int64
+    top_logprobs: torch.Tensor  # [R, k] float32
+    top_n: list[int]  # 每行要几个（<= k） | en: how many each row asked for (<= k)
+
+    def of(self, row: int) -> TokenLogprob | None:
+        """批次第 ``row`` 行的结果；这一行没要就是 None。
+
+        en: The result of row ``row`` of the batch; None if that row did not ask.
+        """
+        if row not in self.rows:
+            return None
+        i = self.rows.index(row)
+        n = self.top_n[i]
+        return TokenLogprob(float(self.chosen[i]), self.top_ids[i, :n].tolist(), self.top_logprobs[i, :n].tolist())
+
+
+@dataclass
+class BatchControls:
+    """一批请求的采样控制：调度线程里由 ``prepare`` 建好，算的线程里由 ``sample`` 使用（结果也填在这里）。
+
+    “没人用”的一项是 None（或空列表），``sample`` 就跳过它。
+
+    en: A batch's sampling controls: built by ``prepare`` on the scheduling thread, used by ``sample`` on the computing
+    thread (which also fills in the results here).
+
+    An item no request uses is None (or an empty list), and ``sample`` skips it.
+    """
+
+    # [B] int64：每个请求的状态在第几行（它的 table_idx）
+    # en: [B] int64: the row of each request's state (its table_idx)
+    state_rows: torch.Tensor
+    # 批次里采到的 token 是输出、且要记进状态的行（用到惩罚的请求，提示词的中间块除外）
+    # en: rows of the batch whose sampled token is output and goes into the state (requests using a penalty, chunks of
+    # en: a prompt excluded)
+    recorded: list[int] = field(default_factory=list)
+    # 第一次出现、状态要先重置的行：（批次里的行号，提示词的 token id，主机上）
+    # en: rows seen for the first time, whose state is reset first: (row of the batch, the prompt's token ids, on the
+    # en: host)
+    fresh: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    repetition: torch.Tensor | None = None  # [B] float32，1 = 不罚 | en: [B] float32, 1 = none
+    presence: torch.Tensor | None = None  # [B] float32，0 = 不罚 | en: [B] float32, 0 = none
+    frequency: torch.Tensor | None = None  # [B] float32，0 = 不罚 | en: [B] float32, 0 = none
+    # logit 偏置，稀疏地：（批次里的行号，token id，加上的值）三个一维张量
+    # en: the logit bias, sparse: (row of the batch, token id, value added), three 1-D tensors
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    no_eos: list[int] = field(default_factory=list)  # 还没到 min_tokens 的行 | en: rows short of their min_tokens
+    min_p: torch.Tensor | None = None  # [B] float32，0 = 不过滤 | en: [B] float32, 0 = no filter
+    logprob_rows: list[int] = field(default_factory=list)  # 要对数概率的行 | en: rows asking for log-probabilities
+    top_n: list[int] = field(default_factory=list)  # 与 logprob_rows 对应：各要几个 | en: per logprob_rows: how many
+    #: ``sample`` 填：这一步的对数概率（主机上）
+    #: en: filled in by ``sample``: this step's log-probabilities (on the host)
+    logprobs: StepLogprobs | None = None
+    #: 第 3.6 章：这一步的语法约束；None：没有请求用到
+    #: en: chapter 3.6: this step's grammar constraints; None: no request uses one
+    grammar: Any = None
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition is not None or self.presence is not None or self.frequency is not None
+
+
+#: logit 偏置的取值范围（OpenAI 的）。
+#: en: The range of a logit bias value (OpenAI's).
+BIAS_RANGE = (-100.0, 100.0)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_controls(sp: SamplingParams) -> None:
+    """本章各字段的类型和范围（给定；:func:`minisgl.validation.check_sampling` 调用它）：重复惩罚 > 0、出现 / 频率惩罚在
+    [-2, 2]、min_p 在 [0, 1]、min_tokens 在 [0, max_tokens]、偏置的键是 token id、值在 :data:`BIAS_RANGE`、
+    top_logprobs 在 [0, :data:`MAX_TOP_LOGPROBS`]。不合法就抛 :class:`~minisgl.core.InvalidParam`，点名字段。
+    偏置的键是否在词表里由调度器查（它知道词表）。
+
+    en: The types and ranges of this chapter's fields (given; :func:`minisgl.validation.check_sampling` calls it):
+    repetition penalty > 0, presence / frequency penalties in [-2, 2], min_p in [0, 1], min_tokens in [0, max_tokens],
+    bias keys that are token ids with values in :data:`BIAS_RANGE`, top_logprobs in [0, :data:`MAX_TOP_LOGPROBS`]. An
+    invalid value raises :class:`~minisgl.core.InvalidParam` naming the field. Whether a bias key is in the vocabulary
+    is checked by the scheduler (which knows the vocabulary).
+    """
+    ranges = {"repetition_penalty": (0.0, math.inf, False), "presence_penalty": (-2.0, 2.0, True),
+              "frequency_penalty": (-2.0, 2.0, True), "min_p": (0.0, 1.0, True)}
+    for name, (low, high, closed) in ranges.items():
+        value = getattr(sp, name)
+        if not _real(value) or not (low <= value <= high if closed else low < value <= high):
+            raise InvalidParam(name, tr("{name} must be a real number in {range}, got {value!r}", name=name,
+                                        range=f"[{low}, {high}]" if closed else f"({low}, {high}]", value=value))
+    for name, high in (("min_tokens", sp.max_tokens), ("top_logprobs", MAX_TOP_LOGPROBS)):
+        value = getattr(sp, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+            raise InvalidParam(name, tr("{name} must be an integer in [0, {high}], got {value!r}", name=name, high=high,
+                                        value=value))
+    if not isinstance(sp.logprobs, bool):
+        raise InvalidParam("logprobs", tr("logprobs must be true or false, got {value!r}", value=sp.logprobs))
+    if sp.logit_bias is None:
+        return
+    if not isinstance(sp.logit_bias, dict):
+        raise InvalidParam("logit_bias", tr("logit_bias must map token ids to numbers, got {value!r}", value=sp.logit_bias))
+    for key, value in sp.logit_bias.items():
+        if not str(key).isdigit() or isinstance(key, bool) or not _real(value) or not BIAS_RANGE[0] <= value <= BIAS_RANGE[1]:
+            raise InvalidParam("logit_bias", tr(
+                "logit_bias maps token ids to numbers in [-100, 100], got {key!r}: {value!r}", key=key, value=value))
+
+
+def prompt_len(req: Req) -> int:
+    """请求提示词的长度：``max_device_len`` 是提示词加最多输出的长度（第 1.1 章）。
+
+    en: The length of the request's prompt: ``max_device_len`` is the prompt plus the most it may output (chapter 1.1).
+    """
+    return req.max_device_len - req.output_len
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, repetition: torch.Tensor | None,
+                    presence: torch.Tensor | None, frequency: torch.Tensor | None) -> torch.Tensor:
+    """三种惩罚，按行：
+
+    - 重复惩罚（Hugging Face 的 ``repetition_penalty``，r > 0）：``seen`` 里的 token（提示词或输出里出现过），
+      logit 为正就除以 r，否则乘以 r——r > 1 时两种情况都让它更不可能；
+    - 出现惩罚（OpenAI 的 ``presence_penalty``）：输出里出现过（``counts > 0``）就减去它；
+    - 频率惩罚（OpenAI 的 ``frequency_penalty``）：减去它乘以在输出里出现的次数 ``counts``。
+
+    ``logits``、``counts``、``seen`` 都是 ``[B, vocab]``；每种惩罚是 ``[B]`` 或 None（整批都不用）。返回新的张量。
+
+    en: The three penalties, row by row:
+
+    - repetition (Hugging Face's ``repetition_penalty``, r > 0): for a token in ``seen`` (it occurred in the prompt or
+      the output), a positive logit is divided by r, any other multiplied by r; with r > 1 both make it less likely;
+    - presence (OpenAI's ``presence_penalty``): subtracted once the token occurred in the output (``counts > 0``);
+    - frequency (OpenAI's ``frequency_penalty``): subtracted times the number of occurrences in the output, ``counts``.
+
+    ``logits``, ``counts`` and ``seen`` are ``[B, vocab]``; each penalty is ``[B]`` or None (unused by the whole batch).
+    Returns a new tensor.
+    """
+    # TODO 任务 apply_penalties：返回按文档字符串罚过的 logits（新张量，不改参数）：第一种惩罚只作用在提示词或输出里出现过的 token 上，正的除、负的乘；另两种只看输出里出现的次数，不看提示词；没给的那种整批跳过；三种都取中性值的行不变
+    # TODO task apply_penalties: return the logits penalised as the docstring says (a new tensor; the arguments stay unchanged): the first penalty acts only on tokens that occurred in the prompt or the output, dividing positive logits and multiplying the others; the other two look only at how often a token occurred in the output, never at the prompt; a kind that is not given is skipped for the whole batch; a row holding the neutral value of all three is unchanged
+    raise TaskNotDone("sampling", "apply_penalties")
+
+
+def min_p_filter(logits: torch.Tensor, min_p: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """min-p：按行只留概率至少是最大概率 ``min_p`` 倍的 token（概率按 ``logits / 温度`` 算），其余的 logit 置 -inf。
+    ``min_p`` 为 0 的行不变。
+
+    和 vLLM 一样放在 top-k / top-p 之前；Hugging Face 放在它们之后，两者只在同时用 top-p 时才有差别。
+
+    en: min-p: per row, keep only the tokens whose probability is at least ``min_p`` times the largest one (the
+    probabilities of ``logits / temperature``); the other logits become -inf. A row with ``min_p`` 0 is unchanged.
+
+    Like vLLM, this comes before top-k / top-p; Hugging Face puts it after them, which differs only together with top-p.
+    """
+    # TODO 任务 min_p_filter：返回按 min-p 过滤后的 logits（新张量）：每行概率（按 logits/温度）低于该行最大概率 min_p 倍的置 -inf，其余不变；min_p 为 0 的行一个也不去掉；最大的那个总是留下。不必算 softmax
+    # TODO task min_p_filter: return the logits filtered by min-p (a new tensor): in each row, entries whose probability (from logits/temperature) is below min_p times the row's largest probability become -inf, the others stay; a row whose min_p is 0 loses nothing; the largest always stays. No softmax is needed
+    raise TaskNotDone("sampling", "min_p_filter")
+
+
+def token_logprobs(logprobs: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``logprobs``：``[R, vocab]`` 的对数概率；``tokens``：``[R]`` 采到的 token。返回（采到的 token 的对数概率 ``[R]``，
+    概率最大的 ``k`` 个 token 的 id ``[R, k]`` 和对数概率 ``[R, k]``，从大到小）。
+
+    en: ``logprobs``: ``[R, vocab]`` log-probabilities; ``tokens``: ``[R]`` the sampled tokens. Returns (the sampled
+    token's log-probability ``[R]``, the ids ``[R, k]`` and log-probabilities ``[R, k]`` of the ``k`` most likely tokens,
+    largest first).
+    """
+    # TODO 任务 token_logprobs：返回三样：每行采到的那个 token 的对数概率（[R]），以及每行对数概率最大的 k 个的 id（[R, k]，int64）和值（[R, k]），从大到小；k 为 0 时后两样的形状是 [R, 0]
+    # TODO task token_logprobs: return three things: each row's log-probability of its sampled token ([R]), and per row the ids ([R, k], int64) and values ([R, k]) of the k largest log-probabilities, largest first; with k = 0 the last two have shape [R, 0]
+    raise TaskNotDone("sampling", "token_logprobs")
+
+
+class Sampler(BaseSampler):
+    """第 1.6 章的采样器，加上本章的控制。调度器建好引擎后换上它（:func:`minisgl.scheduling.install_sampler`）。
+
+    ``rows`` 是页表的行数（状态每个请求槽一行），``eos_token_id`` 是 ``min_tokens`` 要屏蔽的 token。
+
+    en: Chapter 1.6's sampler plus this chapter's controls. The scheduler puts it in once the engine is built
+    (:func:`minisgl.scheduling.install_sampler`).
+
+    ``rows`` is the number of rows of the page table (the state has one row per request slot), ``eos_token_id`` the
+    token ``min_tokens`` masks.
+    """
+
+    def __init__(self, device: torch.device, vocab_size: int, seed: int, rows: int, eos_token_id: int | None) -> None:
+        super().__init__(device, vocab_size, seed)
+        self.rows = rows
+        self.eos_token_id = eos_token_id
+        # 状态，第一次有请求用到惩罚时才分配
+        # en: the state, allocated when a request first uses a penalty
+        self.counts: torch.Tensor | None = None  # [rows, vocab] int32：输出里的次数 | en: occurrences in the output
+        self.seen: torch.Tensor | None = None  # [rows, vocab] bool：提示词或输出里出现过 | en: seen in prompt or output
+
+    def uses_controls(self, req: Req) -> bool:
+        """这个请求用到本章的任何一项没有（都没用的批次走第 1.6 章的原路，一点不多花）。
+
+        en: Whether the request uses anything of this chapter (a batch where none does takes chapter 1.6's path and
+        costs nothing more).
+        """
+        p = req.sampling_params
+        return (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.min_p > 0.0
+                or p.min_tokens > 0 or bool(p.logit_bias) or p.logprobs)
+
+    def prepare(self, batch: Batch) -> BatchSamplingArgs:
+        args = super().prepare(batch)
+        if any(self.uses_controls(r) for r in batch.reqs):
+            args.controls = self.prepare_controls(batch)
+        return args
+
+    def prepare_controls(self, batch: Batch) -> BatchControls:
+        """在调度线程里、前向之前调用（``req.device_len`` 是这一步要采的 token 的位置）：按行整理出
+        :class:`BatchControls`。
+
+        en: Called on the scheduling thread before the forward (``req.device_len`` is the position of the token this
+        step samples): gather the :class:`BatchControls`, row by row.
+        """
+        reqs = batch.reqs
+        params = [r.sampling_params for r in reqs]
+        # TODO 任务 prepare_controls：返回这一批的 BatchControls（字段见它的定义，张量放在 self.device 上，没有一行用到的项留 None 或空列表）。要点：采到的 token 是不是输出只看 req.can_decode（提示词的中间块不能解码）；已经输出了几个要用调度线程知道的长度算（提示词长度见 prompt_len），不能读状态；用到任何一种惩罚的输出行才记进状态，其中还一个都没输出的是第一次出现，带上它的提示词；min_tokens 只屏蔽还差几个没输出够的行；要对数概率的行记下各要几个 top_logprobs
+        # TODO task prepare_controls: return this batch's BatchControls (fields as in its definition, tensors on self.device, an item no row uses left None or empty). Points: whether the sampled token is output depends only on req.can_decode (a chunk of a prompt cannot decode); how many tokens a request has output so far must come from lengths the scheduling thread knows (prompt_len gives the prompt's), never from the state; only output rows of requests using some penalty are recorded into the state, and among them one with no output yet is seen for the first time and brings its prompt; min_tokens masks only rows still short of it; rows asking for log-probabilities note how many top_logprobs each wants
+        raise TaskNotDone("sampling", "prepare_controls")
+
+    def _state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.counts is None or self.seen is None:
+            self.counts = torch.zeros(self.rows, self.vocab_size, dtype=torch.int32, device=self.device)
+            self.seen = torch.zeros(self.rows, self.vocab_size, dtype=torch.bool, device=self.device)
+        return self.counts, self.seen
+
+    def reset_fresh(self, c: BatchControls) -> None:
+        """请求第一次出现：它那一行的状态清零，``seen`` 里标上提示词的 token（给定）。
+
+        en: A request seen for the first time: its row of the state is cleared and ``seen`` marks the prompt's tokens
+        (given).
+        """
+        counts, seen = self._state()
+        for i, prompt in c.fresh:
+            row = c.state_rows[i]
+            counts[row] = 0
+            seen[row] = False
+            seen[row, prompt.to(self.device, dtype=torch.int64)] = True
+
+    def adjust(self, logits: torch.Tensor, c: BatchControls) -> torch.Tensor:
+        """惩罚 → 偏置 → 没到 ``min_tokens`` 的行屏蔽 EOS（给定）。``logits`` 是 fp32 的新张量，可以原地改。
+
+        en: Penalties → bias → EOS masked in the rows short of ``min_tokens`` (given). ``logits`` is a new fp32 tensor
+        that may be changed in place.
+        """
+        if c.penalized:
+            counts, seen = self._state()
+            logits = apply_penalties(logits, counts[c.state_rows], seen[c.state_rows], c.repetition, c.presence,
+                                     c.frequency)
+        if c.bias is not None:
+            rows, ids, values = c.bias
+            logits = logits.index_put((rows, ids), values, accumulate=True)
+        if c.no_eos and self.eos_token_id is not None:
+            logits[c.no_eos, self.eos_token_id] = float("-inf")
+        return logits
+
+    def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """``logits``: [B, vocab] → 每行一个 token id（int64），按模块文档里的顺序用上本章的控制。
+
+        en: ``logits``: [B, vocab] -> one token id per row (int64), applying this chapter's controls in the order the
+        module docstring gives.
+        """
+        c: BatchControls | None = args.controls
+        if c is None:
+            return super().sample(logits, args)
+        # TODO 任务 sample_with_controls：按模块文档里的顺序采样并返回 token（[B]，int64）：先重置第一次出现的行，再调整 logits（惩罚用的是这一步之前的状态），除以温度后取对数概率（贪心的行按温度 1 算），然后 min-p，再交给第 1.6 章的采样器；对数概率放进 c.logprobs（拷到主机，各行按要的个数取 top，k 取这批里最大的）；最后把采到的 token 记进 recorded 那几行的状态——每步恰好一次。给定：reset_fresh、adjust、min_p_filter、token_logprobs、copy_to_host、super().sample
+        # TODO task sample_with_controls: sample in the order of the module docstring and return the tokens ([B], int64): first reset the rows seen for the first time, then adjust the logits (penalties use the state from before this step), take the log-probabilities after dividing by the temperature (greedy rows count as temperature 1), then min-p, then hand over to chapter 1.6's sampler; put the log-probabilities in c.logprobs (copied to the host, top entries as many as each row asked, k being the batch's largest); last, record the sampled tokens into the state of the recorded rows, exactly once per step. Given: reset_fresh, adjust, min_p_filter, token_logprobs, copy_to_host, super().sample
+        raise TaskNotDone("sampling", "sample_with_controls")
+
+
+def logprob_of(args: BatchSamplingArgs, row: int) -> TokenLogprob | None:
+    """结果处理用：批次第 ``row`` 行这一步的对数概率；没要就是 None。
+
+    en: For result processing: this step's log-probabilities of row ``row`` of the batch; None if it did not ask.
+    """
+    c: BatchControls | None = args.controls
+    if c is None or c.logprobs is None:
+        return None
+    return c.logprobs.of(row)
+
