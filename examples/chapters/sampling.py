@@ -55,8 +55,8 @@ for min_tokens in (0, 8):
 out = llm.generate([PROMPT], SamplingParams(max_tokens=4, logprobs=True, top_logprobs=3))[0]
 print(tr("\nlogprobs=True, top_logprobs=3 (greedy, so the sampled token is always the first of the top 3):"))
 for token, lp in zip(out["token_ids"], out["logprobs"]):
-    top = ", ".join(f"{tok.decode([t])!r} {v:.2f}" for t, v in zip(lp.top_ids, lp.top_logprobs))
-    print(f"  {tok.decode([token])!r:<14} {lp.logprob:.2f}   top: {top}")
+    top = ", ".join(f"{tok.decode([t])!r} {v:.1f}" for t, v in zip(lp.top_ids, lp.top_logprobs))
+    print(f"  {tok.decode([token])!r:<14} {lp.logprob:.1f}   top: {top}")
 
 # 5. 同一批里：用控制的行不影响不用的行
 # en: 5. within one batch: a row using controls does not change the rows that do not
