@@ -243,8 +243,8 @@ for r, (ours, ref) in hf_runs.items():
 ours = hf_runs[1.3][0]
 print(tr("\nrepetition_penalty=1.3, the first four tokens:"))
 for t, e in list(zip(ours["token_ids"], ours["logprobs"]))[:4]:
-    alts = ", ".join(f"{tok.decode([i])!r} {p:.2f}" for i, p in zip(e.top_ids[:3], e.top_logprobs[:3]))
-    print(f"  {tok.decode([t])!r:<14} {e.logprob:6.2f}   top-3: {alts}")
+    alts = ", ".join(f"{tok.decode([i])!r} {p:.1f}" for i, p in zip(e.top_ids[:3], e.top_logprobs[:3]))
+    print(f"  {tok.decode([t])!r:<14} {e.logprob:5.1f}   top-3: {alts}")
 
 # %% [markdown] tags=["lang-zh"]
 # ## 5. 重叠调度与分块预填充都不改变结果
