@@ -156,7 +156,17 @@ class GrammarBackend:
     def matcher(self, sp: SamplingParams) -> xgr.GrammarMatcher:
         found = grammar_of(sp)
         assert found is not None
-        return xgr.GrammarMatcher(self.compiler.compile_grammar(parse_grammar(*found)))
+        kind, text = found
+        # 按文本编译：编译器按文本缓存，同一个语法只编译一次（它已经由 check_grammar 查过能解析）
+        # en: compiled from the text: the compiler caches by text, so one grammar is compiled once (check_grammar has
+        # en: already made sure it parses)
+        if kind == "json_schema":
+            compiled = self.compiler.compile_json_schema(text, any_whitespace=False)
+        elif kind == "regex":
+            compiled = self.compiler.compile_regex(text)
+        else:
+            compiled = self.compiler.compile_grammar(text)
+        return xgr.GrammarMatcher(compiled)
 
 
 @dataclass

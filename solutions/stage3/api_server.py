@@ -699,12 +699,20 @@ def merge_answers(req: ParsedRequest, answers: list[dict[str, Any]]) -> dict[str
         if req.echo:
             choice["text"] = (req.prompts or [req.prompt])[k // req.n] + choice["text"]
         merged["choices"].append(choice)
-    if len(answers) > 1:
-        prompt_tokens = sum(a["usage"]["prompt_tokens"] for a in answers[::req.n])
-        completion_tokens = sum(a["usage"]["completion_tokens"] for a in answers)
-        merged["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                           "total_tokens": prompt_tokens + completion_tokens}
+    merged["usage"] = summed_usage(req, [a["usage"] for a in answers])
     return merged
+
+
+def summed_usage(req: ParsedRequest, usages: list[dict[str, int]]) -> dict[str, int]:
+    """几个 choice 的 ``usage`` 相加：生成的 token 全部相加，提示词每个只算一次（每个提示词的第一份）。
+
+    en: Sum the ``usage`` of several choices: every choice's completion tokens, each prompt's tokens once (from its first
+    sample).
+    """
+    prompt_tokens = sum(u["prompt_tokens"] for u in usages[::req.n])
+    completion_tokens = sum(u["completion_tokens"] for u in usages)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 async def merge_streams(req: ParsedRequest, uid: int, streams: list[AsyncIterator[UserReply]]) -> AsyncIterator[str]:
@@ -767,8 +775,7 @@ async def _merged(req: ParsedRequest, uid: int, chunks: list[AsyncIterator[str]]
         for task in pumps:
             task.cancel()
     if req.include_usage and len(last) == len(chunks):
-        usage = merge_answers(replace(req, echo=False), [{"choices": [{}], "usage": usage_of(last[k])}
-                                                         for k in range(len(chunks))])["usage"]
+        usage = summed_usage(req, [usage_of(last[k]) for k in range(len(chunks))])
         yield sse({"id": response_id(req, uid), "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
                    "created": req.created, "model": req.model, "choices": [], "usage": usage})
     yield DONE
@@ -807,8 +814,7 @@ async def answer(request: Request, state: ServerState, req: ParsedRequest) -> Re
     try:
         streams = await open_choices(request, state, req, uids)
         if not req.stream:
-            subs = choice_requests(req)
-            work = asyncio.gather(*(full_response(sub, uids[0], replies) for sub, replies in zip(subs, streams)))
+            work = asyncio.gather(*(full_response(req, uids[0], replies) for replies in streams))
             return JSONResponse(merge_answers(req, await until_disconnect(request, state, uids[0], work)))
         chunks = await merge_streams(req, uids[0], streams)
     except BaseException:
