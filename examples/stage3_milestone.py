@@ -27,6 +27,7 @@ The script starts ``python -m minisgl`` on a free port (the 0.6B-shaped model by
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +51,25 @@ def held_by_requests(server: ServerProcess) -> float:
     """
     m = server.metrics()
     return m["minisgl_kv_pages_used"] - m["minisgl_kv_pages_cached"]
+
+
+def send_at_once(client: OpenAI, model: str, n: int, max_tokens: int, prompt: str = "Request {i}: count to ten.") -> list[int]:
+    """``n`` 个线程各发一个补全请求；线程都建好以后才一起发（线程是一个一个建的，先建好的不等就会先发、先做完），
+    返回每个请求生成的 token 数。
+
+    en: ``n`` threads each send one completion, all at once once every thread exists (threads are created one by one,
+    and without waiting the first would send, and finish, first); returns how many tokens each request generated.
+    """
+    start = threading.Barrier(n)
+
+    def one(i: int) -> int:
+        start.wait(timeout=60)
+        r = client.completions.create(model=model, prompt=prompt.format(i=i), max_tokens=max_tokens, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        return r.usage.completion_tokens
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
 
 
 def process_lines(pid: int, show_pids: bool = True) -> list[str]:
@@ -111,14 +131,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         print(tr("\n3. {n} requests at once, from {n} threads", n=CONCURRENT))
 
-        def one(i: int) -> int:
-            r = client.completions.create(model=name, prompt=f"Request {i}: count to ten.", max_tokens=args.batch_tokens, temperature=0,
-                                          extra_body={"ignore_eos": True})
-            return r.usage.completion_tokens
-
         before = server.metrics()
-        with ThreadPoolExecutor(CONCURRENT) as pool:
-            counts = list(pool.map(one, range(CONCURRENT)))
+        counts = send_at_once(client, name, CONCURRENT, args.batch_tokens)
         after = server.metrics()
         results["largest_batch"] = int(after["minisgl_max_decode_batch"])
         print(tr("   every request got its {n} tokens: {ok}", n=args.batch_tokens, ok=all(c == args.batch_tokens for c in counts)))

@@ -71,8 +71,6 @@ print(tr("processes left behind after Ctrl-C: {n}", n=len(results["left_behind"]
 # slots. Every change restarts the service (the tiny Qwen3, a few seconds).
 
 # %%
-from concurrent.futures import ThreadPoolExecutor
-
 import ipywidgets as widgets
 from openai import OpenAI
 
@@ -83,10 +81,7 @@ from minisgl.notebook import Explorer
 def concurrency(max_running_req: int) -> None:
     with ServerProcess(tiny_qwen3(), *stage3_milestone.FLAGS, "--max-running-req", str(max_running_req)) as server:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i: client.completions.create(model="qwen3-tiny-random", prompt=f"Request {i}",
-                                                               max_tokens=16, temperature=0,
-                                                               extra_body={"ignore_eos": True}), range(8)))
+        stage3_milestone.send_at_once(client, "qwen3-tiny-random", 8, max_tokens=16, prompt="Request {i}")
         batch = int(server.metrics()["minisgl_max_decode_batch"])
     print(tr("{slots} request slots, 8 requests at once: largest decode batch {batch}", slots=max_running_req, batch=batch))
 
