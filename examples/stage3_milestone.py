@@ -57,8 +57,9 @@ def send_at_once(client: OpenAI, model: str, n: int, max_tokens: int, prompt: st
     """``n`` 个线程各发一个补全请求；线程都建好以后才一起发（线程是一个一个建的，先建好的不等就会先发、先做完），
     返回每个请求生成的 token 数。
 
-    en: ``n`` threads each send one completion, all at once once every thread exists (threads are created one by one,
-    and without waiting the first would send, and finish, first); returns how many tokens each request generated.
+    en: ``n`` threads each send one completion, all together as soon as every thread exists (threads are created one
+    by one, and without waiting the first would send, and finish, first); returns how many tokens each request
+    generated.
     """
     start = threading.Barrier(n)
 

@@ -207,9 +207,9 @@ def test_chunks_are_not_recorded_and_new_requests_start_clean() -> None:
 def test_sample_order_logprobs_min_tokens_and_bias() -> None:
     sampler = make_sampler(seed=4)
     logits = rand_logits(3, seed=5)
-    logits[:, EOS] = 20.0
+    logits[[0, 2], EOS] = 20.0
     sps = [SamplingParams(min_tokens=2, logprobs=True, top_logprobs=2),
-           SamplingParams(temperature=0.5, repetition_penalty=1.5, logprobs=True, min_p=0.2, seed=9),
+           SamplingParams(temperature=0.5, repetition_penalty=1.5, logprobs=True, top_logprobs=5, min_p=0.2, seed=9),
            SamplingParams(logit_bias={str(EOS): -100.0, "6": 100.0}, logprobs=True)]
     reqs = [make_req(4, sp, i) for i, sp in enumerate(sps)]
     tokens, c = step(sampler, reqs, logits)
@@ -229,10 +229,16 @@ def test_sample_order_logprobs_min_tokens_and_bias() -> None:
     close(got, want[torch.arange(3), tokens], tr("Log-probabilities come from the logits after penalties, bias and masks, divided by the temperature (greedy rows by 1), before min-p"), atol=1e-4)
     top = c.logprobs.of(0)
     expect(len(top.top_ids), 2, tr("top_logprobs 2 gives 2 entries"))
+    values, ids = want[1].topk(5)
+    expect(c.logprobs.of(1).top_ids, ids.tolist(), tr("The 5 most likely tokens of the row at temperature 0.5"))
+    close(torch.tensor(c.logprobs.of(1).top_logprobs), values, tr("The top log-probabilities of the row at temperature 0.5 with min_p 0.2: divided by the temperature, taken before min-p removes the tail"), atol=1e-4)
     tokens, _ = step(sampler, reqs, logits)
     expect(int(tokens[0]) != EOS, True, tr("One output so far, min_tokens 2: EOS still masked"))
     tokens, _ = step(sampler, reqs, logits)
     expect(int(tokens[0]), EOS, tr("Two outputs: min_tokens reached, EOS (logit 20) wins again"))
+    biased = [make_req(4, SamplingParams(logit_bias={"6": 100.0}, logprobs=True), 0)]
+    tokens, _ = step(make_sampler(), biased, logits[1:2].bfloat16())
+    expect(int(tokens[0]), 6, tr("bf16 logits (the model's dtype on CUDA) with a logit_bias: the controls work in fp32"))
 
 
 def test_min_p_in_sampling() -> None:

@@ -337,8 +337,8 @@ class Sampler(BaseSampler):
         """
         reqs = batch.reqs
         params = [r.sampling_params for r in reqs]
-        # >>> TASK prepare_controls: 返回这一批的 BatchControls（字段见它的定义，张量放在 self.device 上，没有一行用到的项留 None 或空列表）。要点：采到的 token 是不是输出只看 req.can_decode（提示词的中间块不能解码）；已经输出了几个要用调度线程知道的长度算（提示词长度见 prompt_len），不能读状态；用到任何一种惩罚的输出行才记进状态，其中还一个都没输出的是第一次出现，带上它的提示词；min_tokens 只屏蔽还差几个没输出够的行；要对数概率的行记下各要几个 top_logprobs
-        # en: return this batch's BatchControls (fields as in its definition, tensors on self.device, an item no row uses left None or empty). Points: whether the sampled token is output depends only on req.can_decode (a chunk of a prompt cannot decode); how many tokens a request has output so far must come from lengths the scheduling thread knows (prompt_len gives the prompt's), never from the state; only output rows of requests using some penalty are recorded into the state, and among them one with no output yet is seen for the first time and brings its prompt; min_tokens masks only rows still short of it; rows asking for log-probabilities note how many top_logprobs each wants
+        # >>> TASK prepare_controls: 返回这一批的 BatchControls（字段见它的定义，张量放在 self.device 上，没有一行用到的项留 None 或空列表）。要点：采到的 token 是不是输出只看 req.can_decode（提示词的中间块不能解码）；已经输出了几个要用调度线程知道的长度算（提示词长度见 prompt_len），不能读状态；用到任何一种惩罚的输出行才记进状态，其中还一个都没输出的是第一次出现，带上它的提示词；min_tokens 只屏蔽还差几个没输出够的行；要对数概率的行记下各要几个 top_logprobs（提示词中间块的行采到的 token 反正丢掉，屏蔽不屏蔽、要不要对数概率都无妨）
+        # en: return this batch's BatchControls (fields as in its definition, tensors on self.device, an item no row uses left None or empty). Points: whether the sampled token is output depends only on req.can_decode (a chunk of a prompt cannot decode); how many tokens a request has output so far must come from lengths the scheduling thread knows (prompt_len gives the prompt's), never from the state; only output rows of requests using some penalty are recorded into the state, and among them one with no output yet is seen for the first time and brings its prompt; min_tokens masks only rows still short of it; rows asking for log-probabilities note how many top_logprobs each wants (what a chunk's row draws is thrown away, so whether it is masked or gets log-probabilities makes no difference)
         # hint1: 这一步之前已经输出的 token 数是 req.device_len - prompt_len(req)：device_len 已经把还在路上的那一步算进去了。三种惩罚各自一个 [B] 张量，整批都是“不罚”的值时留 None。
         # en1: The tokens output before this step are req.device_len - prompt_len(req): device_len already counts the step still on its way.
         # en1: Each penalty is one [B] tensor, left None when every row holds the "no penalty" value.
@@ -410,10 +410,10 @@ class Sampler(BaseSampler):
             seen[row, prompt.to(self.device, dtype=torch.int64)] = True
 
     def adjust(self, logits: torch.Tensor, c: BatchControls) -> torch.Tensor:
-        """惩罚 → 偏置 → 没到 ``min_tokens`` 的行屏蔽 EOS（给定）。``logits`` 是 fp32 的新张量，可以原地改。
+        """惩罚 → 偏置 → 没到 ``min_tokens`` 的行屏蔽 EOS（给定）。``logits`` 是这一步的 fp32 张量，可以原地改。
 
-        en: Penalties → bias → EOS masked in the rows short of ``min_tokens`` (given). ``logits`` is a new fp32 tensor
-        that may be changed in place.
+        en: Penalties → bias → EOS masked in the rows short of ``min_tokens`` (given). ``logits`` is this step's fp32
+        tensor and may be changed in place.
         """
         if c.penalized:
             counts, seen = self._state()
@@ -435,8 +435,8 @@ class Sampler(BaseSampler):
         c: BatchControls | None = args.controls
         if c is None:
             return super().sample(logits, args)
-        # >>> TASK sample_with_controls: 按模块文档里的顺序采样并返回 token（[B]，int64）：先重置第一次出现的行，再调整 logits（惩罚用的是这一步之前的状态），除以温度后取对数概率（贪心的行按温度 1 算），然后 min-p，再交给第 1.6 章的采样器；对数概率放进 c.logprobs（拷到主机，各行按要的个数取 top，k 取这批里最大的）；最后把采到的 token 记进 recorded 那几行的状态——每步恰好一次。给定：reset_fresh、adjust、min_p_filter、token_logprobs、copy_to_host、super().sample
-        # en: sample in the order of the module docstring and return the tokens ([B], int64): first reset the rows seen for the first time, then adjust the logits (penalties use the state from before this step), take the log-probabilities after dividing by the temperature (greedy rows count as temperature 1), then min-p, then hand over to chapter 1.6's sampler; put the log-probabilities in c.logprobs (copied to the host, top entries as many as each row asked, k being the batch's largest); last, record the sampled tokens into the state of the recorded rows, exactly once per step. Given: reset_fresh, adjust, min_p_filter, token_logprobs, copy_to_host, super().sample
+        # >>> TASK sample_with_controls: 按模块文档里的顺序采样并返回 token（[B]，int64）：先重置第一次出现的行，再调整 logits（调整的是 fp32 的 logits：模型给的可能是 bf16；惩罚用的是这一步之前的状态），除以温度后算好对数概率（贪心的行按温度 1 算；采到的是哪个要等抽完才知道），然后 min-p，再交给第 1.6 章的采样器；对数概率放进 c.logprobs（拷到主机，各行按要的个数取 top，k 取这批里最大的）；最后把采到的 token 记进 recorded 那几行的状态——每步恰好一次。给定：reset_fresh、adjust、min_p_filter、token_logprobs、copy_to_host、super().sample
+        # en: sample in the order of the module docstring and return the tokens ([B], int64): first reset the rows seen for the first time, then adjust the logits (in fp32: the model may hand bf16; penalties use the state from before this step), compute the log-probabilities after dividing by the temperature (greedy rows count as temperature 1; which token was drawn is known only after the draw), then min-p, then hand over to chapter 1.6's sampler; put the log-probabilities in c.logprobs (copied to the host, top entries as many as each row asked, k being the batch's largest); last, record the sampled tokens into the state of the recorded rows, exactly once per step. Given: reset_fresh, adjust, min_p_filter, token_logprobs, copy_to_host, super().sample
         # hint1: 温度在 args.temperatures 里，整批贪心时它是 None（这时都按 1 算）。对数概率要在 min-p 之前取：它报告的是抽样用的分布，而不是截掉尾巴之后的。记进状态的是 counts 加一、seen 置真，只对 c.recorded 那几行。
         # en1: The temperatures are in args.temperatures, which is None when the whole batch is greedy (then they all count as 1).
         # en1: Take the log-probabilities before min-p: they report the distribution drawn from, not what is left after cutting the tail.
