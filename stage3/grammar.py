@@ -183,16 +183,17 @@ class GrammarStep:
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """``bitmask``：``[len(rows), ceil(vocab / 32)]`` int32，第 ``r`` 行的第 ``t`` 位（第 ``t // 32`` 个数的第
-    ``t % 32`` 位，从最低位数起）为 1 表示 token ``t`` 允许。把 ``logits`` 里 ``rows`` 那几行不允许的位置设成 -inf，
-    返回 ``logits``（原地改）。
+    """``bitmask``：``[len(rows), ceil(vocab / 32)]`` int32，第 ``k`` 行（对应 logits 的第 ``rows[k]`` 行）的
+    第 ``t`` 位（第 ``t // 32`` 个数的第 ``t % 32`` 位，从最低位数起）为 1 表示 token ``t`` 允许。把 ``logits`` 里
+    ``rows`` 那几行不允许的位置设成 -inf，返回 ``logits``（原地改）。位掩码可能在主机上，``logits`` 在设备上。
 
-    en: ``bitmask``: ``[len(rows), ceil(vocab / 32)]`` int32; bit ``t`` of row ``r`` (bit ``t % 32`` of number
-    ``t // 32``, counted from the lowest) is 1 when token ``t`` is allowed. Set the forbidden positions of the ``rows``
-    of ``logits`` to -inf and return ``logits`` (changed in place).
+    en: ``bitmask``: ``[len(rows), ceil(vocab / 32)]`` int32; bit ``t`` of row ``k`` (for the logits row ``rows[k]``;
+    bit ``t % 32`` of number ``t // 32``, counted from the lowest) is 1 when token ``t`` is allowed. Set the forbidden
+    positions of the ``rows`` of ``logits`` to -inf and return ``logits`` (changed in place). The bitmask may be on the
+    host while ``logits`` is on the device.
     """
-    # TODO 任务 apply_bitmask：把 logits 里 rows 那几行（位掩码的第 k 行对应 rows[k]）中位为 0 的 token 设成 -inf，原地改并返回 logits；别的行不动；词表大小不是 32 的倍数时，多出来的位不管。int32 的最高位是符号位，移位时要当心
-    # TODO task apply_bitmask: set to -inf the tokens whose bit is 0 in the listed rows of logits (row k of the bitmask belongs to rows[k]), in place, and return logits; other rows stay as they are; when the vocabulary size is no multiple of 32, the extra bits are ignored. The top bit of an int32 is its sign bit: mind it when shifting
+    # TODO 任务 apply_bitmask：把 logits 里 rows 那几行（位掩码的第 k 行对应 rows[k]）中位为 0 的 token 设成 -inf，原地改并返回 logits；别的行不动；词表大小不是 32 的倍数时，多出来的位不管；位掩码可能在主机内存里、logits 在 GPU 上。int32 的最高位是符号位，移位时要当心
+    # TODO task apply_bitmask: set to -inf the tokens whose bit is 0 in the listed rows of logits (row k of the bitmask belongs to rows[k]), in place, and return logits; other rows stay as they are; when the vocabulary size is no multiple of 32, the extra bits are ignored; the bitmask may be in host memory and logits on the GPU. The top bit of an int32 is its sign bit: mind it when shifting
     raise TaskNotDone("grammar", "apply_bitmask")
 
 

@@ -16,7 +16,7 @@ a 400.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jsonschema
 import pytest
@@ -56,6 +56,19 @@ def make_sampler(smol_tok: Any) -> Any:
         return s
 
     return make
+
+
+@pytest.fixture(scope="module")
+def decode(smol_tok: Any) -> Callable[[list[int]], str]:
+    """分词器的 ``decode``，包成一个普通函数：Hypothesis 报反例时会打印每个参数，分词器本身要打印好几十行。
+
+    en: The tokenizer's ``decode`` as a plain function: Hypothesis prints every argument of a falsifying example, and the
+    tokenizer itself takes dozens of lines.
+    """
+    def decode(ids: list[int]) -> str:
+        return smol_tok.decode(ids)
+
+    return decode
 
 
 def test_apply_bitmask_matches_xgrammar() -> None:
@@ -122,7 +135,8 @@ def run_steps(sampler: Any, reqs: list[Req], logits_of: Any, steps: int) -> list
 
 @settings(max_examples=5, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), temperature=st.sampled_from([0.0, 0.7, 1.5]), top_p=st.sampled_from([1.0, 0.3]))
-def test_every_sampled_token_is_accepted(make_sampler: Any, smol_tok: Any, seed: int, temperature: float, top_p: float) -> None:
+def test_every_sampled_token_is_accepted(make_sampler: Any, decode: Callable[[list[int]], str], seed: int, temperature: float,
+                                         top_p: float) -> None:
     sampler = make_sampler(seed)
     sp = SamplingParams(temperature=temperature, top_p=top_p, seed=seed, max_tokens=60, json_schema=json.dumps(CHOICE))
     plain = SamplingParams(max_tokens=60)
@@ -135,7 +149,7 @@ def test_every_sampled_token_is_accepted(make_sampler: Any, smol_tok: Any, seed:
         if reference.is_terminated():
             break
         assert reference.accept_token(token), tr("Step {n}: the grammar refuses sampled token {token} ({text!r}); output so far {so_far!r}",
-                                                  n=n, token=token, text=smol_tok.decode([token]), so_far=smol_tok.decode(got[0][:n]))
+                                                  n=n, token=token, text=decode([token]), so_far=decode(got[0][:n]))
     expect(got[1], [int(x[1].argmax()) for x in logits], tr("The row without a grammar is not masked (greedy: plain argmax every step)"))
 
 
@@ -223,13 +237,15 @@ def test_json_schema_outputs_parse_and_validate(smol: Any, smol_tok: Any) -> Non
     finally:
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
         smol.prefill_budget = smol.config.max_extend_tokens
-    for text, schema in zip(runs["overlap"], SCHEMAS * 2):
-        try:
-            jsonschema.validate(json.loads(text), schema)
-        except (ValueError, jsonschema.ValidationError) as e:
-            pytest.fail(tr("The output {text!r} does not follow its schema {schema}: {error}", text=text, schema=schema, error=e), pytrace=False)
-    expect(runs["normal"], runs["overlap"], tr("Overlap scheduling off gives the same constrained outputs"))
-    expect(runs["chunked"], runs["overlap"], tr("Chunked prefill gives the same constrained outputs"))
+    for name, texts in runs.items():
+        for text, schema in zip(texts, SCHEMAS * 2):
+            try:
+                jsonschema.validate(json.loads(text), schema)
+            except (ValueError, jsonschema.ValidationError) as e:
+                pytest.fail(tr("Run {run!r} (the runs share one engine: from the second on, every prompt is a prefix-cache hit): the output {text!r} does not follow its schema {schema}: {error}",
+                               run=name, text=text, schema=schema, error=e), pytrace=False)
+    expect(runs["normal"], runs["overlap"], tr("The constrained outputs with overlap scheduling off (got) equal those with it on (expected)"))
+    expect(runs["chunked"], runs["overlap"], tr("The constrained outputs with chunked prefill (got) equal those without (expected)"))
 
 
 @pytest.fixture(scope="module")

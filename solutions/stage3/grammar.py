@@ -177,16 +177,17 @@ class GrammarStep:
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """``bitmask``：``[len(rows), ceil(vocab / 32)]`` int32，第 ``r`` 行的第 ``t`` 位（第 ``t // 32`` 个数的第
-    ``t % 32`` 位，从最低位数起）为 1 表示 token ``t`` 允许。把 ``logits`` 里 ``rows`` 那几行不允许的位置设成 -inf，
-    返回 ``logits``（原地改）。
+    """``bitmask``：``[len(rows), ceil(vocab / 32)]`` int32，第 ``k`` 行（对应 logits 的第 ``rows[k]`` 行）的
+    第 ``t`` 位（第 ``t // 32`` 个数的第 ``t % 32`` 位，从最低位数起）为 1 表示 token ``t`` 允许。把 ``logits`` 里
+    ``rows`` 那几行不允许的位置设成 -inf，返回 ``logits``（原地改）。位掩码可能在主机上，``logits`` 在设备上。
 
-    en: ``bitmask``: ``[len(rows), ceil(vocab / 32)]`` int32; bit ``t`` of row ``r`` (bit ``t % 32`` of number
-    ``t // 32``, counted from the lowest) is 1 when token ``t`` is allowed. Set the forbidden positions of the ``rows``
-    of ``logits`` to -inf and return ``logits`` (changed in place).
+    en: ``bitmask``: ``[len(rows), ceil(vocab / 32)]`` int32; bit ``t`` of row ``k`` (for the logits row ``rows[k]``;
+    bit ``t % 32`` of number ``t // 32``, counted from the lowest) is 1 when token ``t`` is allowed. Set the forbidden
+    positions of the ``rows`` of ``logits`` to -inf and return ``logits`` (changed in place). The bitmask may be on the
+    host while ``logits`` is on the device.
     """
-    # >>> TASK apply_bitmask: 把 logits 里 rows 那几行（位掩码的第 k 行对应 rows[k]）中位为 0 的 token 设成 -inf，原地改并返回 logits；别的行不动；词表大小不是 32 的倍数时，多出来的位不管。int32 的最高位是符号位，移位时要当心
-    # en: set to -inf the tokens whose bit is 0 in the listed rows of logits (row k of the bitmask belongs to rows[k]), in place, and return logits; other rows stay as they are; when the vocabulary size is no multiple of 32, the extra bits are ignored. The top bit of an int32 is its sign bit: mind it when shifting
+    # >>> TASK apply_bitmask: 把 logits 里 rows 那几行（位掩码的第 k 行对应 rows[k]）中位为 0 的 token 设成 -inf，原地改并返回 logits；别的行不动；词表大小不是 32 的倍数时，多出来的位不管；位掩码可能在主机内存里、logits 在 GPU 上。int32 的最高位是符号位，移位时要当心
+    # en: set to -inf the tokens whose bit is 0 in the listed rows of logits (row k of the bitmask belongs to rows[k]), in place, and return logits; other rows stay as they are; when the vocabulary size is no multiple of 32, the extra bits are ignored; the bitmask may be in host memory and logits on the GPU. The top bit of an int32 is its sign bit: mind it when shifting
     # hint1: 先把每个 int32 拆成 32 个 0/1：右移 0..31 位再和 1 按位与，得到 [R, words, 32]，展平成 [R, words * 32] 再截到词表大小。算术右移会把符号位带进来，但和 1 与过之后只剩最低位，不受影响。
     # en1: First split each int32 into 32 zeros and ones: shift right by 0..31 and AND with 1, giving [R, words, 32];
     # en1: flatten to [R, words * 32] and cut at the vocabulary size. An arithmetic shift drags the sign bit along, but after the AND with 1 only the lowest bit is left.
@@ -285,8 +286,8 @@ class Sampler(ControlSampler):
             self.matchers[int(c.state_rows[i])] = matcher
         # >>> TASK mask_grammar: 给这一步的语法行里、匹配器还没结束的那些加上位掩码（每行一份，由它自己的匹配器填），返回加过掩码的 logits；匹配器已经结束的行（结束之后还在途的那一步）不加，也不报错。给定：每个请求槽的匹配器、xgrammar 分配位掩码的函数、apply_bitmask
         # en: mask the grammar rows of this step whose matcher has not terminated (one bitmask row each, filled by its own matcher) and return the masked logits; a row whose matcher has terminated (the step still in flight after its end) gets no mask and raises nothing. Given: each request slot's matcher, xgrammar's function that allocates a bitmask, apply_bitmask
-        # hint1: 位掩码只为要加的那几行分配，第 k 行给第 k 个要加的批次行；匹配器往位掩码的哪一行填，由 fill_next_token_bitmask 的第二个参数决定。
-        # en1: Allocate the bitmask only for the rows to mask, row k for the k-th of them;
+        # hint1: 位掩码（xgr.allocate_token_bitmask 分配）只为要加的那几行分配，第 k 行给第 k 个要加的批次行；匹配器往位掩码的哪一行填，由 fill_next_token_bitmask 的第二个参数决定。
+        # en1: Allocate the bitmask (xgr.allocate_token_bitmask) only for the rows to mask, row k for the k-th of them;
         # en1: which row of the bitmask a matcher fills is the second argument of fill_next_token_bitmask.
         # hint2: live = [i for i in g.rows if not self.matchers[int(c.state_rows[i])].is_terminated()]；没有就 return logits；
         # hint2: bitmask = xgr.allocate_token_bitmask(len(live), self.vocab_size)；
