@@ -21,7 +21,7 @@ from minisgl.core import Batch
 from minisgl.engine import Engine, EngineConfig
 from minisgl.i18n import tr
 from minisgl.grammar import Sampler
-from minisgl.sampling import TokenLogprob, logprob_of
+from minisgl.sampling import TokenLogprob
 
 if TYPE_CHECKING:
     from minisgl.core import Req, SamplingParams

@@ -74,6 +74,7 @@ from transformers import AutoTokenizer
 from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, ForwardOutput
+from minisgl.sampling import logprob_of
 from minisgl.scheduling import (
     DecodeManager,
     ForwardInput,
@@ -85,7 +86,6 @@ from minisgl.scheduling import (
     TableManager,
     div_ceil,
     install_sampler,
-    logprob_of,
 )
 from minisgl.trace import StepListener, StepTracer
 from minisgl.validation import validate_config, validate_requests
