@@ -11,6 +11,12 @@ PYTEST = $(PYTHON) -m pytest --timeout=900
 # en: On 2 vCPUs (AMD EPYC): course + docs 7:35 -> 4:27, skeleton run 2:14 -> 1:41; notebooks on two workers 4:26 -> 4:04.
 JOBS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
 PARALLEL = OMP_NUM_THREADS=1 $(PYTEST) -n $(JOBS) --dist loadfile
+# CPU 线性层的三条路（内核、F.linear、oneDNN 打包）各指定一次，再跑一遍第 1、4 阶段建引擎的检查（标了 every_path 的）：
+# 平时走哪条是这台机器量出来的，换一台机器就可能换一条，结果却不能跟着变。
+# en: The three CPU linear paths (the kernel, F.linear, oneDNN's packed layout), each forced once, run the engine checks of
+# en: stages 1 and 4 again (those marked every_path): normally the path is what this machine measured, another machine
+# en: may take another one, and no result may change with it.
+FORCED_PATHS = MINISGL_KERNEL_MAX_ROWS=512 MINISGL_KERNEL_MAX_ROWS=0 MINISGL_KERNEL_ONEDNN=1
 
 .PHONY: setup test milestone milestone3 milestone4 notebooks docs real-qwen3 gpu-check
 
@@ -22,6 +28,7 @@ test: setup       ## 全部测试：骨架无漂移、参考解答全绿、每�
 	$(PARALLEL) checks/course checks/docs --impl solution --strict
 	$(PYTEST) checks --ignore=checks/course --ignore=checks/docs --impl solution --strict
 	$(PARALLEL) checks/stage1 checks/stage2 checks/stage3 checks/stage4 --impl skeleton --expect-red -q
+	for forced in $(FORCED_PATHS); do echo "== $$forced"; env $$forced $(PYTEST) checks/stage1 checks/stage4 -m every_path --impl solution -q || exit 1; done
 	MINISGL_IMPL=solution MINISGL_LANG=zh $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks --ignore=notebooks/en -q
 	MINISGL_IMPL=solution MINISGL_LANG=en $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/en -q
 

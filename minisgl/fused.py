@@ -72,12 +72,12 @@ def _own_chapters() -> list[str]:
 def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
     """装不装融合解码，以及说明解码走哪条路的一句话（服务器启动时打印，``Engine.decode_path``）。
 
-    在模型加载之后、线性层打包之前调用（融合解码要原样的权重）；``requested`` 是 ``EngineConfig.cpu_fused_decode``，
+    在模型加载之后调用（融合解码读各线性层原样的 ``weight``，打包不会动它）；``requested`` 是 ``EngineConfig.cpu_fused_decode``，
     ``True`` 而条件不满足时抛 ValueError，说出缺的那一条。
 
     en: Whether to install the fused decode, and the sentence saying which path decoding takes (printed by the server
-    at start, ``Engine.decode_path``). Called after the model is loaded and before the linear layers are packed (the
-    fused decode needs the plain weights); ``requested`` is ``EngineConfig.cpu_fused_decode``, and ``True`` while a
+    at start, ``Engine.decode_path``). Called after the model is loaded (the fused decode reads each linear layer's plain
+    ``weight``, which packing never changes); ``requested`` is ``EngineConfig.cpu_fused_decode``, and ``True`` while a
     condition is not met raises ValueError naming it.
     """
     # 第 4 阶段之前写的第 1.3 章没有 tp_size
@@ -170,8 +170,6 @@ class FusedDecoder:
         rows = []
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            if not all(op._kernel for op in _linears(layer)):
-                raise ValueError(tr("cpu_fused_decode: a linear layer of this model does not fit the CPU kernel"))
             rows.append([
                 f32(layer.input_layernorm.weight), _ptr(attn.qkv_proj.weight), f32(attn.qkv_proj.bias),
                 f32(attn.q_norm and attn.q_norm.weight), f32(attn.k_norm and attn.k_norm.weight),

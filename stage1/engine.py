@@ -96,26 +96,31 @@ def get_free_memory(device: torch.device) -> int:
 
 
 def model_nbytes(model: object) -> int:
-    """模型占的字节数，按它的张量算（每块存储只算一次：共享的嵌入、打包后的权重也都算对）。
+    """模型的权重占的字节数：各算子的权重张量（名字不以 ``_`` 开头的属性），每块存储只算一次（共享的嵌入算一次）。
+    CPU 快速路径另存的副本不算在内（见 :func:`packed_nbytes`）：有没有副本因机器而异，页数不该跟着变。
 
-    en: The bytes a model takes, counted from its tensors (each storage once, so tied embeddings and packed weights
-    are counted right).
+    en: The bytes of the model's weights: each operator's weight tensors (attributes whose names do not start with
+    ``_``), each storage counted once (a tied embedding once). The copies a fast CPU path keeps are not included (see
+    :func:`packed_nbytes`): whether there are any depends on the machine, and the page count must not follow it.
     """
     seen: set[int] = set()
     total = 0
     for _, op in model.named_ops():
-        for value in vars(op).values():
-            if not isinstance(value, torch.Tensor):
-                continue
-            try:
+        for name, value in vars(op).items():
+            if isinstance(value, torch.Tensor) and not name.startswith("_"):
                 storage = value.untyped_storage()
-                key, size = storage.data_ptr(), storage.nbytes()
-            except (RuntimeError, NotImplementedError):  # 没有普通存储的张量（如 oneDNN 的） | en: tensors without a plain storage (e.g. oneDNN's)
-                key, size = id(value), value.numel() * value.element_size()
-            if key not in seen:
-                seen.add(key)
-                total += size
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    total += storage.nbytes()
     return total
+
+
+def packed_nbytes(model: object) -> int:
+    """CPU 快速路径在权重之外另存的副本（oneDNN 的布局）一共几个字节；没打包时是 0。
+
+    en: The bytes of the copies (oneDNN's layout) that fast CPU paths keep beside the weights; 0 when nothing is packed.
+    """
+    return sum(op.packed_nbytes() for _, op in model.named_ops() if hasattr(op, "packed_nbytes"))
 
 
 class HostCopyDone:
@@ -335,9 +340,11 @@ class Engine:
         # en: chapters' code
         self.fused_decode, self.decode_path = plan_decode(self, config.cpu_fused_decode)
         if self.fast_linear:
-            # 融合解码要每个线性层都是原样的权重（全走内核）；否则每种形状量一下内核和 oneDNN 哪条快
-            # en: fused decode needs the plain weight in every linear layer (all through the kernel); otherwise each
-            # en: shape measures whether the kernel or oneDNN is faster
+            # 融合解码自己读原样的权重，线性层只管预填充：走内核，不另存 oneDNN 的副本；否则每种形状量一下内核和
+            # oneDNN 哪条快。环境变量指定了路时（minisgl.kernel.forced）两种情形都走指定的那条
+            # en: the fused decode reads the plain weights itself and the linear layers only serve prefill: the kernel,
+            # en: with no extra oneDNN copy; otherwise each shape measures whether the kernel or oneDNN is faster. A path
+            # en: forced by an environment variable (minisgl.kernel.forced) is taken in both cases
             pack = "onednn" if self.linear_kind == "onednn" else "kernel" if self.fused_decode else "auto"
             pack_linear_weights(self.model, pack)
 

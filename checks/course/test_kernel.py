@@ -7,6 +7,9 @@ import json
 import platform
 import re
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,26 +94,27 @@ def test_result_does_not_depend_on_threads() -> None:
 
 @pytest.mark.parametrize("onednn", [False, True])
 def test_linear_pack_kinds(onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``pack("kernel")`` 保留原权重；``pack("auto")`` 按量出来的选择走内核或 oneDNN；内核不认的形状（输入维不是
-    8 的倍数）一律退回 oneDNN。"""
+    """``pack("kernel")`` 走内核；``pack("auto")`` 按量出来的选择走内核或 oneDNN；内核不认的形状（输入维不是
+    8 的倍数）一律退回 oneDNN。不论哪条，``weight`` 都还是原来那块、值不变（oneDNN 的布局是另存的副本）。"""
     monkeypatch.setattr(kernel, "choice", lambda w: kernel.Choice(1, 4, onednn=onednn))
     x = torch.randn(3, 16)
     for kind in ("kernel", "auto"):
         op = Linear(16, [4, 6], dtype=torch.float32, device="cpu")
         op.weight.copy_(torch.randn(10, 16))
         want = op.forward(x)
-        weight = op.weight
+        weight, before = op.weight, op.weight.clone()
         op.pack(kind)
+        assert op.weight is weight and torch.equal(op.weight, before)
         if kind == "auto" and onednn:
-            assert op.weight is None and not op._kernel and op._packed is not None
+            assert not op._kernel and op.packed_nbytes() == weight.nbytes
         else:
-            assert op.weight is weight and op._kernel and op._packed is None
+            assert op._kernel and op.packed_nbytes() == 0
         torch.testing.assert_close(op.forward(x), want, atol=1e-5, rtol=1e-5)
     odd = Linear(12, 5, dtype=torch.float32, device="cpu")
     odd.weight.copy_(torch.randn(5, 12))
     want = odd.forward(x[:, :12])
     odd.pack("kernel")
-    assert not odd._kernel and odd._packed is not None and odd.weight is None
+    assert not odd._kernel and odd.packed_nbytes() == odd.weight.nbytes
     torch.testing.assert_close(odd.forward(x[:, :12]), want, atol=1e-5, rtol=1e-5)
 
 
@@ -191,7 +195,8 @@ def test_rows_measured_once_then_read_back(fresh_build: Path, monkeypatch: pytes
     err = capsys.readouterr().err
     plan = kernel.plan_path()
     assert "16→24" in err and str(plan) in err, err
-    assert plan.parent == fresh_build and json.loads(plan.read_text())["16x24"] == vars(kernel.choice(w))
+    saved = json.loads(plan.read_text())["16x24"]
+    assert plan.parent == fresh_build and {k: saved[k] for k in vars(kernel.choice(w))} == vars(kernel.choice(w))
     monkeypatch.setattr(kernel, "_chosen", {})
     monkeypatch.setattr(kernel, "calibrate", lambda *a: pytest.fail("a saved choice must be read back, not measured again"))
     plan.write_text(json.dumps({"16x24": {"kernel_from": 2, "kernel_to": 3, "onednn": True}}))
@@ -228,6 +233,65 @@ def test_bad_row_setting_says_what_to_do(value: str, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("MINISGL_KERNEL_MAX_ROWS", value)
     with pytest.raises(ValueError, match=re.escape(f"MINISGL_KERNEL_MAX_ROWS={value!r}")):
         kernel.cpu_linear(torch.randn(1, 16), torch.randn(8, 16))
+
+
+def test_forced_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MINISGL_KERNEL_ONEDNN=1``：不量，每种形状都打包成 oneDNN 的布局，引擎为融合解码要的 ``pack("kernel")`` 也一样；
+    与 ``MINISGL_KERNEL_MAX_ROWS`` 同时给、或者给了别的值，都说清楚该怎么设。"""
+    monkeypatch.setenv("MINISGL_KERNEL_ONEDNN", "1")
+    monkeypatch.setattr(kernel, "calibrate", lambda *a: pytest.fail("a path forced by the setting is not measured"))
+    assert kernel.choice(torch.randn(8, 16)) == kernel.Choice(1, 0, onednn=True)
+    for kind in ("kernel", "auto"):
+        op = Linear(16, 8, dtype=torch.float32, device="cpu")
+        op.weight.copy_(torch.randn(8, 16))
+        op.pack(kind)
+        assert not op._kernel and op.packed_nbytes() == op.weight.nbytes, kind
+    monkeypatch.setenv("MINISGL_KERNEL_MAX_ROWS", "8")
+    with pytest.raises(ValueError, match="MINISGL_KERNEL_MAX_ROWS and MINISGL_KERNEL_ONEDNN"):
+        kernel.forced()
+    monkeypatch.delenv("MINISGL_KERNEL_MAX_ROWS")
+    monkeypatch.setenv("MINISGL_KERNEL_ONEDNN", "yes")
+    with pytest.raises(ValueError, match=re.escape("MINISGL_KERNEL_ONEDNN='yes'")):
+        kernel.forced()
+
+
+def test_choice_measured_on_a_busy_machine_expires(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """量的时候别的进程占着核：选择照用，但存下的那条带过期时间，过期之后第一个用到它的进程重量；安静时量的一直留着。"""
+    w = torch.randn(24, 16)
+    measured: list[float] = []
+
+    def watched(fn):  # noqa: ANN001, ANN202 - 别的进程占了多少个核由这个测试定
+        measured.append(1)
+        return kernel.Choice(1, 4), busy
+
+    monkeypatch.setattr(kernel, "measured_while_watching", watched)
+    for busy, expires in ((0.0, False), (1.5, True)):
+        monkeypatch.setattr(kernel, "_chosen", {})
+        kernel.plan_path().unlink(missing_ok=True)
+        assert kernel.choice(w) == kernel.Choice(1, 4)
+        saved = json.loads(kernel.plan_path().read_text())["16x24"]
+        assert ("expires" in saved) == expires, saved
+    monkeypatch.setattr(kernel, "_chosen", {})
+    kernel.choice(w)
+    assert len(measured) == 2, "an entry that has not expired yet is read back"
+    plan = json.loads(kernel.plan_path().read_text())
+    plan["16x24"]["expires"] = 0
+    kernel.plan_path().write_text(json.dumps(plan))
+    monkeypatch.setattr(kernel, "_chosen", {})
+    kernel.choice(w)
+    assert len(measured) == 3, "an expired entry is measured again"
+
+
+def test_busy_cores_are_seen() -> None:
+    """另一个进程占满一个核的时候，``measured_while_watching`` 看得出来（本进程自己的 CPU 时间不算）。"""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        _, busy = kernel.measured_while_watching(lambda: time.sleep(1.0) or kernel.Choice(1, 0))
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy >= 0.4, busy
 
 
 @pytest.mark.parametrize(("n", "k"), [(7, 16), (13, 24), (1030, 128)])

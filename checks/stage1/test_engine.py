@@ -298,6 +298,7 @@ def test_exactly_one_page_is_enough_and_zero_is_refused(tiny_path: str, model_by
     engine.shutdown()
 
 
+@pytest.mark.every_path
 def test_fast_linear_agrees_with_reference(tiny_path: str, hand) -> None:  # noqa: ANN001
     """CPU 的两条快速路径（小批量内核、oneDNN 重排的权重）与参考路径 F.linear 的 logits 一致。"""
     logits = {}
@@ -356,6 +357,7 @@ def test_smollm2_each_alone_equals_hf(smollm2_engines, smollm2_prompts, smollm2_
     assert ours == smollm2_reference, describe_mismatch(ours, smollm2_reference)
 
 
+@pytest.mark.every_path
 @pytest.mark.parametrize("backend", ["sdpa", "torch"])
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_smollm2_batched_equals_hf(smollm2_engines, smollm2_prompts, smollm2_reference, hand, backend, page_size) -> None:  # noqa: ANN001

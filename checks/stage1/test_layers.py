@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
+from minisgl import kernel
 from minisgl.i18n import tr
 from minisgl.core import Batch, Context, set_global_ctx
 from minisgl.layers import (
@@ -113,7 +114,10 @@ def test_fast_linear_matches_reference() -> None:
     x = torch.randn(5, 6)
     want = op.forward(x)
     assert fast_linear_supported(CPU, torch.float32), tr("The oneDNN fast path must be available on CPU for fp32")
-    assert pack_linear_weights(op) == 1 and op.weight is None, tr("The packed weight must replace the original weight")
+    weight, before = op.weight, op.weight.clone()
+    assert pack_linear_weights(op) == 1, tr("pack_linear_weights must count the linear layers it packed")
+    assert op.weight is weight and torch.equal(op.weight, before), tr(
+        "Packing keeps self.weight as the checkpoint's weight (the fast layout is a copy beside it)")
     for rows in (1, 5):
         assert_close_zh(op.forward(x[:rows]), want[:rows], tr("The oneDNN path differs from F.linear"), atol=1e-5, rtol=1e-5)
 
@@ -139,7 +143,7 @@ def _ctx_with_batch(last: list[int], positions: torch.Tensor | None = None, back
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_lm_head_last_tokens_only(tied: bool) -> None:
+def test_lm_head_last_tokens_only(tied: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     emb = VocabEmbedding(50, 8, dtype=torch.float32, device=CPU)
     emb.weight.copy_(torch.randn(50, 8))
@@ -158,7 +162,12 @@ def test_lm_head_last_tokens_only(tied: bool) -> None:
         torch.testing.assert_close(logits, x[[3, 4, 8]] @ weight.T)
         emb_before = emb.weight.clone()
         pack_linear_weights(head)
+        fast_calls: list[int] = []
+        onednn_linear = kernel.onednn_linear
+        monkeypatch.setattr(kernel, "onednn_linear", lambda *a: fast_calls.append(1) or onednn_linear(*a))
         torch.testing.assert_close(head.forward(x), logits, atol=1e-5, rtol=1e-5)
+        expect(len(fast_calls), 1, tr("After packing, the LM head must take the path packing chose (the parent class's "
+                                      "forward), not F.linear on self.weight"))
         assert torch.equal(emb.weight, emb_before), tr("Packing the LM head must not change the embedding layer's own weight")
     set_global_ctx(None)
 

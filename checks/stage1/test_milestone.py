@@ -23,7 +23,7 @@ def test_step0_equals_hf(smollm2_path: str, smollm2_prompts: list, smollm2_refer
         assert got == smollm2_reference[i][:16], tr("Step 0 differs from HF generate on prompt {i}", i=i)
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("page_size", [1, pytest.param(4, marks=pytest.mark.every_path)])
 def test_milestone(smollm2_path: str, page_size: int, capsys: pytest.CaptureFixture) -> None:
     n = 8
     argv = ["--model", smollm2_path, "--page-size", str(page_size), "--max-tokens", str(n), "--skip-step0"]

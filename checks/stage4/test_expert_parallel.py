@@ -261,6 +261,7 @@ def test_tensor_parallel_experts_reduce_once(ranks: list[dict[str, Any]]) -> Non
 # ----------------------------------------------------------------------------- 整个模型 | en: the whole model
 
 
+@pytest.mark.every_path
 @pytest.mark.parametrize("kind", ["tp", "ep"])
 def test_split_moe_model_matches_one_rank_and_hugging_face(ranks: list[dict[str, Any]], moe_path: str, kind: str) -> None:
     reference = greedy_reference(moe_path, LATER_PROMPTS, LATER_TOKENS)

@@ -7,7 +7,10 @@ oneDNN 要另打包一份权重，在 Zen 1 上只用到读带宽的六七成，
 读进来一次、同时乘好几行输入，M = 1 时接近读带宽。它不给输入分块，所以输入行数多了（长提示词的预填充）MKL 的分块
 矩阵乘更快。哪条路在哪儿赢因机器而异，所以每种权重形状第一次用到时现量一次（:func:`choice`）：原样的权重用内核
 到几行为止、再往上交给 ``F.linear``，还是整个换成 oneDNN 的打包布局。结果按 CPU、PyTorch 和线程数缓存，打印一行
-``线性层 …``；环境变量 ``MINISGL_KERNEL_MAX_ROWS=N`` 跳过测量、一律用内核到 N 行（不用 oneDNN）。
+``线性层 …``。机器正忙时量出的结果只算一小时（:data:`LOADED_PLAN_S`），之后重量：别的进程抢走的核会让哪条都显得慢。
+两个环境变量跳过测量：``MINISGL_KERNEL_MAX_ROWS=N`` 一律用内核到 N 行、其余 ``F.linear``（0：一律 ``F.linear``），
+``MINISGL_KERNEL_ONEDNN=1`` 一律打包成 oneDNN 的布局。选哪条只影响快慢：线性层的 ``weight`` 总是检查点里的那块权重，
+打包的副本另存，结果与 ``F.linear`` 只差求和顺序。
 
 第一次用到时用系统的 C 编译器（``cc``，可以用环境变量 ``CC`` 换）按这颗 CPU 最宽的向量指令集现编一次
 （``-march=native``：AVX-512、AVX2 或 NEON），结果按源码、编译选项和机器缓存在 ``~/.cache/minisgl/kernels``
@@ -39,14 +42,16 @@ import torch.nn.functional as F
 
 from minisgl.i18n import tr
 
-__all__ = ["SOURCES", "Choice", "available", "bf16_dot", "calibrate", "choice", "cpu_linear", "kernel_linear", "library", "onednn_linear",
-           "onednn_pack", "onednn_supports", "supports"]
+__all__ = ["SOURCES", "Choice", "available", "bf16_dot", "calibrate", "choice", "cpu_linear", "forced", "kernel_linear", "library",
+           "onednn_linear", "onednn_pack", "onednn_supports", "supports"]
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_decode.c")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
 ROW_STEPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # 测量时试的行数
 MARGIN = 1.1  # 别的路要快过一成才算赢：只差一点时留给内核（它的结果与线程数无关）
 COLD_BYTES = 512 << 20  # 测量时轮流用这么多字节的权重副本：比常见的最后一级缓存大，每次调用都从内存读权重
+BUSY_SHARE = 0.25  # 量的时候别的进程平均占了超过这么多个核：算“机器正忙”
+LOADED_PLAN_S = 3600.0  # 机器正忙时量出的选择存多久（秒）：之后第一个用到它的进程重量
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -225,28 +230,77 @@ def choice(weight: torch.Tensor) -> Choice:
     """这种形状的权重在这颗 CPU 上怎么算。
 
     第一次遇到一种形状（这颗 CPU、这个线程数、这个 PyTorch）时现量一次（:func:`calibrate`，大权重要几秒），
-    结果存进编好的库旁边的 JSON，打印一行；之后直接查表。``MINISGL_KERNEL_MAX_ROWS=N`` 时一律是内核用到 N 行，不量。
+    结果存进编好的库旁边的 JSON，打印一行；之后直接查表。量的时候别的进程占着核（超过 :data:`BUSY_SHARE` 个），
+    存下的结果 :data:`LOADED_PLAN_S` 秒后过期。环境变量指定了路（:func:`forced`）就不量。
     """
-    if (forced := os.environ.get("MINISGL_KERNEL_MAX_ROWS")) is not None:
-        if not forced.strip().isdigit():
-            raise ValueError(tr("MINISGL_KERNEL_MAX_ROWS={value!r} is not a row count: set a whole number ≥ 0 "
-                                "(0: always F.linear), or unset it to measure on this CPU", value=forced))
-        return Choice(1, int(forced))
+    if (given := forced()) is not None:
+        return given
     n, k = weight.shape
     key = (k, n, weight.dtype, torch.get_num_threads())
     if key not in _chosen:
         path, dtype = plan_path(), str(weight.dtype).removeprefix("torch.")
         name = f"{k}x{n}" + ("" if weight.dtype == torch.float32 else f"-{dtype}")
+        saved = _read_plan(path).get(name)
         try:
-            chosen = Choice(**_read_plan(path)[name])
-        except (KeyError, TypeError):  # 没量过（或者文件里是别的写法）：现量
-            chosen = calibrate(weight)
+            if not isinstance(saved, dict) or time.time() > saved.get("expires", math.inf):
+                raise KeyError(name)
+            chosen = Choice(**{f: saved[f] for f in ("kernel_from", "kernel_to", "onednn")})
+        except (KeyError, TypeError):  # 没量过、量的时候机器正忙而且已过期、或者文件里是别的写法：现量
+            chosen, busy = measured_while_watching(lambda: calibrate(weight))
             _trim_heap()
-            _write_plan(path, {**_read_plan(path), name: vars(chosen)})  # 几个进程同时量也不丢别人量的形状
+            entry: dict[str, object] = vars(chosen)
+            if busy > BUSY_SHARE:
+                entry = {**entry, "busy_cores": round(busy, 2), "expires": time.time() + LOADED_PLAN_S}
+            _write_plan(path, {**_read_plan(path), name: entry})  # 几个进程同时量也不丢别人量的形状
             print(tr("Linear layer {k}→{n} ({dtype}): {how} (measured once on this CPU with {threads} threads, saved in "
                      "{path})", k=k, n=n, dtype=dtype, how=chosen.describe(weight.dtype), threads=key[3], path=path), file=sys.stderr)
+            if busy > BUSY_SHARE:
+                print(tr("  other processes kept {busy:.1f} cores busy while measuring: this choice is measured again after "
+                         "{hours:g} h", busy=busy, hours=LOADED_PLAN_S / 3600), file=sys.stderr)
         _chosen[key] = chosen
     return _chosen[key]
+
+
+def forced() -> Choice | None:
+    """环境变量指定的选择（不量），没指定时是 None：``MINISGL_KERNEL_MAX_ROWS=N`` 内核用到 N 行、其余 ``F.linear``；
+    ``MINISGL_KERNEL_ONEDNN=1`` 一律 oneDNN 的打包布局（内核和 oneDNN 不能同时指定）。检查在每条路上都要通过，
+    CI 就用它们把每条路各跑一遍。"""
+    rows, onednn = os.environ.get("MINISGL_KERNEL_MAX_ROWS"), os.environ.get("MINISGL_KERNEL_ONEDNN", "").strip()
+    if onednn not in ("", "0", "1"):
+        raise ValueError(tr("MINISGL_KERNEL_ONEDNN={value!r}: set 1 (always oneDNN's packed layout) or 0, or unset it to "
+                            "measure on this CPU", value=onednn))
+    if onednn == "1":
+        if rows is not None:
+            raise ValueError(tr("MINISGL_KERNEL_MAX_ROWS and MINISGL_KERNEL_ONEDNN=1 each force one path: set only one"))
+        return Choice(1, 0, onednn=True)
+    if rows is None:
+        return None
+    if not rows.strip().isdigit():
+        raise ValueError(tr("MINISGL_KERNEL_MAX_ROWS={value!r} is not a row count: set a whole number ≥ 0 "
+                            "(0: always F.linear), or unset it to measure on this CPU", value=rows))
+    return Choice(1, int(rows))
+
+
+def _busy_jiffies() -> tuple[int, int] | None:
+    """整台机器到此刻忙了多少个时钟滴答（/proc/stat 第一行里除 idle、iowait 以外的），和每秒几个滴答；读不到时 None。"""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields[:8]) - fields[3] - fields[4], os.sysconf("SC_CLK_TCK")
+
+
+def measured_while_watching(fn: Callable[[], Choice]) -> tuple[Choice, float]:
+    """跑 ``fn``，同时看别的进程平均占了几个核（整机的忙时减去本进程的 CPU 时间，除以经过的时间）。读不到整机的
+    忙时（不是 Linux）就按系统负载减去本进程估。"""
+    before, own, start = _busy_jiffies(), os.times(), time.monotonic()
+    chosen = fn()
+    after, own_after, wall = _busy_jiffies(), os.times(), max(time.monotonic() - start, 1e-3)
+    own_s = own_after.user + own_after.system - own.user - own.system
+    if before is None or after is None:
+        return chosen, max(0.0, os.getloadavg()[0] - own_s / wall)
+    return chosen, max(0.0, ((after[0] - before[0]) / after[1] - own_s) / wall)
 
 
 def _trim_heap() -> None:

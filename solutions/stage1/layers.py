@@ -167,11 +167,11 @@ class Linear(BaseOP):
         if shard_names is not None and len(shard_names) != len(self.output_sizes):
             raise ValueError(tr("shard_names must have as many entries as output_sizes has shards"))
         out = sum(self.output_sizes)
-        self.weight: torch.Tensor | None = torch.empty(out, input_size, dtype=dtype, device=device)
+        self.weight = torch.empty(out, input_size, dtype=dtype, device=device)
         self.bias = torch.empty(out, dtype=dtype, device=device) if bias else None
         self._shard_names = shard_names
-        # oneDNN 布局的权重（不透明张量，不能切片）
-        # en: the weight in oneDNN's layout (an opaque tensor that cannot be sliced)
+        # oneDNN 布局的权重副本（不透明张量，不能切片）；self.weight 仍是原样的那块
+        # en: a copy of the weight in oneDNN's layout (an opaque tensor that cannot be sliced); self.weight stays as it is
         self._packed: torch.Tensor | None = None
         # 前向走 minisgl.kernel 的小批量内核（权重原样不动）
         # en: the forward uses minisgl.kernel's small-batch kernel (the weight stays as it is)
@@ -211,29 +211,39 @@ class Linear(BaseOP):
         # <<< TASK
 
     def pack(self, kind: str = "onednn") -> None:
-        """为 CPU 换一条更快的路径（只做一次）。
+        """为 CPU 换一条更快的路径（只做一次）。``self.weight`` 始终是检查点里的那块权重：换哪条路只影响快慢，
+        读权重的代码（切片、数字节、融合解码）看到的都一样。
 
-        ``onednn``：把权重重排成 oneDNN 的布局，重排后的副本取代原权重以省内存。``kernel``：权重原样不动，前向交给
+        ``onednn``：另存一份重排成 oneDNN 布局的副本（不透明张量，不能切片），前向用它。``kernel``：前向交给
         ``minisgl.kernel`` 的小批量内核（行数多了它自己转给 ``F.linear``）。``auto``：这种形状在这颗 CPU 上量过
-        哪条快（``minisgl.kernel.choice``，第一次遇到时量）就走哪条。内核不认的权重形状一律用 oneDNN。
+        哪条快（``minisgl.kernel.choice``，第一次遇到时量；环境变量可以指定，见 ``minisgl.kernel.forced``）就走哪条。
+        内核不认的权重形状一律用 oneDNN。
 
-        en: Switch to a faster path for the CPU (once only).
+        en: Switch to a faster path for the CPU (once only). ``self.weight`` is always the checkpoint's weight: the path
+        changes the speed only, and code that reads the weight (slicing it, counting bytes, the fused decode) sees the
+        same tensor whichever path was chosen.
 
-        ``onednn``: reorder the weight into oneDNN's layout; the reordered copy replaces the original weight to save
-        memory. ``kernel``: the weight stays as it is and the forward goes to ``minisgl.kernel``'s small-batch kernel
-        (which hands larger row counts to ``F.linear`` itself). ``auto``: whichever of the two this CPU measured faster
-        for this shape (``minisgl.kernel.choice``, measured the first time the shape is seen). Weight shapes the kernel
-        does not handle always use oneDNN.
+        ``onednn``: keep a second copy reordered into oneDNN's layout (an opaque tensor that cannot be sliced) and use it
+        in the forward. ``kernel``: the forward goes to ``minisgl.kernel``'s small-batch kernel (which hands larger row
+        counts to ``F.linear`` itself). ``auto``: whichever of the two this CPU measured faster for this shape
+        (``minisgl.kernel.choice``, measured the first time the shape is seen; an environment variable can force it,
+        see ``minisgl.kernel.forced``). Weight shapes the kernel does not handle always use oneDNN.
         """
-        if self.weight is None:
+        if self._packed is not None or self._kernel:
             return
         if kind in ("kernel", "auto") and kernel.supports(self.weight):
-            self._kernel = kind == "kernel" or not kernel.choice(self.weight).onednn
+            self._kernel = not kernel.choice(self.weight).onednn if kind == "auto" or kernel.forced() else True
         if not self._kernel:
             # 重排用的是 torch.ops.mkldnn._reorder_linear_weight（见 minisgl.kernel.onednn_pack）
             # en: the reorder is torch.ops.mkldnn._reorder_linear_weight (see minisgl.kernel.onednn_pack)
             self._packed = kernel.onednn_pack(self.weight)
-            self.weight = None
+
+    def packed_nbytes(self) -> int:
+        """:meth:`pack` 另存的副本占几个字节（没有副本时是 0）：它不算权重，单独报。
+
+        en: The bytes of the copy :meth:`pack` kept beside the weight (0 without one): reported apart from the weights.
+        """
+        return 0 if self._packed is None else self._packed.numel() * self._packed.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -287,14 +297,14 @@ class LMHead(Linear):
 
     预填充一段 100 个 token 的提示词，只有最后一个位置的 logits 用来采样；
     词表有十几万行，把其余 99 个也算出来是白费。``tie_to`` 给出时与嵌入层共用权重
-    （检查点里没有 ``lm_head.weight``）；打包成快速布局时另做一份，嵌入层保留自己的原始权重。
+    （检查点里没有 ``lm_head.weight``）；打包成快速布局时另做一份，共用的权重原样不动。
 
     en: Hidden states -> vocabulary logits, for the last token of each request only.
 
     When a 100-token prompt is prefilled, only the last position's logits are used for sampling; the vocabulary has more
     than a hundred thousand rows, and computing the other 99 would be wasted work. With ``tie_to`` the weight is shared
     with the embedding (the checkpoint has no ``lm_head.weight``); packing into a fast layout makes a separate copy, and
-    the embedding keeps its own original weight.
+    the shared weight stays as it is.
     """
 
     def __init__(
@@ -315,11 +325,12 @@ class LMHead(Linear):
         return {} if self._tied else super().own_slots(prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # >>> TASK lm_head_last_tokens: 返回 [请求数, 词表大小] 的 logits：只算当前批次里每个请求最后一个 token 的那一行；权重打包成快速布局之后（那时 self.weight 是 None）也要照常工作。给定：全局上下文里的当前批次（它的注意力元数据知道每个请求的最后一个 token 在哪），父类 Linear 的前向
-        # en: return logits of shape [requests, vocabulary], computed only for the row of each request's final token in the current batch; it must keep working once the weight is packed into the fast layout (self.weight is then None). Given: the current batch in the global context (its attention metadata knows where each request's final token is), and the parent class Linear's own computation
-        # hint1: x 里是本批全部 token 的隐藏状态：挑出每个请求最后的那一行，再交给父类的前向。别自己写 F.linear：打包之后只有 Linear.forward 知道走哪条路。
+        # >>> TASK lm_head_last_tokens: 返回 [请求数, 词表大小] 的 logits：只算当前批次里每个请求最后一个 token 的那一行；权重打包成快速布局之后，要走打包时选定的那条路（self.weight 仍在，但它只是原样的权重，快速路径不在它身上）。给定：全局上下文里的当前批次（它的注意力元数据知道每个请求的最后一个 token 在哪），父类 Linear 的前向
+        # en: return logits of shape [requests, vocabulary], computed only for the row of each request's final token in the current batch; once the weight is packed into a fast layout it must take the path chosen when packing (self.weight is still there, but it is only the plain weight: the fast path does not live on it). Given: the current batch in the global context (its attention metadata knows where each request's final token is), and the parent class Linear's own computation
+        # hint1: x 里是本批全部 token 的隐藏状态：挑出每个请求最后的那一行，再交给父类的前向。别自己写 F.linear(x, self.weight)：结果对，却绕过了打包选好的快速路径；只有 Linear.forward 知道走哪条路。
         # en1: x holds the hidden states of every token in the batch: pick each request's last row and hand them to the parent class's forward.
-        # en1: Do not write F.linear yourself: after packing, only Linear.forward knows which path to take.
+        # en1: Do not write F.linear(x, self.weight) yourself: the numbers come out right but skip the fast path that packing chose;
+        # en1: only Linear.forward knows which path to take.
         # hint2: 1. batch = get_global_ctx().batch；
         # hint2: 2. last = batch.attn_metadata.get_last_indices(batch.size)；
         # hint2: 3. return super().forward(x[last])。
