@@ -20,6 +20,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! (cd / && "$PY" -c "import m
             exit 1
         }
     fi
+    # 可编辑安装对这个 Python 只有一份：别的克隆装过时，这里一装，那个克隆里 ``import minisgl`` 也会导入这一份。
+    # en: an editable install is one per Python: if another clone installed it, installing here makes ``import minisgl``
+    # en: in that clone load this one too.
+    other="$(cd / && "$PY" -c "import minisgl, pathlib; print(pathlib.Path(minisgl.__file__).resolve().parents[1])" 2>/dev/null || true)"
+    if [ -n "$other" ] && [ "$other" != "$repo" ] && [ -d "$other" ]; then
+        say "注意：这个 Python 的 minisgl 原来装的是另一个克隆 $other；现在改成这一个（$repo）。在那边导入 minisgl 也会得到这一份，那边再运行 make setup 会改回去；两个克隆要同时用，请各建一个虚拟环境（python -m venv .venv）。" \
+            "Note: this Python's minisgl was installed from another clone, $other; it now points to this one ($repo). Importing minisgl there gets this one too, and make setup there points it back; to use both clones at once, give each its own virtual environment (python -m venv .venv)." >&2
+    fi
     "$PY" -m pip install -e ".[all]" || {
         say "安装依赖失败：请检查能否访问 PyPI，然后重新运行 make setup。" \
             "Installing the dependencies failed: check that PyPI can be reached, then run make setup again." >&2
@@ -27,6 +35,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! (cd / && "$PY" -c "import m
     }
     echo "$want" > "$stamp"
 fi
+say "import minisgl → $repo（$PY）" "import minisgl → $repo ($PY)"
 "$PY" tools/build_models.py
 # 文档的浏览器检查要用 Debian 的无头 Chromium；不是 root 时只提示怎么装，不中断安装。
 bash tools/setup_browser.sh || say "（跳过了浏览器安装：文档的浏览器检查会失败，其余不受影响。）" \
