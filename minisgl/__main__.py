@@ -11,8 +11,11 @@ if __name__ == "__main__":
     import sys
 
     from minisgl.i18n import tr
+    from minisgl.lifeline import die_with_parent
     from minisgl.serving import offline_hub, preflight
 
+    # 由别的进程起的（--dp 的副本、检查里的服务器）：随它而去 | en: started by another process (a --dp replica, a check's server): go down with it
+    die_with_parent()
     # 先花几秒查模型目录和端口，再导入 torch、加载模型
     # en: first spend seconds checking the model folder and the port, then import torch and load the model
     if (problem := preflight(sys.argv[1:])) is not None:

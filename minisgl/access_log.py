@@ -1,9 +1,11 @@
 """访问日志（给定）：API 服务器和 ``--dp`` 路由器每答完一个 HTTP 请求，在 ``minisgl.access`` 这个 logger 上以 INFO
 级别写一行：方法、路径、状态码、知道时的提示词 / 生成 token 数、用时（毫秒）。回答写完之前客户端就断开了，这一行的
-状态码是 499（客户端自己收不到它，日志里看得到）。
+状态码是 499（客户端自己收不到它，日志里看得到）。流式的回答发到一半服务器这边出了错（工作进程死了、副本断了），
+状态行早已是 200，日志行却写它失败时的状态码（503），token 数是出错之前已经发出的。
 
     POST /v1/chat/completions 200 prompt_tokens=12 completion_tokens=8 35.2ms
     POST /v1/completions 499 prompt_tokens=5 completion_tokens=3 120.4ms
+    POST /v1/completions 503 prompt_tokens=5 completion_tokens=7 98.1ms
 
 缺省打印到 stderr（用户看到的正是服务器的 stderr）；``--no-access-log`` 关掉。uvicorn 自己的访问日志是关着的：
 它不知道 token 数，也不知道 499。
@@ -11,7 +13,9 @@
 en: The access log (given): for every HTTP request the API server and the ``--dp`` router answer, one line at INFO level
 on the logger ``minisgl.access``: method, path, status, the prompt / completion tokens when known, and the time in
 milliseconds. A client that disconnected before the answer was complete gets status 499 in its line (the client never
-sees it; the log does).
+sees it; the log does). A streamed answer that failed half-way on the server's side (a worker died, a replica broke off)
+had a 200 status line long ago, but its log line has the status it failed with (503), and the tokens sent before the
+failure.
 
 It prints to stderr by default (the server's stderr is what users see); ``--no-access-log`` turns it off. uvicorn's own
 access log stays off: it knows neither the tokens nor the 499.
@@ -71,6 +75,19 @@ def note_usage(prompt_tokens: int, completion_tokens: int) -> None:
         record["completion_tokens"] = record.get("completion_tokens", 0) + completion_tokens
 
 
+def note_failure(status: int) -> None:
+    """记下当前请求其实以 ``status`` 失败了：流式的回答在状态行（200）早已发出之后才出错（例如工作进程死了、副本断了），
+    日志行写这个状态码，而不是 200。不在访问日志的请求里什么也不做。
+
+    en: Note that the current request in fact failed with ``status``: a streamed answer that failed after its status
+    line (200) was long out (a worker died, a replica broke off) is logged with this status instead of 200. Outside a
+    logged request it does nothing.
+    """
+    record = _RECORD.get()
+    if record is not None:
+        record["failed"] = status
+
+
 def format_line(method: str, path: str, status: int, record: dict[str, Any], ms: float) -> str:
     """一行日志：``方法 路径 状态码 [prompt_tokens=N completion_tokens=M] 用时ms``。
 
@@ -84,11 +101,13 @@ def format_line(method: str, path: str, status: int, record: dict[str, Any], ms:
 
 class AccessLog:
     """ASGI 中间件（装在最外层，密钥和 503 的回答也记）：每个 HTTP 请求结束时写一行 :func:`format_line`。
-    回答的最后一段发出之前，收到客户端断开（``http.disconnect``）或写回应失败，状态码记为 :data:`CLIENT_CLOSED`。
+    回答的最后一段发出之前，收到客户端断开（``http.disconnect``）或写回应失败，状态码记为 :data:`CLIENT_CLOSED`；
+    状态行发出之后才失败的回答（:func:`note_failure`）记它失败时的状态码。
 
     en: ASGI middleware (installed outermost, so the answers of the key check and the 503 are logged too): one
     :func:`format_line` line when each HTTP request ends. If the client disconnects (``http.disconnect``) or writing the
-    response fails before the last piece of the answer is out, the status is logged as :data:`CLIENT_CLOSED`.
+    response fails before the last piece of the answer is out, the status is logged as :data:`CLIENT_CLOSED`; an answer
+    that failed after its status line was out (:func:`note_failure`) is logged with the status it failed with.
     """
 
     def __init__(self, app: ASGIApp, logger: logging.Logger | None = None) -> None:
@@ -125,6 +144,6 @@ class AccessLog:
             await self.app(scope, receive_logged, send_logged)
         finally:
             _RECORD.reset(token)
-            status = CLIENT_CLOSED if state["gone"] else state["status"]
+            status = CLIENT_CLOSED if state["gone"] else record.get("failed", state["status"])
             ms = (time.perf_counter() - start) * 1000
             self.logger.info(format_line(scope["method"], scope["path"], status, record, ms))

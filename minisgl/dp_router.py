@@ -55,13 +55,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from minisgl.access_log import AccessLog
+from minisgl.access_log import AccessLog, note_failure
 from minisgl.api_errors import ApiError, ClientGone, add_error_handlers
 from minisgl.i18n import tr
+from minisgl.lifeline import die_with_parent
 from minisgl.metrics import CONTENT_TYPE
 from minisgl.openai_body import messages_of, prompts_of
 from minisgl.router import Policy, make_policy
 from minisgl.serving import add_policy_flags, policy_thresholds, port_problem
+from minisgl.standby import Standby
 
 #: 连副本的时限（秒）；答多久不设限（生成可能很长）。
 #: en: The time limit (seconds) to connect to a replica; answering has none (a generation may be long).
@@ -285,6 +287,7 @@ async def forward(router: DpRouter, request: Request, path: str) -> Response:
                 yield piece
         except httpx.TransportError as e:
             error = ApiError(503, router.failure(replica, e))
+            note_failure(error.status)  # 状态行早已是 200：访问日志写实际的结果 | en: the status line was 200 long ago: the access log tells what happened
             yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n".encode()
         finally:
             await upstream.aclose()
@@ -295,13 +298,14 @@ async def forward(router: DpRouter, request: Request, path: str) -> Response:
 
 
 def create_router_app(router: DpRouter, *, access_log: bool = True) -> FastAPI:
-    """路由器的 FastAPI 应用：三个生成接口转发，``/v1/models``（和 ``/v1/models/{id}``）、聊天页问一个活着的副本，
-    ``/health``、``/metrics``、``/list_workers`` 路由器自己答；``access_log`` 时每个请求一行访问日志
+    """路由器的 FastAPI 应用：三个生成接口转发，``/v1/models``（和 ``/v1/models/{id}``）、聊天页、``/health_generate``
+    问一个活着的副本，``/health``、``/metrics``、``/list_workers`` 路由器自己答；``access_log`` 时每个请求一行访问日志
     （:mod:`minisgl.access_log`）。
 
     en: The router's FastAPI application: the three generation endpoints are forwarded, ``/v1/models`` (and
-    ``/v1/models/{id}``) and the chat page ask a live replica, ``/health``, ``/metrics`` and ``/list_workers`` the router
-    answers itself; with ``access_log``, one access log line per request (:mod:`minisgl.access_log`).
+    ``/v1/models/{id}``), the chat page and ``/health_generate`` ask a live replica, ``/health``, ``/metrics`` and
+    ``/list_workers`` the router answers itself; with ``access_log``, one access log line per request
+    (:mod:`minisgl.access_log`).
     """
 
     @asynccontextmanager
@@ -346,6 +350,10 @@ def create_router_app(router: DpRouter, *, access_log: bool = True) -> FastAPI:
     @app.get("/")
     async def page(request: Request) -> Response:
         return await ask_any("/", request)
+
+    @app.get("/health_generate")
+    async def health_generate(request: Request) -> Response:
+        return await ask_any("/health_generate", request)
 
     @app.get("/health")
     async def health() -> Response:
@@ -399,6 +407,7 @@ def main(argv: list[str] | None = None) -> None:
     """
     import uvicorn
 
+    die_with_parent()  # 由别的进程起的（检查、示例）：随它而去 | en: started by another process (a check, an example): go down with it
     p = argparse.ArgumentParser(prog="python -m minisgl.dp_router", description=tr("A router in front of running replicas"))
     p.add_argument("--worker-urls", nargs="+", required=True, help=tr("the replicas' addresses, e.g. http://127.0.0.1:30001"))
     p.add_argument("--host", default="127.0.0.1", help=tr("the address to listen on (default 127.0.0.1)"))
@@ -412,11 +421,14 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:
         print(tr("Error: {error}", error=port_problem(args.host, args.port, e)), file=sys.stderr, flush=True)
         sys.exit(1)
+    standby = Standby(sock)  # 副本就绪之前每个请求都得到 503 "starting" | en: until the replicas are ready every request gets a 503 "starting"
     try:
         wait_until_healthy(args.worker_urls)
     except RuntimeError as e:
         print(tr("Error: {error}", error=e), file=sys.stderr, flush=True)
         sys.exit(1)
+    finally:
+        standby.stop()
     router = DpRouter(args.worker_urls, make_policy(args.router_policy, len(args.worker_urls), **policy_thresholds(args)))
     print(tr("listening on http://{host}:{port}", host=args.host, port=sock.getsockname()[1]), flush=True)
     config = uvicorn.Config(create_router_app(router, access_log=args.access_log), log_level="warning", access_log=False, lifespan="on",

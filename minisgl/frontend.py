@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from minisgl.access_log import note_usage
+from minisgl.access_log import note_failure, note_usage
 from minisgl.message import SchedulerStats, UserReply, ZmqAsyncPullQueue, ZmqAsyncPushQueue, unwrap
 from minisgl.metrics import CountingPush, ServerMetrics
 from minisgl.serving import ServerAddrs, ServerArgs
@@ -86,22 +86,29 @@ class Frontend:
                     if queue is not None:
                         queue.put_nowait(m)
 
-    @staticmethod
-    async def replies(queue: asyncio.Queue[UserReply], first: UserReply | None = None) -> AsyncIterator[UserReply]:
+    async def replies(self, queue: asyncio.Queue[UserReply], first: UserReply | None = None) -> AsyncIterator[UserReply]:
         """一个请求的回复，一条接一条，到 ``finished`` 的那条为止（``first`` 是已经取出来的第一条）。结束的那条的 token
-        数记进访问日志（:func:`~minisgl.access_log.note_usage`）。
+        数记进访问日志（:func:`~minisgl.access_log.note_usage`）；它带着错误（例如工作进程死了）时，记的是出错之前
+        已经发出的 token 数，以及这个请求不流式时会得到的状态码（:func:`~minisgl.access_log.note_failure`）。
 
         en: One request's replies, one after another, up to the ``finished`` one (``first``: the first one, already
-        taken out). The finishing one's token counts go to the access log (:func:`~minisgl.access_log.note_usage`).
+        taken out). The finishing one's token counts go to the access log (:func:`~minisgl.access_log.note_usage`);
+        when it carries an error (e.g. a worker died), the tokens sent before the error are logged, with the status the
+        request would get unstreamed (:func:`~minisgl.access_log.note_failure`).
         """
         reply = first if first is not None else await queue.get()
+        sent = reply  # 最近一条没出错的回复：token 数到它为止 | en: the latest reply without an error: the token counts so far
         while True:
-            if reply.finished:
-                note_usage(reply.prompt_tokens, reply.completion_tokens)  # 访问日志的那一行 | en: for the access log's line
+            if reply.finished:  # 访问日志的那一行 | en: for the access log's line
+                if reply.error:
+                    note_failure(503 if self.dead is not None else 400)
+                note_usage(sent.prompt_tokens, sent.completion_tokens)
             yield reply
             if reply.finished:
                 return
             reply = await queue.get()
+            if not reply.error:
+                sent = reply
 
     def mark_dead(self, why: str) -> None:
         """某个工作进程死了：以后的请求回 503；正在等回复的请求都收到一条带错误的结束回复，不再干等。

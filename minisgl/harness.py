@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from minisgl.i18n import tr
+from minisgl.lifeline import PARENT_ENV
 
 #: 启动器就绪时打印的地址（不论哪种语言，这一段都一样）。
 #: en: The address the launcher prints once it is ready (the same in every language).
@@ -87,6 +88,7 @@ class ServerProcess:
         self.url = ""
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
+        self.found = threading.Event()  # 打印出了地址 | en: the address was printed
         self.children: list[int] = []  # 就绪时记下的子孙进程 | en: the descendants noted when ready
         self.left_behind: list[int] = []
 
@@ -110,18 +112,35 @@ class ServerProcess:
         self.stop()
 
     def start(self) -> None:
-        """启动并等到 ``/health`` 回 200；起不来就整组杀掉、抛 RuntimeError（带上服务的输出）。
+        """启动并等到 ``/health`` 回 200（:meth:`spawn`，再 :meth:`wait_ready`）。
 
-        en: Start and wait until ``/health`` answers 200; if it does not come up, kill the whole group and raise
-        RuntimeError (with the service's output).
+        en: Start and wait until ``/health`` answers 200 (:meth:`spawn`, then :meth:`wait_ready`).
         """
-        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace",
-                                     start_new_session=True)
-        found = threading.Event()
-        threading.Thread(target=self._pump, args=(found,), daemon=True).start()
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
+        """启动子进程，不等它就绪。子进程在自己的会话里（终端的 Ctrl-C 到不了它），并经 :data:`~minisgl.lifeline.PARENT_ENV`
+        得知本进程的 pid：本进程死了，它随之退出（:mod:`minisgl.lifeline`）；所以要从活得和它一样久的线程里调用。
+
+        en: Start the child process without waiting for it to be ready. The child is in a session of its own (a Ctrl-C in
+        the terminal does not reach it) and learns this process's pid through :data:`~minisgl.lifeline.PARENT_ENV`: when
+        this process dies it exits too (:mod:`minisgl.lifeline`); so call it from a thread that lives as long as the child.
+        """
+        self.proc = subprocess.Popen(self.command, env={**self.env, PARENT_ENV: str(os.getpid())}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, encoding="utf-8",
+                                     errors="replace", start_new_session=True)
+        threading.Thread(target=self._pump, args=(self.found,), daemon=True).start()
+
+    def wait_ready(self) -> None:
+        """等 :meth:`spawn` 起的服务器打印出地址、``/health`` 回 200；起不来就整组杀掉、抛 RuntimeError（带上服务的输出）。
+
+        en: Wait until the server :meth:`spawn` started prints its address and ``/health`` answers 200; if it does not
+        come up, kill the whole group and raise RuntimeError (with the service's output).
+        """
+        assert self.proc is not None
         deadline = time.monotonic() + self.timeout
-        while not found.wait(0.1):
+        while not self.found.wait(0.1):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()
                 raise RuntimeError(tr("The server did not start within {timeout:.0f} s; its output:\n{output}",

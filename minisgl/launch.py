@@ -31,9 +31,11 @@ import uvicorn
 
 from minisgl.by_name import ByName
 from minisgl.i18n import tr
+from minisgl.lifeline import run_tethered
 from minisgl.ranks import free_port, rank_env, stop_process
 from minisgl.serving import (ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, parse_args, port_problem,
                              set_process_name)
+from minisgl.standby import Standby
 
 #: 一个秩时的两个工作进程：名字 → (公共模块, 入口函数, 额外参数)。
 #: en: The two worker processes with one rank: name → (public module, entry function, extra arguments).
@@ -47,6 +49,12 @@ READY_TIMEOUT_S = 600.0
 #: 关机时每一步等多久（秒）：先等调度器自己退出，再 SIGTERM，最后 SIGKILL。
 #: en: How long each shutdown step waits (seconds): first for the scheduler to exit by itself, then SIGTERM, last SIGKILL.
 SHUTDOWN_WAIT_S = 10.0
+#: 多节点时看门狗隔多久（秒）敲一下秩 0（见 :meth:`Launcher._knock`）。
+#: en: With several nodes, how often (seconds) the watchdog knocks on rank 0 (see :meth:`Launcher._knock`).
+KNOCK_EVERY_S = 2.0
+#: 敲门用的那条取消消息里的请求号：没有哪个请求用它。
+#: en: The request id of the abort used to knock: no request has it.
+NO_REQUEST = -1
 #: 工作进程死了之后，服务器还留多久（秒）对请求回 503，然后退出。
 #: en: How long (seconds) the server keeps answering 503 after a worker died, before it exits.
 DEAD_WORKER_GRACE_S = 3.0
@@ -99,23 +107,26 @@ class Launcher:
         self.pipes: dict[str, Connection] = {}
         self.stopping = threading.Event()
         self.died: str | None = None
+        self.ready: set[str] = set()  # 报告过就绪的工作进程 | en: the workers that reported ready
 
     def spawn_workers(self) -> None:
         """spawn 出 :func:`plan_workers` 里的工作进程（不等它们）。
 
-        启动时暂时忽略 SIGINT：子进程继承“忽略”，终端里的 Ctrl-C 只由启动器处理，由它有序地关掉大家。
+        启动时暂时忽略 SIGINT：子进程继承“忽略”，终端里的 Ctrl-C 只由启动器处理，由它有序地关掉大家。启动器不论怎么死的，
+        每个子进程都随之退出（:func:`~minisgl.lifeline.run_tethered`）。
 
         en: Spawn the worker processes of :func:`plan_workers` (without waiting for them).
 
         SIGINT is ignored while they start: the children inherit "ignore", so a Ctrl-C in the terminal is handled by the
-        launcher alone, which then shuts everyone down in order.
+        launcher alone, which then shuts everyone down in order. Each child goes down with the launcher however it dies
+        (:func:`~minisgl.lifeline.run_tethered`).
         """
         ctx = multiprocessing.get_context("spawn")
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             for name, (module, entry, extra) in plan_workers(self.args).items():
                 here, there = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=ByName(module, entry), args=(self.args, self.addrs, there, *extra),
+                proc = ctx.Process(target=run_tethered, args=(ByName(module, entry), self.args, self.addrs, there, *extra),
                                    name=f"minisgl-{name.replace(' ', '')}", daemon=False)
                 proc.start()
                 there.close()
@@ -151,19 +162,27 @@ class Launcher:
                 if kind != "ready":
                     raise RuntimeError(tr("The {name} process cannot start: {why}", name=name, why=payload))
                 infos[name] = dict(payload or {})
+                self.ready.add(name)
         return infos
 
     def watch(self, on_death: Callable[[str], None]) -> threading.Thread:
-        """后台线程：有工作进程退出（而不是在关机）就调用 ``on_death(原因)``。
+        """后台线程：有工作进程退出（而不是在关机）就调用 ``on_death(原因)``。多节点时它还按时敲一敲秩 0
+        （:meth:`_knock`），别的节点上死了的秩也在几秒内被发觉。
 
-        en: A background thread: when a worker exits (other than during shutdown), call ``on_death(why)``.
+        en: A background thread: when a worker exits (other than during shutdown), call ``on_death(why)``. With several
+        nodes it also knocks on rank 0 at intervals (:meth:`_knock`), so a rank that died on another node is found
+        within seconds too.
         """
 
         def run() -> None:
             sentinels = {p.sentinel: name for name, p in self.procs.items()}
+            knock_at = time.monotonic() + KNOCK_EVERY_S
             while not self.stopping.is_set():
                 gone = wait(list(sentinels), timeout=0.2)
                 if not gone:
+                    if self.args.nnodes > 1 and time.monotonic() >= knock_at:
+                        self._knock()
+                        knock_at = time.monotonic() + KNOCK_EVERY_S
                     continue
                 if self.stopping.wait(0.3):  # Ctrl-C 也会让子进程退出：那是关机，不是故障 | en: Ctrl-C makes children exit too: a shutdown, not a failure
                     return
@@ -178,14 +197,18 @@ class Launcher:
         return thread
 
     def shutdown(self) -> None:
-        """调度器收到 :class:`ExitMsg` 自己退出，分词进程收到 SIGTERM 退出；不退的 SIGTERM、再 SIGKILL；删掉 ipc 目录。
+        """调度器收到 :class:`ExitMsg` 自己退出，分词进程收到 SIGTERM 退出；还没就绪的马上 SIGTERM；不退的 SIGTERM、
+        再 SIGKILL；删掉 ipc 目录。
 
-        en: The scheduler exits on an :class:`ExitMsg`, the tokenizer on SIGTERM; one that does not exit gets SIGTERM,
-        then SIGKILL; the ipc folder is removed.
+        en: The scheduler exits on an :class:`ExitMsg`, the tokenizer on SIGTERM; one not ready yet gets SIGTERM at once;
+        one that does not exit gets SIGTERM, then SIGKILL; the ipc folder is removed.
         """
         self.stopping.set()
+        for name, proc in self.procs.items():
+            if name not in self.ready:  # 还没就绪（例如还在集合点上等）：没有谁会收退出消息 | en: not ready (e.g. still at the rendezvous): nobody reads an exit message
+                proc.terminate()
         scheduler = self.procs.get("scheduler")
-        if scheduler is not None and scheduler.is_alive():
+        if scheduler is not None and scheduler.is_alive() and "scheduler" in self.ready:
             try:
                 self._send_exit()
             except Exception:  # 例如消息那一章导入不了：改用 SIGTERM | en: e.g. the message chapter does not import: SIGTERM instead
@@ -201,13 +224,33 @@ class Launcher:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def _send_exit(self) -> None:
+        from minisgl.message import ExitMsg
+
+        self._send_to_scheduler(ExitMsg(), linger_ms=1000)  # 留一秒把 ExitMsg 送出去 | en: allow a second to deliver the ExitMsg
+
+    def _knock(self) -> None:
+        """多节点时，别的节点上的秩死了，这里看不到它的进程；空闲的秩 0 阻塞在自己的收件箱上，也不会发觉——它只在集合通信里
+        才碰到别的秩。所以看门狗每 :data:`KNOCK_EVERY_S` 秒给秩 0 送一条无害的消息（取消一个不存在的请求）：各秩都走一次
+        迭代、进一次广播；对端死了，广播马上出错，秩 0 的进程退出，看门狗照常看到它。
+
+        en: With several nodes, a rank that died on another node is a process this launcher cannot see; an idle rank 0,
+        blocked on its inbox, does not notice either — it meets the other ranks only in collectives. So every
+        :data:`KNOCK_EVERY_S` seconds the watchdog sends rank 0 a harmless message (an abort of a request that does not
+        exist): every rank takes one iteration and enters one broadcast; with a peer dead the broadcast fails at once,
+        rank 0's process exits, and the watchdog sees it as usual.
+        """
+        from minisgl.message import AbortBackendMsg
+
+        self._send_to_scheduler(AbortBackendMsg(NO_REQUEST), linger_ms=100)
+
+    def _send_to_scheduler(self, msg: Any, linger_ms: int) -> None:
         import zmq
 
-        from minisgl.message import ExitMsg, ZmqPushQueue  # 通常 API 服务器早已导入了它 | en: usually the API server imported it long ago
+        from minisgl.message import ZmqPushQueue  # 通常 API 服务器早已导入了它 | en: usually the API server imported it long ago
 
         queue = ZmqPushQueue(self.addrs.backend, create=False, ctx=zmq.Context.instance())
-        queue.put(ExitMsg())
-        queue.socket.close(linger=1000)  # 留一秒把 ExitMsg 送出去 | en: allow a second to deliver the ExitMsg
+        queue.put(msg)  # 连接那一端的管道立刻就有，不会阻塞 | en: a connecting socket has its pipe at once: this never blocks
+        queue.socket.close(linger=linger_ms)
 
 
 class _Server(uvicorn.Server):
@@ -254,6 +297,16 @@ def check_tp(args: ServerArgs) -> str | None:
     return None
 
 
+def announce_rendezvous(args: ServerArgs) -> None:
+    """多个节点时说一句：各节点在哪儿会合、最多等多久（一个节点时什么也不说）。
+
+    en: With several nodes, say where the nodes meet and for how long at most (nothing with one node).
+    """
+    if args.nnodes > 1:
+        print(tr("Waiting for {nnodes} nodes at {addr} (at most {seconds:g} s; --dist-timeout changes it) ...",
+                 nnodes=args.nnodes, addr=args.dist_init_addr, seconds=args.dist_timeout), flush=True)
+
+
 def serve_node(launcher: Launcher) -> int:
     """节点 1、2……：只起本节点的秩，它们从节点 0 的秩 0 收消息；不开 HTTP。秩都正常退出（节点 0 关机时转来的
     ``ExitMsg``）就返回 0，有一个出错退出就停掉其余的、返回 1。
@@ -267,6 +320,7 @@ def serve_node(launcher: Launcher) -> int:
              nnodes=args.nnodes, ranks=", ".join(n.removeprefix("rank ") for n in plan_workers(args)), model=args.model_path),
           flush=True)
     launcher.spawn_workers()
+    announce_rendezvous(args)
     launcher.wait_ready()
     print(tr("Node {node} ready", node=args.node_rank), flush=True)
     procs = list(launcher.procs.items())
@@ -280,6 +334,18 @@ def serve_node(launcher: Launcher) -> int:
                 print(launcher.died, file=sys.stderr, flush=True)
                 return 1
     return 0
+
+
+def say_shutting_down() -> None:
+    """打印“正在关闭”。标准输出若是通向一个已经死了的父进程的管道（随它而去的路上），打印会抛 BrokenPipeError：
+    吞掉它，收尾要紧——否则工作进程没被叫停，退出时 multiprocessing 还要等它们，永远等下去。
+
+    en: Print "Shutting down". If stdout is a pipe to a parent that died (on the way down with it), printing raises
+    BrokenPipeError: swallow it, winding down matters more — otherwise the workers are never told to stop, and at exit
+    multiprocessing waits for them forever.
+    """
+    with contextlib.suppress(OSError):
+        print(tr("Shutting down ..."), flush=True)
 
 
 @contextlib.contextmanager
@@ -328,11 +394,14 @@ def launch(argv: list[str] | None = None) -> int:
         print(tr("Error: {error}", error=port_problem(args.host, args.port, e)), file=sys.stderr, flush=True)
         return 1
     set_process_name("msgl-api-server" if sock is not None else "msgl-node")
+    # 端口已经在监听：就绪之前每个请求马上得到 503 "starting"，而不是挂着
+    # en: the port listens already: until ready, every request gets a 503 "starting" at once instead of hanging
+    standby = Standby(sock) if sock is not None else None
     if args.dp_size > 1:
         from minisgl.replicas import serve_replicas_until_stopped
 
-        assert sock is not None
-        return serve_replicas_until_stopped(args, sock)
+        assert sock is not None and standby is not None
+        return serve_replicas_until_stopped(args, sock, standby)
     launcher = Launcher(args)
     with interrupt_on_signals() as stop_requested:
         try:
@@ -340,6 +409,7 @@ def launch(argv: list[str] | None = None) -> int:
                 return serve_node(launcher)
             print(tr("Starting the tokenizer and scheduler processes for {model} ...", model=args.model_path), flush=True)
             launcher.spawn_workers()
+            announce_rendezvous(args)
             # 工作进程加载模型的同时导入 API 服务器（连带 torch）
             # en: import the API server (torch along with it) while the workers load the model
             from minisgl.api_server import ServerState, create_app
@@ -364,6 +434,8 @@ def launch(argv: list[str] | None = None) -> int:
                 server.should_exit = True
 
             launcher.watch(on_death)
+            assert standby is not None
+            standby.stop()  # 套接字交给 uvicorn：之后的连接在队列里等它 | en: the socket goes to uvicorn: later connections wait in the backlog for it
             shown = f"[{host}]" if ":" in host else host
             print(tr("listening on http://{host}:{port}", host=shown, port=port), flush=True)
             if not stop_requested.is_set():
@@ -375,9 +447,11 @@ def launch(argv: list[str] | None = None) -> int:
             launcher.died = launcher.died or str(e)
         finally:
             stop_requested.set()
+            if standby is not None:
+                standby.stop()
             if sock is not None:
                 sock.close()
-            print(tr("Shutting down ..."), flush=True)
+            say_shutting_down()
             launcher.shutdown()
     return 1 if launcher.died else 0
 

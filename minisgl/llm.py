@@ -21,13 +21,15 @@ import dataclasses
 import multiprocessing
 import os
 import pickle
+import signal
 import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from minisgl.i18n import tr
+from minisgl.lifeline import die_with_parent
 from minisgl.overlap import LLM
-from minisgl.ranks import RANKS_TIMEOUT_S, RankFailed, free_port, rank_env, stop_process
+from minisgl.ranks import RANKS_TIMEOUT_S, RankFailed, exit_if_rerunning_main, free_port, rank_died, rank_env, stop_process
 
 __all__ = ["LLM", "TPLLM"]
 
@@ -64,6 +66,7 @@ def _tp_rank(rank: int, tp_size: int, addr: str, model_path: str, dtype: Any, kw
     en: One rank process: join the process group, build a ``TPScheduler``, then ``generate`` for each command received
     until ``None``.
     """
+    die_with_parent(signal.SIGKILL)
     os.environ.update(env)
     import torch
 
@@ -97,16 +100,19 @@ def _tp_rank(rank: int, tp_size: int, addr: str, model_path: str, dtype: Any, kw
 
 class TPLLM:
     """``LLM(path, tp_size=N)``：N 个 spawn 出来的秩进程，每个跑整个调度器；本进程只发命令、收秩 0 的结果。
-    用完 ``shutdown()``（或 ``with``）。
+    用完 ``shutdown()``（或 ``with``）。在脚本里要放在 ``if __name__ == "__main__":`` 之下创建（spawn 在每个秩里把脚本
+    再执行一遍；见 :mod:`minisgl.ranks`）。
 
     en: ``LLM(path, tp_size=N)``: N spawned rank processes, each running the whole scheduler; this process only sends
-    commands and receives rank 0's results. ``shutdown()`` when done (or use ``with``).
+    commands and receives rank 0's results. ``shutdown()`` when done (or use ``with``). In a script, create it under
+    ``if __name__ == "__main__":`` (spawn runs the script again in each rank; see :mod:`minisgl.ranks`).
     """
 
     def __init__(self, model_path: str, dtype: Any = None, *, tp_size: int, timeout: float = RANKS_TIMEOUT_S,
                  **kwargs: Any) -> None:
         if tp_size < 1:
             raise ValueError(tr("tp_size must be at least 1, got {tp}", tp=tp_size))
+        exit_if_rerunning_main()
         self.tp_size = tp_size
         self.timeout = timeout
         ctx = multiprocessing.get_context("spawn")
@@ -145,8 +151,7 @@ class TPLLM:
                         answers[rank] = conn.recv()  # type: ignore[union-attr]
                     except EOFError:
                         self.procs[rank].join(1.0)
-                        raise RankFailed(tr("Rank {rank} died without a result (exit code {code})", rank=rank,
-                                            code=self.procs[rank].exitcode), [rank]) from None
+                        raise rank_died(rank, self.procs[rank].exitcode) from None
                     if answers[rank][0] == "error":
                         raise RankFailed(tr("Rank {rank} failed:\n{error}", rank=rank, error=answers[rank][1]), [rank])
         except BaseException:

@@ -8,7 +8,10 @@
   nano-vllm 用 2333）在同一台机器上第二次启动时就撞了；
 - **每个秩一个 OpenMP 线程**（CPU 上的缺省）：两个秩各开满两个核的线程池，屏障就睡睡醒醒，比一个进程还慢；
 - **有界**：任何一个秩出错，立刻停掉其余的秩（它们正卡在等这个秩的集合通信里），把出错秩的 traceback 原样抛给
-  调用者；超时也一样。
+  调用者；超时也一样；
+- **随父进程而去**：父进程不论怎么死的，秩进程都被杀掉（:mod:`minisgl.lifeline`）；
+- **脚本要有 ``if __name__ == "__main__":``**：spawn 的子进程先把用户的脚本再执行一遍，起秩的那一行若不在守卫之下，
+  子进程里又要起秩。这种情形被认出来，调用者得到一句说清怎么改的错误（:func:`exit_if_rerunning_main`）。
 
 en: Start a few rank processes, wait for them to finish, bring back their results or their error, and never leave a
 process behind (stage 4's checks, examples and notebooks and ``LLM(tp_size=N)`` use it; given).
@@ -21,14 +24,21 @@ The rules are written here once:
 - **one OpenMP thread per rank** (the CPU default): two ranks each with a pool the size of both cores make the barriers
   sleep and wake, slower than one process;
 - **bounded**: when any rank fails, the others (stuck waiting in a collective for it) are stopped at once, and the
-  failing rank's traceback is raised to the caller as it was; a timeout likewise.
+  failing rank's traceback is raised to the caller as it was; a timeout likewise;
+- **down with the parent**: however the parent dies, the ranks are killed (:mod:`minisgl.lifeline`);
+- **scripts need ``if __name__ == "__main__":``**: a spawned child first runs the user's script again, and a line that
+  starts ranks outside the guard would start ranks again in the child. That case is recognized and the caller gets one
+  error that says how to fix it (:func:`exit_if_rerunning_main`).
 """
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import os
+import signal
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -36,6 +46,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from minisgl.i18n import tr
+from minisgl.lifeline import die_with_parent
 
 #: 等全部秩做完的缺省上限（秒）。
 #: en: The default limit (seconds) for all ranks to finish.
@@ -43,6 +54,10 @@ RANKS_TIMEOUT_S = 300.0
 #: 停一个进程时每一步等多久（秒）：先 SIGTERM，再 SIGKILL。
 #: en: How long each step of stopping a process waits (seconds): SIGTERM first, then SIGKILL.
 STOP_WAIT_S = 5.0
+#: 秩进程发现自己正在重新执行用户脚本、脚本又要起秩时（没有 ``if __name__ == "__main__":``）的退出码。
+#: en: The exit code of a rank process that finds itself running the user's script again, and the script starting ranks
+#: en: again (no ``if __name__ == "__main__":``).
+UNGUARDED_MAIN_EXIT = 86
 
 
 class RankFailed(RuntimeError):
@@ -55,6 +70,41 @@ class RankFailed(RuntimeError):
     def __init__(self, message: str, ranks: list[int]) -> None:
         super().__init__(message)
         self.ranks = ranks
+
+
+def exit_if_rerunning_main() -> None:
+    """起秩之前调用。spawn 出的子进程先把用户的脚本当作 ``__mp_main__`` 再执行一遍（好找到脚本里定义的函数），然后才跑
+    秩的入口。脚本没有 ``if __name__ == "__main__":`` 时，起秩的那一行在子进程里又执行一次——Python 在每个子进程里
+    打印一大段 bootstrapping 错误，调用者几秒后才得到一个说不清原因的错误。这里认出这种情形（调用栈里有
+    ``__mp_main__`` 的模块顶层），让子进程安静地以 :data:`UNGUARDED_MAIN_EXIT` 退出；父进程见到这个退出码，说清该怎么改
+    （:func:`rank_died`）。
+
+    en: Call it before starting ranks. A spawned child first runs the user's script again as ``__mp_main__`` (to find the
+    functions defined there), and only then the rank's entry. Without ``if __name__ == "__main__":`` the line that
+    starts ranks runs again in the child — Python prints a long bootstrapping error in every child, and the caller gets
+    an error with no clear cause seconds later. This recognizes the case (module-level code of ``__mp_main__`` on the
+    call stack) and makes the child exit quietly with :data:`UNGUARDED_MAIN_EXIT`; the parent, seeing that exit code,
+    says how to fix it (:func:`rank_died`).
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            sys.exit(UNGUARDED_MAIN_EXIT)
+        frame = frame.f_back
+
+
+def rank_died(rank: int, code: int | None) -> RankFailed:
+    """秩 ``rank`` 没留下结果就以 ``code`` 退出了：给调用者的错误（:data:`UNGUARDED_MAIN_EXIT` 时说清要加守卫）。
+
+    en: Rank ``rank`` exited with ``code`` leaving no result: the error for the caller (with :data:`UNGUARDED_MAIN_EXIT`,
+    saying that the guard is missing).
+    """
+    if code == UNGUARDED_MAIN_EXIT:
+        script = getattr(sys.modules["__main__"], "__file__", None) or "__main__"
+        return RankFailed(tr("The rank processes stopped at once: spawn runs your script {script} again in each of them, "
+                             "and there the line that starts the ranks ran again. Put the code that starts them "
+                             "(LLM(..., tp_size=N), run_ranks) under if __name__ == \"__main__\":", script=script), [rank])
+    return RankFailed(tr("Rank {rank} died without a result (exit code {code})", rank=rank, code=code), [rank])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -88,6 +138,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, addr: str, ar
     en: A rank process's entry: set the environment and the thread count, run ``fn``, hand the result or the traceback
     back to the parent through the pipe.
     """
+    die_with_parent(signal.SIGKILL)
     os.environ.update(env)
     import torch
 
@@ -130,6 +181,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, threads: int 
     with a port just asked from the OS. If any rank raises, dies without a result or times out, the other ranks are
     stopped, then :class:`RankFailed` is raised.
     """
+    exit_if_rerunning_main()
     ctx = multiprocessing.get_context("spawn")
     addr = f"{host}:{free_port(host)}"
     env = rank_env(host, threads)
@@ -157,8 +209,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, threads: int 
                     status, value = conn.recv()  # type: ignore[union-attr]
                 except EOFError:
                     procs[rank].join(STOP_WAIT_S)
-                    raise RankFailed(tr("Rank {rank} died without a result (exit code {code})", rank=rank,
-                                        code=procs[rank].exitcode), [rank]) from None
+                    raise rank_died(rank, procs[rank].exitcode) from None
                 finally:
                     conn.close()  # type: ignore[union-attr]
                 if status == "error":

@@ -11,6 +11,7 @@ shutdown every replica exits in order.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -20,8 +21,9 @@ from pathlib import Path
 import uvicorn
 
 from minisgl.i18n import tr
-from minisgl.launch import DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, SHUTDOWN_WAIT_S, cpu_budget, interrupt_on_signals
+from minisgl.launch import DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, cpu_budget, interrupt_on_signals, say_shutting_down
 from minisgl.serving import ServerArgs
+from minisgl.standby import Standby
 
 #: 副本的设置里不转给副本的：地址由副本向系统要，数据并行和路由器的设置只属于前面的路由器；访问日志由路由器写
 #: （副本总是 ``--no-access-log``：它的输出没人看，只攒在内存里）。
@@ -30,6 +32,9 @@ from minisgl.serving import ServerArgs
 #: en: ``--no-access-log``: nobody reads its output, which only piles up in memory).
 NOT_FOR_REPLICAS = ("model_path", "host", "port", "dp_size", "router_policy", "router_cache_threshold",
                     "router_balance_abs_threshold", "router_balance_rel_threshold", "access_log")
+#: 关机时等一个副本有序退出的最长时间（秒）；它的子进程随它而去，不必另等。
+#: en: The longest wait (seconds) for a replica to exit in order on shutdown; its children go down with it, no extra wait.
+REPLICA_STOP_S = 5.0
 #: 字段名与命令行参数名不同的那几个。
 #: en: The fields whose flag is not their name.
 FLAG_OF = {"model_name": "--served-model-name", "memory_ratio": "--mem-fraction-static", "tp_size": "--tp",
@@ -78,16 +83,19 @@ def replica_env(index: int, args: ServerArgs, threads: int) -> dict[str, str]:
     return env
 
 
-def serve_replicas(args: ServerArgs, sock: socket.socket) -> int:
+def serve_replicas(args: ServerArgs, sock: socket.socket, standby: Standby) -> int:
     """``--dp N``：起 N 个副本（各自一个 ``python -m minisgl``，端口由它们向系统要，CPU 上平分本机的核），等都就绪，
-    在 ``sock`` 上开路由器（``minisgl.dp_router``）；副本的进程退出了就把它移出轮换；关机时让每个副本有序退出。
+    停下 ``standby``（在那之前它对每个请求回 503），在 ``sock`` 上开路由器（``minisgl.dp_router``）；副本的进程退出了就把
+    它移出轮换；关机时同时给每个副本发 SIGTERM，等它们有序退出（最多 :data:`REPLICA_STOP_S` 秒，之后整组杀掉）。
+    副本从主线程启动，随本进程而去（:mod:`minisgl.lifeline`）。
 
     en: ``--dp N``: start N replicas (each its own ``python -m minisgl``, asking the OS for its port, sharing this
-    machine's cores on the CPU), wait until all are ready, serve the router (``minisgl.dp_router``) on ``sock``; a
-    replica whose process exits is taken out of the rotation; on shutdown every replica exits in order.
+    machine's cores on the CPU), wait until all are ready, stop ``standby`` (which answers 503 to every request until
+    then), serve the router (``minisgl.dp_router``) on ``sock``; a replica whose process exits is taken out of the
+    rotation; on shutdown every replica gets SIGTERM at once and is waited for while it exits in order (at most
+    :data:`REPLICA_STOP_S` seconds, then its group is killed). The replicas are started from the main thread and go down
+    with this process (:mod:`minisgl.lifeline`).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     from minisgl.harness import ServerProcess
 
     threads = max(1, cpu_budget() // args.dp_size)
@@ -96,14 +104,16 @@ def serve_replicas(args: ServerArgs, sock: socket.socket) -> int:
              threads=threads), flush=True)
     replicas = [ServerProcess(args.model_path, *flags, env=replica_env(i, args, threads), timeout=READY_TIMEOUT_S)
                 for i in range(args.dp_size)]
-    pool = ThreadPoolExecutor(max_workers=args.dp_size)
     try:
-        for started in [pool.submit(r.start) for r in replicas]:
-            started.result()
+        for replica in replicas:  # 全部先起，再逐个等：它们同时加载 | en: start all, then wait for each: they load at once
+            replica.spawn()
+        for replica in replicas:
+            replica.wait_ready()
         from minisgl.dp_router import DpRouter, create_router_app
         from minisgl.router import make_policy
         from minisgl.serving import policy_thresholds
 
+        standby.stop()  # 套接字交给路由器 | en: the socket goes to the router
         router = DpRouter([r.url for r in replicas], make_policy(args.router_policy, args.dp_size, **policy_thresholds(args)))
         app = create_router_app(router, access_log=args.access_log)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
@@ -134,16 +144,15 @@ def serve_replicas(args: ServerArgs, sock: socket.socket) -> int:
         server.run(sockets=[sock])
         return 1 if len(gone) == len(replicas) else 0
     finally:
-        print(tr("Shutting down ..."), flush=True)
-        stoppers = [threading.Thread(target=r.stop, kwargs={"timeout": SHUTDOWN_WAIT_S * 2}) for r in replicas]
+        say_shutting_down()
+        stoppers = [threading.Thread(target=r.stop, args=(signal.SIGTERM, REPLICA_STOP_S)) for r in replicas]
         for t in stoppers:
             t.start()
         for t in stoppers:
             t.join()
-        pool.shutdown(wait=False)
 
 
-def serve_replicas_until_stopped(args: ServerArgs, sock: socket.socket) -> int:
+def serve_replicas_until_stopped(args: ServerArgs, sock: socket.socket, standby: Standby) -> int:
     """:func:`serve_replicas`，Ctrl-C / SIGTERM 时有序关机；副本起不来时说清原因、返回 1。
 
     en: :func:`serve_replicas`, shutting down in order on Ctrl-C / SIGTERM; when a replica does not start, say why and
@@ -151,11 +160,12 @@ def serve_replicas_until_stopped(args: ServerArgs, sock: socket.socket) -> int:
     """
     with interrupt_on_signals():
         try:
-            return serve_replicas(args, sock)
+            return serve_replicas(args, sock, standby)
         except KeyboardInterrupt:
             return 0
         except (RuntimeError, OSError) as e:
             print(tr("Error: {error}", error=e), file=sys.stderr, flush=True)
             return 1
         finally:
+            standby.stop()
             sock.close()

@@ -28,6 +28,10 @@ MAX_IPC_PATH = 107
 #: 上游 mini-sglang 的缺省端口。
 #: en: Upstream mini-sglang's default port.
 DEFAULT_PORT = 1919
+#: ``--dist-timeout`` 的缺省值（秒）：各秩在集合点上最多等多久，与第 4.1 章的 ``RENDEZVOUS_TIMEOUT_S`` 相同。
+#: en: The default of ``--dist-timeout`` (seconds): the longest the ranks wait at the rendezvous, the same as chapter
+#: en: 4.1's ``RENDEZVOUS_TIMEOUT_S``.
+DEFAULT_DIST_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -66,6 +70,10 @@ class ServerArgs:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
+    # 在集合点上最多等几秒（SGLang 的 --dist-timeout）；之后的集合通信有自己更长的上限
+    # en: the most seconds to wait at the rendezvous (SGLang's --dist-timeout); the collectives afterwards have their own,
+    # en: longer limit
+    dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
     # 数据并行：几个完整的副本，前面的路由器按哪种策略分请求，缓存感知的三个门槛（None：第 4.6 章的缺省值）
     # en: data parallelism: how many whole replicas, the policy the router in front deals requests by, the three
     # en: cache-aware thresholds (None: chapter 4.6's defaults)
@@ -134,9 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, default=0, help=tr("which node this launch is (0 serves HTTP)"))
     p.add_argument("--dist-init-addr", default=None,
                    help=tr("HOST:PORT of node 0 where the ranks meet (required with --nnodes > 1; default: a free port on 127.0.0.1)"))
+    p.add_argument("--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT_S,
+                   help=tr("the most seconds the ranks wait at --dist-init-addr for every node before giving up (default "
+                           "{seconds:g}; the collectives afterwards keep their own, longer limit)", seconds=DEFAULT_DIST_TIMEOUT_S))
     p.add_argument("--dp", "--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1,
                    help=tr("data parallelism: this many whole replicas (each with its own scheduler, and --tp ranks each) behind one router"))
-    add_policy_flags(p)
+    add_policy_flags(p, policy_default=None)
     return p
 
 
@@ -145,12 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
 ROUTER_POLICIES = ("cache_aware", "round_robin", "shortest_queue")
 
 
-def add_policy_flags(p: argparse.ArgumentParser) -> None:
-    """``--router-policy`` 和缓存感知的三个门槛（SGLang 路由器的名字加上 ``router-``）。
+def add_policy_flags(p: argparse.ArgumentParser, policy_default: str | None = ROUTER_POLICIES[0]) -> None:
+    """``--router-policy`` 和缓存感知的三个门槛（SGLang 路由器的名字加上 ``router-``）。``policy_default`` 为 None 时
+    看得出 ``--router-policy`` 给没给（``python -m minisgl`` 用它拒绝没有 ``--dp`` 的路由器参数）。
 
-    en: ``--router-policy`` and the three cache-aware thresholds (SGLang's router names with ``router-`` in front).
+    en: ``--router-policy`` and the three cache-aware thresholds (SGLang's router names with ``router-`` in front). With
+    ``policy_default`` None one can tell whether ``--router-policy`` was given (``python -m minisgl`` uses it to refuse
+    router flags without ``--dp``).
     """
-    p.add_argument("--router-policy", choices=ROUTER_POLICIES, default="cache_aware",
+    p.add_argument("--router-policy", choices=ROUTER_POLICIES, default=policy_default,
                    help=tr("how the router deals requests out to the --dp replicas (default cache_aware)"))
     p.add_argument("--router-cache-threshold", type=float, default=None,
                    help=tr("cache_aware: route by prefix match when the matched share is above this (default 0.5)"))
@@ -192,10 +206,22 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     if values.pop("enable_expert_parallel") and ep is None:
         ep = values["tp_size"]
     values["ep_size"] = ep or 1
-    for problem in tp_problems(values["tp_size"], values["nnodes"], values["node_rank"], values["dist_init_addr"]):
-        parser.error(problem)
+    # --dp 的规则先说：--dp 2 --nnodes 2 违反的是它，而不是 --tp 在节点间的切分
+    # en: the --dp rule first: --dp 2 --nnodes 2 breaks that one, not how --tp splits over the nodes
     for problem in dp_problems(values["dp_size"], values["nnodes"], values["dist_init_addr"]):
         parser.error(problem)
+    # 路由器只在 --dp N 的副本前面才有：没有它时给了路由器参数，说出来，而不是悄悄不管
+    # en: a router exists only in front of --dp N replicas: router flags without it are refused, not silently ignored
+    router_flags = ["--" + name.replace("_", "-") for name, value in values.items()
+                    if name.startswith("router_") and value is not None]
+    if values["dp_size"] == 1 and router_flags:
+        parser.error(tr("{flags}: the router deals requests out to --dp replicas, and without --dp N (N > 1) there is "
+                        "none; add --dp N or leave the router flags out", flags=", ".join(router_flags)))
+    values["router_policy"] = values["router_policy"] or ROUTER_POLICIES[0]
+    for problem in tp_problems(values["tp_size"], values["nnodes"], values["node_rank"], values["dist_init_addr"]):
+        parser.error(problem)
+    if not values["dist_timeout"] > 0:
+        parser.error(tr("--dist-timeout must be a positive number of seconds, got {value}", value=values["dist_timeout"]))
     if values["ep_size"] not in (1, values["tp_size"]):
         parser.error(tr("--ep {ep} must be 1 or equal to --tp {tp} (the experts are spread over the same ranks)",
                         ep=values["ep_size"], tp=values["tp_size"]))
@@ -239,6 +265,9 @@ def tp_problems(tp_size: int, nnodes: int, node_rank: int, dist_init_addr: str |
         host, _, port = dist_init_addr.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             problems.append(tr("--dist-init-addr must be HOST:PORT, got {addr!r}", addr=dist_init_addr))
+        elif ":" in host or host.startswith("["):  # 集合点的套接字是 IPv4 的 | en: the rendezvous socket is IPv4
+            problems.append(tr("--dist-init-addr {addr!r}: the rendezvous takes an IPv4 address or a host name, not IPv6; "
+                               "on one machine use 127.0.0.1:{port}", addr=dist_init_addr, port=port))
     return problems
 
 

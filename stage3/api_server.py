@@ -99,6 +99,9 @@ UNSUPPORTED_PARAMS: dict[str, tuple[Any, ...]] = {
 #: 客户端断开的检查间隔（秒）。
 #: en: How often (seconds) to check whether the client has disconnected.
 DISCONNECT_POLL_S = 0.05
+#: ``/health_generate`` 等那一个 token 的最长时间（秒；SGLang 也是 20）。
+#: en: The longest ``/health_generate`` waits for its one token (seconds; SGLang's is 20 too).
+HEALTH_GENERATE_TIMEOUT_S = 20.0
 #: 服务器启动的时刻（``/v1/models`` 的 ``created``）。
 #: en: When the server started (``created`` in ``/v1/models``).
 STARTED = time.time()
@@ -686,6 +689,27 @@ async def answer(request: Request, state: ServerState, req: ParsedRequest) -> Re
                              background=BackgroundTask(abort_all, state, uids))
 
 
+async def generation_probe(state: ServerState) -> Response:
+    """``/health_generate``（SGLang 的名字）：一个 token 的贪心生成走完整条路——分词进程、调度器的每个秩、反分词进程。
+    :data:`HEALTH_GENERATE_TIMEOUT_S` 秒内答完是 200，否则 503（没答完的请求取消掉）。``/health`` 只说进程都活着，
+    这个还说它们真的能一起干活。
+
+    en: ``/health_generate`` (SGLang's name): a one-token greedy generation through the whole path — the tokenizer, every
+    scheduler rank, the detokenizer. Answered within :data:`HEALTH_GENERATE_TIMEOUT_S` seconds it is a 200, otherwise a
+    503 (the unfinished request is aborted). ``/health`` only says the processes are alive; this says they really work
+    together.
+    """
+    req = parse_request("completion", {"prompt": "ping", "max_tokens": 1, "temperature": 0}, state)
+    uid, queue = await state.submit(req)
+    try:
+        await asyncio.wait_for(full_response(req, uid, state.replies(queue)), HEALTH_GENERATE_TIMEOUT_S)
+    except (ApiError, asyncio.TimeoutError) as err:
+        await state.abort(uid)
+        why = str(err) or tr("no token within {seconds:.0f} s", seconds=HEALTH_GENERATE_TIMEOUT_S)
+        raise ApiError(503, tr("A one-token generation did not come through: {why}", why=why)) from None
+    return JSONResponse({"status": "ok"})
+
+
 def create_app(state: ServerState) -> FastAPI:
     """FastAPI 应用：各个接口、API 密钥、错误体、工作进程死掉后的 503、访问日志（``--no-access-log`` 关掉）。
 
@@ -735,6 +759,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        return await generation_probe(state)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -9,12 +9,19 @@ rank and the cause, the other ranks are stopped and no process is left; a timeou
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from minisgl.course import select
 from minisgl.harness import child_pids
+from minisgl.i18n import tr
+from minisgl.paths import REPO_ROOT
 from minisgl.ranks import RankFailed, run_ranks
 
 
@@ -92,3 +99,55 @@ def test_a_timeout_is_bounded_and_leaves_nothing() -> None:
         run_ranks(sleep_forever, 2, timeout=8)
     assert err.value.ranks == [0, 1]
     assert left_behind() <= before
+
+
+def _script(tmp_path: Path, body: str) -> list[str]:
+    """写一个用 ``run_ranks`` 的小脚本，返回跑它的命令（仓库根在 ``PYTHONPATH`` 里，秩找得到本模块的函数）。
+
+    en: Write a small script that uses ``run_ranks`` and return the command that runs it (the repository root on
+    ``PYTHONPATH``, so the ranks find this module's functions).
+    """
+    script = tmp_path / "script.py"
+    script.write_text("from checks.course.test_ranks import facts, sleep_forever\nfrom minisgl.ranks import run_ranks\n\n"
+                      + body, encoding="utf-8")
+    return [sys.executable, str(script)]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, **select.impl_env(), "PYTHONPATH": str(REPO_ROOT)}
+
+
+def test_ranks_go_down_with_their_parent(tmp_path: Path) -> None:
+    parent = subprocess.Popen(_script(tmp_path, 'if __name__ == "__main__":\n    run_ranks(sleep_forever, 2)\n'),
+                              env=_env(), stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(ranks := [p for p in child_pids(parent.pid) if "spawn_main" in _cmdline(p)]) < 2:
+        assert time.monotonic() < deadline and parent.poll() is None, tr("The two ranks never started")
+        time.sleep(0.1)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(10)
+    deadline = time.monotonic() + 10
+    while (left := [p for p in ranks if _cmdline(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, tr("The ranks of a SIGKILLed parent must exit within seconds, left {pids}", pids=left)
+
+
+def test_a_script_without_the_main_guard_is_told_so(tmp_path: Path) -> None:
+    done = subprocess.run(_script(tmp_path, "run_ranks(facts, 2)\n"), env=_env(), capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    told = done.stderr.count('if __name__ == "__main__":') == 1 and "bootstrapping" not in done.stderr
+    assert done.returncode != 0 and told, tr(
+        "run_ranks in a script without the main guard must fail once, naming if __name__ == \"__main__\": (and no "
+        "bootstrapping error from the ranks); exit code {code}, stderr:\n{stderr}", code=done.returncode, stderr=done.stderr)
+
+
+def _cmdline(pid: int) -> str:
+    """进程的命令行（已经退出或是僵尸时为空串）。
+
+    en: The process's command line (empty once it exited or is a zombie).
+    """
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from checks.common import expect
 from minisgl import model_zoo
 from minisgl.course import select
@@ -80,3 +82,16 @@ def test_data_parallel_flags() -> None:
            tr("A replica is not told to start replicas or a router, and asks the OS for its own port: {flags}", flags=flags))
     expect(replica_env(1, parse_args(["--model", tiny, "--dp", "2", "--device", "cpu"]), 1), {"OMP_NUM_THREADS": "1"},
            tr("On the CPU each replica gets its share of the cores and no GPU"))
+
+
+def test_router_flags_without_dp_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from minisgl.serving import parse_args
+
+    tiny = str(model_zoo.tiny_qwen3())
+    for extra in (["--router-policy", "round_robin"], ["--dp", "1", "--router-cache-threshold", "0.7"]):
+        with pytest.raises(SystemExit) as stopped:
+            parse_args(["--model", tiny, *extra])
+        err = capsys.readouterr().err
+        expect((stopped.value.code, extra[-2] in err, "--dp N" in err), (2, True, True), tr(
+            "{flag} without --dp is refused while parsing (status 2), naming the flag and --dp N, not silently ignored; "
+            "got: {err}", flag=extra[-2], err=err))

@@ -78,6 +78,12 @@ REPLACEMENT = "\ufffd"
 #: 一轮最多收多少条消息再处理（不让源源不断的消息把回复一直压着）。
 #: en: The most messages taken in one loop turn before processing (so a steady inflow cannot hold replies back forever).
 MAX_DRAIN = 1024
+#: 空闲时最多等多久（秒）就回到 Python 一次：SIGTERM 若恰好落在 ZMQ 处理内部命令（对端连上、断开）的间隙里，阻塞的接收
+#: 不会被打断，Python 的信号处理函数要等下一条消息才跑——可能永远等不来。
+#: en: The longest (seconds) an idle wait lasts before coming back to Python: a SIGTERM that lands while ZMQ processes its
+#: en: internal commands (a peer connecting or leaving) does not interrupt the blocking receive, and the Python signal
+#: en: handler would wait for the next message — which may never come.
+IDLE_WAKE_S = 0.5
 
 # ----------------------------------------------------------------------------- 分词（给定）
 # en: ----------------------------------------------------------------------------- tokenizing (given)
@@ -396,14 +402,16 @@ def tokenize_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> 
 
     绑定自己的 PULL 套接字、连上调度器和 API 服务器，经 ``ready`` 报告 ``("ready", {})``（起不来就报
     ``("error", 原因)`` 并以非零状态退出）。之后每一轮：等到至少一条消息，再把已经到了的都收下，一起处理，
-    给调度器和 API 服务器各发一条（批量）消息。SIGTERM / SIGINT 让它干净地退出：套接字以 linger 0 关闭。
+    给调度器和 API 服务器各发一条（批量）消息。SIGTERM / SIGINT 让它干净地退出：套接字以 linger 0 关闭；空闲时每
+    :data:`IDLE_WAKE_S` 秒回到 Python 一次，信号不会丢。
 
     en: The entry point of the tokenizer / detokenizer process (given, not a task).
 
     It binds its PULL socket, connects to the scheduler and the API server, and reports ``("ready", {})`` through
     ``ready`` (or ``("error", reason)`` and a non-zero exit when it cannot start). Then each turn: wait for at least one
     message, take all that have arrived, handle them together, and send one (batch) message to the scheduler and one
-    to the API server. SIGTERM / SIGINT make it exit cleanly: the sockets close with linger 0.
+    to the API server. SIGTERM / SIGINT make it exit cleanly: the sockets close with linger 0; an idle wait comes back to
+    Python every :data:`IDLE_WAKE_S` seconds, so no signal is lost.
     """
     set_process_name("msgl-tokenizer")
     signal.signal(signal.SIGTERM, _raise_stop)
@@ -425,7 +433,9 @@ def tokenize_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> 
         detokenize_manager = DetokenizeManager(tokenizer)
         ready.send(("ready", {}))
         while True:
-            msgs = unwrap(recv.get())
+            if (first := recv.get(timeout=IDLE_WAKE_S)) is None:
+                continue
+            msgs = unwrap(first)
             while len(msgs) < MAX_DRAIN and (more := recv.get_nowait()) is not None:
                 msgs += unwrap(more)
             backend, frontend = process_messages(msgs, tokenize_manager, detokenize_manager)

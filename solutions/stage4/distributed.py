@@ -39,6 +39,7 @@ Starting the processes, choosing the port, one OpenMP thread per rank and stoppi
 from __future__ import annotations
 
 import socket
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,9 +49,26 @@ import torch.distributed as dist
 
 from minisgl.i18n import tr
 
-#: 一次集合通信最多等多久（秒）：一个秩死了，别的秩不会永远卡在等它的通信里。
-#: en: The longest a collective waits (seconds): when a rank dies, the others do not wait for it forever.
+#: 一次集合通信最多等多久（秒）：一个秩死了，别的秩不会永远卡在等它的通信里。要长：一个秩在集合通信里等另一个秩
+#: 校准内核、加载权重几秒甚至几十秒，都是正常的。
+#: en: The longest a collective waits (seconds): when a rank dies, the others do not wait for it forever. It must be
+#: en: long: a rank waiting in a collective for a peer that calibrates a kernel or loads weights for seconds, even tens of
+#: en: seconds, is normal.
 COLLECTIVE_TIMEOUT_S = 300
+#: 集合点最多等多久（秒），与集合通信的上限分开：秩都到齐之前，谁也分不清缺的那个是还在路上，还是根本不会来（地址
+#: 写错、节点没起、防火墙挡住）。两分钟够人在几台机器上依次启动；``python -m minisgl --dist-timeout`` 可以改。
+#: en: The longest the rendezvous waits (seconds), apart from the collectives' limit: until every rank is there, nobody
+#: en: can tell whether a missing one is still on its way or will never come (a wrong address, a node not started, a
+#: en: firewall). Two minutes is enough to start the machines one after another; ``python -m minisgl --dist-timeout``
+#: en: changes it.
+RENDEZVOUS_TIMEOUT_S = 120
+#: 集合点上数人数的键：每个秩到了就加 1。
+#: en: The key that counts heads at the rendezvous: each rank adds 1 on arrival.
+_ARRIVED = "minisgl/arrived"
+#: 在集合点上每次只等这么久（秒），再回到 Python：Ctrl-C 随时都能打断。
+#: en: Each wait at the rendezvous lasts at most this long (seconds) before returning to Python: Ctrl-C interrupts it at
+#: en: any time.
+_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -230,61 +248,127 @@ def default_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def rendezvous(info: DistributedInfo, addr: str, timeout: timedelta) -> dist.TCPStore:
+def rendezvous(info: DistributedInfo, addr: str, wait: timedelta, timeout: timedelta) -> dist.TCPStore:
     """集合点：秩 0 在 ``addr`` 上开一个键值存储，其余的秩连上去，互相交换地址。秩 0 自己绑好套接字再交给存储：
     不然 torch 的存储会在**所有**网卡上监听，而不只是 ``addr`` 那一个。
+
+    每个秩最多等 ``wait``，直到 ``info.size`` 个秩都到了；等的时候只做很短的、Python 能打断的事（试连端口、数人数），
+    所以 Ctrl-C 立刻生效；过了 ``wait`` 就抛 :class:`TimeoutError`，说出地址和该查什么。到齐之后，存储的每次操作最多等
+    ``timeout``——集合通信的那个长上限：NCCL 的第一次集合通信也要经它交换地址。
 
     en: The rendezvous: rank 0 opens a key-value store at ``addr``, the other ranks connect to it and swap addresses.
     Rank 0 binds the socket itself and hands it to the store: otherwise torch's store listens on **every** interface,
     not just the one of ``addr``.
+
+    Each rank waits at most ``wait`` until ``info.size`` ranks are there; while waiting it only does short things Python
+    can interrupt (trying the port, counting heads), so Ctrl-C works at once; past ``wait`` it raises
+    :class:`TimeoutError`, naming the address and what to check. Once all are there, each operation of the store waits
+    at most ``timeout`` — the collectives' long limit: NCCL's first collective swaps addresses through it too.
     """
     host, port = addr.rsplit(":", 1)
-    if not info.is_primary:
-        return dist.TCPStore(host, int(port), info.size, is_master=False, timeout=timeout)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, int(port)))
-    sock.listen()
-    return dist.TCPStore(host, int(port), info.size, is_master=True, timeout=timeout, master_listen_fd=sock.detach())
+    deadline = time.monotonic() + wait.total_seconds()
+    try:
+        if info.is_primary:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, int(port)))
+            except OSError as e:
+                sock.close()
+                raise RuntimeError(tr("Rank 0 cannot open the rendezvous at {addr}: {error}. It must be an address of "
+                                      "node 0 itself, with a free port", addr=addr, error=e.strerror or e)) from None
+            sock.listen()
+            store = dist.TCPStore(host, int(port), info.size, is_master=True, timeout=wait, wait_for_workers=False,
+                                  master_listen_fd=sock.detach())
+        else:
+            _wait_for_listener(info, host, int(port), deadline, wait)
+            store = dist.TCPStore(host, int(port), info.size, is_master=False, timeout=wait, wait_for_workers=False)
+        store.add(_ARRIVED, 1)
+        while (arrived := store.add(_ARRIVED, 0)) < info.size:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(tr(
+                    "Only {arrived} of {size} ranks reached the rendezvous at {addr} within {seconds:g} s. Check that "
+                    "every node is started, all with the same --dist-init-addr and --nnodes, and that port {port} of "
+                    "{host} is reachable from the other nodes (a firewall?); --dist-timeout sets this wait",
+                    arrived=arrived, size=info.size, addr=addr, seconds=wait.total_seconds(), port=port, host=host))
+            time.sleep(_POLL_S)
+    except dist.DistError as e:  # 存储本身出错（例如秩 0 先走了）：只留第一行，不带 C++ 调用栈 | en: the store failed (e.g. rank 0 left): keep the first line, no C++ stack
+        raise ConnectionError(tr("Rank {rank} lost the rendezvous at {addr}: {error}", rank=info.rank, addr=addr,
+                                 error=str(e).strip().splitlines()[0])) from None
+    store.set_timeout(timeout)
+    return store
 
 
-def init_distributed(info: DistributedInfo, addr: str, device: torch.device | None = None) -> Communicator:
+def _wait_for_listener(info: DistributedInfo, host: str, port: int, deadline: float, wait: timedelta) -> None:
+    """秩 0 以外的秩：一次一次地试连 ``host:port``（每次至多一秒），直到有人在听，或者过了 ``deadline``。
+    torch 的存储自己连时卡在 C++ 里：Ctrl-C 不管用，重试还会打印 C++ 调用栈。
+
+    en: Ranks other than 0: try to connect to ``host:port`` again and again (at most a second each time) until someone
+    listens or ``deadline`` passes. torch's store connecting by itself blocks in C++: Ctrl-C does nothing, and its
+    retries print C++ stacks.
+    """
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(1.0, max(deadline - time.monotonic(), _POLL_S))):
+                return
+        except socket.gaierror as e:
+            raise RuntimeError(tr("Rank {rank} cannot resolve the host of the rendezvous {host}:{port}: {error}",
+                                  rank=info.rank, host=host, port=port, error=e.strerror or e)) from None
+        except OSError as e:
+            error = e.strerror or str(e) or type(e).__name__
+        if time.monotonic() >= deadline:
+            raise TimeoutError(tr(
+                "Rank {rank} found no rendezvous at {host}:{port} within {seconds:g} s ({error}). Check that node 0 is "
+                "started, with the same --dist-init-addr and --nnodes as this node, and that port {port} of {host} is "
+                "reachable from here (a firewall?); --dist-timeout sets this wait",
+                rank=info.rank, host=host, port=port, seconds=wait.total_seconds(), error=error))
+        time.sleep(_POLL_S)
+
+
+def init_distributed(info: DistributedInfo, addr: str, device: torch.device | None = None,
+                     rendezvous_timeout: float | None = None) -> Communicator:
     """加入进程组，返回这个秩的 :class:`Communicator`，并把它设为本进程的张量并行通信器（:func:`get_tp_comm`）。
 
     ``addr`` 是集合点 ``"host:port"``，每个秩都一样（端口由父进程向系统要来，见 :func:`minisgl.ranks.free_port`；
     集合点本身是给定的 :func:`rendezvous`）。
-    一个秩时不建任何组。数据组的后端按设备选（:func:`default_backend`），控制组总是 gloo；两个组的集合通信都最多等
+    一个秩时不建任何组。数据组的后端按设备选（:func:`default_backend`），控制组总是 gloo。两个上限分开：在集合点上最多等
+    ``rendezvous_timeout`` 秒（缺省 :data:`RENDEZVOUS_TIMEOUT_S`），会合之后两个组的集合通信都最多等
     :data:`COLLECTIVE_TIMEOUT_S` 秒。
 
     en: Join the process group, return this rank's :class:`Communicator`, and make it this process's tensor-parallel
     communicator (:func:`get_tp_comm`).
 
     ``addr`` is the rendezvous ``"host:port"``, the same on every rank (the parent asked the OS for the port, see
-    :func:`minisgl.ranks.free_port`; the rendezvous itself is the given :func:`rendezvous`). With one rank no group is made. The data group's backend follows the device
-    (:func:`default_backend`), the control group is always gloo; collectives of both wait at most
-    :data:`COLLECTIVE_TIMEOUT_S` seconds.
+    :func:`minisgl.ranks.free_port`; the rendezvous itself is the given :func:`rendezvous`). With one rank no group is
+    made. The data group's backend follows the device (:func:`default_backend`), the control group is always gloo. Two
+    separate limits: the rendezvous waits at most ``rendezvous_timeout`` seconds (default :data:`RENDEZVOUS_TIMEOUT_S`);
+    once met, collectives of both groups wait at most :data:`COLLECTIVE_TIMEOUT_S` seconds.
     """
     device = device or torch.device("cpu")
+    wait = timedelta(seconds=RENDEZVOUS_TIMEOUT_S if rendezvous_timeout is None else rendezvous_timeout)
     timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    # >>> TASK init_distributed: 返回这个秩的 Communicator，并把它设为本进程的张量并行通信器（之后 get_tp_comm 拿到的就是它）。一个秩：不建任何组，也不碰那个地址。多个秩：在集合点会合，建数据组（CPU 上 gloo，GPU 上 NCCL），再建一个全部秩都在的 gloo 控制组，两个组都最多等 COLLECTIVE_TIMEOUT_S 秒。给定：rendezvous、default_backend
-    # en: return this rank's Communicator and make it this process's tensor-parallel communicator (what get_tp_comm gives afterwards). One rank: make no group and never touch the address. Several ranks: meet at the rendezvous, a data group (gloo on the CPU, NCCL on a GPU) plus a gloo control group of all ranks; both wait at most COLLECTIVE_TIMEOUT_S seconds. Given: rendezvous, default_backend
-    # hint1: 集合点的存储交给建进程组的那个函数，它建的缺省组就是数据组；控制组是在它之后每个秩都按同样顺序再建的一个组。不管几个秩，
-    # hint1: 最后都要登记成本进程的通信器
+    # >>> TASK init_distributed: 返回这个秩的 Communicator，并把它设为本进程的张量并行通信器（之后 get_tp_comm 拿到的就是它）。一个秩：不建任何组，也不碰那个地址。多个秩：在集合点会合，建数据组（CPU 上 gloo，GPU 上 NCCL），再建一个全部秩都在的 gloo 控制组。两个上限分开：会合最多等 wait（短），两个组的集合通信都最多等 timeout（COLLECTIVE_TIMEOUT_S 秒，长）。给定：rendezvous、default_backend、wait、timeout
+    # en: return this rank's Communicator and make it this process's tensor-parallel communicator (what get_tp_comm gives afterwards). One rank: make no group and never touch the address. Several ranks: meet at the rendezvous, a data group (gloo on the CPU, NCCL on a GPU) plus a gloo control group of all ranks. Two separate limits: meeting waits at most wait (short), collectives of both groups at most timeout (COLLECTIVE_TIMEOUT_S seconds, long). Given: rendezvous, default_backend, wait, timeout
+    # hint1: 集合点的存储交给建进程组的那个函数，它建的缺省组就是数据组；控制组是在它之后每个秩都按同样顺序再建的一个组。
+    # hint1: 集合点要两个上限：等人到齐的和之后的。一个秩在集合通信里等另一个秩校准内核几秒是正常的，所以组的上限不能是会合的那个短上限。
+    # hint1: 不管几个秩，最后都要登记成本进程的通信器
     # en1: Hand the rendezvous store to the function that makes the process group: the default group it makes is the data group;
-    # en1: the control group is one more group every rank makes after it, in the same order. Whatever the rank count,
-    # en1: register the communicator as this process's at the end
+    # en1: the control group is one more group every rank makes after it, in the same order. The rendezvous takes two limits:
+    # en1: for everyone to arrive, and for afterwards. A rank waiting seconds in a collective while a peer calibrates a kernel is
+    # en1: normal, so the groups' limit cannot be the short one of the meeting. Whatever the rank count, register the communicator
+    # en1: as this process's at the end
     # hint2: 1. info.size == 1：comm = Communicator(info)；
-    # hint2: 2. 否则 dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=info.rank, world_size=info.size, timeout=timeout)；
+    # hint2: 2. 否则 dist.init_process_group(default_backend(device), store=rendezvous(info, addr, wait, timeout), rank=info.rank, world_size=info.size, timeout=timeout)；
     # hint2: 3. control = dist.new_group(backend="gloo", timeout=timeout)；comm = Communicator(info, dist.group.WORLD, control)；
     # hint2: 4. set_tp_comm(comm)，return comm。
     # en2: 1. info.size == 1: comm = Communicator(info);
-    # en2: 2. otherwise dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=info.rank, world_size=info.size, timeout=timeout);
+    # en2: 2. otherwise dist.init_process_group(default_backend(device), store=rendezvous(info, addr, wait, timeout), rank=info.rank, world_size=info.size, timeout=timeout);
     # en2: 3. control = dist.new_group(backend="gloo", timeout=timeout); comm = Communicator(info, dist.group.WORLD, control);
     # en2: 4. set_tp_comm(comm) and return comm.
     if info.size == 1:
         comm = Communicator(info)
     else:
-        dist.init_process_group(default_backend(device), store=rendezvous(info, addr, timeout), rank=info.rank,
+        dist.init_process_group(default_backend(device), store=rendezvous(info, addr, wait, timeout), rank=info.rank,
                                 world_size=info.size, timeout=timeout)
         control = dist.new_group(backend="gloo", timeout=timeout)
         comm = Communicator(info, dist.group.WORLD, control)
