@@ -37,32 +37,55 @@ BF16_KW = {**KW, "dtype": torch.bfloat16, "max_running_req": 1}
 #: en: so it is left out. These catch missing roundings (residual, RoPE) on the tiny Qwen3.
 BF16_PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 3303, 1435, 2443, 28], PROMPTS[2], PROMPTS[4]]
 BF16_TOKENS = 16
+#: 逐层引擎在某一步最大的两个对数概率相差不到这么多（nat）时，两条 bf16 的路选哪个都对（SmolLM2 的 logits 在 bf16 里
+#: 的间距是 1/16–1/8，这台机器的注意力怎样求和也会挪动它们）：只许在这样的一步分岔，从那里起不再比。
+#: en: When the layer-by-layer engine's two largest log-probabilities at a step are closer than this (nats), either
+#: en: choice is right for two bf16 paths (SmolLM2's logits are 1/16–1/8 apart in bf16, and how this machine's attention
+#: en: sums shifts them): a fork is allowed only at such a step, and nothing after it is compared.
+BF16_TIE = 0.25
 
 
-def _bf16_tokens(path: Path, fused: bool) -> tuple[list[list[int]], str, int]:
-    """bf16 贪心生成 BF16_TOKENS 个 token：(输出, Engine.decode_path, 融合解码走了几步)。"""
+def _bf16_tokens(path: Path, fused: bool) -> tuple[list[list[int]], list[list[float]], str, int]:
+    """bf16 贪心生成 BF16_TOKENS 个 token：(输出, 每一步最大的两个对数概率之差, Engine.decode_path, 融合解码走了几步)。"""
     llm = LLM(path, cpu_fused_decode=fused, **BF16_KW)
     try:
-        params = SamplingParams(max_tokens=BF16_TOKENS, ignore_eos=True)
-        got = [r["token_ids"] for r in llm.generate(BF16_PROMPTS, params)]
-        return got, llm.engine.decode_path, llm.engine.fused_decoder.decode_steps if fused else 0
+        params = SamplingParams(max_tokens=BF16_TOKENS, ignore_eos=True, logprobs=True, top_logprobs=2)
+        out = llm.generate(BF16_PROMPTS, params)
+        margins = [[lp.top_logprobs[0] - lp.top_logprobs[1] for lp in r["logprobs"]] for r in out]
+        return [r["token_ids"] for r in out], margins, llm.engine.decode_path, (
+            llm.engine.fused_decoder.decode_steps if fused else 0)
     finally:
         llm.shutdown()
 
 
-def _assert_bf16_paths_agree(path: Path) -> str:
-    fused, said, steps = _bf16_tokens(path, True)
-    layered, _, _ = _bf16_tokens(path, False)
+def _assert_bf16_paths_agree(path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """两条路的线性层（预填充、LM head）都走同一个内核：否则两边的差别还包括这台机器量出的路（哪些行数交给 F.linear），
+    近乎并列的候选会随之分岔——要比的只是融合解码本身。
+
+    en: Both paths take the same kernel for their linear layers (prefill, the LM head): otherwise they would also differ
+    by the path this machine measured (which row counts go to F.linear), and near-ties would fork with it — only the
+    fused decode itself is compared.
+    """
+    monkeypatch.delenv("MINISGL_KERNEL_ONEDNN", raising=False)
+    monkeypatch.setenv("MINISGL_KERNEL_MAX_ROWS", "64")
+    fused, _, said, steps = _bf16_tokens(path, True)
+    layered, margins, _, _ = _bf16_tokens(path, False)
     assert steps >= len(BF16_PROMPTS) * (BF16_TOKENS - 1), f"解码批次没有走融合解码（只走了 {steps} 步）"
-    for i, (f, w) in enumerate(zip(fused, layered)):
-        assert f == w, f"第 {i} 个提示词：bf16 融合解码 {f}，逐层 {w}"
+    compared = 0
+    for i, (f, w, margin) in enumerate(zip(fused, layered, margins)):
+        fork = next((j for j, (a, b) in enumerate(zip(f, w)) if a != b), len(w))
+        assert fork == len(w) or margin[fork] < BF16_TIE, (
+            f"第 {i} 个提示词：bf16 融合解码 {f}，逐层 {w}：第 {fork} 个 token 分岔，逐层那边最大的两个对数概率相差 "
+            f"{margin[fork]:.3f}，不是并列")
+        compared += fork
+    assert compared >= len(BF16_PROMPTS) * BF16_TOKENS // 2, f"只比上了 {compared} 个 token：分岔太早，这条检查什么也没证明"
     return said
 
 
 @pytest.mark.parametrize("model", ["tiny_qwen3", "smollm2"])
-def test_bf16_matches_layer_by_layer(model: str) -> None:
+def test_bf16_matches_layer_by_layer(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16：融合解码（bf16 权重和 KV 缓存，激活在逐层引擎舍入的地方同样舍入）与逐层的 bf16 引擎逐 token 相同。"""
-    said = _assert_bf16_paths_agree(getattr(model_zoo, model)())
+    said = _assert_bf16_paths_agree(getattr(model_zoo, model)(), monkeypatch)
     assert "bfloat16" in said and ("vdpbf16ps" in said) == kernel.bf16_dot(), said
 
 
@@ -70,7 +93,7 @@ def test_bf16_without_the_bf16_dot_product(monkeypatch: pytest.MonkeyPatch) -> N
     """CPU 没有 AVX512_BF16 时（这里假装没有）：融合解码读 bf16 权重、扩成 fp32 再乘（cpu_linear_bf16w），逐层的引擎
     也这样，两条路仍逐 token 相同；这句话说出点积怎么算。"""
     monkeypatch.setattr(kernel.library(), "bf16_dot", False)
-    said = _assert_bf16_paths_agree(model_zoo.tiny_qwen3())
+    said = _assert_bf16_paths_agree(model_zoo.tiny_qwen3(), monkeypatch)
     assert "vdpbf16ps" not in said and "AVX512_BF16" in said, said
 
 

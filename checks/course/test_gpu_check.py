@@ -63,7 +63,7 @@ def test_real_run_order_and_budget() -> None:
 def test_dry_run_plan_is_the_same_steps_on_cpu() -> None:
     real = gpu_check.check_steps("python", have_smollm2=True, bench=False, gpus=2)
     dry = gpu_check.check_steps("python", have_smollm2=True, bench=False, dry_run=True)
-    assert len(dry) == len(real) and all(d.timeout == r.timeout for d, r in zip(dry, real))
+    assert len(dry) == len(real) and all(d.timeout == r.timeout * gpu_check.DRY_RUN_SLOWER for d, r in zip(dry, real))
     assert all(s.env["MINISGL_DEVICE"] == "cpu" for s in dry)
     assert all("--collect-only" in s.command for s in dry if "pytest" in s.command)
 
