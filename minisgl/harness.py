@@ -232,15 +232,30 @@ class ServerProcess:
         # 子进程在父进程退出后才收尾（例如 multiprocessing 的 resource_tracker）
         # en: children wind down after the parent exits (e.g. multiprocessing's resource_tracker)
         deadline = time.monotonic() + timeout
-        while (alive := sorted(p for p in pids if _alive(p))) and time.monotonic() < deadline:
+        while (left := sorted(p for p in pids if alive(p))) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self.left_behind = alive
+        self.left_behind = left
         return self.proc.returncode
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """进程 ``pid`` 还在跑吗（读 /proc；僵尸算已经退出）。
+
+    en: Whether process ``pid`` still runs (read from /proc; a zombie counts as exited).
+    """
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
     return state != "Z"
+
+
+def process_name(pid: int) -> str:
+    """进程 ``pid`` 的名字（``/proc/<pid>/comm``，例如 ``msgl-tokenizer``）；进程已经没了时是空串。
+
+    en: The name of process ``pid`` (``/proc/<pid>/comm``, e.g. ``msgl-tokenizer``); empty when it is gone.
+    """
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

@@ -46,7 +46,7 @@ import pytest
 
 from checks.stage3.conftest import START_TIMEOUT_S, TINY_SERVER_ARGS, Server, read_events, send_request, start_server
 from minisgl.course import select
-from minisgl.harness import child_pids, per_replica
+from minisgl.harness import alive, child_pids, per_replica, process_name
 from minisgl.i18n import tr
 from minisgl.ranks import free_port
 from minisgl.standby import Standby
@@ -66,24 +66,11 @@ EXIT_WITHIN_S = 30.0
 LONG_STREAM = {"prompt": "Count slowly: one two three", "max_tokens": 400, "ignore_eos": True, "stream": True}
 
 
-def comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
 def running(pids: list[int]) -> list[int]:
     """``pids`` 里还在跑的（僵尸算已经退出）。
 
     en: Those of ``pids`` still running (a zombie counts as exited).
     """
-    def alive(pid: int) -> bool:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
     return [p for p in pids if alive(p)]
 
 
@@ -100,7 +87,7 @@ def wait_gone(pids: list[int], seconds: float = GONE_WITHIN_S) -> list[int]:
 
 
 def named(pids: list[int]) -> list[str]:
-    return [f"{p} {comm(p)}" for p in pids]
+    return [f"{p} {process_name(p)}" for p in pids]
 
 
 def port_free(url: str) -> bool:
@@ -134,7 +121,7 @@ def get(url: str, timeout: float = 10.0) -> tuple[int | None, str]:
 
 
 def one_named(pids: list[int], name: str) -> int:
-    found = [p for p in pids if comm(p) == name]
+    found = [p for p in pids if process_name(p) == name]
     assert len(found) == 1, tr("Expected one {name} process among {pids}", name=name, pids=named(pids))
     return found[0]
 
@@ -335,7 +322,7 @@ def dp_server(tiny_path: str) -> Iterator[Server]:
 
 
 def test_a_killed_replica_takes_its_children_and_the_router_serves_on(dp_server: Server) -> None:
-    replicas = [p for p in dp_server.children if comm(p) == "msgl-api-server"]
+    replicas = [p for p in dp_server.children if process_name(p) == "msgl-api-server"]
     assert len(replicas) == 2, tr("Expected two replica processes under the --dp 2 server, found {pids}",
                                   pids=named(dp_server.children))
     tree = child_pids(replicas[0])

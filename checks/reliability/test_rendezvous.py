@@ -30,12 +30,11 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from minisgl.course import select
-from minisgl.harness import child_pids
+from minisgl.harness import alive, child_pids, process_name
 from minisgl.i18n import tr
 from minisgl.ranks import free_port
 
@@ -85,20 +84,6 @@ def _finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int | None, st
     return code, out
 
 
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("node", [1, 0], ids=["node1-nobody-listens", "node0-nobody-comes"])
 def test_a_rendezvous_that_cannot_happen_fails_soon_naming_the_address(node: int) -> None:
     addr = f"127.0.0.1:{free_port()}"
@@ -133,7 +118,7 @@ def test_ctrl_c_at_the_rendezvous_exits_at_once(node: int) -> None:
             if node == 0:
                 with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=0.5):
                     break
-            elif "msgl-sched-r1" in (_comm(p) for p in child_pids(proc.pid)):
+            elif "msgl-sched-r1" in (process_name(p) for p in child_pids(proc.pid)):
                 time.sleep(1.0)
                 break
             time.sleep(0.2)
@@ -148,12 +133,12 @@ def test_ctrl_c_at_the_rendezvous_exits_at_once(node: int) -> None:
             proc.wait(CTRL_C_S)
         except subprocess.TimeoutExpired:
             pass
-        while any(_alive(p) for p in family) and time.monotonic() - start < CTRL_C_S:
+        while any(alive(p) for p in family) and time.monotonic() - start < CTRL_C_S:
             time.sleep(0.05)
         seconds = time.monotonic() - start
     finally:
         code, out = _finish(proc, 5)
-    left = [p for p in family if _alive(p)]
+    left = [p for p in family if alive(p)]
     assert code is not None and seconds < CTRL_C_S and not left, tr(
         "Ctrl-C at the rendezvous: node {node} and its processes must exit within {limit:g} s; took {seconds:.1f} s, "
         "left {left}; output:\n{output}", node=node, limit=CTRL_C_S, seconds=seconds, left=left, output=out[-3000:])
