@@ -49,7 +49,8 @@ def smallest_split(model: str, ep: bool = False) -> int:
 
     en: The smallest ``--tp`` above 1 that splits this model: SmolLM2's 9 heads do not split in 2, so 3.
     """
-    from minisgl.architectures import check_split, load_model_config
+    from minisgl.architectures import load_model_config
+    from minisgl.llm import check_split
 
     config = load_model_config(model)
     for n in range(2, 9):

@@ -50,6 +50,7 @@ def bench_rank(rank: int, world_size: int, addr: str, model: str, batch: int, st
     """
     import torch
 
+    import minisgl.llm  # noqa: F401 - 组装登记混合专家 | en: the assembly registers mixtures of experts
     from minisgl.distributed import DistributedInfo, destroy_distributed, init_distributed
     from minisgl.engine import EngineConfig
     from minisgl.tensor_parallel import TPEngine
@@ -110,6 +111,7 @@ def main() -> int:
 
     from minisgl.ranks import run_ranks
 
+    import minisgl.llm  # noqa: F401 - 组装登记混合专家 | en: the assembly registers mixtures of experts
     from minisgl.architectures import is_moe, load_model_config
 
     model = str(Path(args.model) if args.model else default_model())

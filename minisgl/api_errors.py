@@ -63,6 +63,12 @@ def http_code(status: int) -> str:
     return HTTP_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
 
 
+#: 等回答的时候，每隔多久（秒）看一眼客户端还在不在：第 3.4 章的 ``until_disconnect`` 和第 4.6 章的路由器同守这一条规矩。
+#: en: While an answer is awaited, how often (seconds) to check that the client is still there: chapter 3.4's
+#: en: ``until_disconnect`` and chapter 4.6's router keep this one rule.
+DISCONNECT_POLL_S = 0.05
+
+
 class ClientGone(Exception):
     """客户端在回答写完之前断开了。
 

@@ -1,21 +1,23 @@
-"""哪一章搭这个检查点的模型：稠密解码器是第 1.3 章，混合专家（Qwen3-MoE）是第 4.4 章；切给几个秩时，稠密的是第 4.2 章，
-混合专家的是第 4.5 章。
+"""检查点的种类 → 谁读它的配置、谁搭它的模型。稠密解码器（第 1.3 章）是默认；后面的章节交出的种类（第 4.4、4.5 章的
+混合专家）由组装（:mod:`minisgl.llm`）登记在这里，这样引擎只经过这里读配置、搭模型，却不认识任何后面的章节。
 
-引擎只经过这里读配置、搭模型，所以 ``python -m minisgl --model <MoE 模型>`` 和 ``LLM(<MoE 模型>)`` 不用改一行就能跑；
-稠密模型从不导入第 4.4 章（还没做到第 4 阶段的学员不受影响）。
+登记的是“用到时才导入那一章”的函数：稠密模型从不导入第 4.4 章（还没做到第 4 阶段的学员不受影响），而
+``python -m minisgl --model <MoE 模型>`` 和 ``LLM(<MoE 模型>)`` 不用改一行就能跑。
 
-en: Which chapter builds a checkpoint's model: dense decoders are chapter 1.3's, mixtures of experts (Qwen3-MoE) chapter
-4.4's; split over several ranks, dense ones are chapter 4.2's and mixtures of experts chapter 4.5's. The engine reads
-the config and builds the model only through here, so ``python -m minisgl --model <an MoE model>`` and ``LLM(<an MoE
-model>)`` run without a line changed; a dense model never imports chapter 4.4 (a learner not yet at stage 4 is not
-affected).
+en: A checkpoint's kind → who reads its config and who builds its model. Dense decoders (chapter 1.3) are the default;
+the kinds later chapters deliver (chapters 4.4 and 4.5's mixtures of experts) are registered here by the assembly
+(:mod:`minisgl.llm`), so the engine reads configs and builds models only through here yet knows no later chapter.
+
+What is registered is a function that imports the chapter only when it is needed: a dense model never imports chapter
+4.4 (a learner not yet at stage 4 is not affected), while ``python -m minisgl --model <an MoE model>`` and
+``LLM(<an MoE model>)`` run without a line changed.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from minisgl.i18n import tr
 
@@ -24,86 +26,89 @@ if TYPE_CHECKING:
 
     from minisgl.models import CausalLM, ModelConfig
 
-#: 第 4.4 章搭的架构（``config.json`` 里的 ``architectures[0]``）。
-#: en: The architectures chapter 4.4 builds (``architectures[0]`` in ``config.json``).
-MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+
+class Architecture(NamedTuple):
+    """后面的章节交出的一种检查点：读配置、搭整个模型、搭本秩切开的那份（``ep_size`` 是最后一个参数）。
+
+    en: A checkpoint kind a later chapter delivers: read the config, build the whole model, build this rank's split part
+    (``ep_size`` is the last argument).
+    """
+
+    read_config: Callable[[dict[str, Any]], ModelConfig]
+    create_model: Callable[[ModelConfig, torch.dtype, torch.device | str], CausalLM]
+    create_split_model: Callable[[ModelConfig, torch.dtype, torch.device | str, int], CausalLM]
+    #: 前馈层是路由到专家的（融合解码只会算稠密的 MLP）
+    #: en: the feed-forward layers route tokens to experts (fused decode computes dense MLPs only)
+    moe: bool = False
+
+
+_REGISTERED: dict[str, Callable[[], Architecture]] = {}
+
+#: 组装登记之前就知道的名字：只用来在没登记时说清楚是哪一章、怎么办。
+#: en: Names known before the assembly registers them: used only to say which chapter and what to do when missing.
+LATER_ARCHITECTURES = {"Qwen3MoeForCausalLM": "4.4"}
+
+
+def register_architecture(name: str, load: Callable[[], Architecture]) -> None:
+    """登记 ``config.json`` 里 ``architectures[0]`` 为 ``name`` 的检查点；``load()`` 第一次用到时才调用。
+
+    en: Register checkpoints whose ``architectures[0]`` in ``config.json`` is ``name``; ``load()`` is called only when
+    first needed.
+    """
+    _REGISTERED[name] = load
+
+
+def registered(name: str) -> Architecture | None:
+    load = _REGISTERED.get(name)
+    return load() if load is not None else None
 
 
 def is_moe(config: ModelConfig) -> bool:
-    return config.architecture in MOE_ARCHITECTURES
+    arch = registered(config.architecture)
+    return arch is not None and arch.moe
+
+
+def _architecture_of(hf: dict[str, Any]) -> str:
+    return (hf.get("architectures") or ["?"])[0]
 
 
 def load_model_config(model_path: str | Path) -> ModelConfig:
-    """读 ``config.json``：MoE 架构交给第 4.4 章的 ``MoeConfig``，其余交给第 1.3 章的 ``ModelConfig``（它认不出的
+    """读 ``config.json``：登记过的种类交给它的 ``read_config``，其余交给第 1.3 章的 ``ModelConfig``（它认不出的
     架构由它报错）。
 
-    en: Read ``config.json``: MoE architectures go to chapter 4.4's ``MoeConfig``, the rest to chapter 1.3's
-    ``ModelConfig`` (which reports an architecture it does not know).
+    en: Read ``config.json``: a registered kind goes to its ``read_config``, the rest to chapter 1.3's ``ModelConfig``
+    (which reports an architecture it does not know).
     """
     from minisgl.models import ModelConfig
 
     path = Path(model_path) / "config.json"
     if path.is_file():
         hf = json.loads(path.read_text(encoding="utf-8"))
-        if (hf.get("architectures") or ["?"])[0] in MOE_ARCHITECTURES:
-            from minisgl.moe import MoeConfig
-
-            return MoeConfig.from_dict(hf)
+        name = _architecture_of(hf)
+        arch = registered(name)
+        if arch is not None:
+            return arch.read_config(hf)
+        if name in LATER_ARCHITECTURES:
+            raise ValueError(tr("{arch} is built in chapter {chapter}; load it through the assembled engine (minisgl.llm.LLM or python -m minisgl), which registers it",
+                                arch=name, chapter=LATER_ARCHITECTURES[name]))
     return ModelConfig.from_hf(model_path)
 
 
 def create_model_for(config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
-    """按配置搭出整个模型（权重只分配）：MoE 用第 4.4 章的 ``create_moe_model``，其余用第 1.3 章的 ``create_model``。
+    """按配置搭出整个模型（权重只分配）：登记过的种类用它的 ``create_model``，其余用第 1.3 章的 ``create_model``。
 
-    en: Build the whole model from the config (weights allocated only): chapter 4.4's ``create_moe_model`` for MoE,
-    chapter 1.3's ``create_model`` for the rest.
+    en: Build the whole model from the config (weights allocated only): a registered kind's ``create_model``, chapter
+    1.3's ``create_model`` for the rest.
     """
-    if is_moe(config):
-        from minisgl.moe import create_moe_model
-
-        return create_moe_model(config, dtype, device)  # type: ignore[arg-type]
+    arch = registered(config.architecture)
+    if arch is not None:
+        return arch.create_model(config, dtype, device)
     from minisgl.models import create_model
 
     return create_model(config, dtype, device)
 
 
-def create_split_model_for(config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-                           ep_size: int = 1) -> CausalLM:
-    """本秩那份切开的模型（先加入进程组）：稠密的用第 4.2 章的 ``create_tp_model``，混合专家用第 4.5 章的
-    ``create_moe_tp_model``（``ep_size`` 为 1 时每个专家切开，等于秩数时专家分给各秩）。
-
-    en: This rank's part of the split model (join the process group first): chapter 4.2's ``create_tp_model`` for dense
-    models, chapter 4.5's ``create_moe_tp_model`` for mixtures of experts (with ``ep_size`` 1 each expert is split, with
-    ``ep_size`` equal to the rank count the experts are dealt out to the ranks).
-    """
-    if is_moe(config):
-        from minisgl.expert_parallel import create_moe_tp_model
-
-        return create_moe_tp_model(config, dtype, device, ep_size)  # type: ignore[arg-type]
-    _refuse_ep(config, ep_size)
-    from minisgl.tensor_parallel import create_tp_model
-
-    return create_tp_model(config, dtype, device)
-
-
-def check_split(config: ModelConfig, tp: int, ep: int = 1) -> None:
-    """切不开就在起任何进程、加载任何权重之前抛 ValueError（启动器用它）：稠密的问第 4.2 章，混合专家的问第 4.5 章。
-
-    en: Raise ValueError before any process starts or any weight is loaded when the model cannot be split (the launcher
-    uses it): chapter 4.2 for dense models, chapter 4.5 for mixtures of experts.
-    """
-    if is_moe(config):
-        from minisgl.expert_parallel import check_moe_split
-
-        check_moe_split(config, tp, ep)  # type: ignore[arg-type]
-        return
-    _refuse_ep(config, ep)
-    from minisgl.tensor_parallel import check_tp_split
-
-    check_tp_split(config, tp)
-
-
-def _refuse_ep(config: ModelConfig, ep: int) -> None:
+def refuse_ep(config: ModelConfig, ep: int) -> None:
     """稠密模型没有专家可分：``ep`` 不是 1 就报错。
 
     en: A dense model has no experts to deal out: raise unless ``ep`` is 1.

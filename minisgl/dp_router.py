@@ -6,7 +6,8 @@
 路由器只做转发，不分词、不改请求：读出请求的文字给策略挑副本，把原样的请求体发过去，把回答原样传回来——流式的
 一段段照传。它自己记着每个副本手上有几个请求（在途的：发出去、还没答完），这是最短队列和负载均衡用的“负载”。
 
-- 客户端断开：路由器关掉发往副本的那条连接，副本看到断开，照第 3.4 章的规矩取消请求——取消落在算它的那个副本上；
+- 客户端断开：路由器照第 3.4 章的规矩（同一个 ``until_disconnect``）发觉，关掉发往副本的那条连接，副本看到断开，照同一条
+  规矩取消请求——取消落在算它的那个副本上；
 - 副本连不上（还没收下请求）：把它移出轮换，请求换一个活着的副本；正在答的请求连接断了：移出轮换，这个请求回
   503（流式的发一段错误），说清是哪个副本；没有活着的副本了：503；
 - ``/metrics``：路由器自己的计数（每个副本路由了几个请求、在途几个、活着没有），外加每个活着的副本自己的
@@ -24,8 +25,9 @@ to pick a replica, sends the body unchanged, and passes the answer back unchange
 itself how many requests each replica has in hand (in flight: sent, not yet answered): the "load" of the shortest queue
 and of load balancing.
 
-- a client disconnects: the router closes its connection to the replica, the replica sees the disconnect and aborts the
-  request by chapter 3.4's rules — the abort lands on the replica computing it;
+- a client disconnects: the router notices by chapter 3.4's rule (the same ``until_disconnect``) and closes its
+  connection to the replica, the replica sees the disconnect and aborts the request by the same rule — the abort lands
+  on the replica computing it;
 - a replica cannot be reached (before it took the request): it is taken out of the rotation and the request goes to
   another live replica; the connection of a request being answered breaks: taken out, and that request answers 503 (a
   stream sends an error piece) naming the replica; no live replica left: 503;
@@ -56,21 +58,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from minisgl.access_log import AccessLog, note_failure
-from minisgl.api_errors import ApiError, ClientGone, add_error_handlers
+from minisgl.api_errors import ApiError, add_error_handlers
+from minisgl.api_server import until_disconnect
 from minisgl.i18n import tr
 from minisgl.lifeline import die_with_parent
 from minisgl.metrics import CONTENT_TYPE
 from minisgl.openai_body import messages_of, prompts_of
 from minisgl.router import Policy, make_policy
-from minisgl.serving import add_policy_flags, policy_thresholds, port_problem
+from minisgl.serving import ROUTER_OPTIONS, ROUTER_POLICIES, add_options, policy_thresholds, port_problem
 from minisgl.standby import Standby
 
 #: 连副本的时限（秒）；答多久不设限（生成可能很长）。
 #: en: The time limit (seconds) to connect to a replica; answering has none (a generation may be long).
 CONNECT_TIMEOUT_S = 5.0
-#: 每隔多久（秒）看一眼等着完整回答的客户端还在不在。
-#: en: How often (seconds) to check that a client waiting for a whole answer is still there.
-DISCONNECT_POLL_S = 0.05
 #: 单独起的路由器等副本就绪的最长时间（秒）。
 #: en: The longest a router started alone waits for its replicas to be ready (seconds).
 WAIT_REPLICAS_S = 120.0
@@ -236,20 +236,17 @@ def _forward_headers(request: Request) -> dict[str, str]:
     return {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type", "accept")}
 
 
-async def _until_disconnect(request: Request, work: asyncio.Future[Any]) -> Any:
-    """等 ``work``；客户端先走了就取消它（关掉发往副本的连接，副本随之取消请求），抛 :class:`ClientGone`。
+class _ClosedByForward:
+    """路由器在第 3.4 章 ``until_disconnect`` 眼里的 ``state``。客户端断开时它调 ``state.abort(uid)``；路由器取消请求的
+    办法是关掉发往副本的连接（副本随之按同一条规矩取消），:func:`forward` 离开时总会关，所以这里无事可做。
 
-    en: Wait for ``work``; if the client leaves first, cancel it (closing the connection to the replica, which then
-    aborts the request) and raise :class:`ClientGone`.
+    en: The router as the ``state`` of chapter 3.4's ``until_disconnect``. When the client leaves it calls
+    ``state.abort(uid)``; the router aborts a request by closing its connection to the replica (which then aborts by the
+    same rule), and :func:`forward` always closes it on the way out, so there is nothing to do here.
     """
-    try:
-        while not work.done():
-            await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
-            if not work.done() and await request.is_disconnected():
-                raise ClientGone()
-        return work.result()
-    finally:
-        work.cancel()
+
+    async def abort(self, uid: int) -> None:
+        return None
 
 
 async def forward(router: DpRouter, request: Request, path: str) -> Response:
@@ -272,7 +269,8 @@ async def forward(router: DpRouter, request: Request, path: str) -> Response:
             router.take_out(replica.index, f"{type(e).__name__}: {e}")
     if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
         try:
-            content = await _until_disconnect(request, asyncio.ensure_future(upstream.aread()))
+            # 那个函数只用到 state.abort | en: that function uses state.abort only
+            content = await until_disconnect(request, _ClosedByForward(), replica.index, upstream.aread())  # type: ignore[arg-type]
         except httpx.TransportError as e:
             raise ApiError(503, router.failure(replica, e)) from None
         finally:
@@ -410,11 +408,8 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # 由别的进程起的（检查、示例）：随它而去 | en: started by another process (a check, an example): go down with it
     p = argparse.ArgumentParser(prog="python -m minisgl.dp_router", description=tr("A router in front of running replicas"))
     p.add_argument("--worker-urls", nargs="+", required=True, help=tr("the replicas' addresses, e.g. http://127.0.0.1:30001"))
-    p.add_argument("--host", default="127.0.0.1", help=tr("the address to listen on (default 127.0.0.1)"))
-    p.add_argument("--port", type=int, default=30000, help=tr("the port (default 30000)"))
-    p.add_argument("--no-access-log", dest="access_log", action="store_false",
-                   help=tr("do not log one line per HTTP request (method, path, status, tokens, time) to stderr"))
-    add_policy_flags(p)
+    add_options(p, ["host", "port", "access_log", *ROUTER_OPTIONS], port={"default": 30000, "help": tr("the port (default 30000)")},
+                router_policy={"default": ROUTER_POLICIES[0]})
     args = p.parse_args(argv)
     try:
         sock = socket.create_server((args.host, args.port))

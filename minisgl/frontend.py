@@ -1,10 +1,10 @@
-"""API 服务器这一端的套接字和回复分发（第 3.4 章的 ``ServerState`` 在它上面加请求的登记和取消，给定）。
+"""API 服务器这一端的套接字、请求的登记和回复分发（第 3.4 章的 ``ServerState`` 在它上面加请求的取消，给定）。
 
 回复从反分词进程一条条回来，各属于某个还在等的 HTTP 请求。一个后台任务读 PULL，按 uid 把每条回复放进那个请求
 自己的 ``asyncio.Queue``；处理请求的协程只从自己的队列里取。上游 mini-sglang 的 ``FrontendManager`` 做的是同一件事。
 
-en: The API server's end of the sockets and the handing out of replies (chapter 3.4's ``ServerState`` adds the
-registering and aborting of requests on top; given).
+en: The API server's end of the sockets, the registering of requests and the handing out of replies (chapter 3.4's
+``ServerState`` adds the aborting of requests on top; given).
 
 Replies come back one by one from the detokenizer, each belonging to an HTTP request still waiting. A background task
 reads the PULL and puts every reply into that request's own ``asyncio.Queue`` by uid; the coroutine serving a request
@@ -17,12 +17,25 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from minisgl.access_log import note_failure, note_usage
-from minisgl.message import SchedulerStats, UserReply, ZmqAsyncPullQueue, ZmqAsyncPushQueue, unwrap
+from minisgl.api_errors import ApiError
+from minisgl.core import SamplingParams
+from minisgl.message import SchedulerStats, TokenizeMsg, UserReply, ZmqAsyncPullQueue, ZmqAsyncPushQueue, unwrap
 from minisgl.metrics import CountingPush, ServerMetrics
 from minisgl.serving import ServerAddrs, ServerArgs
+
+
+class Submitted(Protocol):
+    """:meth:`Frontend.submit` 从第 3.4 章的 ``ParsedRequest`` 里读的那几项。
+
+    en: The fields :meth:`Frontend.submit` reads from chapter 3.4's ``ParsedRequest``.
+    """
+
+    prompt: Any
+    sampling_params: SamplingParams
+    stop: list[str]
 
 
 class Frontend:
@@ -64,6 +77,32 @@ class Frontend:
         for queue in (self.send, self.recv):
             if queue is not None:
                 queue.close()
+
+    async def submit(self, req: Submitted) -> tuple[int, asyncio.Queue[UserReply]]:
+        """登记一个请求：给它一个新 uid、一个回复队列（记进 ``live``），把 :class:`TokenizeMsg` 发给分词进程。
+        登记了就必须有人把它去掉（答完时 :meth:`dispatch` 去掉，断开时第 3.4 章的 ``abort`` 去掉），否则
+        ``minisgl_active_requests`` 永远降不下来，调度器里的槽位也回不来。
+
+        en: Register a request: give it a new uid and a reply queue (put into ``live``), and send the
+        :class:`TokenizeMsg` to the tokenizer. Once registered, someone must take it out again (:meth:`dispatch` when it
+        is answered, chapter 3.4's ``abort`` when the client leaves), or ``minisgl_active_requests`` never comes down
+        and the scheduler's slot never comes back.
+        """
+        if self.dead is not None:
+            raise ApiError(503, self.dead)
+        assert self.send is not None
+        uid = self.next_uid
+        self.next_uid += 1
+        queue: asyncio.Queue[UserReply] = asyncio.Queue()
+        self.live[uid] = queue
+        self.metrics.submitted(uid)
+        try:
+            await self.send.put(TokenizeMsg(uid, req.prompt, req.sampling_params, req.stop))
+        except BaseException:  # 没发出去：不留登记（否则 minisgl_active_requests 永远降不下来） | en: not sent: unregister (or minisgl_active_requests never comes down)
+            self.live.pop(uid, None)
+            self.metrics.withdrawn(uid)
+            raise
+        return uid, queue
 
     async def dispatch(self) -> None:
         """后台任务：每条 :class:`UserReply` 放进它的队列（请求答完了就从 ``live`` 里去掉），记指标；

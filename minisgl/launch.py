@@ -14,16 +14,13 @@ loading the model, so the server is ready sooner.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import os
 import shutil
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
@@ -32,20 +29,21 @@ import uvicorn
 from minisgl.by_name import ByName
 from minisgl.i18n import tr
 from minisgl.lifeline import run_tethered
+from minisgl.process_tree import DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, cpu_budget, interrupt_on_signals, say_shutting_down
 from minisgl.ranks import free_port, rank_env, stop_process
 from minisgl.serving import (ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, parse_args, port_problem,
                              set_process_name)
 from minisgl.standby import Standby
 
+#: 调度器用组装好的引擎的采样器（:func:`minisgl.llm.full_sampler`），子进程按名字导入它。
+#: en: The scheduler uses the assembled engine's sampler (:func:`minisgl.llm.full_sampler`), imported by name in the child.
+FULL_SAMPLER = ByName("minisgl.llm", "full_sampler")
 #: 一个秩时的两个工作进程：名字 → (公共模块, 入口函数, 额外参数)。
 #: en: The two worker processes with one rank: name → (public module, entry function, extra arguments).
 WORKERS: dict[str, tuple[str, str, tuple[Any, ...]]] = {
     "tokenizer": ("minisgl.tokenizer", "tokenize_worker", ()),
-    "scheduler": ("minisgl.scheduler_io", "scheduler_worker", ()),
+    "scheduler": ("minisgl.scheduler_io", "scheduler_worker", (FULL_SAMPLER,)),
 }
-#: 等两个工作进程报告就绪的最长时间（秒）；加载大模型可能要一会儿。
-#: en: The longest wait (seconds) for both workers to report ready; loading a big model may take a while.
-READY_TIMEOUT_S = 600.0
 #: 关机时每一步等多久（秒）：先等调度器自己退出，再 SIGTERM，最后 SIGKILL。
 #: en: How long each shutdown step waits (seconds): first for the scheduler to exit by itself, then SIGTERM, last SIGKILL.
 SHUTDOWN_WAIT_S = 10.0
@@ -55,19 +53,6 @@ KNOCK_EVERY_S = 2.0
 #: 敲门用的那条取消消息里的请求号：没有哪个请求用它。
 #: en: The request id of the abort used to knock: no request has it.
 NO_REQUEST = -1
-#: 工作进程死了之后，服务器还留多久（秒）对请求回 503，然后退出。
-#: en: How long (seconds) the server keeps answering 503 after a worker died, before it exits.
-DEAD_WORKER_GRACE_S = 3.0
-
-
-def cpu_budget() -> int:
-    """这次启动可用的核数：``OMP_NUM_THREADS`` 给了就是它（``--dp`` 的每个副本这样分到自己那一份），否则本进程能用的核。
-
-    en: The cores this launch may use: ``OMP_NUM_THREADS`` when set (that is how each ``--dp`` replica gets its share),
-    otherwise the cores this process may run on.
-    """
-    given = os.environ.get("OMP_NUM_THREADS", "")
-    return int(given) if given.isdigit() and int(given) > 0 else len(os.sched_getaffinity(0))
 
 
 def plan_workers(args: ServerArgs) -> dict[str, tuple[str, str, tuple[Any, ...]]]:
@@ -89,7 +74,7 @@ def plan_workers(args: ServerArgs) -> dict[str, tuple[str, str, tuple[Any, ...]]
     workers = {"tokenizer": WORKERS["tokenizer"]} if args.node_rank == 0 else {}
     for rank in range(args.node_rank * per_node, (args.node_rank + 1) * per_node):
         name = "scheduler" if rank == 0 else f"rank {rank}"
-        workers[name] = ("minisgl.tp_scheduler", "tp_scheduler_worker", (rank, dist_addr, env, threads))
+        workers[name] = ("minisgl.tp_scheduler", "tp_scheduler_worker", (rank, dist_addr, env, threads, FULL_SAMPLER))
     return workers
 
 
@@ -288,7 +273,8 @@ def check_tp(args: ServerArgs) -> str | None:
     """
     if args.tp_size == 1 and args.ep_size == 1:
         return None
-    from minisgl.architectures import check_split, load_model_config
+    from minisgl.architectures import load_model_config
+    from minisgl.llm import check_split  # 组装：它登记了后面各章的检查点种类 | en: the assembly: it registers the later chapters' checkpoint kinds
 
     try:
         check_split(load_model_config(args.model_path), args.tp_size, args.ep_size)
@@ -334,40 +320,6 @@ def serve_node(launcher: Launcher) -> int:
                 print(launcher.died, file=sys.stderr, flush=True)
                 return 1
     return 0
-
-
-def say_shutting_down() -> None:
-    """打印“正在关闭”。标准输出若是通向一个已经死了的父进程的管道（随它而去的路上），打印会抛 BrokenPipeError：
-    吞掉它，收尾要紧——否则工作进程没被叫停，退出时 multiprocessing 还要等它们，永远等下去。
-
-    en: Print "Shutting down". If stdout is a pipe to a parent that died (on the way down with it), printing raises
-    BrokenPipeError: swallow it, winding down matters more — otherwise the workers are never told to stop, and at exit
-    multiprocessing waits for them forever.
-    """
-    with contextlib.suppress(OSError):
-        print(tr("Shutting down ..."), flush=True)
-
-
-@contextlib.contextmanager
-def interrupt_on_signals() -> Iterator[threading.Event]:
-    """在这段里，第一个 SIGINT / SIGTERM 变成 KeyboardInterrupt（之后的忽略：关机已在进行）；给出的事件记着是否收到过。
-
-    en: Within this block the first SIGINT / SIGTERM becomes a KeyboardInterrupt (later ones are ignored: the shutdown is
-    under way); the event given notes whether one came.
-    """
-    stop_requested = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if not stop_requested.is_set():
-            stop_requested.set()
-            raise KeyboardInterrupt
-
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop_requested
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def launch(argv: list[str] | None = None) -> int:

@@ -1,12 +1,15 @@
-"""离线接口 ``LLM``：最后一章（重叠调度）之后的完整引擎；``LLM(path, tp_size=N)`` 把模型切给 N 个秩，得到
-:class:`TPLLM`。
+"""组装：最后一层把各章交出的零件装成完整的引擎。``LLM(path)`` 是第 2.5 章的调度器（重叠调度）配上第 3.6 章的采样器
+（它带着第 3.5 章的采样控制）；``LLM(path, tp_size=N)`` 把模型切给 N 个秩，得到 :class:`TPLLM`。各章只往回看，
+不认识后面的章；认识全部章节的只有这里（以及服务器的启动器）。
 
 ``tp_size > 1`` 时本进程不加入任何进程组，也不改自己的线程数：它 spawn N 个秩进程，每个秩跑第 4.3 章的
 ``TPScheduler``（切开的引擎、按 uid 解码），每次 ``generate`` 把同一份参数发给每个秩，大家走同样的步，结果从秩 0
 拿回来。坏的输入在每个秩上同样地被拒绝，异常原样抛给调用者，秩们留着接着用；一个秩死了就停掉全部秩并报错。
 
-en: The offline interface ``LLM``: the complete engine after the final chapter (overlap scheduling);
-``LLM(path, tp_size=N)`` splits the model over N ranks and gives a :class:`TPLLM`.
+en: The assembly: the top floor fits the parts the chapters deliver into the complete engine. ``LLM(path)`` is chapter
+2.5's scheduler (overlap scheduling) with chapter 3.6's sampler (which carries chapter 3.5's sampling controls);
+``LLM(path, tp_size=N)`` splits the model over N ranks and gives a :class:`TPLLM`. Chapters look only backwards and
+know no later chapter; only this module (and the server's launcher) knows them all.
 
 With ``tp_size > 1`` this process joins no process group and keeps its thread count: it spawns N rank processes, each
 running chapter 4.3's ``TPScheduler`` (the split engine, decoding in uid order); each ``generate`` sends the same
@@ -26,12 +29,82 @@ import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from minisgl.architectures import Architecture, is_moe, refuse_ep, register_architecture
 from minisgl.i18n import tr
 from minisgl.lifeline import die_with_parent
-from minisgl.overlap import LLM
+from minisgl.overlap import Scheduler
 from minisgl.ranks import RANKS_TIMEOUT_S, RankFailed, exit_if_rerunning_main, free_port, rank_died, rank_env, stop_process
+from minisgl.scheduling import Sampler
 
-__all__ = ["LLM", "TPLLM"]
+__all__ = ["LLM", "TPLLM", "check_split", "full_sampler", "moe_architecture"]
+
+
+def moe_architecture() -> Architecture:
+    """混合专家（Qwen3-MoE）：第 4.4 章读配置、搭模型，切给几个秩时第 4.5 章搭本秩那份（``ep_size`` 为 1 时每个专家
+    切开，等于秩数时专家分给各秩）。用到时才导入这两章。
+
+    en: Mixtures of experts (Qwen3-MoE): chapter 4.4 reads the config and builds the model; split over ranks, chapter 4.5
+    builds this rank's part (with ``ep_size`` 1 each expert is split, with ``ep_size`` equal to the rank count the
+    experts are dealt out to the ranks). Both chapters are imported only when needed.
+    """
+    from minisgl.moe import MoeConfig, create_moe_model
+
+    def create_split_model(config: Any, dtype: Any, device: Any, ep_size: int) -> Any:
+        from minisgl.expert_parallel import create_moe_tp_model
+
+        return create_moe_tp_model(config, dtype, device, ep_size)
+
+    return Architecture(MoeConfig.from_dict, create_moe_model, create_split_model, moe=True)  # type: ignore[arg-type]
+
+
+register_architecture("Qwen3MoeForCausalLM", moe_architecture)
+
+
+def check_split(config: Any, tp: int, ep: int = 1) -> None:
+    """切不开就在起任何进程、加载任何权重之前抛 ValueError（启动器用它）：稠密的问第 4.2 章，混合专家的问第 4.5 章。
+
+    en: Raise ValueError before any process starts or any weight is loaded when the model cannot be split (the launcher
+    uses it): chapter 4.2 for dense models, chapter 4.5 for mixtures of experts.
+    """
+    if is_moe(config):
+        from minisgl.expert_parallel import check_moe_split
+
+        check_moe_split(config, tp, ep)
+        return
+    refuse_ep(config, ep)
+    from minisgl.tensor_parallel import check_tp_split
+
+    check_tp_split(config, tp)
+
+
+def full_sampler(engine: Any, eos_token_id: int | None, tokenizer: Any) -> Sampler:
+    """组装好的引擎的采样器：第 3.6 章的（语法），它带着第 3.5 章的采样控制和第 1.6 章的采样器，只在有请求用到控制或
+    语法时多做事。离线的 ``LLM``、每个秩和服务器的调度器进程都用它（:data:`~minisgl.scheduling.SamplerFactory`）。
+
+    en: The assembled engine's sampler: chapter 3.6's (grammars), which carries chapter 3.5's sampling controls and
+    chapter 1.6's sampler and does more only when a request uses a control or a grammar. The offline ``LLM``, every
+    rank and the server's scheduler process all use it (a :data:`~minisgl.scheduling.SamplerFactory`).
+    """
+    from minisgl.grammar import Sampler as GrammarSampler
+
+    return GrammarSampler(engine.device, engine.model_config.vocab_size, engine.config.seed,
+                          rows=engine.page_table.shape[0], eos_token_id=eos_token_id, tokenizer=tokenizer)
+
+
+class LLM(Scheduler):
+    """离线接口：``LLM(path, **配置)`` 是组装好的调度器；``LLM(path, tp_size=N)``（N > 1）得到 :class:`TPLLM`。
+
+    en: The offline interface: ``LLM(path, **config)`` is the assembled scheduler; ``LLM(path, tp_size=N)`` (N > 1)
+    gives a :class:`TPLLM`.
+    """
+
+    def __new__(cls, *args: Any, tp_size: int = 1, **kwargs: Any) -> Any:
+        if tp_size != 1:
+            return TPLLM(*args, tp_size=tp_size, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, tp_size: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, make_sampler=kwargs.pop("make_sampler", full_sampler), **kwargs)
 
 
 def _plain(params: Any) -> Any:
@@ -77,7 +150,7 @@ def _tp_rank(rank: int, tp_size: int, addr: str, model_path: str, dtype: Any, kw
 
         device = rank_device(kwargs.pop("device", "auto"), rank)
         init_distributed(DistributedInfo(rank, tp_size), addr, device)
-        sched = TPScheduler(model_path, dtype, device=str(device), **kwargs)
+        sched = TPScheduler(model_path, dtype, device=str(device), make_sampler=full_sampler, **kwargs)
     except BaseException:  # noqa: BLE001 - 带回父进程 | en: goes back to the parent
         conn.send(("error", traceback.format_exc()))
         return

@@ -1,10 +1,12 @@
-"""OpenAI 请求体里不属于采样的部分（第 3.4 章用它们，给定）：JSON 本身、模型名、提示词或对话消息、``stream``。
+"""OpenAI 请求体里第 3.4 章的学员不写的部分（给定）：JSON 本身、模型名、提示词或对话消息、``n`` 和 ``echo``、
+``stream``，以及第 3.5 / 3.6 章的采样控制和语法字段。
 
 每个函数遇到不合法的值就抛 :class:`~minisgl.api_errors.ApiError`，点名是哪个参数：客户端拿到的是 400，
 而不是 500，也不是一个悄悄改过的请求。
 
-en: The parts of an OpenAI request body that are not sampling (chapter 3.4 uses them; given): the JSON itself, the
-model name, the prompt or chat messages, ``stream``.
+en: The parts of an OpenAI request body that chapter 3.4's learner does not write (given): the JSON itself, the model
+name, the prompt or chat messages, ``n`` and ``echo``, ``stream``, and the sampling controls and grammar fields of
+chapters 3.5 / 3.6.
 
 Every function raises :class:`~minisgl.api_errors.ApiError` naming the parameter when a value is invalid: the client
 gets a 400, not a 500, nor a silently altered request.
@@ -13,12 +15,15 @@ gets a 400, not a 500, nor a silently altered request.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
 
 from minisgl.api_errors import ApiError
+from minisgl.core import InvalidParam, SamplingParams
 from minisgl.i18n import tr
+from minisgl.validation import check_sampling
 
 
 async def json_body(request: Request) -> dict[str, Any]:
@@ -34,6 +39,15 @@ async def json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, tr("The request body must be a JSON object"), code="invalid_json")
     return body
+
+
+def given_or(body: dict[str, Any], name: str, default: Any) -> Any:
+    """``body[name]``，缺省或 ``null`` 时是 ``default``。
+
+    en: ``body[name]``, or ``default`` when absent or ``null``.
+    """
+    value = body.get(name)
+    return default if value is None else value
 
 
 def check_model(body: dict[str, Any], name: str, path: str) -> None:
@@ -194,3 +208,107 @@ def stream_flags(body: dict[str, Any], default: bool) -> tuple[bool, bool]:
         raise ApiError(400, tr("stream_options is only allowed with stream: true, as an object"), param="stream_options",
                        code="invalid_value")
     return stream, bool((options or {}).get("include_usage", False))
+
+
+def choices_of(body: dict[str, Any], prompts: int, slots: int) -> int:
+    """OpenAI 的 ``n``：每个提示词采几份。``n`` 乘提示词的个数不能超过服务器的请求槽位 ``slots``，否则 400。
+
+    en: OpenAI's ``n``: how many samples per prompt. ``n`` times the number of prompts may not exceed the server's request
+    slots ``slots``, else a 400.
+    """
+    n = given_or(body, "n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n * prompts <= slots:
+        raise ApiError(400, tr("n must be an integer in [1, {slots}] (the request slots of this server, shared by all prompts), got {n!r}",
+                               slots=max(1, slots // prompts), n=n), param="n", code="invalid_value")
+    return n
+
+
+def echo_of(body: dict[str, Any], kind: str, prompts: list[Any], logprobs: bool) -> bool:
+    """补全的 ``echo``：回答前面带上提示词。只认 ``true`` / ``false``，而且提示词要是文字、不和对数概率同用。
+
+    en: A completion's ``echo``: the answer starts with the prompt. Only ``true`` / ``false``, with text prompts and
+    without log-probabilities.
+    """
+    echo = given_or(body, "echo", False)
+    if kind == "completion" and echo is not False:
+        if echo is not True or logprobs or not all(isinstance(p, str) for p in prompts):
+            raise ApiError(400, tr("echo must be true or false; with true the prompts must be text and logprobs is not supported with it yet"),
+                           param="echo", code="unsupported_value")
+    return echo is True
+
+
+def with_controls(sp: SamplingParams, body: dict[str, Any], kind: str) -> SamplingParams:
+    """``sp`` 加上第 3.5 章的采样控制和第 3.6 章的语法（:func:`controls_from`），再过一遍
+    :func:`~minisgl.validation.check_sampling` 这道门；:class:`~minisgl.core.InvalidParam` 变成 400，``param`` 写请求里
+    用的名字（补全的 ``top_logprobs`` 写作 ``logprobs``，``json_schema`` 来自 ``response_format`` 时写后者）。
+
+    en: ``sp`` plus chapter 3.5's sampling controls and chapter 3.6's grammar (:func:`controls_from`), passed once more
+    through the :func:`~minisgl.validation.check_sampling` gate; an :class:`~minisgl.core.InvalidParam` becomes a 400
+    whose ``param`` is the name the request used (a completion's ``top_logprobs`` is ``logprobs``, a ``json_schema``
+    from ``response_format`` is the latter).
+    """
+    names = {"top_logprobs": "top_logprobs" if kind == "chat" else "logprobs",
+             "json_schema": "response_format" if body.get("response_format") is not None else "json_schema"}
+    sp = replace(sp, **controls_from(body, kind))
+    try:
+        check_sampling(sp)
+    except InvalidParam as e:
+        raise ApiError(400, str(e), param=names.get(e.param, e.param), code="invalid_value") from None
+    return sp
+
+
+def controls_from(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    """第 3.5 章的采样控制在请求体里的写法 → ``SamplingParams`` 的字段。对数概率两个接口写法不同：
+    对话是 ``logprobs: true`` 加 ``top_logprobs: k``（单给 ``top_logprobs`` 是 400），补全是 ``logprobs: k``
+    （k 个最可能的，0 也表示要）。
+
+    en: Chapter 3.5's sampling controls as a request body writes them → ``SamplingParams`` fields. The two endpoints
+    write log-probabilities differently: chat has ``logprobs: true`` plus ``top_logprobs: k`` (``top_logprobs`` alone
+    is a 400), completions ``logprobs: k`` (the k most likely; 0 still asks).
+    """
+    out = {name: given_or(body, name, default) for name, default in (
+        ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("min_p", 0.0),
+        ("min_tokens", 0))}
+    out["logit_bias"] = body.get("logit_bias") or None
+    logprobs = body.get("logprobs")
+    if kind == "chat":
+        out["logprobs"] = given_or(body, "logprobs", False)
+        out["top_logprobs"] = given_or(body, "top_logprobs", 0)
+        if out["top_logprobs"] and out["logprobs"] is not True:
+            raise ApiError(400, tr("top_logprobs needs logprobs: true"), param="top_logprobs", code="invalid_value")
+    elif logprobs is not None and logprobs is not False:
+        out["logprobs"] = True
+        out["top_logprobs"] = logprobs
+    out.update(grammar_from(body))
+    return out
+
+
+def grammar_from(body: dict[str, Any]) -> dict[str, Any]:
+    """第 3.6 章的语法在请求体里的写法 → ``SamplingParams`` 的字段：OpenAI 的 ``response_format``
+    （``{"type": "json_object"}`` 是任意 JSON 对象，``{"type": "json_schema", "json_schema": {"schema": ...}}`` 按
+    给的 Schema），或者 SGLang 的扩展字段 ``json_schema`` / ``regex`` / ``ebnf``。
+
+    en: Chapter 3.6's grammar as a request body writes it → ``SamplingParams`` fields: OpenAI's ``response_format``
+    (``{"type": "json_object"}`` is any JSON object, ``{"type": "json_schema", "json_schema": {"schema": ...}}``
+    follows the schema given), or SGLang's extra fields ``json_schema`` / ``regex`` / ``ebnf``.
+    """
+    out = {name: body[name] for name in ("regex", "ebnf") if body.get(name) is not None}
+    schema = body.get("json_schema")
+    if schema is not None:
+        out["json_schema"] = schema if isinstance(schema, str) else json.dumps(schema)
+    fmt = body.get("response_format")
+    if fmt is None or fmt == {"type": "text"}:
+        return out
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        out["json_schema"] = json.dumps({"type": "object"})
+    elif kind == "json_schema" and isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
+        out["json_schema"] = json.dumps(spec["schema"])
+    else:
+        raise ApiError(400, tr('response_format must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", "json_schema": {{"name": ..., "schema": {{...}}}}}}, got {value!r}',
+                               value=fmt), param="response_format", code="invalid_value")
+    if len(out) > 1:
+        raise ApiError(400, tr("Give at most one of response_format, json_schema, regex and ebnf"), param="response_format",
+                       code="invalid_value")
+    return out

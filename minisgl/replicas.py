@@ -21,8 +21,9 @@ from pathlib import Path
 import uvicorn
 
 from minisgl.i18n import tr
-from minisgl.launch import DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, cpu_budget, interrupt_on_signals, say_shutting_down
-from minisgl.serving import ServerArgs
+from minisgl.process_tree import (DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, ServerProcess, cpu_budget, interrupt_on_signals,
+                                  say_shutting_down)
+from minisgl.serving import ROUTER_OPTIONS, ServerArgs
 from minisgl.standby import Standby
 
 #: 副本的设置里不转给副本的：地址由副本向系统要，数据并行和路由器的设置只属于前面的路由器；访问日志由路由器写
@@ -30,31 +31,20 @@ from minisgl.standby import Standby
 #: en: Settings not passed on to a replica: it asks the OS for its own address; data parallelism and the router's
 #: en: settings belong to the router in front only; the router writes the access log (a replica always runs with
 #: en: ``--no-access-log``: nobody reads its output, which only piles up in memory).
-NOT_FOR_REPLICAS = ("model_path", "host", "port", "dp_size", "router_policy", "router_cache_threshold",
-                    "router_balance_abs_threshold", "router_balance_rel_threshold", "access_log")
+NOT_FOR_REPLICAS = ("model_path", "host", "port", "dp_size", "access_log", *ROUTER_OPTIONS)
 #: 关机时等一个副本有序退出的最长时间（秒）；它的子进程随它而去，不必另等。
 #: en: The longest wait (seconds) for a replica to exit in order on shutdown; its children go down with it, no extra wait.
 REPLICA_STOP_S = 5.0
-#: 字段名与命令行参数名不同的那几个。
-#: en: The fields whose flag is not their name.
-FLAG_OF = {"model_name": "--served-model-name", "memory_ratio": "--mem-fraction-static", "tp_size": "--tp",
-           "ep_size": "--ep"}
 
 
 def replica_flags(args: ServerArgs) -> list[str]:
-    """``--dp`` 的每个副本的命令行参数：``args`` 里与缺省值不同的设置，去掉 :data:`NOT_FOR_REPLICAS`。
+    """``--dp`` 的每个副本的命令行参数：``args`` 里与缺省值不同的设置（:meth:`ServerArgs.flags`），去掉
+    :data:`NOT_FOR_REPLICAS`。
 
-    en: The command-line flags of each ``--dp`` replica: the settings of ``args`` that differ from the defaults, without
-    :data:`NOT_FOR_REPLICAS`.
+    en: The command-line flags of each ``--dp`` replica: the settings of ``args`` that differ from the defaults
+    (:meth:`ServerArgs.flags`), without :data:`NOT_FOR_REPLICAS`.
     """
-    default = ServerArgs(model_path=args.model_path)
-    flags: list[str] = []
-    for name in ServerArgs.field_names():
-        value = getattr(args, name)
-        if name in NOT_FOR_REPLICAS or value is None or value == getattr(default, name):
-            continue
-        flags += [FLAG_OF.get(name, "--" + name.replace("_", "-")), str(value)]
-    return flags
+    return args.flags(leave_out=NOT_FOR_REPLICAS)
 
 
 def visible_gpus() -> list[str]:
@@ -96,8 +86,6 @@ def serve_replicas(args: ServerArgs, sock: socket.socket, standby: Standby) -> i
     :data:`REPLICA_STOP_S` seconds, then its group is killed). The replicas are started from the main thread and go down
     with this process (:mod:`minisgl.lifeline`).
     """
-    from minisgl.harness import ServerProcess
-
     threads = max(1, cpu_budget() // args.dp_size)
     flags = [*replica_flags(args), "--no-access-log"]
     print(tr("Starting {dp} replicas of {model} ({threads} threads each) ...", dp=args.dp_size, model=args.model_path,

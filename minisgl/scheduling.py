@@ -18,24 +18,31 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 import torch
 
 from minisgl.core import Batch
-from minisgl.engine import Engine, EngineConfig
+from minisgl.engine import Engine, EngineConfig, Sampler
 from minisgl.i18n import tr
-from minisgl.grammar import Sampler
-from minisgl.sampling import TokenLogprob
 
 if TYPE_CHECKING:
     from minisgl.core import Req, SamplingParams
     from minisgl.trace import StepTrace
 
 
-def install_sampler(engine: Engine, eos_token_id: int | None, tokenizer: Any) -> None:
-    """给引擎换上第 3.6 章的采样器：它带着第 3.5 章的采样控制和第 1.6 章的采样器，只在有请求用到控制或语法时多做事。
+#: 采样器的做法：``(引擎, EOS 的 id, 分词器) -> 采样器``。调度器默认用引擎自己的（第 1.6 章）；组装好的引擎
+#: （:mod:`minisgl.llm`）给它一个带采样控制和语法的（第 3.5、3.6 章）。
+#: en: How to make the sampler: ``(engine, EOS id, tokenizer) -> sampler``. The scheduler keeps the engine's own by
+#: default (chapter 1.6); the assembled engine (:mod:`minisgl.llm`) hands it one with sampling controls and grammars
+#: (chapters 3.5 and 3.6).
+SamplerFactory = Callable[[Engine, "int | None", Any], Sampler]
 
-    en: Give the engine chapter 3.6's sampler: it carries chapter 3.5's sampling controls and chapter 1.6's sampler, and
-    does more only when a request uses a control or a grammar.
+
+class TokenLogprob(NamedTuple):
+    """一个采到的 token 的对数概率，以及概率最大的 ``len(top_ids)`` 个 token 的（从大到小）。
+
+    en: The log-probability of one sampled token, and those of the ``len(top_ids)`` most likely tokens (largest first).
     """
-    engine.sampler = Sampler(engine.device, engine.model_config.vocab_size, engine.config.seed,
-                             rows=engine.page_table.shape[0], eos_token_id=eos_token_id, tokenizer=tokenizer)
+
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]
 
 
 def div_ceil(a: int, b: int) -> int:

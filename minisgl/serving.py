@@ -1,9 +1,9 @@
 """第 3 阶段共用的、不属于某一章的小东西：服务的设置（命令行参数）、启动前的检查和各进程之间的 ipc 地址。
-在子进程里启动服务器、用完关掉的外壳（检查和基准测试用）在 :mod:`minisgl.harness`。
+在子进程里启动服务器、用完关掉的外壳在 :mod:`minisgl.process_tree`。
 
 en: Small shared pieces of stage 3 that belong to no chapter: the service's settings (command-line flags), the checks
 before starting, and the ipc addresses between its processes. The harness that starts a server in a child process and
-stops it again (for checks and benchmarks) is :mod:`minisgl.harness`.
+stops it again is :mod:`minisgl.process_tree`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import os
 import shutil
 import socket
 import tempfile
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,121 +35,23 @@ DEFAULT_PORT = 1919
 DEFAULT_DIST_TIMEOUT_S = 120.0
 
 
-@dataclass
-class ServerArgs:
-    """``python -m minisgl`` 的设置；名字与上游的命令行参数一致（``--max-running-req`` → ``max_running_req``）。
+def option(default: Any, /, *flags: str, help: Callable[[], str], engine: str | None = None, unset: Any = None,
+           **parse: Any) -> Any:
+    """一个设置的唯一声明（像 SGLang 的 ``ServerArgs``）：缺省值；命令行参数名，第一个是它的名字（多跟 SGLang），其余是
+    别名（SGLang、vLLM 的写法）；帮助（调用时才翻译）；argparse 的其余参数 ``parse``（``type``、``choices`` ……，
+    ``default`` 覆盖命令行上的缺省值）；交给调度器时的关键字 ``engine``——值为 ``unset`` 时不交，调度器用它自己的缺省值。
+    命令行解析（:func:`build_parser`）、交给调度器的参数（:meth:`ServerArgs.scheduler_kwargs`）、``--dp`` 的副本的
+    参数（:func:`ServerArgs.flags`）都由它而来。
 
-    en: The settings of ``python -m minisgl``; names follow upstream's flags (``--max-running-req`` →
-    ``max_running_req``).
+    en: The one declaration of a setting (like SGLang's ``ServerArgs``): the default; the command-line flags, the first
+    being its name (mostly SGLang's), the others aliases (SGLang's and vLLM's spellings); the help (translated when
+    called); argparse's other arguments ``parse`` (``type``, ``choices``, ...; ``default`` overrides the default on the
+    command line); the keyword for the scheduler ``engine`` — not passed while the value is ``unset``, so the scheduler
+    keeps its own default. The command-line parser (:func:`build_parser`), the scheduler's arguments
+    (:meth:`ServerArgs.scheduler_kwargs`) and the flags of the ``--dp`` replicas (:meth:`ServerArgs.flags`) all come
+    from it.
     """
-
-    model_path: str
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    api_key: str | None = None
-    model_name: str | None = None  # /v1/models 里的名字；缺省为模型目录名 | en: the name in /v1/models; default: the model folder's name
-    access_log: bool = True  # 每个 HTTP 请求一行访问日志（minisgl.access_log）| en: one access log line per HTTP request (minisgl.access_log)
-    dtype: str | None = None
-    device: str = "auto"
-    max_running_req: int = 8
-    cache_type: str | None = None  # None：最后一章支持的第一种（radix）| en: None: the first kind the final chapter supports (radix)
-    page_size: int = 1
-    max_extend_tokens: int | None = None
-    num_pages: int | None = None
-    # KV 池的 token 数（SGLang 的 --max-total-tokens）：页数 = 它 // page_size；与 num_pages 二选一
-    # en: the KV pool's size in tokens (SGLang's --max-total-tokens): pages = it // page_size; num_pages or this, not both
-    max_total_tokens: int | None = None
-    max_seq_len: int | None = None
-    memory_ratio: float | None = None
-    # 张量并行：几个秩（跨所有节点），几个节点，本节点是第几个，集合点 HOST:PORT（多节点时必须给）
-    # en: tensor parallelism: how many ranks (over all nodes), how many nodes, which node this is, the rendezvous
-    # en: HOST:PORT (required with several nodes)
-    tp_size: int = 1
-    # 专家并行：混合专家模型的专家分给几个秩（1，或等于 tp_size）
-    # en: expert parallelism: how many ranks a mixture of experts' experts are dealt out to (1, or equal to tp_size)
-    ep_size: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    dist_init_addr: str | None = None
-    # 在集合点上最多等几秒（SGLang 的 --dist-timeout）；之后的集合通信有自己更长的上限
-    # en: the most seconds to wait at the rendezvous (SGLang's --dist-timeout); the collectives afterwards have their own,
-    # en: longer limit
-    dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
-    # 数据并行：几个完整的副本，前面的路由器按哪种策略分请求，缓存感知的三个门槛（None：第 4.6 章的缺省值）
-    # en: data parallelism: how many whole replicas, the policy the router in front deals requests by, the three
-    # en: cache-aware thresholds (None: chapter 4.6's defaults)
-    dp_size: int = 1
-    router_policy: str = "cache_aware"
-    router_cache_threshold: float | None = None
-    router_balance_abs_threshold: int | None = None
-    router_balance_rel_threshold: float | None = None
-
-    def scheduler_kwargs(self) -> dict[str, Any]:
-        """交给调度器（``LLM(model_path, **kw)``）的关键字参数：只给设置了的那些。
-
-        en: Keyword arguments for the scheduler (``LLM(model_path, **kw)``): only those that are set.
-        """
-        names = {"dtype": "dtype", "device": "device", "max_running_req": "max_running_req", "cache_type": "cache_type",
-                 "page_size": "page_size", "max_extend_tokens": "max_extend_tokens", "num_pages": "num_page_override",
-                 "max_seq_len": "max_seq_len_override", "memory_ratio": "memory_ratio"}
-        kwargs = {kw: getattr(self, name) for name, kw in names.items() if getattr(self, name) is not None}
-        if self.ep_size != 1:
-            kwargs["ep_size"] = self.ep_size
-        if self.num_pages is None and self.max_total_tokens is not None:
-            kwargs["num_page_override"] = self.max_total_tokens // self.page_size
-        return kwargs
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """命令行参数（名字与上游一致；括号里是上游的别名）。
-
-    en: The command-line flags (upstream's names; upstream's aliases too).
-    """
-    p = argparse.ArgumentParser(prog="python -m minisgl", description=tr("Serve a model over an OpenAI-compatible HTTP API"))
-    p.add_argument("--model", "--model-path", dest="model_path", required=True, help=tr("the model folder"))
-    p.add_argument("--host", default="127.0.0.1", help=tr("the address to listen on (default 127.0.0.1)"))
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=tr("the port (default {port}; 0: a free port chosen by the system)", port=DEFAULT_PORT))
-    p.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], default="auto", help=tr("the data type of weights and activations"))
-    p.add_argument("--max-running-req", "--max-running-requests", dest="max_running_req", type=int, default=ServerArgs.max_running_req,
-                   help=tr("the most requests running at once (request slots)"))
-    p.add_argument("--cache-type", choices=["radix", "naive"], default=None, help=tr("the prefix cache (default radix)"))
-    p.add_argument("--page-size", type=int, default=ServerArgs.page_size, help=tr("tokens per KV page"))
-    p.add_argument("--max-extend-tokens", "--max-extend-length", "--max-prefill-length", dest="max_extend_tokens", type=int,
-                   default=None, help=tr("the most prefill tokens in one step (chunked prefill)"))
-    p.add_argument("--num-pages", type=int, default=None, help=tr("the number of KV pages (default: from the memory)"))
-    p.add_argument("--max-total-tokens", type=int, default=None,
-                   help=tr("the KV pool's size in tokens (pages = it // page size; default: on the CPU 1.5 × --max-running-req × --max-seq-len, the extra half for the prefix cache; on CUDA from the memory)"))
-    p.add_argument("--max-seq-len", "--max-seq-len-override", dest="max_seq_len", type=int, default=None,
-                   help=tr("the context length of one request, prompt included"))
-    p.add_argument("--mem-fraction-static", "--memory-ratio", "--gpu-memory-utilization", dest="memory_ratio", type=float, default=None,
-                   help=tr("the most of the memory available before loading that the model and the KV cache may take (default 0.9 on CUDA, 0.3 on the CPU)"))
-    p.add_argument("--device", default="auto", help=tr("cpu, cuda or auto"))
-    p.add_argument("--api-key", default=None, help=tr("require Authorization: Bearer <key> on /v1/* and /generate"))
-    p.add_argument("--no-access-log", dest="access_log", action="store_false",
-                   help=tr("do not log one line per HTTP request (method, path, status, tokens, time) to stderr"))
-    p.add_argument("--served-model-name", dest="model_name", default=None, help=tr("the name in /v1/models (default: the model folder's name)"))
-    p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=None,
-                   help=tr("tensor parallelism: split the model over this many ranks (over all nodes)"))
-    p.add_argument("--ep", "--ep-size", "--expert-parallel-size", dest="ep_size", type=int, default=None,
-                   help=tr("expert parallelism: deal a mixture of experts' experts out to this many ranks (1 or --tp; "
-                           "alone it sets --tp too)"))
-    p.add_argument("--enable-expert-parallel", action="store_true",
-                   help=tr("vLLM's name: expert parallelism over all --tp ranks (the same as --ep equal to --tp)"))
-    p.add_argument("--nnodes", type=int, default=1, help=tr("the number of nodes (machines) the ranks are spread over"))
-    p.add_argument("--node-rank", type=int, default=0, help=tr("which node this launch is (0 serves HTTP)"))
-    p.add_argument("--dist-init-addr", default=None,
-                   help=tr("HOST:PORT of node 0 where the ranks meet (required with --nnodes > 1; default: a free port on 127.0.0.1)"))
-    p.add_argument("--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT_S,
-                   help=tr("the most seconds the ranks wait at --dist-init-addr for every node before giving up (default "
-                           "{seconds:g}; the collectives afterwards keep their own, longer limit)", seconds=DEFAULT_DIST_TIMEOUT_S))
-    p.add_argument("--dp", "--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1,
-                   help=tr("data parallelism: this many whole replicas (each with its own scheduler, and --tp ranks each) behind one router"))
-    add_policy_flags(p, policy_default=None)
-    return p
+    return field(default=default, metadata={"flags": flags, "help": help, "engine": engine, "unset": unset, "parse": parse})
 
 
 #: ``--router-policy`` 的取值（第 4.6 章的三种策略）。
@@ -156,22 +59,152 @@ def build_parser() -> argparse.ArgumentParser:
 ROUTER_POLICIES = ("cache_aware", "round_robin", "shortest_queue")
 
 
-def add_policy_flags(p: argparse.ArgumentParser, policy_default: str | None = ROUTER_POLICIES[0]) -> None:
-    """``--router-policy`` 和缓存感知的三个门槛（SGLang 路由器的名字加上 ``router-``）。``policy_default`` 为 None 时
-    看得出 ``--router-policy`` 给没给（``python -m minisgl`` 用它拒绝没有 ``--dp`` 的路由器参数）。
+@dataclass
+class ServerArgs:
+    """``python -m minisgl`` 的设置：每个字段一个 :func:`option` 声明。
 
-    en: ``--router-policy`` and the three cache-aware thresholds (SGLang's router names with ``router-`` in front). With
-    ``policy_default`` None one can tell whether ``--router-policy`` was given (``python -m minisgl`` uses it to refuse
-    router flags without ``--dp``).
+    en: The settings of ``python -m minisgl``: one :func:`option` declaration per field.
     """
-    p.add_argument("--router-policy", choices=ROUTER_POLICIES, default=policy_default,
-                   help=tr("how the router deals requests out to the --dp replicas (default cache_aware)"))
-    p.add_argument("--router-cache-threshold", type=float, default=None,
-                   help=tr("cache_aware: route by prefix match when the matched share is above this (default 0.5)"))
-    p.add_argument("--router-balance-abs-threshold", type=int, default=None,
-                   help=tr("cache_aware: the load counts as imbalanced only when the most and the fewest requests in hand differ by more than this (default 32)"))
-    p.add_argument("--router-balance-rel-threshold", type=float, default=None,
-                   help=tr("cache_aware: ... and the most is above this many times the fewest (default 1.0001)"))
+
+    model_path: str = option(MISSING, "--model", "--model-path", required=True, help=lambda: tr("the model folder"))
+    host: str = option("127.0.0.1", "--host", help=lambda: tr("the address to listen on (default 127.0.0.1)"))
+    port: int = option(DEFAULT_PORT, "--port", type=int,
+                       help=lambda: tr("the port (default {port}; 0: a free port chosen by the system)", port=DEFAULT_PORT))
+    api_key: str | None = option(None, "--api-key",
+                                 help=lambda: tr("require Authorization: Bearer <key> on /v1/* and /generate"))
+    model_name: str | None = option(None, "--served-model-name",
+                                    help=lambda: tr("the name in /v1/models (default: the model folder's name)"))
+    access_log: bool = option(True, "--no-access-log", action="store_false",
+                              help=lambda: tr("do not log one line per HTTP request (method, path, status, tokens, time) to stderr"))
+    # None：模型自己的类型（命令行上写 auto）| en: None: the model's own type (auto on the command line)
+    dtype: str | None = option(None, "--dtype", engine="dtype", choices=["auto", "float32", "float16", "bfloat16"],
+                               help=lambda: tr("the data type of weights and activations"))
+    device: str = option("auto", "--device", engine="device", help=lambda: tr("cpu, cuda or auto"))
+    max_running_req: int = option(8, "--max-running-req", "--max-running-requests", engine="max_running_req", type=int,
+                                  help=lambda: tr("the most requests running at once (request slots)"))
+    # None：最后一章支持的第一种（radix）| en: None: the first kind the final chapter supports (radix)
+    cache_type: str | None = option(None, "--cache-type", engine="cache_type", choices=["radix", "naive"],
+                                    help=lambda: tr("the prefix cache (default radix)"))
+    page_size: int = option(1, "--page-size", engine="page_size", type=int, help=lambda: tr("tokens per KV page"))
+    max_extend_tokens: int | None = option(None, "--max-extend-tokens", "--max-extend-length", "--max-prefill-length",
+                                           engine="max_extend_tokens", type=int,
+                                           help=lambda: tr("the most prefill tokens in one step (chunked prefill)"))
+    num_pages: int | None = option(None, "--num-pages", engine="num_page_override", type=int,
+                                   help=lambda: tr("the number of KV pages (default: from the memory)"))
+    # KV 池的 token 数（SGLang 的 --max-total-tokens）：页数 = 它 // page_size；与 num_pages 二选一
+    # en: the KV pool's size in tokens (SGLang's --max-total-tokens): pages = it // page_size; num_pages or this, not both
+    max_total_tokens: int | None = option(
+        None, "--max-total-tokens", type=int,
+        help=lambda: tr("the KV pool's size in tokens (pages = it // page size; default: on the CPU 1.5 × --max-running-req × --max-seq-len, the extra half for the prefix cache; on CUDA from the memory)"))
+    max_seq_len: int | None = option(None, "--max-seq-len", "--max-seq-len-override", "--context-length", "--max-model-len",
+                                     engine="max_seq_len_override", type=int,
+                                     help=lambda: tr("the context length of one request, prompt included"))
+    memory_ratio: float | None = option(
+        None, "--mem-fraction-static", "--memory-ratio", "--gpu-memory-utilization", engine="memory_ratio", type=float,
+        help=lambda: tr("the most of the memory available before loading that the model and the KV cache may take (default 0.9 on CUDA, 0.3 on the CPU)"))
+    # 张量并行：几个秩（跨所有节点），几个节点，本节点是第几个，集合点 HOST:PORT（多节点时必须给）
+    # en: tensor parallelism: how many ranks (over all nodes), how many nodes, which node this is, the rendezvous
+    # en: HOST:PORT (required with several nodes)
+    tp_size: int = option(1, "--tp", "--tp-size", "--tensor-parallel-size", type=int, default=None,
+                          help=lambda: tr("tensor parallelism: split the model over this many ranks (over all nodes)"))
+    # 专家并行：混合专家模型的专家分给几个秩（1，或等于 tp_size）
+    # en: expert parallelism: how many ranks a mixture of experts' experts are dealt out to (1, or equal to tp_size)
+    ep_size: int = option(1, "--ep", "--ep-size", "--expert-parallel-size", engine="ep_size", unset=1, type=int, default=None,
+                          help=lambda: tr("expert parallelism: deal a mixture of experts' experts out to this many ranks (1 or --tp; "
+                                          "alone it sets --tp too)"))
+    nnodes: int = option(1, "--nnodes", type=int, help=lambda: tr("the number of nodes (machines) the ranks are spread over"))
+    node_rank: int = option(0, "--node-rank", type=int, help=lambda: tr("which node this launch is (0 serves HTTP)"))
+    dist_init_addr: str | None = option(
+        None, "--dist-init-addr",
+        help=lambda: tr("HOST:PORT of node 0 where the ranks meet (required with --nnodes > 1; default: a free port on 127.0.0.1)"))
+    # 在集合点上最多等几秒（SGLang 的 --dist-timeout）；之后的集合通信有自己更长的上限
+    # en: the most seconds to wait at the rendezvous (SGLang's --dist-timeout); the collectives afterwards have their own,
+    # en: longer limit
+    dist_timeout: float = option(
+        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", type=float,
+        help=lambda: tr("the most seconds the ranks wait at --dist-init-addr for every node before giving up (default "
+                        "{seconds:g}; the collectives afterwards keep their own, longer limit)", seconds=DEFAULT_DIST_TIMEOUT_S))
+    # 数据并行：几个完整的副本，前面的路由器按哪种策略分请求，缓存感知的三个门槛（None：第 4.6 章的缺省值）
+    # en: data parallelism: how many whole replicas, the policy the router in front deals requests by, the three
+    # en: cache-aware thresholds (None: chapter 4.6's defaults)
+    dp_size: int = option(1, "--dp", "--dp-size", "--data-parallel-size", type=int,
+                          help=lambda: tr("data parallelism: this many whole replicas (each with its own scheduler, and --tp ranks each) behind one router"))
+    # 命令行上缺省为 None：看得出给没给（没有 --dp 时拒绝路由器参数）| en: None on the command line: tells whether it was given (router flags are refused without --dp)
+    router_policy: str = option(ROUTER_POLICIES[0], "--router-policy", choices=ROUTER_POLICIES, default=None,
+                                help=lambda: tr("how the router deals requests out to the --dp replicas (default cache_aware)"))
+    router_cache_threshold: float | None = option(
+        None, "--router-cache-threshold", type=float,
+        help=lambda: tr("cache_aware: route by prefix match when the matched share is above this (default 0.5)"))
+    router_balance_abs_threshold: int | None = option(
+        None, "--router-balance-abs-threshold", type=int,
+        help=lambda: tr("cache_aware: the load counts as imbalanced only when the most and the fewest requests in hand differ by more than this (default 32)"))
+    router_balance_rel_threshold: float | None = option(
+        None, "--router-balance-rel-threshold", type=float,
+        help=lambda: tr("cache_aware: ... and the most is above this many times the fewest (default 1.0001)"))
+
+    def scheduler_kwargs(self) -> dict[str, Any]:
+        """交给调度器（``LLM(model_path, **kw)``）的关键字参数：声明了 ``engine`` 的设置里设置了的那些；
+        ``--max-total-tokens`` 折成页数。
+
+        en: Keyword arguments for the scheduler (``LLM(model_path, **kw)``): the settings that declare an ``engine``
+        keyword and are set; ``--max-total-tokens`` becomes a number of pages.
+        """
+        kwargs = {f.metadata["engine"]: getattr(self, f.name) for f in fields(self)
+                  if f.metadata["engine"] is not None and getattr(self, f.name) not in (None, f.metadata["unset"])}
+        if self.num_pages is None and self.max_total_tokens is not None:
+            kwargs["num_page_override"] = self.max_total_tokens // self.page_size
+        return kwargs
+
+    def flags(self, leave_out: tuple[str, ...] = ()) -> list[str]:
+        """把设置写回命令行参数（每个用它的第一个名字）：只写与缺省值不同的，``leave_out`` 里的字段不写。
+
+        en: Write the settings back as command-line flags (each by its first name): only those that differ from the
+        defaults, leaving out the fields in ``leave_out``.
+        """
+        out: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in leave_out and value is not None and value != f.default:
+                out += [f.metadata["flags"][0], str(value)]
+        return out
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def add_options(p: argparse.ArgumentParser, names: list[str], **changes: dict[str, Any]) -> None:
+    """把 :class:`ServerArgs` 里 ``names`` 这几个设置的命令行参数加到 ``p`` 上（``changes``：字段 → 改掉的 argparse 参数，
+    例如另一个缺省值）。
+
+    en: Add the command-line flags of the :class:`ServerArgs` settings ``names`` to ``p`` (``changes``: field → the
+    argparse arguments to change, e.g. another default).
+    """
+    declared = {f.name: f for f in fields(ServerArgs)}
+    for name in names:
+        meta = declared[name].metadata
+        parse = {"default": declared[name].default, "help": meta["help"](), **meta["parse"], **changes.get(name, {})}
+        if parse["default"] is MISSING:
+            del parse["default"]
+        p.add_argument(*meta["flags"], dest=name, **parse)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """命令行参数：:class:`ServerArgs` 的每个设置，外加 vLLM 的 ``--enable-expert-parallel``。
+
+    en: The command-line flags: every setting of :class:`ServerArgs`, plus vLLM's ``--enable-expert-parallel``.
+    """
+    p = argparse.ArgumentParser(prog="python -m minisgl", description=tr("Serve a model over an OpenAI-compatible HTTP API"))
+    add_options(p, ServerArgs.field_names())
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help=tr("vLLM's name: expert parallelism over all --tp ranks (the same as --ep equal to --tp)"))
+    return p
+
+
+#: 路由器的设置（``--router-*``，SGLang 路由器的名字加上 ``router-``）；``python -m minisgl.dp_router`` 也用它们。
+#: en: The router's settings (``--router-*``, SGLang's router names with ``router-`` in front);
+#: en: ``python -m minisgl.dp_router`` uses them too.
+ROUTER_OPTIONS = [name for name in ServerArgs.field_names() if name.startswith("router_")]
 
 
 def policy_thresholds(args: Any) -> dict[str, float]:
@@ -326,9 +359,7 @@ def preflight(argv: list[str]) -> str | None:
     ``--help``) are left to the full parser.
     """
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--model", "--model-path", dest="model_path")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    add_options(parser, ["model_path", "host", "port"], model_path={"required": False, "default": None})
     parser.add_argument("-h", "--help", action="store_true")
     try:
         ns, _ = parser.parse_known_args(argv)

@@ -51,6 +51,10 @@ class StepTrace:
     # : 这一步的 ``Batch``（``input_ids``、``positions``、``out_loc`` 都在上面）
     # en: this step's ``Batch`` (with ``input_ids``, ``positions``, ``out_loc``)
     batch: Any = field(repr=False)
+    # : 采样结果写回 token 池的 ``(行号, 位置)``，每个请求一对（设备上的两个张量，用到时再拷回主机）
+    # en: where the sampled tokens are written back into the token pool, ``(row, position)``, one pair per request (two
+    # en: tensors on the device, copied to the host only when used)
+    write_mapping: Any = field(default=None, repr=False)
     # : 主机：分配页面、准备输入与元数据
     # en: host: allocate pages, prepare inputs and metadata
     prepare: tuple[float, float] = (0.0, 0.0)
@@ -106,7 +110,8 @@ class StepTracer:
         self.listeners.append(fn)
         return lambda: self.listeners.remove(fn) if fn in self.listeners else None
 
-    def begin(self, batch: Any, outputs: list[bool], pages_in_use: int, started: float) -> StepTrace:
+    def begin(self, batch: Any, outputs: list[bool], pages_in_use: int, started: float,
+              write_mapping: Any = None) -> StepTrace:
         """准备完一步时调用：记下发出前的长度。
 
         en: Called once a step is prepared: records the lengths before launch.
@@ -121,6 +126,7 @@ class StepTracer:
             outputs=outputs,
             pages_in_use=pages_in_use,
             batch=batch,
+            write_mapping=write_mapping,
             prepare=(started, time.perf_counter()),
         )
         self.count += 1

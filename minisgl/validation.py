@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import warnings
 from dataclasses import replace
 from typing import Any, Sequence, TypeVar
@@ -16,8 +17,6 @@ import torch
 from minisgl.core import InvalidParam, SamplingParams
 from minisgl.graph import GRAPH_MODES
 from minisgl.i18n import tr
-from minisgl.grammar import check_grammar
-from minisgl.sampling import check_controls
 
 E = TypeVar("E", bound=Exception)
 
@@ -86,6 +85,133 @@ def check_sampling_types(sp: SamplingParams) -> None:
         raise InvalidParam("seed", tr("seed must be None or an integer, got {seed!r}", seed=sp.seed))
     if sp.seed is not None and sp.seed not in SEED_RANGE:
         raise InvalidParam("seed", tr("seed must be in [-2**63, 2**64), got {seed}", seed=sp.seed))
+
+
+# ---------------------------------------------------------------- 第 3.5、3.6 章的字段
+# en: ---------------------------------------------------------------- the fields of chapters 3.5 and 3.6
+# 采样控制和语法的字段早在第 1.1 章的 SamplingParams 里；它们的规则写在这道门里，而不是写在那两章里：这样
+# 第 2 阶段的 generate 也挡得住坏值，而不必认识后面的章节。
+# en: The control and grammar fields are in chapter 1.1's SamplingParams already; their rules live in this gate,
+# en: not in those two chapters, so stage 2's generate refuses bad values too without knowing later chapters.
+
+#: OpenAI 允许的 ``top_logprobs`` 上限。
+#: en: The largest ``top_logprobs`` OpenAI allows.
+MAX_TOP_LOGPROBS = 20
+
+
+#: logit 偏置的取值范围（OpenAI 的）。
+#: en: The range of a logit bias value (OpenAI's).
+BIAS_RANGE = (-100.0, 100.0)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_controls(sp: SamplingParams) -> None:
+    """第 3.5 章各字段的类型和范围（:func:`check_sampling` 调用它）：重复惩罚 > 0、出现 / 频率惩罚在
+    [-2, 2]、min_p 在 [0, 1]、min_tokens 在 [0, max_tokens]、偏置的键是 token id、值在 :data:`BIAS_RANGE`、
+    top_logprobs 在 [0, :data:`MAX_TOP_LOGPROBS`]。不合法就抛 :class:`~minisgl.core.InvalidParam`，点名字段。
+    偏置的键是否在词表里由调度器查（它知道词表）。
+
+    en: The types and ranges of chapter 3.5's fields (:func:`check_sampling` calls it):
+    repetition penalty > 0, presence / frequency penalties in [-2, 2], min_p in [0, 1], min_tokens in [0, max_tokens],
+    bias keys that are token ids with values in :data:`BIAS_RANGE`, top_logprobs in [0, :data:`MAX_TOP_LOGPROBS`]. An
+    invalid value raises :class:`~minisgl.core.InvalidParam` naming the field. Whether a bias key is in the vocabulary
+    is checked by the scheduler (which knows the vocabulary).
+    """
+    ranges = {"repetition_penalty": (0.0, math.inf, False), "presence_penalty": (-2.0, 2.0, True),
+              "frequency_penalty": (-2.0, 2.0, True), "min_p": (0.0, 1.0, True)}
+    for name, (low, high, closed) in ranges.items():
+        value = getattr(sp, name)
+        if not _real(value) or not (low <= value <= high if closed else low < value <= high):
+            raise InvalidParam(name, tr("{name} must be a real number in {range}, got {value!r}", name=name,
+                                        range=f"[{low}, {high}]" if closed else f"({low}, {high}]", value=value))
+    for name, high in (("min_tokens", sp.max_tokens), ("top_logprobs", MAX_TOP_LOGPROBS)):
+        value = getattr(sp, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+            raise InvalidParam(name, tr("{name} must be an integer in [0, {high}], got {value!r}", name=name, high=high,
+                                        value=value))
+    if not isinstance(sp.logprobs, bool):
+        raise InvalidParam("logprobs", tr("logprobs must be true or false, got {value!r}", value=sp.logprobs))
+    if sp.logit_bias is None:
+        return
+    if not isinstance(sp.logit_bias, dict):
+        raise InvalidParam("logit_bias", tr("logit_bias must map token ids to numbers, got {value!r}", value=sp.logit_bias))
+    for key, value in sp.logit_bias.items():
+        if not str(key).isdigit() or isinstance(key, bool) or not _real(value) or not BIAS_RANGE[0] <= value <= BIAS_RANGE[1]:
+            raise InvalidParam("logit_bias", tr(
+                "logit_bias maps token ids to numbers in [-100, 100], got {key!r}: {value!r}", key=key, value=value))
+
+
+#: 语法的三种写法：``SamplingParams`` 的字段名。
+#: en: The three ways to give a grammar: the ``SamplingParams`` field names.
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+
+
+def grammar_of(sp: SamplingParams) -> tuple[str, str] | None:
+    """请求的语法：``(字段名, 文本)``；没有就是 None。
+
+    en: The request's grammar: ``(field name, text)``; None if it has none.
+    """
+    for name in GRAMMAR_FIELDS:
+        text = getattr(sp, name)
+        if text is not None:
+            return name, text
+    return None
+
+
+def parse_grammar(kind: str, text: str) -> Any:
+    """把一种写法的语法解析成 xgrammar 的 ``Grammar``（不需要分词器）；写错了抛 ``ValueError``，消息里有 xgrammar 的说明。
+
+    JSON 按紧凑格式（不许多余的空白）：小模型被允许随便写空白时，常常一直写空白写到 max_tokens。
+
+    en: Parse a grammar given one way into xgrammar's ``Grammar`` (no tokenizer needed); a mistake raises
+    ``ValueError`` with xgrammar's explanation.
+
+    JSON is compact (no extra whitespace): a small model allowed any whitespace often writes whitespace until
+    max_tokens.
+    """
+    import xgrammar as xgr  # 只在真有语法时才导入（要零点几秒） | en: imported only when there is a grammar (it takes a fraction of a second)
+
+    try:
+        if kind == "json_schema":
+            return xgr.Grammar.from_json_schema(text, any_whitespace=False)
+        if kind == "regex":
+            return xgr.Grammar.from_regex(text)
+        return xgr.Grammar.from_ebnf(text)
+    except (RuntimeError, ValueError, TypeError) as e:
+        # xgrammar 的消息前面是时间和 C++ 源文件的位置，去掉
+        # en: xgrammar's message starts with a time and a C++ source location: drop them
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        raise ValueError(re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0])) from None
+
+
+def check_grammar(sp: SamplingParams) -> None:
+    """第 3.6 章的语法字段（:func:`check_sampling` 调用它）：至多一种，是字符串，能解析，不和 ``ignore_eos``
+    一起用（语法走完时只剩结束 token 可选，忽略它就只能在语法之外接着写）。不合法就抛
+    :class:`~minisgl.core.InvalidParam`，点名字段。
+
+    en: Chapter 3.6's grammar fields (:func:`check_sampling` calls it): at most one, a string that
+    parses, not together with ``ignore_eos`` (once the grammar is complete only the end token is left, and ignoring it
+    could only go on writing outside the grammar). An invalid one raises :class:`~minisgl.core.InvalidParam` naming the
+    field.
+    """
+    given = [name for name in GRAMMAR_FIELDS if getattr(sp, name) is not None]
+    if len(given) > 1:
+        raise InvalidParam(given[1], tr("Give at most one grammar, got {names}", names=", ".join(given)))
+    if not given:
+        return
+    name = given[0]
+    if sp.ignore_eos:
+        raise InvalidParam("ignore_eos", tr("ignore_eos cannot go with a grammar: the grammar decides where the output ends"))
+    text = getattr(sp, name)
+    if not isinstance(text, str):
+        raise InvalidParam(name, tr("{name} must be a string, got {value!r}", name=name, value=text))
+    try:
+        parse_grammar(name, text)
+    except ValueError as e:
+        raise InvalidParam(name, tr("{name} is not a valid grammar: {error}", name=name, error=e)) from None
 
 
 def check_sampling(sp: SamplingParams) -> None:

@@ -226,6 +226,15 @@ class Sampler:
         # TODO task sampler_prepare: return this (not all greedy) batch's BatchSamplingArgs, fields as in its definition, one row per request, all on self.device: greedy rows get temperature 1 and are flagged as greedy; an unrestricted row means no cut for top-k and 1 for top-p, and a field is None when no row of the batch uses that filter; each seeded row has its own generator determined only by (seed, this step's position), and the field is None when no row has a seed
         raise TaskNotDone("engine", "sampler_prepare")
 
+    def logprob_of(self, args: BatchSamplingArgs, row: int) -> Any:
+        """结果处理问采样器：批次第 ``row`` 行这一步采到的 token 的对数概率。这个采样器不算对数概率，总是 None；
+        会算的采样器（第 3.5 章）改写它。
+
+        en: Result processing asks the sampler for the log-probabilities of the token row ``row`` of the batch drew this
+        step. This sampler computes none and always answers None; a sampler that does (chapter 3.5) overrides it.
+        """
+        return None
+
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """``logits``: [B, vocab] → 每行一个 token id（int64）。
 

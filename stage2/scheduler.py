@@ -19,7 +19,9 @@
 本章的 KV 页面还是静态分配：每个请求槽固定分到同样多的页（第一阶段手工填页表的做法，自动化了）。
 
 想知道每个请求的结果，用 ``llm.add_result_listener(fn)``；想看每一步做了什么，用 ``llm.add_step_listener(fn)``
-（见 :mod:`minisgl.trace`）。不要去包私有方法。
+（见 :mod:`minisgl.trace`）；每一步的采样器由 ``make_sampler`` 给（见 :data:`~minisgl.scheduling.SamplerFactory`）。
+不要去包私有方法；唯一的例外是 ``_forward(fi)``：一步真正计算的那一处，包住它（在调用原函数之前读 ``fi.batch``）是
+公开的接口，和 mini-sglang 的写法一样，每一章都保持它的签名。
 
 派生本章 ``Scheduler`` 的调度器只改它新增能力的那几处，经由这些接口（约定写在各自的文档字符串里）：
 
@@ -52,7 +54,10 @@ KV pages are still allocated statically in this chapter: every request slot gets
 hand-filled page table, automated).
 
 To learn each request's results, use ``llm.add_result_listener(fn)``; to see what each step did, use
-``llm.add_step_listener(fn)`` (see :mod:`minisgl.trace`). Do not wrap private methods.
+``llm.add_step_listener(fn)`` (see :mod:`minisgl.trace`); the sampler comes from ``make_sampler`` (see
+:data:`~minisgl.scheduling.SamplerFactory`). Do not wrap private methods; the one exception is ``_forward(fi)``: the one
+place a step is really computed, and wrapping it (reading ``fi.batch`` before calling the original) is a public seam,
+as in mini-sglang, whose signature every chapter keeps.
 
 A scheduler derived from this chapter's ``Scheduler`` changes only the places its new feature touches, through these
 hooks (their contracts are in their docstrings):
@@ -80,7 +85,6 @@ from transformers import AutoTokenizer
 from minisgl.i18n import tr
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, ForwardOutput
-from minisgl.sampling import logprob_of
 from minisgl.scheduling import (
     DecodeManager,
     ForwardInput,
@@ -90,8 +94,8 @@ from minisgl.scheduling import (
     ResultListener,
     SchedulerConfig,
     TableManager,
+    SamplerFactory,
     div_ceil,
-    install_sampler,
 )
 from minisgl.trace import StepListener, StepTracer
 from minisgl.validation import validate_config, validate_requests
@@ -273,7 +277,8 @@ class Scheduler:
     engine_cls: type[Engine] = Engine
     decode_manager_cls: type[DecodeManager] = DecodeManager
 
-    def __init__(self, model_path: str, dtype: torch.dtype | None = None, **kwargs: Any) -> None:
+    def __init__(self, model_path: str, dtype: torch.dtype | None = None, *, make_sampler: SamplerFactory | None = None,
+                 **kwargs: Any) -> None:
         config = SchedulerConfig(model_path=str(model_path), dtype=dtype, **kwargs)
         config.cache_type = self._resolve_cache_type(config.cache_type)
         validate_config(config)
@@ -290,7 +295,8 @@ class Scheduler:
         self.scratch_row = self.max_running_req
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         self.eos_token_id = self.tokenizer.eos_token_id
-        install_sampler(self.engine, self.eos_token_id, self.tokenizer)
+        if make_sampler is not None:  # 组装好的引擎换上更全的采样器 | en: the assembled engine swaps in a fuller sampler
+            self.engine.sampler = make_sampler(self.engine, self.eos_token_id, self.tokenizer)
         self.table_manager = TableManager(self.max_running_req)
         self.cache_manager = self._make_cache_manager()
         self.prefill_manager = PrefillManager()
@@ -445,7 +451,7 @@ class Scheduler:
         self.engine.attn_backend.prepare_metadata(batch)
         sample_args = self.engine.sampler.prepare(batch)
         outputs = [self._samples_output(r) for r in batch.reqs]
-        trace = self.tracer.begin(batch, outputs, self.pages_in_use(), started)
+        trace = self.tracer.begin(batch, outputs, self.pages_in_use(), started, write_mapping)
         return ForwardInput(batch, sample_args, input_mapping, write_mapping, trace)
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
@@ -513,7 +519,7 @@ class Scheduler:
             # en: already settled: aborted, or computed by a step launched after its end (before the end was known): drop
             if status.finished:
                 continue
-            status.logprobs = logprob_of(fi.sample_args, row)
+            status.logprobs = self.engine.sampler.logprob_of(fi.sample_args, row)
             # TODO 任务 process_results：把这一步采到的 token 交给它的请求：请求的 input_ids 随之多一个（append_host；它得跟着 device_len 长，前缀缓存按它插入）；不是未被忽略的 EOS 就记进 output_ids；输出够了 max_tokens、或采到未被忽略的 EOS，请求就结束：离开 decode_manager（EOS 提前结束的不会自己离开），交给 _end（EOS 时不留 token；原因分别是 "length" 和 "stop"）；刚预填充完、还没结束的请求交给缓存管理器的 cache_req（标明未结束）
             # TODO task process_results: hand this step's sampled token to its request: the request's input_ids grows by one (append_host; it must keep pace with device_len, since the prefix cache inserts by it); record it in output_ids unless it is an EOS that is not ignored; once max_tokens are output, or on such an EOS, the request ends: it leaves decode_manager (one ended early by EOS would not leave by itself) and goes to _end (keeping nothing on EOS; the reason is "length" or "stop"); a request just prefilled that goes on is handed to the cache manager's cache_req, marked as not over
             raise TaskNotDone("scheduler", "process_results")
@@ -612,13 +618,13 @@ class Scheduler:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[dict[str, Any]]:
         """为每个提示词生成文本，按输入顺序返回 ``{"text": ..., "token_ids": [...]}``（不含 EOS）；要了对数概率
-        （``logprobs=True``）的请求再多一个 ``"logprobs"``：每个输出 token 一个 :class:`~minisgl.sampling.TokenLogprob`。
+        （``logprobs=True``）的请求再多一个 ``"logprobs"``：每个输出 token 一个 :class:`~minisgl.scheduling.TokenLogprob`。
 
         先校验全部请求，有任何一个不合法就抛错，一个 token 也不算。
 
         en: Generate text for each prompt; returns ``{"text": ..., "token_ids": [...]}`` in input order (without EOS); a
         request that asked for log-probabilities (``logprobs=True``) also gets ``"logprobs"``: one
-        :class:`~minisgl.sampling.TokenLogprob` per output token.
+        :class:`~minisgl.scheduling.TokenLogprob` per output token.
 
         All requests are validated first: if any is invalid, it raises before a single token is computed.
         """

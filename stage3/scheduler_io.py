@@ -87,7 +87,7 @@ from minisgl.message import (
     unwrap,
 )
 from minisgl.overlap import Scheduler as _Scheduler
-from minisgl.scheduling import RequestEvent
+from minisgl.scheduling import RequestEvent, SamplerFactory
 from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
 from minisgl.trace import StepTrace
 from minisgl.validation import validate_requests
@@ -293,16 +293,19 @@ def _terminate(signum: int, frame: Any) -> None:
     raise _Terminated(signum)
 
 
-def scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> None:
+def scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection,
+                     make_sampler: SamplerFactory | None = None) -> None:
     """调度器进程的入口（启动器用 spawn 启动它）：建本章的调度器、接上套接字，交给 :func:`serve_scheduler`。
+    ``make_sampler``：组装好的引擎交给它的采样器（见 :data:`~minisgl.scheduling.SamplerFactory`）。
 
     en: The scheduler process's entry point (the launcher starts it with spawn): build this chapter's scheduler, attach
-    the sockets, and hand it to :func:`serve_scheduler`.
+    the sockets, and hand it to :func:`serve_scheduler`. ``make_sampler``: the sampler the assembled engine hands it
+    (see :data:`~minisgl.scheduling.SamplerFactory`).
     """
     set_process_name("msgl-scheduler")
 
     def build() -> Scheduler:
-        sched = Scheduler(args.model_path, **args.scheduler_kwargs())
+        sched = Scheduler(args.model_path, make_sampler=make_sampler, **args.scheduler_kwargs())
         try:
             sched.connect(addrs)
         except BaseException:

@@ -52,7 +52,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from minisgl.architectures import create_split_model_for
+from minisgl.architectures import refuse_ep, registered
 from minisgl.distributed import get_tp_comm, get_tp_info
 from minisgl.engine import Engine
 from minisgl.i18n import tr
@@ -258,9 +258,14 @@ class TPEngine(Engine):
     """
 
     def build_model(self) -> CausalLM:
-        # 混合专家模型由第 4.5 章切（见 minisgl/architectures.py）
-        # en: mixtures of experts are split by chapter 4.5 (see minisgl/architectures.py)
-        return create_split_model_for(self.model_config, self.dtype, self.device, self.config.ep_size)
+        # 后面的章节切的种类（混合专家：第 4.5 章，由组装登记；见 minisgl/architectures.py）
+        # en: a kind a later chapter splits (mixtures of experts: chapter 4.5, registered by the assembly; see
+        # en: minisgl/architectures.py)
+        arch = registered(self.model_config.architecture)
+        if arch is not None:
+            return arch.create_split_model(self.model_config, self.dtype, self.device, self.config.ep_size)
+        refuse_ep(self.model_config, self.config.ep_size)
+        return create_tp_model(self.model_config, self.dtype, self.device)
 
     def _determine_num_pages(self, free_before: int, model_bytes: int) -> int:
         """每个秩按自己看到的空闲内存算出一个页数，大家取最小的那个：页数不同，秩们就会收下不同的请求、各走各的步，

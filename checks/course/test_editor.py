@@ -151,13 +151,19 @@ def test_goto_leads_to_the_learner_file(probe: Probe, script: Any) -> None:
 
 
 def test_req_and_llm_are_the_learners_classes(probe: Probe, script: Any) -> None:
-    """验收：``Req`` 落在 ``stage1/core.py``；``LLM`` 推断出的类在最终引擎所在章的学员文件里。"""
+    """验收：``Req`` 落在 ``stage1/core.py``；``LLM`` 是组装（``minisgl/llm.py``）里的类，它的基类落在最终调度器所在章的
+    学员文件里。"""
     by_name = {(i.module, i.name): i for i in probe.imports}
-    for module, name in (("minisgl.core", "Req"), ("minisgl.llm", "LLM")):
+    req_path, _ = definition("minisgl.core", "Req")
+    llm_path, _ = definition("minisgl.llm", "LLM")
+    llm_class = next(n for n in _top_level(llm_path) if isinstance(n, ast.ClassDef) and n.name == "LLM")
+    base = ast.unparse(llm_class.bases[0])
+    base_path, _ = definition("minisgl.llm", base)
+    for module, name, path, where in (("minisgl.core", "Req", req_path, req_path),
+                                      ("minisgl.llm", "LLM", llm_path, base_path)):
+        assert where.relative_to(REPO_ROOT).parts[0].startswith("stage"), tr(
+            "{name} should be defined in a learner file stageN/<chapter>.py, not in {path}", name=name, path=_rel(where))
         imp = by_name[module, name]
-        path, _ = definition(module, name)
-        assert path.relative_to(REPO_ROOT).parts[0].startswith("stage"), tr(
-            "{name} should be defined in a learner file stageN/<chapter>.py, not in {path}", name=name, path=_rel(path))
         found = script.infer(imp.line, imp.column)
         assert [(n.module_path, n.type) for n in found] == [(path, "class")], tr(
             "from {module} import {name}: the editor infers {got}, expected a class in {path}",

@@ -32,6 +32,7 @@ LEARNER_FACING = [
     "checks/stage1", "checks/stage2", "checks/stage3", "checks/hf_reference.py", "minisgl/course", "minisgl/notebook", "minisgl/i18n.py",
     "minisgl/validation.py", "minisgl/llm.py", "minisgl/model_zoo.py", "minisgl/trace.py", "minisgl/scheduling.py",
     "minisgl/env.py", "minisgl/graph.py", "minisgl/fused.py", "minisgl/kernel", "minisgl/serving.py", "minisgl/harness.py",
+    "minisgl/process_tree.py", "minisgl/server_app.py",
     "minisgl/launch.py", "minisgl/api_errors.py", "minisgl/gate.py", "minisgl/chat_page.py", "minisgl/metrics.py",
     "minisgl/by_name.py", "examples", "solutions",
     "stage1", "stage2", "stage3",

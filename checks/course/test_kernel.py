@@ -30,9 +30,10 @@ from minisgl.llm import LLM
 def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """另一个缓存目录、清掉已加载的库：这个测试里重新编一次。"""
     monkeypatch.setenv("MINISGL_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setattr(kernel, "_chosen", {})
+    kernel.forget_choices()
     kernel.library.cache_clear()
     yield tmp_path
+    kernel.forget_choices()
     kernel.library.cache_clear()
 
 
@@ -197,7 +198,7 @@ def test_rows_measured_once_then_read_back(fresh_build: Path, monkeypatch: pytes
     assert "16→24" in err and str(plan) in err, err
     saved = json.loads(plan.read_text())["16x24"]
     assert plan.parent == fresh_build and {k: saved[k] for k in vars(kernel.choice(w))} == vars(kernel.choice(w))
-    monkeypatch.setattr(kernel, "_chosen", {})
+    kernel.forget_choices()
     monkeypatch.setattr(kernel, "calibrate", lambda *a: pytest.fail("a saved choice must be read back, not measured again"))
     plan.write_text(json.dumps({"16x24": {"kernel_from": 2, "kernel_to": 3, "onednn": True}}))
     assert kernel.choice(w) == kernel.Choice(2, 3, onednn=True) and capsys.readouterr().err == ""
@@ -266,18 +267,18 @@ def test_choice_measured_on_a_busy_machine_expires(fresh_build: Path, monkeypatc
 
     monkeypatch.setattr(kernel, "measured_while_watching", watched)
     for busy, expires in ((0.0, False), (1.5, True)):
-        monkeypatch.setattr(kernel, "_chosen", {})
+        kernel.forget_choices()
         kernel.plan_path().unlink(missing_ok=True)
         assert kernel.choice(w) == kernel.Choice(1, 4)
         saved = json.loads(kernel.plan_path().read_text())["16x24"]
         assert ("expires" in saved) == expires, saved
-    monkeypatch.setattr(kernel, "_chosen", {})
+    kernel.forget_choices()
     kernel.choice(w)
     assert len(measured) == 2, "an entry that has not expired yet is read back"
     plan = json.loads(kernel.plan_path().read_text())
     plan["16x24"]["expires"] = 0
     kernel.plan_path().write_text(json.dumps(plan))
-    monkeypatch.setattr(kernel, "_chosen", {})
+    kernel.forget_choices()
     kernel.choice(w)
     assert len(measured) == 3, "an expired entry is measured again"
 

@@ -53,6 +53,26 @@ def test_kv_pool_size_from_flags(flags: list[str], pages: int) -> None:
         stop_server(server)
 
 
+@pytest.mark.parametrize("aliases,value", [
+    # SGLang 的 --context-length、vLLM 的 --max-model-len | en: SGLang's --context-length, vLLM's --max-model-len
+    (["--max-seq-len", "--context-length", "--max-model-len", "--max-seq-len-override"], "512"),
+    (["--mem-fraction-static", "--gpu-memory-utilization", "--memory-ratio"], "0.5"),
+    (["--max-running-req", "--max-running-requests"], "3"),
+    (["--tp", "--tp-size", "--tensor-parallel-size"], "2"),
+    (["--dp", "--dp-size", "--data-parallel-size"], "2"),
+])
+def test_flag_aliases_parse_the_same(aliases: list[str], value: str) -> None:
+    from minisgl.serving import parse_args
+
+    default = parse_args(["--model", "m"])
+    want = parse_args(["--model", "m", aliases[0], value])
+    assert want != default, tr("{flag} {value} must change the settings", flag=aliases[0], value=value)
+    for flag in aliases[1:]:
+        got = parse_args(["--model", "m", flag, value])
+        assert got == want, tr("{flag} is an alias of {name}: both must give the same settings, got {got}, expected {want}",
+                               flag=flag, name=aliases[0], got=got, want=want)
+
+
 def _fails_fast(argv: list[str], what: str) -> str:
     """跑 ``python -m minisgl ...``：必须在 5 秒内以非零状态退出，stderr 只有一行、没有调用栈；返回那一行。
 

@@ -193,32 +193,31 @@ LATER_TOKENS = 6
 LATER_CHUNK = 5
 
 
-@contextmanager
-def non_outputs_written_to_scratch(llm: Any) -> Iterator[None]:
-    """包住这个调度器实例的 ``_prepare_batch``：每一步都查它的 ``write_mapping``——不输出 token 的请求（中途的分块）
-    的采样必须写到 scratch_row。写到自己那一行会盖掉下一块的提示词（开着重叠调度时，取决于时机）。"""
-    prepare = llm._prepare_batch
+class ScratchWrites:
+    """用步骤监听者查每一步的 ``write_mapping``：不输出 token 的请求（中途的分块）的采样必须写到 scratch_row。
+    写到自己那一行会盖掉下一块的提示词（开着重叠调度时，取决于时机）。``problems`` 是发现的问题，``close()`` 取消监听。
 
-    def checked(batch: Any) -> Any:
-        fi = prepare(batch)
-        rows = fi.write_mapping[0].cpu().tolist()
-        for req, row in zip(batch.reqs, rows):
-            if not llm._samples_output(req) and row != llm.scratch_row:
-                raise AssertionError(tr(
-                    "Request {uid} computes an unfinished chunk ({cached_len} to {device_len} of a {total}-token prompt): "
+    en: A step listener that checks each step's ``write_mapping``: the sample of a request that outputs no token (a
+    chunk midway) must be written to scratch_row. Written into its own row it would overwrite the next chunk of the
+    prompt (with overlap scheduling, depending on timing). ``problems`` are those found; ``close()`` stops listening.
+    """
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.problems: list[str] = []
+        self.close = llm.add_step_listener(self._check)
+
+    def _check(self, trace: Any) -> None:
+        rows = trace.write_mapping[0].cpu().tolist()
+        for uid, output, cached, extend, row in zip(trace.uids, trace.outputs, trace.cached_lens, trace.extend_lens, rows):
+            if not output and row != self.llm.scratch_row:
+                self.problems.append(tr(
+                    "Request {uid} computes an unfinished chunk ({cached_len} to {device_len} of its prompt): "
                     "the token sampled for it is not an output, so its write_mapping row must be scratch_row "
                     "({scratch_row}), got row {row}. Written into its own row it would overwrite the next prompt "
                     "token (with overlap scheduling the next chunk is already in the token pool by then)",
-                    uid=req.uid, cached_len=req.cached_len, device_len=req.device_len,
-                    total=llm.status[req.uid].prompt_len, scratch_row=llm.scratch_row, row=row,
+                    uid=uid, cached_len=cached, device_len=cached + extend, scratch_row=self.llm.scratch_row, row=row,
                 ))
-        return fi
-
-    llm._prepare_batch = checked
-    try:
-        yield
-    finally:
-        del llm._prepare_batch
 
 
 @pytest.fixture(scope="module")
@@ -252,13 +251,13 @@ def run_under_later_chapters(llm: Any, tiny_path: str, *, chunk: int | None, ove
     ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
     llm.prefill_budget = chunk or llm.config.max_extend_tokens
     rec = record(llm)
-    checking = non_outputs_written_to_scratch(llm)
-    checking.__enter__()  # 与 finally 里的 __exit__ 成对（避免再缩进一层）
+    scratch = ScratchWrites(llm)
     try:
         for round_ in (1, 2):  # 第二轮：共享前缀都在缓存里
             rec.reset()
             sp = SamplingParams(max_tokens=LATER_TOKENS, ignore_eos=True)
             out = [o["token_ids"] for o in llm.generate(LATER_PROMPTS, sp)]
+            assert not scratch.problems, scratch.problems[0]
             for i, (ours, ref) in enumerate(zip(out, reference)):
                 assert ours == ref, tr(
                     "{what}, round {round}: request {i} (prompt of {n} tokens) differs from Hugging Face\nours: {ours}\nHF:   {ref}",
@@ -271,7 +270,7 @@ def run_under_later_chapters(llm: Any, tiny_path: str, *, chunk: int | None, ove
                     "{what}: each prefill step is at most the chunk size {chunk}, got {steps}", what=what, chunk=chunk, steps=steps
                 )  # fmt: skip
     finally:
-        checking.__exit__(None, None, None)
+        scratch.close()
         rec.close()
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
         llm.prefill_budget = llm.config.max_extend_tokens

@@ -101,6 +101,7 @@ def model_steps(model_path: str, out: dict[str, Any]) -> None:
     from minisgl.core import Batch, Req, SamplingParams
     from minisgl.distributed import get_tp_comm
     from minisgl.engine import Engine, EngineConfig
+    import minisgl.llm  # noqa: F401 - 组装登记混合专家 | en: the assembly registers mixtures of experts
     from minisgl.tensor_parallel import TPEngine
 
     logits: dict[str, list[torch.Tensor]] = {}

@@ -118,13 +118,14 @@ def loop_steps(rank: int, tiny: str, ipc_dir: str, out: dict[str, Any]) -> None:
                 state["tokens"][e.uid] += 1
 
         sched.add_result_listener(on_event)
-        original = sched._process_one_msg
+        receive = sched.receive_msg  # 公开的接口：每次迭代收到的消息 | en: the public method: the messages each iteration receives
 
-        def record(msg: Any) -> None:
-            log["msgs"][-1].append((type(msg).__name__, getattr(msg, "uid", None)))
-            original(msg)
+        def record(blocking: bool) -> list[Any]:
+            msgs = receive(blocking)
+            log["msgs"][-1].extend((type(msg).__name__, getattr(msg, "uid", None)) for msg in msgs)
+            return msgs
 
-        sched._process_one_msg = record
+        sched.receive_msg = record
         try:
             for it in range(400):
                 if rank == 0:

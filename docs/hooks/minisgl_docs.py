@@ -14,6 +14,7 @@ A directive is a whole line (it may be indented, e.g. inside an admonition) of t
                                                            folded, and the reference solution only when the
                                                            instructor builds with MINISGL_DOCS_SOLUTIONS=1
     [[practice]]                                           this chapter's files, notebook and check commands
+    [[chapters]]                                           the chapter graph read from the sources (teacher page)
     [[serve serve results]]                                a table of the recorded serving benchmark
                                                            docs/outputs/serve.json (bench/serve.py --record)
 
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from bench.report import BOOK_TABLES, book_table
 from minisgl.course.bilingual import for_language
+from minisgl.course.chapter_graph import ChapterGraph
 from minisgl.course.hints import enclosing
 from minisgl.course.registry import CHAPTERS, Chapter, notebook_edition
 from minisgl.course.skeleton import make_skeleton, parse_tasks, todo_message
@@ -269,6 +271,21 @@ def practice_block(ch: Chapter, language: str) -> list[str]:
     return [f"!!! abstract {json.dumps(title, ensure_ascii=False)}", "", *[f"    - {item}" for item in items]]
 
 
+def chapters_block(language: str) -> list[str]:
+    """``[[chapters]]``: each chapter and the earlier chapters its file imports, read from the sources; a chapter that
+    looks forward fails the build."""
+    graph = ChapterGraph()
+    forward = graph.forward_imports()
+    if forward:
+        raise DocsError("；".join(str(f) for f in forward))
+    head = [tr("Chapter", language=language), tr("Imports these earlier chapters itself", language=language)]
+    rows = [f"| {head[0]} | {head[1]} |", "|---|---|"]
+    for ch in graph.chapters:
+        uses = ", ".join(f"{d.label} `{d.id}`" for d in graph.direct(ch)) or "—"
+        rows.append(f"| {ch.label} `{ch.id}` | {uses} |")
+    return rows
+
+
 # ---------------------------------------------------------------- the hook
 
 
@@ -303,8 +320,10 @@ def expand(markdown: str, src_uri: str) -> str:
                 block = task_block(chapter_of(src_uri), arg, language)
             elif kind == "practice":
                 block = practice_block(chapter_of(src_uri), language)
+            elif kind == "chapters":
+                block = chapters_block(language)
             else:
-                raise DocsError(f"不认识的指令 [[{kind} ...]]；可用：code、sig、output、serve、task、practice")
+                raise DocsError(f"不认识的指令 [[{kind} ...]]；可用：code、sig、output、serve、task、practice、chapters")
         except (DocsError, SyntaxError) as err:
             log.error(f"docs/{src_uri}:{lineno}: {err}")
             block = ["!!! failure \"文档引用出错\"", "", f"    {err}"]

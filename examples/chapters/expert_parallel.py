@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+import minisgl.llm  # noqa: F401 - 组装登记混合专家（秩进程按名字导入本模块） | en: the assembly registers mixtures of experts (ranks import this module by name)
 from minisgl import model_zoo
 from minisgl.paths import REPO_ROOT
 

@@ -54,13 +54,14 @@ def demo_rank(rank: int, world_size: int, addr: str, model_path: str, ipc_dir: s
     steps: list[str] = []
     sched.add_step_listener(lambda t: steps.append(f"{t.phase} {list(t.uids)}"))
     handled: list[str] = []
-    original = sched._process_one_msg
+    receive = sched.receive_msg
 
-    def note(msg: Any) -> None:
-        handled.append(f"{type(msg).__name__}({getattr(msg, 'uid', '')})")
-        original(msg)
+    def note(blocking: bool) -> list[Any]:  # 记下每次收到的消息 | en: note the messages each call receives
+        msgs = receive(blocking)
+        handled.extend(f"{type(msg).__name__}({getattr(msg, 'uid', '')})" for msg in msgs)
+        return msgs
 
-    sched._process_one_msg = note
+    sched.receive_msg = note
     lines = []
     for it in range(40):
         if push is not None:

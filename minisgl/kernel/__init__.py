@@ -226,6 +226,15 @@ class Choice:
 _chosen: dict[tuple[int, int, torch.dtype, int], Choice] = {}  # (K, N, 类型, 线程数) → 这个进程里已定的选择
 
 
+def forget_choices() -> None:
+    """忘掉这个进程里已定的选择：下一次 :func:`choice` 重新读计划文件（计划文件换了地方、或被改过之后用）。
+
+    en: Forget the choices made in this process: the next :func:`choice` reads the plan file again (use it after the plan
+    file moved or was edited).
+    """
+    _chosen.clear()
+
+
 def choice(weight: torch.Tensor) -> Choice:
     """这种形状的权重在这颗 CPU 上怎么算。
 

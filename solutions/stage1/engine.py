@@ -271,6 +271,15 @@ class Sampler:
         )
         # <<< TASK
 
+    def logprob_of(self, args: BatchSamplingArgs, row: int) -> Any:
+        """结果处理问采样器：批次第 ``row`` 行这一步采到的 token 的对数概率。这个采样器不算对数概率，总是 None；
+        会算的采样器（第 3.5 章）改写它。
+
+        en: Result processing asks the sampler for the log-probabilities of the token row ``row`` of the batch drew this
+        step. This sampler computes none and always answers None; a sampler that does (chapter 3.5) overrides it.
+        """
+        return None
+
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """``logits``: [B, vocab] → 每行一个 token id（int64）。
 

@@ -87,20 +87,7 @@ class Scheduler(_Scheduler):
     en: The chapter 2.5 scheduler: overlap scheduling (on by default).
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        """``LLM(path, tp_size=N)``：N 大于 1 时得到第 4 阶段的 :class:`minisgl.llm.TPLLM`（模型切给 N 个秩进程）。
-
-        en: ``LLM(path, tp_size=N)``: with N above 1 you get stage 4's :class:`minisgl.llm.TPLLM` (the model split over N
-        rank processes).
-        """
-        if kwargs.get("tp_size", 1) != 1:
-            from minisgl.llm import TPLLM
-
-            return TPLLM(*args, **kwargs)
-        return super().__new__(cls)
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.pop("tp_size", None)  # 走到这里就是 1：别的值 __new__ 已经处理了 | en: it is 1 here: __new__ handled any other value
         super().__init__(*args, **kwargs)
         # 已发出、结果还没处理的一步
         # en: the step launched whose results are not processed yet

@@ -14,11 +14,8 @@
 - **流式输出**（server-sent events）和**非流式输出**：真实的 ``usage``、正确的 ``finish_reason``；
 - **客户端断开就取消请求**：取消消息要真的发出去（只发一次），请求的槽位和页面才回得来。
 
-本模块里给定的：请求的登记、接口的接线、第 3.5 / 3.6 章控制和语法的请求字段、几个 choice（``n``、提示词列表）的
-提交与合并、对数概率的样子。别处给定的：按 uid 分发回复的后台任务（:mod:`minisgl.frontend`）、
-请求体里采样之外的部分（:mod:`minisgl.openai_body`）、错误体（:mod:`minisgl.api_errors`）、API 密钥和 503 的门
-（:mod:`minisgl.gate`）、``/metrics``（:mod:`minisgl.metrics`）、对话页面（:mod:`minisgl.chat_page`）、启动器
-（:mod:`minisgl.launch`）。
+给定的在 ``minisgl/`` 下，一个模块一件事：``frontend``（登记请求、按 uid 分发回复）、``openai_body``（请求体里你不写的
+部分）、``openai_reply``（回答的小零件）、``choices``（几个 choice）、``server_app``（其余的接口）、``launch``（启动器）。
 
 en: Chapter 3.4 api_server: the OpenAI-compatible HTTP API and streaming.
 
@@ -40,38 +37,33 @@ You write the part that talks to the client:
 - **a client that disconnects aborts its request**: the abort message must really be sent (exactly once), or the
   request's slot and pages never come back.
 
-Given in this module: registering a request, the endpoints' wiring, the request fields of chapters 3.5 / 3.6 (controls
-and grammars), submitting and merging several choices (``n``, lists of prompts), the shape of the log-probabilities.
-Given elsewhere: the background task that hands replies out by uid (:mod:`minisgl.frontend`), the parts of the request
-body other than sampling (:mod:`minisgl.openai_body`), the error body (:mod:`minisgl.api_errors`), the gate for the
-API key and the 503 (:mod:`minisgl.gate`), ``/metrics`` (:mod:`minisgl.metrics`), the chat page
-(:mod:`minisgl.chat_page`), the launcher (:mod:`minisgl.launch`).
+The given parts sit in ``minisgl/``, one job per module: ``frontend`` (registering requests, handing replies out by
+uid), ``openai_body`` (the parts of the request body you do not write), ``openai_reply`` (the small parts of an
+answer), ``choices`` (several choices), ``server_app`` (the other endpoints), ``launch`` (the launcher).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from minisgl.access_log import AccessLog
-from minisgl.api_errors import ApiError, ClientGone, add_error_handlers
-from minisgl.chat_page import chat_page
+from minisgl.api_errors import DISCONNECT_POLL_S, ApiError, ClientGone
+from minisgl.choices import abort_all, guarded, merge_answers, merge_streams, open_choices
 from minisgl.core import InvalidParam, SamplingParams
 from minisgl.frontend import Frontend
-from minisgl.gate import Gate
 from minisgl.i18n import tr
-from minisgl.message import AbortMsg, TokenizeMsg, UserReply
-from minisgl.metrics import CONTENT_TYPE
-from minisgl.openai_body import check_model, json_body, messages_of, prompts_of, stream_flags
+from minisgl.message import AbortMsg, UserReply
+from minisgl.openai_body import (check_model, choices_of, echo_of, given_or as _field, json_body, messages_of, prompts_of,
+                                 stream_flags, with_controls)
+from minisgl.openai_reply import DONE, logprobs_block, response_id, sse, usage_of
+from minisgl.server_app import PROBE_BODY, base_app, generation_probe
 from minisgl.validation import check_sampling
 
 T = TypeVar("T")
@@ -83,22 +75,8 @@ COMPLETION_MAX_TOKENS = 16
 #: en: Parameters that would change the result but are not supported here: name → the values that still count as "not
 #: en: used". Any other value is a 400, not silently ignored.
 UNSUPPORTED_PARAMS: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1),
-    "suffix": (None, ""),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "functions": (None, []),
-    "function_call": (None, "none", "auto"),
-}
-#: 客户端断开的检查间隔（秒）。
-#: en: How often (seconds) to check whether the client has disconnected.
-DISCONNECT_POLL_S = 0.05
-#: ``/health_generate`` 等那一个 token 的最长时间（秒；SGLang 也是 20）。
-#: en: The longest ``/health_generate`` waits for its one token (seconds; SGLang's is 20 too).
-HEALTH_GENERATE_TIMEOUT_S = 20.0
-#: 服务器启动的时刻（``/v1/models`` 的 ``created``）。
-#: en: When the server started (``created`` in ``/v1/models``).
-STARTED = time.time()
+    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none", "auto"),
+    "functions": (None, []), "function_call": (None, "none", "auto")}
 
 
 # ----------------------------------------------------------------------------- 请求 → 采样参数
@@ -119,15 +97,6 @@ def unsupported_params(body: dict[str, Any]) -> list[str]:
     # en2: [name for name, neutral in UNSUPPORTED_PARAMS.items() if name in body and body[name] not in neutral]
     return [name for name, neutral in UNSUPPORTED_PARAMS.items() if name in body and body[name] not in neutral]
     # <<< TASK
-
-
-def _field(body: dict[str, Any], name: str, default: Any) -> Any:
-    """``body[name]``，缺省或 ``null`` 时是 ``default``。
-
-    en: ``body[name]``, or ``default`` when absent or ``null``.
-    """
-    value = body.get(name)
-    return default if value is None else value
 
 
 def sampling_params_from(body: dict[str, Any], *, max_seq_len: int,
@@ -228,57 +197,6 @@ class ParsedRequest:
     echo: bool = False  # 补全：回答前面带上提示词 | en: completions: the answer starts with the prompt
 
 
-def response_id(req: ParsedRequest, uid: int) -> str:
-    """回答的 id：对话是 ``chatcmpl-<uid>``，补全是 ``cmpl-<uid>``。
-
-    en: The answer's id: ``chatcmpl-<uid>`` for chat, ``cmpl-<uid>`` for completions.
-    """
-    return f"chatcmpl-{uid}" if req.kind == "chat" else f"cmpl-{uid}"
-
-
-def sse(data: Any) -> str:
-    """一个 server-sent event：``data: <JSON>`` 加一个空行。
-
-    en: One server-sent event: ``data: <JSON>`` followed by a blank line.
-    """
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-#: 流的最后一个事件。
-#: en: The last event of a stream.
-DONE = "data: [DONE]\n\n"
-
-
-def usage_of(reply: UserReply) -> dict[str, int]:
-    """最后一条回复里的 token 计数 → OpenAI 的 ``usage``。
-
-    en: The token counts of the last reply → OpenAI's ``usage``.
-    """
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-            "total_tokens": reply.prompt_tokens + reply.completion_tokens}
-
-
-def logprobs_block(req: ParsedRequest, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    """一个 choice 的 ``logprobs``（给定）：请求没要对数概率时是 None；要了就把反分词进程给的各项（每个 token 一项，
-    见 :class:`~minisgl.message.UserReply`）写成 OpenAI 的样子——对话是 ``{"content": [...], "refusal": None}``，
-    补全是 ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` 四个并排的列表。
-
-    en: A choice's ``logprobs`` (given): None when the request did not ask for log-probabilities; otherwise the entries
-    from the detokenizer (one per token, see :class:`~minisgl.message.UserReply`) in OpenAI's shape: for chat
-    ``{"content": [...], "refusal": None}``, for completions four parallel lists ``{"tokens", "token_logprobs",
-    "top_logprobs", "text_offset"}``.
-    """
-    if not req.sampling_params.logprobs:
-        return None
-    entries = entries or []
-    if req.kind == "chat":
-        return {"content": [{k: e[k] for k in ("token", "logprob", "bytes", "top_logprobs")} for e in entries],
-                "refusal": None}
-    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
-            "text_offset": [e["text_offset"] for e in entries]}
-
-
 async def stream_chunks(req: ParsedRequest, uid: int, replies: AsyncIterator[UserReply], index: int = 0,
                         ) -> AsyncIterator[str]:
     """流式回答：把 ``replies``（这个请求的 :class:`UserReply`，最后一条 ``finished``）变成一个个 SSE 事件（字符串）。
@@ -297,7 +215,7 @@ async def stream_chunks(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
     - ``req.include_usage`` 时，结束之后再发一个 ``choices`` 为空列表、带 ``usage``（:func:`usage_of`）的事件；
     - 最后是 :data:`DONE`。
 
-    有几个 choice 时（``n`` > 1、提示词列表），给定的 :func:`merge_streams` 为每一个调用它一次（``index`` 是第几个），把事件合成一个流。
+    有几个 choice 时（``n`` > 1、提示词列表），给定的 :func:`~minisgl.choices.merge_streams` 为每一个调用它一次（``index`` 是第几个），把事件合成一个流。
 
     en: The streamed answer: turn ``replies`` (this request's :class:`UserReply` objects, the last one ``finished``)
     into SSE events (strings).
@@ -320,7 +238,7 @@ async def stream_chunks(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
       (:func:`usage_of`);
     - last, :data:`DONE`.
 
-    With several choices (``n`` > 1, a list of prompts) the given :func:`merge_streams` calls it once per choice
+    With several choices (``n`` > 1, a list of prompts) the given :func:`~minisgl.choices.merge_streams` calls it once per choice
     (``index`` says which) and merges the events into one stream.
     """
     # >>> TASK stream_chunks: 按文档字符串列出的格式，把这个请求的回复变成流式回答的 SSE 事件。约定：对话流在任何回复到来之前先发带 assistant 角色的那个事件；每段非空的文字一个事件，空的不发，带着这条回复的对数概率；请求结束时先发它带的最后一段文字，再发一个带结束原因的结尾事件；回复出错就只发一个 OpenAI 样式的错误事件（带上回复的错误代码），然后是流的结束标记，到此为止；客户端要了用量时，结尾之后再发一个 choices 为空、带 token 计数的事件；最后总是结束标记。每个 choice 的序号是调用者给的那个。给定：sse、response_id、usage_of、logprobs_block。
@@ -434,43 +352,18 @@ async def full_response(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
     # <<< TASK
 
 
-# ----------------------------------------------------------------------------- 请求的登记和取消
-# en: ----------------------------------------------------------------------------- registering and aborting a request
+# ----------------------------------------------------------------------------- 请求的取消
+# en: ----------------------------------------------------------------------------- aborting a request
 
 
 class ServerState(Frontend):
-    """API 服务器的状态。套接字、``uid → asyncio.Queue``（``live``：还没答完的请求）、按 uid 分发回复的后台任务、
-    指标和工作进程死掉后的处理都在给定的 :class:`~minisgl.frontend.Frontend` 里；这里是一个请求的登记和取消：
-    登记了就必须有人把它去掉（答完时分发任务去掉，断开时 :meth:`abort` 去掉），否则
-    ``minisgl_active_requests`` 永远降不下来，调度器里的槽位也回不来。
+    """API 服务器的状态：``live``（uid → 回复队列，还没答完的请求）、请求的登记（``submit``）、回复的分发都在给定的
+    :class:`~minisgl.frontend.Frontend` 里；这里是请求的取消（:meth:`abort`）。
 
-    en: The API server's state. The sockets, ``uid → asyncio.Queue`` (``live``: requests not answered yet), the
-    background task that hands replies out by uid, the metrics and what happens when a worker dies are in the given
-    :class:`~minisgl.frontend.Frontend`; here is one request's registering and aborting: once registered, someone must
-    take it out again (the dispatch task when it is answered, :meth:`abort` when the client leaves), or
-    ``minisgl_active_requests`` never comes down and the scheduler's slot never comes back.
+    en: The API server's state: ``live`` (uid → reply queue, the requests not answered yet), registering a request
+    (``submit``) and handing replies out are in the given :class:`~minisgl.frontend.Frontend`; here is aborting one
+    (:meth:`abort`).
     """
-
-    async def submit(self, req: ParsedRequest) -> tuple[int, asyncio.Queue[UserReply]]:
-        """给请求一个新 uid、一个回复队列，把 :class:`TokenizeMsg` 发给分词进程。
-
-        en: Give the request a new uid and a reply queue, and send the :class:`TokenizeMsg` to the tokenizer.
-        """
-        if self.dead is not None:
-            raise ApiError(503, self.dead)
-        assert self.send is not None
-        uid = self.next_uid
-        self.next_uid += 1
-        queue: asyncio.Queue[UserReply] = asyncio.Queue()
-        self.live[uid] = queue
-        self.metrics.submitted(uid)
-        try:
-            await self.send.put(TokenizeMsg(uid, req.prompt, req.sampling_params, req.stop))
-        except BaseException:  # 没发出去：不留登记（否则 minisgl_active_requests 永远降不下来） | en: not sent: unregister (or minisgl_active_requests never comes down)
-            self.live.pop(uid, None)
-            self.metrics.withdrawn(uid)
-            raise
-        return uid, queue
 
     async def abort(self, uid: int) -> None:
         """取消请求 ``uid``：还没答完就发一条 :class:`AbortMsg` 给分词进程（它转告调度器），并不再等它的回复；
@@ -530,84 +423,13 @@ async def until_disconnect(request: Request, state: ServerState, uid: int, work:
 # en: ----------------------------------------------------------------------------- the HTTP endpoints (given)
 
 
-def controls_from(body: dict[str, Any], kind: str) -> dict[str, Any]:
-    """第 3.5 章的采样控制在请求体里的写法 → ``SamplingParams`` 的字段（给定）。对数概率两个接口写法不同：
-    对话是 ``logprobs: true`` 加 ``top_logprobs: k``（单给 ``top_logprobs`` 是 400），补全是 ``logprobs: k``
-    （k 个最可能的，0 也表示要）。
-
-    en: Chapter 3.5's sampling controls as a request body writes them → ``SamplingParams`` fields (given). The two
-    endpoints write log-probabilities differently: chat has ``logprobs: true`` plus ``top_logprobs: k`` (``top_logprobs``
-    alone is a 400), completions ``logprobs: k`` (the k most likely; 0 still asks).
-    """
-    out = {name: _field(body, name, default) for name, default in (
-        ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("min_p", 0.0),
-        ("min_tokens", 0))}
-    out["logit_bias"] = body.get("logit_bias") or None
-    logprobs = body.get("logprobs")
-    if kind == "chat":
-        out["logprobs"] = _field(body, "logprobs", False)
-        out["top_logprobs"] = _field(body, "top_logprobs", 0)
-        if out["top_logprobs"] and out["logprobs"] is not True:
-            raise ApiError(400, tr("top_logprobs needs logprobs: true"), param="top_logprobs", code="invalid_value")
-    elif logprobs is not None and logprobs is not False:
-        out["logprobs"] = True
-        out["top_logprobs"] = logprobs
-    out.update(grammar_from(body))
-    return out
-
-
-def grammar_from(body: dict[str, Any]) -> dict[str, Any]:
-    """第 3.6 章的语法在请求体里的写法 → ``SamplingParams`` 的字段（给定）：OpenAI 的 ``response_format``
-    （``{"type": "json_object"}`` 是任意 JSON 对象，``{"type": "json_schema", "json_schema": {"schema": ...}}`` 按
-    给的 Schema），或者 SGLang 的扩展字段 ``json_schema`` / ``regex`` / ``ebnf``。
-
-    en: Chapter 3.6's grammar as a request body writes it → ``SamplingParams`` fields (given): OpenAI's
-    ``response_format`` (``{"type": "json_object"}`` is any JSON object, ``{"type": "json_schema", "json_schema":
-    {"schema": ...}}`` follows the schema given), or SGLang's extra fields ``json_schema`` / ``regex`` / ``ebnf``.
-    """
-    out = {name: body[name] for name in ("regex", "ebnf") if body.get(name) is not None}
-    schema = body.get("json_schema")
-    if schema is not None:
-        out["json_schema"] = schema if isinstance(schema, str) else json.dumps(schema)
-    fmt = body.get("response_format")
-    if fmt is None or fmt == {"type": "text"}:
-        return out
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
-    if kind == "json_object":
-        out["json_schema"] = json.dumps({"type": "object"})
-    elif kind == "json_schema" and isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
-        out["json_schema"] = json.dumps(spec["schema"])
-    else:
-        raise ApiError(400, tr('response_format must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", "json_schema": {{"name": ..., "schema": {{...}}}}}}, got {value!r}',
-                               value=fmt), param="response_format", code="invalid_value")
-    if len(out) > 1:
-        raise ApiError(400, tr("Give at most one of response_format, json_schema, regex and ebnf"), param="response_format",
-                       code="invalid_value")
-    return out
-
-
-def checked(sp: SamplingParams, names: dict[str, str] | None = None) -> SamplingParams:
-    """过 :func:`~minisgl.validation.check_sampling` 这道门；:class:`~minisgl.core.InvalidParam` 变成 400，``param``
-    写请求里用的名字（``names``：字段 → 请求里的名字）。
-
-    en: Pass the :func:`~minisgl.validation.check_sampling` gate; an :class:`~minisgl.core.InvalidParam` becomes a 400
-    whose ``param`` is the name the request used (``names``: field → the name in the request).
-    """
-    try:
-        check_sampling(sp)
-    except InvalidParam as e:
-        raise ApiError(400, str(e), param=(names or {}).get(e.param, e.param), code="invalid_value") from None
-    return sp
-
-
 def parse_request(kind: str, body: dict[str, Any], state: ServerState, *, stream_default: bool = False) -> ParsedRequest:
-    """请求体 → :class:`ParsedRequest`：模型名、提示词（:mod:`minisgl.openai_body`；补全可以是提示词列表）、不支持的
-    参数、采样参数（第 3.5 章的控制由 :func:`controls_from` 读）、``n``、``echo``、``stream`` / ``stream_options``。
+    """请求体 → :class:`ParsedRequest`：采样参数和不支持的参数由你写的函数读，其余（模型名、提示词、第 3.5 / 3.6 章的
+    控制和语法、``n``、``echo``、``stream``）由给定的 :mod:`minisgl.openai_body` 读。
 
-    en: Request body → :class:`ParsedRequest`: the model name, the prompt (:mod:`minisgl.openai_body`; for completions
-    it may be a list of prompts), unsupported parameters, the sampling parameters (chapter 3.5's controls read by
-    :func:`controls_from`), ``n``, ``echo``, ``stream`` / ``stream_options``.
+    en: Request body → :class:`ParsedRequest`: your functions read the sampling parameters and the unsupported ones, the
+    given :mod:`minisgl.openai_body` the rest (model name, prompts, chapters 3.5 / 3.6's controls and grammar, ``n``,
+    ``echo``, ``stream``).
     """
     check_model(body, state.model_name, state.args.model_path)
     prompts = [messages_of(body)] if kind == "chat" else prompts_of(body)
@@ -617,256 +439,43 @@ def parse_request(kind: str, body: dict[str, Any], state: ServerState, *, stream
                                names=", ".join(bad)), param=bad[0], code="unsupported_parameter")
     sp, stop = sampling_params_from(body, max_seq_len=state.max_seq_len,
                                     default_max_tokens=None if kind == "chat" else COMPLETION_MAX_TOKENS)
-    names = {"top_logprobs": "top_logprobs" if kind == "chat" else "logprobs",
-             "json_schema": "response_format" if body.get("response_format") is not None else "json_schema"}
-    sp = checked(replace(sp, **controls_from(body, kind)), names)
-    n = _field(body, "n", 1)
-    slots = int(state.info.get("max_running_req") or 1)
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n * len(prompts) <= slots:
-        raise ApiError(400, tr("n must be an integer in [1, {slots}] (the request slots of this server, shared by all prompts), got {n!r}",
-                               slots=max(1, slots // len(prompts)), n=n), param="n", code="invalid_value")
-    echo = _field(body, "echo", False)
-    if kind == "completion" and echo is not False:
-        if echo is not True or sp.logprobs or not all(isinstance(p, str) for p in prompts):
-            raise ApiError(400, tr("echo must be true or false; with true the prompts must be text and logprobs is not supported with it yet"),
-                           param="echo", code="unsupported_value")
+    sp = with_controls(sp, body, kind)
+    n = choices_of(body, len(prompts), slots=int(state.info.get("max_running_req") or 1))
+    echo = echo_of(body, kind, prompts, sp.logprobs)
     stream, include_usage = stream_flags(body, stream_default)
     return ParsedRequest(kind, state.model_name, prompts[0], sp, stop, stream, include_usage, n=n,
-                         prompts=prompts if len(prompts) > 1 else [], echo=echo is True)
-
-
-def choice_requests(req: ParsedRequest) -> list[ParsedRequest]:
-    """一个 choice 一个请求：每个提示词 ``n`` 份，第 ``k`` 份的 choice 序号是 ``提示词序号 * n + k``；给了种子时
-    第 ``k`` 份用 ``seed + k``（各有各的随机数）。
-
-    en: One request per choice: each prompt ``n`` times, sample ``k`` of a prompt being choice number ``prompt index * n +
-    k``; with a seed, sample ``k`` uses ``seed + k`` (a random stream of its own).
-    """
-    out = []
-    for prompt in req.prompts or [req.prompt]:
-        for k in range(req.n):
-            sp = req.sampling_params
-            if k and sp.seed is not None:
-                sp = replace(sp, seed=(sp.seed + k) % 2**64)
-            out.append(replace(req, prompt=prompt, prompts=[], n=1, sampling_params=sp))
-    return out
-
-
-async def open_choices(request: Request, state: ServerState, req: ParsedRequest, uids: list[int],
-                       ) -> list[AsyncIterator[UserReply]]:
-    """提交每个 choice，等到每个的第一条回复（被拒绝的这时还能回 400），按 choice 的顺序返回它们的回复；提交了的 uid
-    记进 ``uids``（出错时调用者全部取消）。
-
-    每个提示词的第一份先提交，其余几份等它的第一条回复到了再提交：那时它的提示词已经进了 Radix 前缀缓存
-    （第 2.3 章），其余几份只需预填充最后一个 token——提示词只算一遍。
-
-    en: Submit every choice, wait for each one's first reply (a refused one can still get a 400 then), and return their
-    replies in choice order; the uids submitted go into ``uids`` (on an error the caller aborts them all).
-
-    The first sample of each prompt is submitted first, the others once its first reply is there: by then its prompt is
-    in the radix prefix cache (chapter 2.3) and the others prefill only the last token: the prompt is computed once.
-    """
-    subs = choice_requests(req)
-    opened: dict[int, AsyncIterator[UserReply]] = {}
-
-    async def open_group(group: list[int]) -> None:
-        # 一组一起提交（同一步里预填充），再等每个的第一条回复
-        # en: a group is submitted together (prefilled in the same step), then each one's first reply is awaited
-        submitted = []
-        for k in group:
-            uid, queue = await state.submit(subs[k])
-            uids.append(uid)
-            submitted.append((k, uid, queue))
-        for k, uid, queue in submitted:
-            first = await until_disconnect(request, state, uid, queue.get())
-            if first.error:
-                raise ApiError(503 if state.dead else 400, first.error, code=first.code)
-            opened[k] = state.replies(queue, first)
-
-    leaders = list(range(0, len(subs), req.n))
-    await open_group(leaders)
-    await open_group([k for k in range(len(subs)) if k not in leaders])
-    return [opened[k] for k in range(len(subs))]
-
-
-def merge_answers(req: ParsedRequest, answers: list[dict[str, Any]]) -> dict[str, Any]:
-    """几个 choice 的非流式回答合成一个：``choices`` 按序号排好，``usage`` 相加（提示词每个只算一次）；``echo`` 时
-    文字前面带上提示词。
-
-    en: Merge the non-streamed answers of several choices into one: ``choices`` in order, ``usage`` summed (each prompt
-    counted once); with ``echo`` the text starts with the prompt.
-    """
-    merged = dict(answers[0], choices=[])
-    for k, answer in enumerate(answers):
-        choice = dict(answer["choices"][0], index=k)
-        if req.echo:
-            choice["text"] = (req.prompts or [req.prompt])[k // req.n] + choice["text"]
-        merged["choices"].append(choice)
-    merged["usage"] = summed_usage(req, [a["usage"] for a in answers])
-    return merged
-
-
-def summed_usage(req: ParsedRequest, usages: list[dict[str, int]]) -> dict[str, int]:
-    """几个 choice 的 ``usage`` 相加：生成的 token 全部相加，提示词每个只算一次（每个提示词的第一份）。
-
-    en: Sum the ``usage`` of several choices: every choice's completion tokens, each prompt's tokens once (from its first
-    sample).
-    """
-    prompt_tokens = sum(u["prompt_tokens"] for u in usages[::req.n])
-    completion_tokens = sum(u["completion_tokens"] for u in usages)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-async def merge_streams(req: ParsedRequest, uid: int, streams: list[AsyncIterator[UserReply]]) -> AsyncIterator[str]:
-    """几个 choice 的流合成一个（返回合好的 SSE 事件流）：每个 choice 的事件（:func:`stream_chunks`，``index`` 是它的
-    序号）来了就发，只在最后发一次（相加的）``usage`` 和 ``DONE``；``echo`` 时每个 choice 先发提示词。一个 choice 的
-    流出错只结束它自己。只有一个 choice 时就是它自己的流。
-
-    en: Merge the streams of several choices into one (returns the merged stream of SSE events): each choice's events
-    (:func:`stream_chunks`, ``index`` being its number) go out as they come, and the (summed) ``usage`` and ``DONE`` only
-    once at the end; with ``echo`` each choice sends its prompt first. A choice whose stream fails ends only itself.
-    With a single choice it is that choice's own stream.
-    """
-    single = len(streams) == 1 and not req.echo
-    last: dict[int, UserReply] = {}
-
-    async def tapped(k: int, replies: AsyncIterator[UserReply]) -> AsyncIterator[UserReply]:
-        async for reply in replies:
-            last[k] = reply
-            yield reply
-
-    sub = req if single else replace(req, include_usage=False)
-    chunks = [stream_chunks(sub, uid, tapped(k, r), index=k) for k, r in enumerate(streams)]
-    for c in chunks:
-        if asyncio.iscoroutine(c):  # 骨架：还没写成生成器，这里就抛出它的 TaskNotDone | en: skeleton: not a generator yet, this raises its TaskNotDone
-            await c
-    if single:
-        return chunks[0]
-    return _merged(req, uid, chunks, last)
-
-
-async def _merged(req: ParsedRequest, uid: int, chunks: list[AsyncIterator[str]], last: dict[int, UserReply],
-                  ) -> AsyncIterator[str]:
-    events: asyncio.Queue[str | None] = asyncio.Queue()
-    prompts = req.prompts or [req.prompt]
-
-    async def pump(k: int) -> None:
-        try:
-            if req.echo:
-                await events.put(sse({"id": response_id(req, uid), "object": "text_completion", "created": req.created,
-                                      "model": req.model, "choices": [{"index": k, "text": prompts[k // req.n],
-                                                                       "finish_reason": None, "logprobs": None}]}))
-            async for event in chunks[k]:
-                if event != DONE:
-                    await events.put(event)
-        finally:
-            await events.put(None)
-
-    pumps = [asyncio.create_task(pump(k)) for k in range(len(chunks))]
-    try:
-        open_pumps = len(pumps)
-        while open_pumps:
-            event = await events.get()
-            if event is None:
-                open_pumps -= 1
-            else:
-                yield event
-        for task in pumps:
-            task.result()  # 流自己出的错在这里抛出 | en: a stream's own failure is raised here
-    finally:
-        for task in pumps:
-            task.cancel()
-    if req.include_usage and len(last) == len(chunks):
-        usage = summed_usage(req, [usage_of(last[k]) for k in range(len(chunks))])
-        yield sse({"id": response_id(req, uid), "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
-                   "created": req.created, "model": req.model, "choices": [], "usage": usage})
-    yield DONE
-
-
-async def _guard(chunks: AsyncIterator[str], state: ServerState, uids: list[int]) -> AsyncIterator[str]:
-    """包住流：生成器自己出了错，就取消请求，别让它们在后台白白跑下去。
-
-    en: Wraps the stream: if the generator itself fails, abort the requests so they do not run on for nothing.
-    """
-    try:
-        async for chunk in chunks:
-            yield chunk
-    except Exception:
-        await abort_all(state, uids)
-        raise
-
-
-async def abort_all(state: ServerState, uids: list[int]) -> None:
-    for uid in uids:
-        await state.abort(uid)
+                         prompts=prompts if len(prompts) > 1 else [], echo=echo)
 
 
 async def answer(request: Request, state: ServerState, req: ParsedRequest) -> Response:
-    """提交请求的每个 choice（:func:`open_choices`），再按 ``stream`` 回答：非流式收齐后合成一个对象
-    （:func:`merge_answers`），流式一段段发（:func:`merge_streams`）。出了错（拒绝、客户端断开……）就把提交了的全部
-    取消；流结束后（正常结束或客户端断开）由后台任务 :func:`abort_all` 收尾——答完了的请求它什么也不做。
+    """提交请求的每个 choice（:mod:`minisgl.choices`），再用你的 :func:`full_response` 收齐合成一个对象，或用你的
+    :func:`stream_chunks` 一段段发。出了错（拒绝、客户端断开……）就取消提交了的全部；流结束后后台任务 ``abort_all`` 收尾。
 
-    en: Submit each choice of the request (:func:`open_choices`), then answer according to ``stream``: non-streamed,
-    collect them all and merge them into one object (:func:`merge_answers`); streamed, send piece by piece
-    (:func:`merge_streams`). On a failure (a refusal, the client leaving, ...) every submitted choice is aborted; after
-    the stream ends (normally or because the client disconnected) the background task :func:`abort_all` tidies up —
-    for an answered request it does nothing.
+    en: Submit each choice of the request (:mod:`minisgl.choices`), then collect them with your :func:`full_response`
+    into one object, or send them piece by piece with your :func:`stream_chunks`. On a failure (a refusal, the client
+    leaving, ...) every submitted choice is aborted; after a stream ends the background task ``abort_all`` tidies up.
     """
     uids: list[int] = []
     try:
-        streams = await open_choices(request, state, req, uids)
+        streams = await open_choices(request, state, req, uids, until_disconnect)
         if not req.stream:
             work = asyncio.gather(*(full_response(req, uids[0], replies) for replies in streams))
             return JSONResponse(merge_answers(req, await until_disconnect(request, state, uids[0], work)))
-        chunks = await merge_streams(req, uids[0], streams)
+        chunks = await merge_streams(req, uids[0], streams, stream_chunks)
     except BaseException:
         await abort_all(state, uids)
         raise
-    return StreamingResponse(_guard(chunks, state, uids), media_type="text/event-stream",
+    return StreamingResponse(guarded(chunks, state, uids), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                              background=BackgroundTask(abort_all, state, uids))
 
 
-async def generation_probe(state: ServerState) -> Response:
-    """``/health_generate``（SGLang 的名字）：一个 token 的贪心生成走完整条路——分词进程、调度器的每个秩、反分词进程。
-    :data:`HEALTH_GENERATE_TIMEOUT_S` 秒内答完是 200，否则 503（没答完的请求取消掉）。``/health`` 只说进程都活着，
-    这个还说它们真的能一起干活。
-
-    en: ``/health_generate`` (SGLang's name): a one-token greedy generation through the whole path — the tokenizer, every
-    scheduler rank, the detokenizer. Answered within :data:`HEALTH_GENERATE_TIMEOUT_S` seconds it is a 200, otherwise a
-    503 (the unfinished request is aborted). ``/health`` only says the processes are alive; this says they really work
-    together.
-    """
-    req = parse_request("completion", {"prompt": "ping", "max_tokens": 1, "temperature": 0}, state)
-    uid, queue = await state.submit(req)
-    try:
-        await asyncio.wait_for(full_response(req, uid, state.replies(queue)), HEALTH_GENERATE_TIMEOUT_S)
-    except (ApiError, asyncio.TimeoutError) as err:
-        await state.abort(uid)
-        why = str(err) or tr("no token within {seconds:.0f} s", seconds=HEALTH_GENERATE_TIMEOUT_S)
-        raise ApiError(503, tr("A one-token generation did not come through: {why}", why=why)) from None
-    return JSONResponse({"status": "ok"})
-
-
 def create_app(state: ServerState) -> FastAPI:
-    """FastAPI 应用：各个接口、API 密钥、错误体、工作进程死掉后的 503、访问日志（``--no-access-log`` 关掉）。
+    """FastAPI 应用：给定的 :func:`~minisgl.server_app.base_app` 加上用你写的函数作答的接口。
 
-    en: The FastAPI application: the endpoints, the API key, error bodies, the 503 after a worker died, the access log
-    (``--no-access-log`` turns it off).
+    en: The FastAPI application: the given :func:`~minisgl.server_app.base_app` plus the endpoints your functions answer.
     """
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await state.start()
-        yield
-        await state.stop()
-
-    app = FastAPI(title="mini-sglang", lifespan=lifespan)
-    app.add_middleware(Gate, state=state)
-    if state.args.access_log:
-        app.add_middleware(AccessLog)  # 最外层：密钥和 503 的回答也记 | en: outermost: the key check's and the 503's answers are logged too
-    add_error_handlers(app, count=state.metrics.error, dead=lambda: state.dead)
+    app = base_app(state)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -882,33 +491,8 @@ def create_app(state: ServerState) -> FastAPI:
         # en: upstream's endpoint: the same fields as /v1/completions, streamed by default
         return await answer(request, state, parse_request("completion", await json_body(request), state, stream_default=True))
 
-    def card() -> dict[str, Any]:
-        return {"id": state.model_name, "object": "model", "created": int(STARTED), "owned_by": "minisgl",
-                "root": state.args.model_path, "max_model_len": state.max_seq_len}
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [card()]}
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str) -> dict[str, Any]:
-        check_model({"model": model_id}, state.model_name, state.args.model_path)
-        return card()
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
     @app.get("/health_generate")
     async def health_generate() -> Response:
-        return await generation_probe(state)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
-
-    @app.get("/")
-    async def page() -> HTMLResponse:
-        return HTMLResponse(chat_page(state.model_name))
+        return await generation_probe(state, parse_request("completion", PROBE_BODY, state), full_response)
 
     return app

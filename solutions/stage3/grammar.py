@@ -47,90 +47,22 @@ matcher either.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import xgrammar as xgr
 
-from minisgl.core import Batch, InvalidParam, Req, SamplingParams
+from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import BatchSamplingArgs
 from minisgl.i18n import tr
 from minisgl.sampling import BatchControls, prompt_len
 from minisgl.sampling import Sampler as ControlSampler
+from minisgl.validation import grammar_of
 
 #: 一个 int32 装几个 token 的位。
 #: en: How many tokens' bits one int32 holds.
 BITS = 32
-#: 语法的三种写法：``SamplingParams`` 的字段名。
-#: en: The three ways to give a grammar: the ``SamplingParams`` field names.
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
-
-
-def grammar_of(sp: SamplingParams) -> tuple[str, str] | None:
-    """请求的语法：``(字段名, 文本)``；没有就是 None。
-
-    en: The request's grammar: ``(field name, text)``; None if it has none.
-    """
-    for name in GRAMMAR_FIELDS:
-        text = getattr(sp, name)
-        if text is not None:
-            return name, text
-    return None
-
-
-def parse_grammar(kind: str, text: str) -> xgr.Grammar:
-    """把一种写法的语法解析成 xgrammar 的 ``Grammar``（不需要分词器）；写错了抛 ``ValueError``，消息里有 xgrammar 的说明。
-
-    JSON 按紧凑格式（不许多余的空白）：小模型被允许随便写空白时，常常一直写空白写到 max_tokens。
-
-    en: Parse a grammar given one way into xgrammar's ``Grammar`` (no tokenizer needed); a mistake raises
-    ``ValueError`` with xgrammar's explanation.
-
-    JSON is compact (no extra whitespace): a small model allowed any whitespace often writes whitespace until
-    max_tokens.
-    """
-    try:
-        if kind == "json_schema":
-            return xgr.Grammar.from_json_schema(text, any_whitespace=False)
-        if kind == "regex":
-            return xgr.Grammar.from_regex(text)
-        return xgr.Grammar.from_ebnf(text)
-    except (RuntimeError, ValueError, TypeError) as e:
-        # xgrammar 的消息前面是时间和 C++ 源文件的位置，去掉
-        # en: xgrammar's message starts with a time and a C++ source location: drop them
-        lines = str(e).strip().splitlines() or [type(e).__name__]
-        raise ValueError(re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0])) from None
-
-
-def check_grammar(sp: SamplingParams) -> None:
-    """语法字段（给定；:func:`minisgl.validation.check_sampling` 调用它）：至多一种，是字符串，能解析，不和 ``ignore_eos``
-    一起用（语法走完时只剩结束 token 可选，忽略它就只能在语法之外接着写）。不合法就抛
-    :class:`~minisgl.core.InvalidParam`，点名字段。
-
-    en: The grammar fields (given; :func:`minisgl.validation.check_sampling` calls it): at most one, a string that
-    parses, not together with ``ignore_eos`` (once the grammar is complete only the end token is left, and ignoring it
-    could only go on writing outside the grammar). An invalid one raises :class:`~minisgl.core.InvalidParam` naming the
-    field.
-    """
-    given = [name for name in GRAMMAR_FIELDS if getattr(sp, name) is not None]
-    if len(given) > 1:
-        raise InvalidParam(given[1], tr("Give at most one grammar, got {names}", names=", ".join(given)))
-    if not given:
-        return
-    name = given[0]
-    if sp.ignore_eos:
-        raise InvalidParam("ignore_eos", tr("ignore_eos cannot go with a grammar: the grammar decides where the output ends"))
-    text = getattr(sp, name)
-    if not isinstance(text, str):
-        raise InvalidParam(name, tr("{name} must be a string, got {value!r}", name=name, value=text))
-    try:
-        parse_grammar(name, text)
-    except ValueError as e:
-        raise InvalidParam(name, tr("{name} is not a valid grammar: {error}", name=name, error=e)) from None
-
-
 class GrammarBackend:
     """分词器的词表只预处理一次（``TokenizerInfo``），编译过的语法按文本缓存（``GrammarCompiler``）；每个请求从
     编译好的语法得到自己的匹配器。第一个用到语法的请求来了才建（几分之一秒：SmolLM2 约 0.1 s，Qwen3 的词表约 0.5 s），

@@ -43,32 +43,15 @@ the token of step N, even before that token reaches the host.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from minisgl.core import Batch, InvalidParam, Req, SamplingParams
+from minisgl.core import Batch, Req
 from minisgl.engine import BatchSamplingArgs, copy_to_host
 from minisgl.engine import Sampler as BaseSampler
-from minisgl.i18n import tr
-
-#: OpenAI 允许的 ``top_logprobs`` 上限。
-#: en: The largest ``top_logprobs`` OpenAI allows.
-MAX_TOP_LOGPROBS = 20
-
-
-class TokenLogprob(NamedTuple):
-    """一个采到的 token 的对数概率，以及概率最大的 ``len(top_ids)`` 个 token 的（从大到小）。
-
-    en: The log-probability of one sampled token, and those of the ``len(top_ids)`` most likely tokens (largest first).
-    """
-
-    logprob: float
-    top_ids: list[int]
-    top_logprobs: list[float]
-
+from minisgl.scheduling import TokenLogprob
 
 @dataclass
 class StepLogprobs:
@@ -139,51 +122,6 @@ class BatchControls:
     @property
     def penalized(self) -> bool:
         return self.repetition is not None or self.presence is not None or self.frequency is not None
-
-
-#: logit 偏置的取值范围（OpenAI 的）。
-#: en: The range of a logit bias value (OpenAI's).
-BIAS_RANGE = (-100.0, 100.0)
-
-
-def _real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def check_controls(sp: SamplingParams) -> None:
-    """本章各字段的类型和范围（给定；:func:`minisgl.validation.check_sampling` 调用它）：重复惩罚 > 0、出现 / 频率惩罚在
-    [-2, 2]、min_p 在 [0, 1]、min_tokens 在 [0, max_tokens]、偏置的键是 token id、值在 :data:`BIAS_RANGE`、
-    top_logprobs 在 [0, :data:`MAX_TOP_LOGPROBS`]。不合法就抛 :class:`~minisgl.core.InvalidParam`，点名字段。
-    偏置的键是否在词表里由调度器查（它知道词表）。
-
-    en: The types and ranges of this chapter's fields (given; :func:`minisgl.validation.check_sampling` calls it):
-    repetition penalty > 0, presence / frequency penalties in [-2, 2], min_p in [0, 1], min_tokens in [0, max_tokens],
-    bias keys that are token ids with values in :data:`BIAS_RANGE`, top_logprobs in [0, :data:`MAX_TOP_LOGPROBS`]. An
-    invalid value raises :class:`~minisgl.core.InvalidParam` naming the field. Whether a bias key is in the vocabulary
-    is checked by the scheduler (which knows the vocabulary).
-    """
-    ranges = {"repetition_penalty": (0.0, math.inf, False), "presence_penalty": (-2.0, 2.0, True),
-              "frequency_penalty": (-2.0, 2.0, True), "min_p": (0.0, 1.0, True)}
-    for name, (low, high, closed) in ranges.items():
-        value = getattr(sp, name)
-        if not _real(value) or not (low <= value <= high if closed else low < value <= high):
-            raise InvalidParam(name, tr("{name} must be a real number in {range}, got {value!r}", name=name,
-                                        range=f"[{low}, {high}]" if closed else f"({low}, {high}]", value=value))
-    for name, high in (("min_tokens", sp.max_tokens), ("top_logprobs", MAX_TOP_LOGPROBS)):
-        value = getattr(sp, name)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
-            raise InvalidParam(name, tr("{name} must be an integer in [0, {high}], got {value!r}", name=name, high=high,
-                                        value=value))
-    if not isinstance(sp.logprobs, bool):
-        raise InvalidParam("logprobs", tr("logprobs must be true or false, got {value!r}", value=sp.logprobs))
-    if sp.logit_bias is None:
-        return
-    if not isinstance(sp.logit_bias, dict):
-        raise InvalidParam("logit_bias", tr("logit_bias must map token ids to numbers, got {value!r}", value=sp.logit_bias))
-    for key, value in sp.logit_bias.items():
-        if not str(key).isdigit() or isinstance(key, bool) or not _real(value) or not BIAS_RANGE[0] <= value <= BIAS_RANGE[1]:
-            raise InvalidParam("logit_bias", tr(
-                "logit_bias maps token ids to numbers in [-100, 100], got {key!r}: {value!r}", key=key, value=value))
 
 
 def prompt_len(req: Req) -> int:
@@ -426,6 +364,16 @@ class Sampler(BaseSampler):
             logits[c.no_eos, self.eos_token_id] = float("-inf")
         return logits
 
+    def logprob_of(self, args: BatchSamplingArgs, row: int) -> TokenLogprob | None:
+        """结果处理用：批次第 ``row`` 行这一步的对数概率；没要就是 None。
+
+        en: For result processing: this step's log-probabilities of row ``row`` of the batch; None if it did not ask.
+        """
+        c: BatchControls | None = args.controls
+        if c is None or c.logprobs is None:
+            return None
+        return c.logprobs.of(row)
+
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """``logits``: [B, vocab] → 每行一个 token id（int64），按模块文档里的顺序用上本章的控制。
 
@@ -478,15 +426,3 @@ class Sampler(BaseSampler):
             seen[rows, toks] = True
         return tokens
         # <<< TASK
-
-
-def logprob_of(args: BatchSamplingArgs, row: int) -> TokenLogprob | None:
-    """结果处理用：批次第 ``row`` 行这一步的对数概率；没要就是 None。
-
-    en: For result processing: this step's log-probabilities of row ``row`` of the batch; None if it did not ask.
-    """
-    c: BatchControls | None = args.controls
-    if c is None or c.logprobs is None:
-        return None
-    return c.logprobs.of(row)
-
