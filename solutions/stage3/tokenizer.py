@@ -43,9 +43,10 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import zmq
@@ -386,6 +387,14 @@ def process_messages(msgs: list[Message], tokenize_manager: TokenizeManager, det
     return backend, frontend
 
 
+#: 收到过 SIGTERM / SIGINT
+#: en: a SIGTERM / SIGINT came
+_stop_requested = threading.Event()
+#: 正在收尾：信号不再打断它
+#: en: winding down: signals no longer interrupt it
+_winding_down = threading.Event()
+
+
 class _Stop(Exception):
     """SIGTERM / SIGINT：离开主循环。
 
@@ -393,8 +402,17 @@ class _Stop(Exception):
     """
 
 
-def _raise_stop(signum: int, frame: Any) -> NoReturn:
-    raise _Stop
+def _raise_stop(signum: int, frame: Any) -> None:
+    """SIGTERM / SIGINT：记下来，并抛 :class:`_Stop`（收尾开始之后不再抛）。信号可能正好落在一个 ``__del__`` 里
+    （例如加载分词器时的垃圾回收），那里抛出的异常被 Python 吞掉；所以主循环每一轮还看一眼记下的标志。
+
+    en: SIGTERM / SIGINT: note it and raise :class:`_Stop` (not once winding down has begun). A signal may land inside a
+    ``__del__`` (say, garbage collection while the tokenizer loads), where Python swallows the exception; so the main
+    loop also looks at the noted flag every turn.
+    """
+    _stop_requested.set()
+    if not _winding_down.is_set():
+        raise _Stop
 
 
 def tokenize_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> None:
@@ -402,7 +420,8 @@ def tokenize_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> 
 
     绑定自己的 PULL 套接字、连上调度器和 API 服务器，经 ``ready`` 报告 ``("ready", {})``（起不来就报
     ``("error", 原因)`` 并以非零状态退出）。之后每一轮：等到至少一条消息，再把已经到了的都收下，一起处理，
-    给调度器和 API 服务器各发一条（批量）消息。SIGTERM / SIGINT 让它干净地退出：套接字以 linger 0 关闭；空闲时每
+    给调度器和 API 服务器各发一条（批量）消息。启动之后，SIGTERM / SIGINT 让它干净地退出（启动期间 SIGTERM 立刻结束它，
+    SIGINT 留给启动器）：套接字以 linger 0 关闭；空闲时每
     :data:`IDLE_WAKE_S` 秒回到 Python 一次，信号不会丢。
 
     en: The entry point of the tokenizer / detokenizer process (given, not a task).
@@ -410,12 +429,18 @@ def tokenize_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> 
     It binds its PULL socket, connects to the scheduler and the API server, and reports ``("ready", {})`` through
     ``ready`` (or ``("error", reason)`` and a non-zero exit when it cannot start). Then each turn: wait for at least one
     message, take all that have arrived, handle them together, and send one (batch) message to the scheduler and one
-    to the API server. SIGTERM / SIGINT make it exit cleanly: the sockets close with linger 0; an idle wait comes back to
+    to the API server. Once started, SIGTERM / SIGINT make it exit cleanly (while starting, SIGTERM ends it at once
+    and SIGINT is left to the launcher): the sockets close with linger 0; an idle wait comes back to
     Python every :data:`IDLE_WAKE_S` seconds, so no signal is lost.
     """
     set_process_name("msgl-tokenizer")
-    signal.signal(signal.SIGTERM, _raise_stop)
-    signal.signal(signal.SIGINT, _raise_stop)
+    # 启动期间（加载分词器、连套接字）没什么要收尾：SIGTERM 照默认立刻结束进程，终端的 Ctrl-C 交给启动器（它随后发
+    # SIGTERM）。这段时间里垃圾回收很多，信号抛出的异常常落在 __del__ 里被吞掉。
+    # en: While starting (loading the tokenizer, connecting sockets) there is nothing to wind down: SIGTERM ends the
+    # en: process at once by default, and the terminal's Ctrl-C is left to the launcher (which sends SIGTERM next).
+    # en: Garbage collection is busy then, and an exception raised by a signal often lands in a __del__ and is swallowed.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     queues: list[ZmqPullQueue | ZmqPushQueue] = []
     try:
         try:
@@ -431,8 +456,10 @@ def tokenize_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> 
             sys.exit(1)
         tokenize_manager = TokenizeManager(tokenizer)
         detokenize_manager = DetokenizeManager(tokenizer)
+        signal.signal(signal.SIGTERM, _raise_stop)
+        signal.signal(signal.SIGINT, _raise_stop)
         ready.send(("ready", {}))
-        while True:
+        while not _stop_requested.is_set():
             if (first := recv.get(timeout=IDLE_WAKE_S)) is None:
                 continue
             msgs = unwrap(first)
@@ -446,6 +473,7 @@ def tokenize_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection) -> 
     except _Stop:
         pass
     finally:
+        _winding_down.set()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for queue in queues:
             queue.close()
