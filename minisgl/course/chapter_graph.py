@@ -90,6 +90,12 @@ class ChapterGraph:
         self.course_root = course_root
         self.repo_root = repo_root
         self._index = {c.public_module: i for i, c in enumerate(chapters)}
+        self._imports: dict[Path, list[tuple[str, int]]] = {}  # 每个文件只读、只解析一次 | en: each file read and parsed once
+
+    def _imports_of(self, path: Path) -> list[tuple[str, int]]:
+        if path not in self._imports:
+            self._imports[path] = imports_of(path)
+        return self._imports[path]
 
     def _label(self, path: Path, line: int) -> str:
         for root in (self.course_root, self.repo_root):
@@ -107,7 +113,7 @@ class ChapterGraph:
         todo: list[tuple[Path, tuple[str, ...]]] = [(path, ())]
         while todo:
             file, chain = todo.pop(0)
-            for name, line in imports_of(file):
+            for name, line in self._imports_of(file):
                 here = (*chain, self._label(file, line))
                 if name in self._index:
                     out.setdefault(self._index[name], here)
@@ -124,7 +130,7 @@ class ChapterGraph:
 
         en: The chapters this chapter's file imports itself (not through given modules), in chapter order.
         """
-        names = {name for name, _ in imports_of(self.solution_file(chapter))}
+        names = {name for name, _ in self._imports_of(self.solution_file(chapter))}
         return [c for c in self.chapters if c.public_module in names and c != chapter]
 
     def forward_imports(self) -> list[ForwardImport]:
