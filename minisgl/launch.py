@@ -35,14 +35,14 @@ from minisgl.serving import (ServerAddrs, ServerArgs, check_model_dir, make_ipc_
                              set_process_name)
 from minisgl.standby import Standby
 
-#: 调度器用组装好的引擎的采样器（:func:`minisgl.llm.full_sampler`），子进程按名字导入它。
-#: en: The scheduler uses the assembled engine's sampler (:func:`minisgl.llm.full_sampler`), imported by name in the child.
-FULL_SAMPLER = ByName("minisgl.llm", "full_sampler")
+#: 调度器握着组装好的引擎的零件（:data:`minisgl.llm.FULL_PARTS`），子进程按名字导入它们。
+#: en: The scheduler holds the assembled engine's parts (:data:`minisgl.llm.FULL_PARTS`), imported by name in the child.
+FULL_PARTS = ByName("minisgl.llm", "FULL_PARTS")
 #: 一个秩时的两个工作进程：名字 → (公共模块, 入口函数, 额外参数)。
 #: en: The two worker processes with one rank: name → (public module, entry function, extra arguments).
 WORKERS: dict[str, tuple[str, str, tuple[Any, ...]]] = {
     "tokenizer": ("minisgl.tokenizer", "tokenize_worker", ()),
-    "scheduler": ("minisgl.scheduler_io", "scheduler_worker", (FULL_SAMPLER,)),
+    "scheduler": ("minisgl.scheduler_io", "scheduler_worker", (FULL_PARTS,)),
 }
 #: 关机时每一步等多久（秒）：先等调度器自己退出，再 SIGTERM，最后 SIGKILL。
 #: en: How long each shutdown step waits (seconds): first for the scheduler to exit by itself, then SIGTERM, last SIGKILL.
@@ -74,7 +74,7 @@ def plan_workers(args: ServerArgs) -> dict[str, tuple[str, str, tuple[Any, ...]]
     workers = {"tokenizer": WORKERS["tokenizer"]} if args.node_rank == 0 else {}
     for rank in range(args.node_rank * per_node, (args.node_rank + 1) * per_node):
         name = "scheduler" if rank == 0 else f"rank {rank}"
-        workers[name] = ("minisgl.tp_scheduler", "tp_scheduler_worker", (rank, dist_addr, env, threads, FULL_SAMPLER))
+        workers[name] = ("minisgl.tp_scheduler", "tp_scheduler_worker", (rank, dist_addr, env, threads, FULL_PARTS))
     return workers
 
 

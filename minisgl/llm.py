@@ -1,5 +1,6 @@
-"""组装：最后一层把各章交出的零件装成完整的引擎。``LLM(path)`` 是第 2.5 章的调度器（重叠调度）配上第 3.6 章的采样器
-（它带着第 3.5 章的采样控制）；``LLM(path, tp_size=N)`` 把模型切给 N 个秩，得到 :class:`TPLLM`。各章只往回看，
+"""组装：最后一层把各章交出的零件装成完整的引擎。``LLM(path)`` 是第 2.1 章的调度器握着 :data:`FULL_PARTS`：
+到第 2.5 章为止的零件（按需分页、radix 前缀缓存、分块预填充、重叠调度）配上第 3.6 章的采样器（它带着第 3.5 章的
+采样控制）；``LLM(path, tp_size=N)`` 把模型切给 N 个秩，得到 :class:`TPLLM`。各章只往回看，
 不认识后面的章；认识全部章节的只有这里（以及服务器的启动器）。
 
 ``tp_size > 1`` 时本进程不加入任何进程组，也不改自己的线程数：它 spawn N 个秩进程，每个秩跑第 4.3 章的
@@ -7,7 +8,8 @@
 拿回来。坏的输入在每个秩上同样地被拒绝，异常原样抛给调用者，秩们留着接着用；一个秩死了就停掉全部秩并报错。
 
 en: The assembly: the top floor fits the parts the chapters deliver into the complete engine. ``LLM(path)`` is chapter
-2.5's scheduler (overlap scheduling) with chapter 3.6's sampler (which carries chapter 3.5's sampling controls);
+2.1's scheduler holding :data:`FULL_PARTS`: the parts up to chapter 2.5 (pages on demand, the radix prefix cache,
+chunked prefill, overlap scheduling) with chapter 3.6's sampler (which carries chapter 3.5's sampling controls);
 ``LLM(path, tp_size=N)`` splits the model over N ranks and gives a :class:`TPLLM`. Chapters look only backwards and
 know no later chapter; only this module (and the server's launcher) knows them all.
 
@@ -32,11 +34,12 @@ from typing import Any
 from minisgl.architectures import Architecture, is_moe, refuse_ep, register_architecture
 from minisgl.i18n import tr
 from minisgl.lifeline import die_with_parent
-from minisgl.overlap import Scheduler
+from minisgl import overlap
+from minisgl.scheduler import Scheduler
 from minisgl.ranks import RANKS_TIMEOUT_S, RankFailed, exit_if_rerunning_main, free_port, rank_died, rank_env, stop_process
 from minisgl.scheduling import Sampler
 
-__all__ = ["LLM", "TPLLM", "check_split", "full_sampler", "moe_architecture"]
+__all__ = ["FULL_PARTS", "LLM", "TPLLM", "check_split", "full_sampler", "moe_architecture"]
 
 
 def moe_architecture() -> Architecture:
@@ -91,11 +94,19 @@ def full_sampler(engine: Any, eos_token_id: int | None, tokenizer: Any) -> Sampl
                           rows=engine.page_table.shape[0], eos_token_id=eos_token_id, tokenizer=tokenizer)
 
 
-class LLM(Scheduler):
-    """离线接口：``LLM(path, **配置)`` 是组装好的调度器；``LLM(path, tp_size=N)``（N > 1）得到 :class:`TPLLM`。
+#: 组装好的引擎的零件：到第 2.5 章为止的调度器零件，加上第 3.6 章的采样器。离线的 ``LLM``、每个秩和服务器的调度器
+#: 进程都用它。
+#: en: The assembled engine's parts: the scheduler's parts up to chapter 2.5, plus chapter 3.6's sampler. The offline
+#: ``LLM``, every rank and the server's scheduler process all use them.
+FULL_PARTS = dataclasses.replace(overlap.PARTS, sampler=full_sampler)
 
-    en: The offline interface: ``LLM(path, **config)`` is the assembled scheduler; ``LLM(path, tp_size=N)`` (N > 1)
-    gives a :class:`TPLLM`.
+
+class LLM(Scheduler):
+    """离线接口：``LLM(path, **配置)`` 是组装好的调度器（``parts`` 缺省为 :data:`FULL_PARTS`）；
+    ``LLM(path, tp_size=N)``（N > 1）得到 :class:`TPLLM`。
+
+    en: The offline interface: ``LLM(path, **config)`` is the assembled scheduler (``parts`` defaults to
+    :data:`FULL_PARTS`); ``LLM(path, tp_size=N)`` (N > 1) gives a :class:`TPLLM`.
     """
 
     def __new__(cls, *args: Any, tp_size: int = 1, **kwargs: Any) -> Any:
@@ -104,7 +115,7 @@ class LLM(Scheduler):
         return super().__new__(cls)
 
     def __init__(self, *args: Any, tp_size: int = 1, **kwargs: Any) -> None:
-        super().__init__(*args, make_sampler=kwargs.pop("make_sampler", full_sampler), **kwargs)
+        super().__init__(*args, parts=kwargs.pop("parts", None) or FULL_PARTS, **kwargs)
 
 
 def _plain(params: Any) -> Any:
@@ -150,7 +161,7 @@ def _tp_rank(rank: int, tp_size: int, addr: str, model_path: str, dtype: Any, kw
 
         device = rank_device(kwargs.pop("device", "auto"), rank)
         init_distributed(DistributedInfo(rank, tp_size), addr, device)
-        sched = TPScheduler(model_path, dtype, device=str(device), make_sampler=full_sampler, **kwargs)
+        sched = TPScheduler(model_path, dtype, device=str(device), parts=FULL_PARTS, **kwargs)
     except BaseException:  # noqa: BLE001 - 带回父进程 | en: goes back to the parent
         conn.send(("error", traceback.format_exc()))
         return

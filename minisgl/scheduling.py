@@ -33,6 +33,44 @@ if TYPE_CHECKING:
 #: (chapters 3.5 and 3.6).
 SamplerFactory = Callable[[Engine, "int | None", Any], Sampler]
 
+#: KV 缓存管理器的做法：``(引擎, 配置, 请求槽管理器) -> 缓存管理器``。第 2.1 章是静态分页，第 2.2 章按需分页，
+#: 第 2.3 章配上 radix 前缀缓存。
+#: en: How to make the KV cache manager: ``(engine, config, request-slot manager) -> cache manager``. Chapter 2.1's
+#: pages are static, chapter 2.2's are allocated on demand, chapter 2.3 adds the radix prefix cache.
+CacheManagerFactory = Callable[[Engine, "SchedulerConfig", "TableManager"], Any]
+
+
+@dataclass(frozen=True)
+class SchedulerParts:
+    """调度器除了引擎以外握着的零件。``None`` 就用第 2.1 章自己的；后面每一章交出其中一样，组装
+    （:mod:`minisgl.llm`）把它们装在一起。调度器只通过各零件文档里写的那几个方法用它们。
+
+    - ``cache_manager`` / ``cache_types``：KV 缓存管理器的做法，和它认得的前缀缓存种类（第一个是默认值）；
+    - ``prefill_adder``：一步预填充的准入员类（第 2.2 章要预留页面，第 2.4 章会切块）；
+    - ``policy``：每一步选预填充还是解码的策略类（第 2.4 章让解码插在分块之间）；
+    - ``loop``：主循环类，拿到调度器本身（第 2.5 章的重叠调度）；
+    - ``sampler``：采样器的做法（第 3.5、3.6 章的采样控制和语法）。
+
+    en: The parts a scheduler holds besides its engine. ``None`` means chapter 2.1's own; each later chapter delivers
+    one of them, and the assembly (:mod:`minisgl.llm`) puts them together. The scheduler uses a part only through the
+    few methods its docstring names.
+
+    - ``cache_manager`` / ``cache_types``: how to make the KV cache manager, and the prefix-cache kinds it knows (the
+      first is the default);
+    - ``prefill_adder``: the class that admits requests into one prefill step (chapter 2.2 reserves pages, chapter 2.4
+      cuts chunks);
+    - ``policy``: the class that picks prefill or decode for each step (chapter 2.4 lets decodes run between chunks);
+    - ``loop``: the main-loop class, given the scheduler itself (chapter 2.5's overlap scheduling);
+    - ``sampler``: how to make the sampler (chapters 3.5 and 3.6: sampling controls and grammars).
+    """
+
+    cache_manager: CacheManagerFactory | None = None
+    cache_types: tuple[str, ...] = ("naive",)
+    prefill_adder: type | None = None
+    policy: type | None = None
+    loop: type | None = None
+    sampler: SamplerFactory | None = None
+
 
 class TokenLogprob(NamedTuple):
     """一个采到的 token 的对数概率，以及概率最大的 ``len(top_ids)`` 个 token 的（从大到小）。
@@ -127,6 +165,12 @@ class RequestEvent(NamedTuple):
 ResultListener = Callable[[RequestEvent], None]
 
 
+#: ``(行号, 位置)``：两个等长的一维下标张量，一次索引页表或 token 池里的许多格。
+#: en: ``(rows, positions)``: two 1-D index tensors of equal length that index many cells of the page table or token
+#: pool at once.
+IndexPair = tuple[torch.Tensor, torch.Tensor]
+
+
 class ForwardInput(NamedTuple):
     """准备好的一步：批次、采样参数、在设备上读写 token 池用的两组下标，以及这一步的轨迹。
 
@@ -143,9 +187,39 @@ class ForwardInput(NamedTuple):
 
     batch: Batch
     sample_args: Any
-    input_mapping: tuple[torch.Tensor, torch.Tensor]
-    write_mapping: tuple[torch.Tensor, torch.Tensor]
+    input_mapping: IndexPair
+    write_mapping: IndexPair
     trace: StepTrace
+
+
+class OutputCollector:
+    """``generate`` 的结果监听者：按 uid 收集每个请求留下的 token（要了对数概率的也收集它们）。
+
+    en: ``generate``'s result listener: collects the tokens each request keeps, by uid (and their log-probabilities for
+    requests that asked).
+    """
+
+    def __init__(self, uids: Sequence[int], want_logprobs: Sequence[bool]) -> None:
+        self.uids = list(uids)
+        self.tokens: dict[int, list[int]] = {uid: [] for uid in self.uids}
+        self.logprobs: dict[int, list[Any]] = {uid: [] for uid, want in zip(self.uids, want_logprobs) if want}
+
+    def __call__(self, event: RequestEvent) -> None:
+        if event.token is not None and event.uid in self.tokens:
+            self.tokens[event.uid].append(event.token)
+            if event.uid in self.logprobs:
+                self.logprobs[event.uid].append(event.logprobs)
+
+    def results(self, decode: Callable[[list[int]], str]) -> list[dict[str, Any]]:
+        """按提交顺序：``{"text", "token_ids"}``，要了对数概率的再加 ``"logprobs"``。
+
+        en: In submission order: ``{"text", "token_ids"}``, plus ``"logprobs"`` for requests that asked.
+        """
+        results = [{"text": decode(self.tokens[uid]), "token_ids": self.tokens[uid]} for uid in self.uids]
+        for uid, result in zip(self.uids, results):
+            if uid in self.logprobs:
+                result["logprobs"] = self.logprobs[uid]
+        return results
 
 
 class TableManager:

@@ -316,8 +316,14 @@ def validate_requests(
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def validate_config(config: Any) -> None:
-    """引擎 / 调度器配置在建引擎之前检查一遍：错的值立刻报清楚，而不是到很后面才以奇怪的方式出错。"""
+def validate_config(config: Any, cache_types: tuple[str, ...] = ("naive",)) -> None:
+    """引擎 / 调度器配置在建引擎之前检查一遍：错的值立刻报清楚，而不是到很后面才以奇怪的方式出错。调度器的
+    ``cache_type`` 要在 ``cache_types``（零件认得的前缀缓存种类）里；``None`` 换成其中第一个。
+
+    en: Check an engine / scheduler configuration before the engine is built: a wrong value is reported clearly at once
+    rather than failing oddly much later. A scheduler's ``cache_type`` must be in ``cache_types`` (the prefix-cache
+    kinds its parts know); ``None`` becomes the first of them.
+    """
 
     def positive_int(name: str, *, optional: bool = False, minimum: int = 1) -> None:
         value = getattr(config, name)
@@ -334,6 +340,12 @@ def validate_config(config: Any) -> None:
     positive_int("max_seq_len_override", optional=True, minimum=2)
     if hasattr(config, "max_extend_tokens"):
         positive_int("max_extend_tokens")
+    if hasattr(config, "cache_type"):
+        config.cache_type = config.cache_type or cache_types[0]
+        if config.cache_type not in cache_types:
+            raise ValueError(tr("Unknown cache_type={cache_type!r}, or not supported in this chapter: this chapter's "
+                                "engine supports {known} (the radix prefix cache comes in chapter 2.3)",
+                                cache_type=config.cache_type, known=", ".join(repr(t) for t in cache_types)))
     dtype = config.dtype
     if dtype is not None and not isinstance(dtype, torch.dtype) and dtype not in _DTYPES:
         raise ValueError(tr("Unsupported dtype={dtype!r}: choose None (automatic), {names}, or the matching torch.dtype",

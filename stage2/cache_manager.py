@@ -41,9 +41,9 @@ import torch
 
 from minisgl.i18n import tr
 from minisgl.core import Req
+from minisgl.engine import Engine
 from minisgl.scheduler import PrefillAdder
-from minisgl.scheduler import Scheduler as _Scheduler
-from minisgl.scheduling import PendingReq, div_ceil
+from minisgl.scheduling import PendingReq, SchedulerConfig, SchedulerParts, TableManager, div_ceil
 
 
 # ---------------------------------------------------------------------------- 前缀缓存的接口
@@ -219,6 +219,22 @@ class CacheManager:
         """
         return (div_ceil(total_len, self.page_size) - div_ceil(cached_len, self.page_size)) * self.page_size
 
+    def reserved_tokens(self, claims: Sequence[tuple[int, int]]) -> int:
+        """请求将来还要新分配的 token 位置总数（``claims``：每个占着槽位的请求一对 ``(总长度, 已缓存长度)``）。
+
+        en: Total token positions requests will still need allocated (``claims``: one ``(total length, cached length)``
+        pair per request holding a slot).
+        """
+        return sum(self.tokens_needed(total, cached) for total, cached in claims)
+
+    def pages_in_use(self) -> int:
+        """按需分配以后，被占用的就是不在空闲池里的页（请求正用着的 + 前缀缓存占着的）。
+
+        en: With allocation on demand, the pages in use are those not in the free pool (used by requests + held by the
+        prefix cache).
+        """
+        return self.num_pages - len(self.free_slots)
+
     def match_req(self, pending: PendingReq) -> BaseCacheHandle:
         """最多匹配到倒数第二个 token：最后一个 token 总要算一遍，才有 logits 可以采样。
 
@@ -330,39 +346,16 @@ class ReservingPrefillAdder(PrefillAdder):
         raise TaskNotDone("cache_manager", "reserve")
 
 
-class Scheduler(_Scheduler):
-    """第 2.2 章的调度器：按需分配页面，准入时预留，``naive`` 前缀缓存。
+def paged_cache_manager(engine: Engine, config: SchedulerConfig, table_manager: TableManager) -> CacheManager:
+    """本章的缓存管理器零件（一个 :data:`~minisgl.scheduling.CacheManagerFactory`）：按需分页，``naive`` 前缀缓存。
 
-    en: The chapter 2.2 scheduler: pages on demand, reservation at admission, the ``naive`` prefix cache.
+    en: This chapter's cache-manager part (a :data:`~minisgl.scheduling.CacheManagerFactory`): pages on demand, the
+    ``naive`` prefix cache.
     """
-
-    supported_cache_types = ("naive",)
-    prefill_adder_cls = ReservingPrefillAdder
-
-    def _make_prefix_cache(self) -> BasePrefixCache:
-        return NaivePrefixCache()
-
-    def _make_cache_manager(self) -> CacheManager:
-        return CacheManager(self.engine.num_pages, self.page_size, self.page_table, self._make_prefix_cache())
-
-    def reserved_tokens(self) -> int:
-        """运行中的请求将来还要新分配的 token 位置总数（按提示词 + ``max_tokens`` 算到底）。
-
-        en: Total token positions the running requests will still need allocated (counting up to prompt +
-        ``max_tokens``).
-        """
-        cm = self.cache_manager
-        return sum(cm.tokens_needed(r.max_device_len, r.cached_len) for r in self.decode_manager.running_reqs)
-
-    def pages_in_use(self) -> int:
-        """按需分配以后，被占用的就是不在空闲池里的页（请求正用着的 + 前缀缓存占着的）。
-
-        en: With allocation on demand, the pages in use are those not in the free pool (used by requests + held by the
-        prefix cache).
-        """
-        return self.cache_manager.num_pages - len(self.cache_manager.free_slots)
+    return CacheManager(engine.num_pages, config.page_size, engine.page_table, NaivePrefixCache())
 
 
-#: 离线接口：本章的调度器。
-#: en: Offline interface: this chapter's scheduler.
-LLM = Scheduler
+#: 到本章为止的引擎：第 2.1 章的调度器换上按需分页的缓存管理器和准入时预留页面的准入员。
+#: en: The engine up to this chapter: chapter 2.1's scheduler with the on-demand cache manager and the adder that
+#: reserves pages at admission.
+PARTS = SchedulerParts(cache_manager=paged_cache_manager, prefill_adder=ReservingPrefillAdder)

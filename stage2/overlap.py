@@ -73,28 +73,32 @@ from __future__ import annotations
 from minisgl.course.skeleton import TaskNotDone
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from dataclasses import replace
 
 import torch
 
-from minisgl.chunked_prefill import Scheduler as _Scheduler
+from minisgl import chunked_prefill
 from minisgl.core import Req
 from minisgl.engine import ForwardOutput
 from minisgl.env import ENV
+from minisgl.scheduler import NormalLoop, Scheduler
 from minisgl.scheduling import ForwardInput
 from minisgl.threads import hand_over_cores, release_thread_pool, take_back_cores
 
 InFlight = tuple[ForwardInput, "Future[ForwardOutput]"]
 
 
-class Scheduler(_Scheduler):
-    """第 2.5 章的调度器：重叠调度（默认开启）。
+class OverlapLoop(NormalLoop):
+    """本章的主循环零件：重叠调度（默认开启）。接口和第 2.1 章的 :class:`~minisgl.scheduler.NormalLoop` 一样；
+    关掉重叠时就是它。
 
-    en: The chapter 2.5 scheduler: overlap scheduling (on by default).
+    en: This chapter's main-loop part: overlap scheduling (on by default). Its interface is chapter 2.1's
+    :class:`~minisgl.scheduler.NormalLoop`, which it is when overlap is off.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, scheduler: Scheduler) -> None:
+        super().__init__(scheduler)
+        self.device = scheduler.device
         # 已发出、结果还没处理的一步
         # en: the step launched whose results are not processed yet
         self._last_data: InFlight | None = None
@@ -116,7 +120,7 @@ class Scheduler(_Scheduler):
 
     @property
     def busy(self) -> bool:
-        return super().busy or self._last_data is not None
+        return self._last_data is not None
 
     # ------------------------------------------------------------------ 发出前向
     # en: ------------------------------------------------------------------ launching the forward
@@ -133,13 +137,13 @@ class Scheduler(_Scheduler):
             with torch.cuda.stream(self.engine_stream):
                 self.engine_stream.wait_stream(torch.cuda.default_stream(self.device))
                 launched: Future[ForwardOutput] = Future()
-                launched.set_result(self._run_batch(fi))
+                launched.set_result(self.scheduler._run_batch(fi))
                 return launched
         if self._handed_over is None:
             self._handed_over = hand_over_cores()
-        return self._worker.submit(self._run_batch, fi)
+        return self._worker.submit(self.scheduler._run_batch, fi)
 
-    def _forward(self, fi: ForwardInput) -> ForwardOutput | Future[ForwardOutput]:
+    def launch(self, fi: ForwardInput) -> ForwardOutput | Future[ForwardOutput]:
         """重叠时，发出一步并立刻返回 ``Future``：请求在主线程、发出时就推进，下一步马上可以用新的长度调度。
 
         关掉重叠时照旧（同步算完，返回 ``ForwardOutput``）。
@@ -150,9 +154,9 @@ class Scheduler(_Scheduler):
         With overlap off, as before (computed synchronously, returns a ``ForwardOutput``).
         """
         if not self.overlap:
-            return super()._forward(fi)
-        # TODO 任务 launch_on_worker：重叠时发出这一步、不等它算完，把 _launch 给的 Future 原样返回；返回之前，这一步每个请求的长度记账都已在主线程推进（而且在设备开始算之前，免得和后台线程抢），运行队列也已更新（刚预填充完的加入、生成够的离开）。给定：_launch，以及第 2.1 章 _forward 里同样的那两件事
-        # TODO task launch_on_worker: with overlap on, launch this step without waiting for it and return the Future from _launch as it is; by then every request of the step has had its length bookkeeping advanced on the main thread (before the device starts, so the background thread never races it), and the running queue is updated (requests just prefilled join, those done generating leave). Given: _launch, and the same two pieces of work chapter 2.1's _forward does
+            return super().launch(fi)
+        # TODO 任务 launch_on_worker：重叠时发出这一步、不等它算完，把 _launch 给的 Future 原样返回；返回之前，这一步每个请求的长度记账都已在主线程推进（而且在设备开始算之前，免得和后台线程抢），运行队列也已更新（刚预填充完的加入、生成够的离开）。给定：_launch，以及第 2.1 章 NormalLoop.launch 里同样的那两件事
+        # TODO task launch_on_worker: with overlap on, launch this step without waiting for it and return the Future from _launch as it is; by then every request of the step has had its length bookkeeping advanced on the main thread (before the device starts, so the background thread never races it), and the running queue is updated (requests just prefilled join, those done generating leave). Given: _launch, and the same two pieces of work chapter 2.1's NormalLoop.launch does
         raise TaskNotDone("overlap", "launch_on_worker")
 
     def _finish(self, last: InFlight | None) -> None:
@@ -162,15 +166,15 @@ class Scheduler(_Scheduler):
         """
         if last is not None:
             fi, launched = last
-            self._process_last_data((fi, launched.result()))
+            self.scheduler._process_last_data((fi, launched.result()))
 
     # ------------------------------------------------------------------ 主循环
     # en: ------------------------------------------------------------------ main loop
 
     def step(self) -> bool:
         if not self.overlap:
-            self._drain()
-            return self.normal_loop()
+            self.drain()
+            return super().step()
         return self.overlap_loop()
 
     def overlap_loop(self) -> bool:
@@ -182,7 +186,7 @@ class Scheduler(_Scheduler):
         # TODO task overlap_loop: one overlapped iteration: the next step (if any) is launched before the previous step's results are processed; _in_flight is exactly the requests of the step just launched (replaced each time, never accumulated; empty when nothing was launched); after the previous step's results are processed, deferred requests no longer in flight get their resources back; the step just launched becomes the new previous step; return True if anything was launched or processed. Given: _finish, _free_deferred
         raise TaskNotDone("overlap", "overlap_loop")
 
-    def _release_req(self, req: Req) -> None:
+    def release(self, req: Req) -> None:
         """还在途的请求先记下来，等用到它的批次算完再归还资源。
 
         en: Note a request still in flight, and free its resources once the batches using it are computed.
@@ -197,10 +201,10 @@ class Scheduler(_Scheduler):
             if req in self._in_flight:
                 still.append(req)
             else:
-                self._free_req_resources(req)
+                self.scheduler._free_req_resources(req)
         self._deferred = still
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """等在途的一步算完并处理它的结果，然后归还所有延后的资源；CPU 上再从后台线程把核拿回来。
 
         en: Wait for the step in flight to finish and process its results, then free every deferred resource; on the
@@ -219,11 +223,11 @@ class Scheduler(_Scheduler):
             self._handed_over = None
 
     def shutdown(self) -> None:
-        super().shutdown()
         if self.device.type != "cuda":
             self._worker.shutdown(wait=True)
 
 
-#: 离线接口：本章的调度器，也是最终的 ``minisgl.llm.LLM``。
-#: en: Offline interface: this chapter's scheduler, which is also the final ``minisgl.llm.LLM``.
-LLM = Scheduler
+#: 到本章为止的引擎，也就是第 2 阶段的整个调度器：第 2.4 章的零件，主循环换成重叠调度的。
+#: en: The engine up to this chapter, that is stage 2's whole scheduler: chapter 2.4's parts with the overlapped main
+#: loop.
+PARTS = replace(chunked_prefill.PARTS, loop=OverlapLoop)

@@ -38,14 +38,16 @@ from minisgl.course.skeleton import TaskNotDone
 
 import functools
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
 
 from minisgl.i18n import tr
-from minisgl.cache_manager import BaseCacheHandle, BasePrefixCache, InsertResult, NaivePrefixCache, SizeInfo
-from minisgl.cache_manager import Scheduler as _Scheduler
+from minisgl import cache_manager
+from minisgl.cache_manager import BaseCacheHandle, BasePrefixCache, CacheManager, InsertResult, NaivePrefixCache, SizeInfo
+from minisgl.engine import Engine
+from minisgl.scheduling import SchedulerConfig, TableManager
 
 
 def page_key(ids: torch.Tensor, page_size: int) -> Any:
@@ -297,18 +299,17 @@ def create_prefix_cache(cache_type: str, page_size: int, device: torch.device | 
     raise ValueError(tr("Unknown cache_type={cache_type!r}: choose 'radix' or 'naive'", cache_type=cache_type))
 
 
-class Scheduler(_Scheduler):
-    """第 2.3 章的调度器：默认 radix 前缀缓存，``cache_type="naive"`` 可以关掉复用。
+def radix_cache_manager(engine: Engine, config: SchedulerConfig, table_manager: TableManager) -> CacheManager:
+    """本章的缓存管理器零件：按需分页，前缀缓存按 ``config.cache_type`` 选（默认 radix）。
 
-    en: The chapter 2.3 scheduler: a radix prefix cache by default; ``cache_type="naive"`` turns reuse off.
+    en: This chapter's cache-manager part: pages on demand, the prefix cache chosen by ``config.cache_type`` (radix by
+    default).
     """
-
-    supported_cache_types = ("radix", "naive")
-
-    def _make_prefix_cache(self) -> BasePrefixCache:
-        return create_prefix_cache(self.config.cache_type, self.page_size, self.device)
+    prefix_cache = create_prefix_cache(config.cache_type or "radix", config.page_size, engine.device)
+    return CacheManager(engine.num_pages, config.page_size, engine.page_table, prefix_cache)
 
 
-#: 离线接口：本章的调度器。
-#: en: Offline interface: this chapter's scheduler.
-LLM = Scheduler
+#: 到本章为止的引擎：第 2.2 章的零件，缓存管理器换成带 radix 前缀缓存的（``cache_type="naive"`` 关掉复用）。
+#: en: The engine up to this chapter: chapter 2.2's parts, with the cache manager that holds a radix prefix cache
+#: (``cache_type="naive"`` turns reuse off).
+PARTS = replace(cache_manager.PARTS, cache_manager=radix_cache_manager, cache_types=("radix", "naive"))

@@ -2,73 +2,34 @@
 # This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
 # 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint scheduler <任务>` 给出下一级提示。
 # Each TODO states the goal; stuck? `python -m minisgl.course hint scheduler <task>` gives the next hint.
-"""第 2.1 章 scheduler：调度器骨架与离线接口 ``LLM.generate``。
+"""第 2.1 章 scheduler：调度器与离线接口 ``generate``。
 
-第一阶段结束时，一个批次里有哪些请求、每个 token 的位置、K/V 写到哪个槽位，都是你手工填的。
-调度器把这些自动化，并让请求来来去去：
+调度器把第一阶段手工填的东西（批次里有谁、每个 token 的位置、K/V 写到哪）自动化，并让请求来来去去。主循环：
+接收请求 → 选出下一步（预填充优先）→ 准备输入 → 前向 → 处理结果。准入受请求槽（``max_running_req``）和每步预填充
+预算（``max_extend_tokens``）限制；请求一结束就归还槽位，等待的请求下一步就能加入（连续批处理）。结果处理为每个请求
+每一步发一个 :class:`~minisgl.scheduling.RequestEvent`，``generate`` 靠它们收集输出。
 
-- **主循环**：接收新请求 → 选出下一批 → 准备输入（positions、输入映射、``out_loc``）→ 前向 → 处理结果；
-- **预填充优先**：有等待的请求就先做预填充，否则让正在运行的请求一起解码一步；
-- **准入控制**：请求槽（页表的一行）只有 ``max_running_req`` 个；一步预填充的 token 数有预算
-  ``max_extend_tokens``，用完就不再接纳新请求；
-- **连续批处理**：请求一结束就离开、归还槽位，等待的请求下一步就能加入，不必等整批结束；
-- **结果处理**：把采样出的 token 接到请求后面，判断是否结束（``max_tokens``，或没设
-  ``ignore_eos`` 时遇到 EOS），并把决定告诉监听者：每个请求每一步一个 :class:`~minisgl.scheduling.RequestEvent`
-  （留下的 token、结束没有、为什么）。``generate`` 就是靠这些事件收集输出的。
+本章的 ``Scheduler`` 就是最终引擎的调度器：后面的章节不派生它，而是交出它握着的零件
+（:class:`~minisgl.scheduling.SchedulerParts`）。本章自己的零件是 ``StaticCacheManager``（静态分页）、``PrefillAdder``、
+``PrefillFirst`` 和 ``NormalLoop``，接口写在各自的文档字符串里。请求只在 ``_end`` 了结。看结果用
+``add_result_listener``，看每一步用 ``add_step_listener``；不要包私有方法，唯一的例外是 ``_forward(fi)``：一步真正
+计算的那一处，包住它（调用原函数之前读 ``fi.batch``）是公开的接口，和 mini-sglang 一样。
 
-本章的 KV 页面还是静态分配：每个请求槽固定分到同样多的页（第一阶段手工填页表的做法，自动化了）。
+en: Chapter 2.1 scheduler: the scheduler and the offline interface ``generate``.
 
-想知道每个请求的结果，用 ``llm.add_result_listener(fn)``；想看每一步做了什么，用 ``llm.add_step_listener(fn)``
-（见 :mod:`minisgl.trace`）；每一步的采样器由 ``make_sampler`` 给（见 :data:`~minisgl.scheduling.SamplerFactory`）。
-不要去包私有方法；唯一的例外是 ``_forward(fi)``：一步真正计算的那一处，包住它（在调用原函数之前读 ``fi.batch``）是
-公开的接口，和 mini-sglang 的写法一样，每一章都保持它的签名。
+The scheduler automates what stage 1 filled in by hand (who is in a batch, each token's position, where K/V goes) and
+lets requests come and go. The main loop: receive requests -> pick the next step (prefill first) -> prepare inputs ->
+forward -> process results. Admission is limited by request slots (``max_running_req``) and a per-step prefill budget
+(``max_extend_tokens``); a request returns its slot as soon as it ends, and a waiting one can join the next step
+(continuous batching). Result processing emits one :class:`~minisgl.scheduling.RequestEvent` per request and step, from
+which ``generate`` collects its outputs.
 
-派生本章 ``Scheduler`` 的调度器只改它新增能力的那几处，经由这些接口（约定写在各自的文档字符串里）：
-
-- 部件：``engine_cls``、``decode_manager_cls``、``_make_cache_manager``、``prefill_adder_cls``、``supported_cache_types``、
-  ``reserved_tokens``、``pages_in_use``；
-- 一步算什么：``_schedule_next_batch``、``_samples_output``、``PrefillAdder._add_one_req`` 的 ``req_cls`` / ``end``；
-- 怎么算：``step``、``_forward``；
-- 请求了结：``_end`` 是唯一的地方（生成完、EOS、取消都经过它），资源经 ``_release_req`` → ``_free_req_resources``
-  归还；``_drain`` 等在途的计算算完。
-
-en: Chapter 2.1 scheduler: the scheduler's skeleton and the offline interface ``LLM.generate``.
-
-At the end of stage 1 you filled in by hand which requests a batch holds, each token's position and the slot its K/V
-goes to. The scheduler automates this and lets requests come and go:
-
-- **main loop**: receive new requests -> pick the next batch -> prepare inputs (positions, input mapping, ``out_loc``)
-  -> forward -> process results;
-- **prefill first**: if requests are waiting, prefill them first; otherwise every running request decodes one step
-  together;
-- **admission control**: there are only ``max_running_req`` request slots (rows of the page table); one prefill step has
-  a budget of ``max_extend_tokens`` tokens, and once it is spent no new request is admitted;
-- **continuous batching**: a request leaves and returns its slot as soon as it finishes, and a waiting request can join
-  the next step without waiting for the whole batch to end;
-- **result processing**: append the sampled token to its request, decide whether the request is finished
-  (``max_tokens``, or EOS when ``ignore_eos`` is not set), and tell the listeners: one
-  :class:`~minisgl.scheduling.RequestEvent` per request and step (the token kept, finished or not, why). ``generate``
-  collects its outputs from these events.
-
-KV pages are still allocated statically in this chapter: every request slot gets the same number of pages (stage 1's
-hand-filled page table, automated).
-
-To learn each request's results, use ``llm.add_result_listener(fn)``; to see what each step did, use
-``llm.add_step_listener(fn)`` (see :mod:`minisgl.trace`); the sampler comes from ``make_sampler`` (see
-:data:`~minisgl.scheduling.SamplerFactory`). Do not wrap private methods; the one exception is ``_forward(fi)``: the one
-place a step is really computed, and wrapping it (reading ``fi.batch`` before calling the original) is a public seam,
-as in mini-sglang, whose signature every chapter keeps.
-
-A scheduler derived from this chapter's ``Scheduler`` changes only the places its new feature touches, through these
-hooks (their contracts are in their docstrings):
-
-- parts: ``engine_cls``, ``decode_manager_cls``, ``_make_cache_manager``, ``prefill_adder_cls``,
-  ``supported_cache_types``, ``reserved_tokens``, ``pages_in_use``;
-- what a step computes: ``_schedule_next_batch``, ``_samples_output``, the ``req_cls`` / ``end`` parameters of
-  ``PrefillAdder._add_one_req``;
-- how it is computed: ``step``, ``_forward``;
-- a request's end: ``_end`` is the one place (generated enough, EOS and abort all go through it); resources go back via
-  ``_release_req`` -> ``_free_req_resources``; ``_drain`` waits for computations in flight.
+This chapter's ``Scheduler`` is the final engine's scheduler: later chapters do not derive from it, they deliver the
+parts it holds (:class:`~minisgl.scheduling.SchedulerParts`). This chapter's own parts are ``StaticCacheManager``
+(static pages), ``PrefillAdder``, ``PrefillFirst`` and ``NormalLoop``, each with its interface in its docstring. A
+request ends only in ``_end``. Watch results with ``add_result_listener`` and steps with ``add_step_listener``; do not
+wrap private methods, except ``_forward(fi)``: the one place a step is really computed, and wrapping it (reading
+``fi.batch`` before calling the original) is a public seam, as in mini-sglang.
 """
 
 from __future__ import annotations
@@ -76,6 +37,7 @@ from __future__ import annotations
 from minisgl.course.skeleton import TaskNotDone
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
@@ -88,33 +50,55 @@ from minisgl.engine import Engine, EngineConfig, ForwardOutput
 from minisgl.scheduling import (
     DecodeManager,
     ForwardInput,
+    IndexPair,
+    OutputCollector,
     PendingReq,
     RequestEvent,
     RequestStatus,
     ResultListener,
     SchedulerConfig,
+    SchedulerParts,
     TableManager,
-    SamplerFactory,
-    div_ceil,
 )
 from minisgl.trace import StepListener, StepTracer
 from minisgl.validation import validate_config, validate_requests
+
+
+def static_page_table(slots: int, slot_tokens: int, width: int, device: torch.device) -> torch.Tensor:
+    """静态分页的页表：``[slots, width]`` 的 int32 张量，放在 ``device`` 上。KV 池按 ``slot_tokens`` 个槽位一段切开，
+    第 r 段归第 r 个请求槽；第 r 行依次是这一段开头的 ``width`` 个槽位，各行互不重叠（``width <= slot_tokens``）。
+
+    en: The page table of static paging: an int32 ``[slots, width]`` tensor on ``device``. The KV pool is cut into runs of
+    ``slot_tokens`` slots, run r for request slot r; row r holds, in order, the first ``width`` slots of that run, with
+    no overlap between rows (``width <= slot_tokens``).
+    """
+    # TODO 任务 static_pages：返回静态分页的页表（见文档字符串）：第 r 行第 c 列是 KV 池里第 r 段的第 c 个槽位
+    # TODO task static_pages: return the page table of static paging (see the docstring): row r, column c is slot c of run r of the KV pool
+    raise TaskNotDone("scheduler", "static_pages")
 
 
 class StaticCacheManager:
     """本章的 KV 分配：每个请求槽固定分到 ``num_pages // max_running_req`` 页，启动时一次写进页表。
 
     这样每个请求最多只能放 ``max_req_tokens`` 个 token（提示词 + 输出），哪怕别的槽位空着也借不到；
-    按需分配的缓存管理器（换掉 ``_make_cache_manager`` 即可）解决这个问题。
+    按需分配的缓存管理器（第 2.2 章换上的零件）解决这个问题。
+
+    调度器用到的缓存管理器接口：``allocate_paged``、``cache_req``、``reserved_tokens``、``pages_in_use``、
+    ``max_req_tokens``、``check_integrity``。
 
     en: This chapter's KV allocation: each request slot gets a fixed ``num_pages // max_running_req`` pages, written
     into the page table once at start-up.
 
     So a request holds at most ``max_req_tokens`` tokens (prompt + output), and cannot borrow from other slots even when
-    they are empty; a cache manager that allocates on demand (swap ``_make_cache_manager``) solves this.
+    they are empty; a cache manager that allocates on demand (the part chapter 2.2 swaps in) solves this.
+
+    The cache-manager interface the scheduler uses: ``allocate_paged``, ``cache_req``, ``reserved_tokens``,
+    ``pages_in_use``, ``max_req_tokens``, ``check_integrity``.
     """
 
-    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, max_running_req: int) -> None:
+    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, table_manager: TableManager) -> None:
+        max_running_req = table_manager.max_running_req
+        self.table_manager = table_manager
         self.num_pages = num_pages
         self.page_size = page_size
         self.page_table = page_table
@@ -128,9 +112,8 @@ class StaticCacheManager:
                     num_pages=num_pages, max_running_req=max_running_req,
                 )
             )
-        # TODO 任务 static_pages：填好页表：每个请求槽一行，前 width 列依次是这个槽独占的那一段 KV 槽位（KV 池按 slot_tokens 个一段切开，第 r 段归第 r 个请求槽），各段互不重叠；width 取 self.max_req_tokens，任务之后的代码还要用这个变量
-        # TODO task static_pages: fill the page table: one row per request slot, whose first width entries are, in order, the run of KV slots that slot owns (the pool cut into runs of slot_tokens, run r for request slot r), with no overlap; width is self.max_req_tokens, and the code after the task uses that variable
-        raise TaskNotDone("scheduler", "static_pages")
+        width = self.max_req_tokens
+        page_table[:max_running_req, :width] = static_page_table(max_running_req, self.slot_tokens, width, page_table.device)
         self._static = page_table[:max_running_req, :width].clone()
 
     def allocate_paged(self, reqs: Sequence[Req]) -> None:
@@ -145,10 +128,35 @@ class StaticCacheManager:
         en: Static allocation: a finished request's pages go back with its slot, so there is nothing to do.
         """
 
+    def reserved_tokens(self, claims: Sequence[tuple[int, int]]) -> int:
+        """请求将来还要新分配的 token 位置（``claims``：每个占着槽位的请求一对 ``(总长度, 已缓存长度)``）。静态分配时
+        它们的页早就分好了：0。
+
+        en: Token positions requests will still need allocated (``claims``: one ``(total length, cached length)`` pair
+        per request holding a slot). With static allocation their pages were allocated long ago: 0.
+        """
+        return 0
+
+    def pages_in_use(self) -> int:
+        """KV 池里正被占用的页数：每个占用中的请求槽静态分到的那些页。
+
+        en: Pages of the KV pool in use: the pages statically given to each occupied request slot.
+        """
+        busy = self.table_manager.max_running_req - self.table_manager.available_size
+        return busy * self.slot_tokens // self.page_size
+
     def check_integrity(self) -> None:
         width = self._static.shape[1]
         if not torch.equal(self.page_table[: len(self._static), :width], self._static):
             raise RuntimeError(tr("The static page table was modified"))
+
+
+def static_cache_manager(engine: Engine, config: SchedulerConfig, table_manager: TableManager) -> StaticCacheManager:
+    """本章的缓存管理器零件（一个 :data:`~minisgl.scheduling.CacheManagerFactory`）。
+
+    en: This chapter's cache-manager part (a :data:`~minisgl.scheduling.CacheManagerFactory`).
+    """
+    return StaticCacheManager(engine.num_pages, config.page_size, engine.page_table, table_manager)
 
 
 @dataclass
@@ -169,8 +177,8 @@ class PrefillAdder:
     # en: token positions the running requests will still need (used for admission when pages are allocated on demand)
     reserved_size: int
     table_manager: TableManager
-    # StaticCacheManager，或 _make_cache_manager 换上的那一个
-    # en: StaticCacheManager, or whichever _make_cache_manager provides
+    # StaticCacheManager，或零件换上的那一个
+    # en: StaticCacheManager, or whichever the parts provide
     cache_manager: Any
     token_pool: torch.Tensor
 
@@ -258,30 +266,112 @@ class PrefillManager:
         return None
 
 
+class PrefillFirst:
+    """本章选下一步的策略零件：预填充优先。调度器每一步调用一次 ``next_batch``。
+
+    en: This chapter's policy part for picking the next step: prefill first. The scheduler calls ``next_batch`` once a
+    step.
+    """
+
+    def next_batch(
+        self, prefill_manager: PrefillManager, decode_manager: DecodeManager, make_adder: Callable[[], PrefillAdder]
+    ) -> Batch | None:
+        """预填充优先：有能接纳的等待请求就做预填充，否则所有运行中的请求解码一步；都没有就返回 None。
+
+        en: Prefill first: prefill if a waiting request can be admitted, otherwise every running request decodes one
+        step; None when there is neither.
+        """
+        # TODO 任务 prefill_first：预填充优先：等待的请求里有能接纳的，这一步就是预填充（准入员每步新建一个，带着这一步的预算）；否则所有运行中的请求一起解码一步；两样都没有就返回 None，有就返回这一步的 Batch。给定：两个队列管理器各自的调度方法、make_adder
+        # TODO task prefill_first: prefill first: if some waiting request can be admitted, this step is a prefill (with a new adder each step, holding this step's budget); otherwise every running request decodes one step together; if neither gives anything, return None, else return that step's Batch. Given: the scheduling method of each of the two queue managers, make_adder
+        raise TaskNotDone("scheduler", "prefill_first")
+
+
+class NormalLoop:
+    """本章的主循环零件：一步算完才处理它的结果。它只用调度器的 ``_schedule_next_batch``、``_forward``、
+    ``_run_batch``、``_process_last_data``、``_free_req_resources``、``decode_manager``；调度器只用它的公开方法。
+
+    en: This chapter's main-loop part: a step is computed to the end before its results are processed. It uses only the
+    scheduler's ``_schedule_next_batch``, ``_forward``, ``_run_batch``, ``_process_last_data``, ``_free_req_resources``
+    and ``decode_manager``; the scheduler uses only its public methods.
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    @property
+    def busy(self) -> bool:
+        """有没有发出了、结果还没处理的一步。
+
+        en: Whether a launched step's results are still unprocessed.
+        """
+        return False
+
+    def step(self) -> bool:
+        """调度 → 准备 → 前向 → 处理结果，一步一步地来。
+
+        en: Schedule -> prepare -> forward -> process results, one step at a time.
+        """
+        # TODO 任务 normal_loop：主循环的一次迭代，一步算完才处理：调度不出下一步就返回 False（什么也不算）；否则算这一步、处理它的结果，返回 True。给定：调度器（self.scheduler）调度、发出、处理结果的三个方法
+        # TODO task normal_loop: one iteration of the main loop, one step at a time: if no next step can be scheduled, return False (compute nothing); otherwise compute that step, process its results and return True. Given: the scheduler's (self.scheduler) three methods for scheduling, launching and processing results
+        raise TaskNotDone("scheduler", "normal_loop")
+
+    def launch(self, fi: ForwardInput) -> ForwardOutput:
+        """发出一步并同步算完：在设备上算它，推进每个请求的长度记账，再更新运行中的请求（刚预填充完的加入，生成够了的
+        离开）。``complete_one()`` 在发出时就调用，所以要读这一步的 ``extend_len``，得在这之前。
+
+        en: Launch a step and compute it synchronously: run it on the device, advance each request's length
+        bookkeeping, then update the running requests (those just prefilled join, those done generating leave).
+        ``complete_one()`` is called at launch, so anything that reads this step's ``extend_len`` must do so before.
+        """
+        output = self.scheduler._run_batch(fi)
+        for req in fi.batch.reqs:
+            req.complete_one()
+        self.scheduler.decode_manager.filter_reqs(fi.batch.reqs)
+        return output
+
+    def release(self, req: Req) -> None:
+        """请求了结：立刻归还资源。
+
+        en: A request is settled: give its resources back at once.
+        """
+        self.scheduler._free_req_resources(req)
+
+    def drain(self) -> None:
+        """等在途的计算算完、处理完结果；这里从来没有。
+
+        en: Finish computations in flight; never any here.
+        """
+
+    def shutdown(self) -> None:
+        """调度器关掉时调用。
+
+        en: Called when the scheduler shuts down.
+        """
+
+
 class Scheduler:
     """调度器兼离线接口：``Scheduler(model_path, dtype=..., **配置)``，然后 ``generate(prompts, sampling_params)``。
 
-    每一章在上一章的 ``Scheduler`` 上派生，只改它新增能力的那几个方法；``LLM`` 就是本章的调度器。
+    ``parts``（:class:`~minisgl.scheduling.SchedulerParts`）给出后面各章交出的零件，没给的用本章自己的；组装好的引擎
+    是 ``minisgl.llm.LLM``。
 
     en: The scheduler and offline interface: ``Scheduler(model_path, dtype=..., **config)``, then ``generate(prompts,
     sampling_params)``.
 
-    Each chapter derives from the previous chapter's ``Scheduler`` and changes only the methods of its new feature;
-    ``LLM`` is this chapter's scheduler.
+    ``parts`` (:class:`~minisgl.scheduling.SchedulerParts`) gives the parts later chapters deliver; whatever it leaves
+    out is this chapter's own. The assembled engine is ``minisgl.llm.LLM``.
     """
 
-    #: 本章支持的前缀缓存种类，第一个是默认值。
-    #: en: The prefix-cache kinds this chapter supports; the first is the default.
-    supported_cache_types: tuple[str, ...] = ("naive",)
-    prefill_adder_cls: type[PrefillAdder] = PrefillAdder
+    #: 一个秩的调度器换上切开的引擎和按 uid 排的解码队列（第 4.3 章）。
+    #: en: One rank's scheduler swaps in the split engine and a decode queue in uid order (chapter 4.3).
     engine_cls: type[Engine] = Engine
     decode_manager_cls: type[DecodeManager] = DecodeManager
 
-    def __init__(self, model_path: str, dtype: torch.dtype | None = None, *, make_sampler: SamplerFactory | None = None,
+    def __init__(self, model_path: str, dtype: torch.dtype | None = None, *, parts: SchedulerParts | None = None,
                  **kwargs: Any) -> None:
+        parts = parts or SchedulerParts()
         config = SchedulerConfig(model_path=str(model_path), dtype=dtype, **kwargs)
-        config.cache_type = self._resolve_cache_type(config.cache_type)
-        validate_config(config)
+        validate_config(config, parts.cache_types)
         self.config = config
         engine_fields = {f.name: getattr(config, f.name) for f in fields(EngineConfig)}
         self.engine = self.engine_cls(EngineConfig(**engine_fields))
@@ -295,10 +385,12 @@ class Scheduler:
         self.scratch_row = self.max_running_req
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         self.eos_token_id = self.tokenizer.eos_token_id
-        if make_sampler is not None:  # 组装好的引擎换上更全的采样器 | en: the assembled engine swaps in a fuller sampler
-            self.engine.sampler = make_sampler(self.engine, self.eos_token_id, self.tokenizer)
+        if parts.sampler is not None:  # 组装好的引擎换上更全的采样器 | en: the assembled engine swaps in a fuller sampler
+            self.engine.sampler = parts.sampler(self.engine, self.eos_token_id, self.tokenizer)
         self.table_manager = TableManager(self.max_running_req)
-        self.cache_manager = self._make_cache_manager()
+        self.cache_manager = (parts.cache_manager or static_cache_manager)(self.engine, config, self.table_manager)
+        self.prefill_adder_cls: type[PrefillAdder] = parts.prefill_adder or PrefillAdder
+        self.policy: PrefillFirst = (parts.policy or PrefillFirst)()
         self.prefill_manager = PrefillManager()
         self.decode_manager = self.decode_manager_cls()
         self.prefill_budget = config.max_extend_tokens
@@ -306,6 +398,7 @@ class Scheduler:
         self.tracer = StepTracer(self.device)
         self._result_listeners: list[ResultListener] = []
         self._uid_counter = 0
+        self.loop: NormalLoop = (parts.loop or NormalLoop)(self)
 
     def add_step_listener(self, fn: StepListener) -> Callable[[], None]:
         """每一步的结果处理完，就调用 ``fn(trace)``（:class:`~minisgl.trace.StepTrace`）。返回取消监听的函数。
@@ -328,21 +421,8 @@ class Scheduler:
         for fn in list(self._result_listeners):
             fn(event)
 
-    # ------------------------------------------------------------------ 后面几章换掉的部件
-    # en: ------------------------------------------------------------------ parts that later chapters replace
-
-    def _resolve_cache_type(self, cache_type: str | None) -> str:
-        if cache_type is None:
-            return self.supported_cache_types[0]
-        if cache_type not in self.supported_cache_types:
-            known = ", ".join(repr(t) for t in self.supported_cache_types)
-            raise ValueError(tr("Unknown cache_type={cache_type!r}, or not supported in this chapter: this chapter's "
-                                "engine supports {known} (the radix prefix cache comes in chapter 2.3)",
-                                cache_type=cache_type, known=known))
-        return cache_type
-
-    def _make_cache_manager(self) -> Any:
-        return StaticCacheManager(self.engine.num_pages, self.page_size, self.page_table, self.max_running_req)
+    # ------------------------------------------------------------------ 问零件
+    # en: ------------------------------------------------------------------ asking the parts
 
     def _make_prefill_adder(self) -> PrefillAdder:
         return self.prefill_adder_cls(
@@ -354,20 +434,24 @@ class Scheduler:
         )
 
     def reserved_tokens(self) -> int:
-        """运行中的请求将来还要新分配的 token 位置。静态分配时它们的页早就分好了：0。
+        """占着槽位的请求将来还要新分配的 token 位置，由缓存管理器按每个请求的（总长度，已缓存长度）算：运行中的请求
+        算到提示词 + ``max_tokens``；提示词算了一半的分块请求（第 2.4 章）按完整的提示词 + 输出算。
 
-        en: Token positions the running requests will still need allocated. With static allocation their pages were
-        allocated long ago: 0.
+        en: Token positions the requests holding slots will still need allocated, counted by the cache manager from each
+        request's (total length, cached length): running requests up to prompt + ``max_tokens``; a chunked request whose
+        prompt is half computed (chapter 2.4) at its whole prompt + output.
         """
-        return 0
+        claims = [(r.max_device_len, r.cached_len) for r in self.decode_manager.running_reqs]
+        claims += [(p.input_len + p.output_len, p.chunked_req.cached_len)
+                   for p in self.prefill_manager.pending_list if p.chunked_req is not None]
+        return self.cache_manager.reserved_tokens(claims)
 
     def pages_in_use(self) -> int:
-        """KV 池里正被占用的页数。本章：每个占用中的请求槽静态分到的那些页。
+        """KV 池里正被占用的页数（缓存管理器数的）。
 
-        en: Pages of the KV pool in use. In this chapter: the pages statically given to each occupied request slot.
+        en: Pages of the KV pool in use (as the cache manager counts them).
         """
-        busy = self.max_running_req - self.table_manager.available_size
-        return busy * self.cache_manager.slot_tokens // self.page_size
+        return self.cache_manager.pages_in_use()
 
     @property
     def max_seq_len(self) -> int:
@@ -379,12 +463,13 @@ class Scheduler:
         return min(self.engine.max_seq_len, self.cache_manager.max_req_tokens)
 
     def _samples_output(self, req: Req) -> bool:
-        """这一步为 ``req`` 采样的 token 是否是真正的输出。本章总是；只算了提示词的一部分的请求不是。
+        """准备一步时问：这一步为 ``req`` 采样的 token 是否是真正的输出。整段提示词都已知时才是；只送进了提示词一部分的
+        请求（第 2.4 章的分块）不是。
 
-        en: Whether the token sampled for ``req`` this step is real output. Always in this chapter; not for a request
-        that computed only part of its prompt.
+        en: Asked when a step is prepared: whether the token sampled for ``req`` this step is real output. Only once the
+        whole prompt is known; not for a request given only part of its prompt (chapter 2.4's chunks).
         """
-        return True
+        return req.device_len >= self.status[req.uid].prompt_len
 
     # ------------------------------------------------------------------ 接收请求
     # en: ------------------------------------------------------------------ receiving requests
@@ -426,14 +511,12 @@ class Scheduler:
     # en: ------------------------------------------------------------------ scheduling and preparing
 
     def _schedule_next_batch(self) -> ForwardInput | None:
-        """预填充优先：有能接纳的等待请求就做预填充，否则所有运行中的请求解码一步。
+        """让策略选出下一步（预填充还是解码），再准备它；两样都没有就返回 None。
 
-        en: Prefill first: prefill if a waiting request can be admitted, otherwise every running request decodes one
-        step.
+        en: Let the policy pick the next step (a prefill or a decode), then prepare it; None when there is neither.
         """
-        # TODO 任务 prefill_first：预填充优先：等待的请求里有能接纳的，这一步就是预填充（准入员每步新建一个，带着这一步的预算）；否则所有运行中的请求一起解码一步；两样都没有就返回 None，有就返回准备好的这一步。给定：两个队列管理器各自的调度方法、_make_prefill_adder、_prepare_batch
-        # TODO task prefill_first: prefill first: if some waiting request can be admitted, this step is a prefill (with a new adder each step, holding this step's budget); otherwise every running request decodes one step together; if neither gives anything, return None, else return the prepared step. Given: the scheduling method of each of the two queue managers, _make_prefill_adder, _prepare_batch
-        raise TaskNotDone("scheduler", "prefill_first")
+        batch = self.policy.next_batch(self.prefill_manager, self.decode_manager, self._make_prefill_adder)
+        return self._prepare_batch(batch) if batch is not None else None
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         """算出这一步的 positions、输入映射、``out_loc`` 和新 token 的写回位置，并准备注意力与采样。
@@ -445,14 +528,24 @@ class Scheduler:
         self.cache_manager.allocate_paged(batch.reqs)
         for req in batch.reqs:
             self.status[req.uid].req = req
-        # TODO 任务 prepare_batch：算出这一步的两组索引，存成局部变量 input_mapping 和 write_mapping（任务之后要用）：前者是这一步每个要算的 token 的（行号, 位置），请求按批次里的顺序，各自从已缓存的长度到设备上的长度；后者每个请求一对，是采样结果写回的地方——它那一行里紧接着已有 token 的位置，采到的不是输出时改写到 scratch_row 的第 0 列。两组都是（行号, 位置）两个一维张量的二元组，经 _to_device 放上设备；再填好 batch.positions（int32）和 batch.out_loc（页表在这些（行号, 位置）上的值）
-        # TODO task prepare_batch: compute this step's two index sets and keep them as the local variables input_mapping and write_mapping (used after the task): the first gives (row, position) for every token this step computes, requests in their order in the step, each over the range from its cached length until its length on the device; the second has one pair per request, where its sample is written back: its own row, right after the ids it already has, or column 0 of scratch_row when that sample is no output. Both are pairs of 1-D index vectors (row ids, positions) put on the device via _to_device; also fill batch.positions (int32) and batch.out_loc (the page table's values at those (row, position) pairs)
-        raise TaskNotDone("scheduler", "prepare_batch")
+        outputs = [self._samples_output(r) for r in batch.reqs]
+        input_mapping, write_mapping = self._map_batch(batch, outputs)
         self.engine.attn_backend.prepare_metadata(batch)
         sample_args = self.engine.sampler.prepare(batch)
-        outputs = [self._samples_output(r) for r in batch.reqs]
         trace = self.tracer.begin(batch, outputs, self.pages_in_use(), started, write_mapping)
         return ForwardInput(batch, sample_args, input_mapping, write_mapping, trace)
+
+    def _map_batch(self, batch: Batch, outputs: list[bool]) -> tuple[IndexPair, IndexPair]:
+        """这一步的输入映射和写回映射（都已在设备上），顺便填好 ``batch.positions`` 和 ``batch.out_loc``。``outputs``：
+        每个请求这一步采样的是不是输出（:meth:`_samples_output`）。
+
+        en: This step's input mapping and write-back mapping (both on the device), filling in ``batch.positions`` and
+        ``batch.out_loc`` on the way. ``outputs``: whether each request's sample this step is output
+        (:meth:`_samples_output`).
+        """
+        # TODO 任务 prepare_batch：返回这一步的两组索引 (input_mapping, write_mapping)：前者是这一步每个要算的 token 的（行号, 位置），请求按批次里的顺序，各自从已缓存的长度到设备上的长度；后者每个请求一对，是采样结果写回的地方——它那一行里紧接着已有 token 的位置，outputs 里它那一项为假（采到的不是输出）时改写到 scratch_row 的第 0 列。两组都是（行号, 位置）两个一维张量的二元组，经 _to_device 放上设备；再填好 batch.positions（int32）和 batch.out_loc（页表在这些（行号, 位置）上的值）
+        # TODO task prepare_batch: return this step's two index sets (input_mapping, write_mapping): the first gives (row, position) for every token this step computes, requests in their order in the step, each over the range from its cached length until its length on the device; the second has one pair per request, where its sample is written back: its own row, right after the ids it already has, or column 0 of scratch_row when its entry of outputs is false (that sample is no output). Both are pairs of 1-D index vectors (row ids, positions) put on the device via _to_device; also fill batch.positions (int32) and batch.out_loc (the page table's values at those (row, position) pairs)
+        raise TaskNotDone("scheduler", "prepare_batch")
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -462,25 +555,20 @@ class Scheduler:
     # ------------------------------------------------------------------ 前向
     # en: ------------------------------------------------------------------ forward
 
-    def _forward(self, fi: ForwardInput) -> ForwardOutput:
-        """发出一步：在设备上算它，推进每个请求的长度记账，再更新运行中的请求（刚预填充完的加入，生成够了的离开）。
+    def _forward(self, fi: ForwardInput) -> ForwardOutput | Future[ForwardOutput]:
+        """发出一步（主循环零件的 ``launch``）：同步的主循环算完它、返回 ``ForwardOutput``，重叠的主循环返回
+        ``Future``。返回时每个请求的长度记账都已推进、运行队列也已更新；所以要读这一步的 ``extend_len``，得在调用本函数
+        之前。
 
-        ``complete_one()`` 在发出时就调用，所以要读这一步的 ``extend_len``，得在调用本函数之前。
-
-        en: Launch a step: compute it on the device, advance each request's length bookkeeping, then update the running
-        requests (those just prefilled join, those done generating leave).
-
-        ``complete_one()`` is called at launch, so anything that reads this step's ``extend_len`` must do so before
+        en: Launch a step (the main-loop part's ``launch``): the synchronous loop computes it and returns a
+        ``ForwardOutput``, the overlapped loop returns a ``Future``. On return every request's length bookkeeping is
+        advanced and the running queue updated; so anything that reads this step's ``extend_len`` must do so before
         calling this function.
         """
-        output = self._run_batch(fi)
-        for req in fi.batch.reqs:
-            req.complete_one()
-        self.decode_manager.filter_reqs(fi.batch.reqs)
-        return output
+        return self.loop.launch(fi)
 
-    # 推理模式是线程局部的：派生类可能在后台线程里调用它，也要在这里进入
-    # en: inference mode is per thread: a derived scheduler may call this on a background thread, so enter it here too
+    # 推理模式是线程局部的：主循环零件可能在后台线程里调用它，也要在这里进入
+    # en: inference mode is per thread: the main-loop part may call this on a background thread, so enter it here too
     @torch.inference_mode()
     def _run_batch(self, fi: ForwardInput) -> ForwardOutput:
         """在设备上跑一步：从 token 池取输入 → 引擎前向并采样 → 新 token 按 ``write_mapping`` 写回 token 池。
@@ -511,8 +599,8 @@ class Scheduler:
         started = time.perf_counter()
         batch = fi.batch
         next_tokens = output.next_tokens_cpu.tolist()
-        for row, (req, token) in enumerate(zip(batch.reqs, next_tokens)):
-            if not self._samples_output(req):
+        for row, (req, token, is_output) in enumerate(zip(batch.reqs, next_tokens, fi.trace.outputs)):
+            if not is_output:  # 准备时就定了：不是输出 | en: decided when prepared: not an output
                 continue
             status = self.status[req.uid]
             # 已经了结：被取消了，或者是结束之后（结束还不知道时）就发出的一步算出来的，丢掉
@@ -520,12 +608,21 @@ class Scheduler:
             if status.finished:
                 continue
             status.logprobs = self.engine.sampler.logprob_of(fi.sample_args, row)
-            # TODO 任务 process_results：把这一步采到的 token 交给它的请求：请求的 input_ids 随之多一个（append_host；它得跟着 device_len 长，前缀缓存按它插入）；不是未被忽略的 EOS 就记进 output_ids；输出够了 max_tokens、或采到未被忽略的 EOS，请求就结束：离开 decode_manager（EOS 提前结束的不会自己离开），交给 _end（EOS 时不留 token；原因分别是 "length" 和 "stop"）；刚预填充完、还没结束的请求交给缓存管理器的 cache_req（标明未结束）
-            # TODO task process_results: hand this step's sampled token to its request: the request's input_ids grows by one (append_host; it must keep pace with device_len, since the prefix cache inserts by it); record it in output_ids unless it is an EOS that is not ignored; once max_tokens are output, or on such an EOS, the request ends: it leaves decode_manager (one ended early by EOS would not leave by itself) and goes to _end (keeping nothing on EOS; the reason is "length" or "stop"); a request just prefilled that goes on is handed to the cache manager's cache_req, marked as not over
-            raise TaskNotDone("scheduler", "process_results")
+            self._take_token(req, status, token, batch.is_prefill)
             if not status.finished:  # 没结束：告诉监听者这一步留下的 token | en: not finished: tell the listeners the token kept
                 self._emit(RequestEvent(req.uid, token, False, None, status.logprobs))
         self.tracer.finish(fi.trace, started)
+
+    def _take_token(self, req: Req, status: RequestStatus, token: int, prefill: bool) -> None:
+        """把这一步为 ``req`` 采到的 ``token``（是输出，请求还没了结）交给它：记账、判断结束。``prefill``：这一步是不是
+        预填充。
+
+        en: Hand ``token``, sampled for ``req`` this step (an output, the request not settled yet), to its request:
+        bookkeeping and deciding whether it ends. ``prefill``: whether this step is a prefill.
+        """
+        # TODO 任务 process_results：把这一步采到的 token 交给它的请求：请求的 input_ids 随之多一个（append_host；它得跟着 device_len 长，前缀缓存按它插入）；不是未被忽略的 EOS 就记进 output_ids；输出够了 max_tokens、或采到未被忽略的 EOS，请求就结束：离开 decode_manager（EOS 提前结束的不会自己离开），交给 _end（EOS 时不留 token；原因分别是 "length" 和 "stop"）；刚预填充完、还没结束的请求交给缓存管理器的 cache_req（标明未结束）
+        # TODO task process_results: hand this step's sampled token to its request: the request's input_ids grows by one (append_host; it must keep pace with device_len, since the prefix cache inserts by it); record it in output_ids unless it is an EOS that is not ignored; once max_tokens are output, or on such an EOS, the request ends: it leaves decode_manager (one ended early by EOS would not leave by itself) and goes to _end (keeping nothing on EOS; the reason is "length" or "stop"); a request just prefilled that goes on is handed to the cache manager's cache_req, marked as not over
+        raise TaskNotDone("scheduler", "process_results")
 
     def _end(self, status: RequestStatus, token: int | None, reason: str) -> None:
         """一个请求了结的唯一地方（生成够了、遇到 EOS、被取消）：记下原因，告诉监听者，归还资源。
@@ -541,12 +638,12 @@ class Scheduler:
             del self.status[status.uid]
 
     def _release_req(self, req: Req) -> None:
-        """请求了结：归还它的资源。本章立刻归还；设备还可能在用它时，派生类可以延后到用到它的批次都算完。
+        """请求了结：归还它的资源，由主循环零件决定什么时候（设备还可能在用它时，重叠的主循环延后到用到它的批次都算完）。
 
-        en: A request is settled: give its resources back. This chapter does so at once; while the device may still use
-        them, a derived scheduler can defer it until every batch using them is computed.
+        en: A request is settled: give its resources back, when the main-loop part decides (while the device may still
+        use them, the overlapped loop waits until every batch using them is computed).
         """
-        self._free_req_resources(req)
+        self.loop.release(req)
 
     def _free_req_resources(self, req: Req) -> None:
         """真正归还：请求槽、页面（交给缓存管理器），最后删掉它的账目。
@@ -562,23 +659,15 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return self.prefill_manager.runnable or self.decode_manager.runnable
+        return self.prefill_manager.runnable or self.decode_manager.runnable or self.loop.busy
 
     def step(self) -> bool:
         """主循环的一次迭代。没事可做时返回 False。
 
         en: One iteration of the main loop. Returns False when there is nothing to do.
         """
-        return self.normal_loop()
+        return self.loop.step()
 
-    def normal_loop(self) -> bool:
-        """调度 → 准备 → 前向 → 处理结果，一步一步地来。
-
-        en: Schedule -> prepare -> forward -> process results, one step at a time.
-        """
-        # TODO 任务 normal_loop：主循环的一次迭代，一步算完才处理：调度不出下一步就返回 False（什么也不算）；否则算这一步、处理它的结果，返回 True。给定：本类里调度、发出、处理结果的三个方法
-        # TODO task normal_loop: one iteration of the main loop, one step at a time: if no next step can be scheduled, return False (compute nothing); otherwise compute that step, process its results and return True. Given: this class's three methods for scheduling, launching and processing results
-        raise TaskNotDone("scheduler", "normal_loop")
 
     @torch.inference_mode()
     def run_until_idle(self) -> None:
@@ -593,11 +682,11 @@ class Scheduler:
         self._drain()
 
     def _drain(self) -> None:
-        """等在途的计算都结束，处理完它们的结果。本章一步一步同步地算，没有在途的计算。
+        """等在途的计算都结束，处理完它们的结果（主循环零件的 ``drain``）。
 
-        en: Wait for computations in flight to finish and process their results. This chapter computes step by step,
-        synchronously: nothing is ever in flight.
+        en: Wait for computations in flight to finish and process their results (the main-loop part's ``drain``).
         """
+        self.loop.drain()
 
     def check_integrity(self) -> None:
         """空闲时调用：请求槽全部归还，缓存管理器的账目对得上。
@@ -628,39 +717,18 @@ class Scheduler:
 
         All requests are validated first: if any is invalid, it raises before a single token is computed.
         """
-        requests = validate_requests(
-            prompts,
-            sampling_params,
-            tokenizer=self.tokenizer,
-            max_seq_len=self.max_seq_len,
-        )
+        requests = validate_requests(prompts, sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len)
         uids = [self.add_request(ids, sp) for ids, sp in requests]
-        outputs: dict[int, list[int]] = {uid: [] for uid in uids}
-        logprobs: dict[int, list[Any]] = {uid: [] for uid, (_, sp) in zip(uids, requests) if sp.logprobs}
-
-        def collect(event: RequestEvent) -> None:
-            if event.token is not None and event.uid in outputs:
-                outputs[event.uid].append(event.token)
-                if event.uid in logprobs:
-                    logprobs[event.uid].append(event.logprobs)
-
-        stop_listening = self.add_result_listener(collect)
+        collector = OutputCollector(uids, [sp.logprobs for _, sp in requests])
+        stop_listening = self.add_result_listener(collector)
         try:
             self.run_until_idle()
         finally:
             stop_listening()
         self.check_integrity()
-        results: list[dict[str, Any]] = [{"text": self.tokenizer.decode(outputs[uid]), "token_ids": outputs[uid]} for uid in uids]
-        for uid, result in zip(uids, results):
-            if uid in logprobs:
-                result["logprobs"] = logprobs[uid]
-        return results
+        return collector.results(self.tokenizer.decode)
 
     def shutdown(self) -> None:
         self._drain()
         self.engine.shutdown()
-
-
-#: 离线接口：本章的调度器本身就提供 ``generate``。
-#: en: Offline interface: this chapter's scheduler itself provides ``generate``.
-LLM = Scheduler
+        self.loop.shutdown()

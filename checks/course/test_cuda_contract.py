@@ -103,7 +103,7 @@ def test_overlap_on_cuda_orders_streams(cuda: FakeCuda, graphs: str) -> None:
         cuda.log.clear()
         tokens = generate(llm)
         assert [len(t) for t in tokens] == MAX_TOKENS, tr("Every request must get exactly max_tokens tokens")
-        engine_stream = llm.engine_stream.name
+        engine_stream = llm.loop.engine_stream.name
         steps = launches(cuda, engine_stream)
         assert len(steps) >= max(MAX_TOKENS), tr("Every step must be launched on the engine's own stream")
         for step in steps:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
 import pytest
 import torch
 
 from minisgl.i18n import tr
 from minisgl.core import Batch, Context, InvalidParam, Req, SamplingParams, get_global_ctx, set_global_ctx
 from minisgl.engine import Engine, EngineConfig
-from minisgl.overlap import LLM as FinalLLM
+from minisgl.overlap import PARTS as FINAL_PARTS
+from minisgl.scheduler import Scheduler
 
 from .conftest import engine_matches_hf, expect, final_llm_matches_hf
 
@@ -169,4 +171,4 @@ def test_later_chapters_run_this_core_and_match_hf(tiny_path: str) -> None:
     extend_len、complete_one、append_host 错一点，单独测不出来的，在这里会变成与 Hugging Face 不同的 token。"""
     classes = dict(Engine=Engine, EngineConfig=EngineConfig, Req=Req, Batch=Batch, SamplingParams=SamplingParams)
     engine_matches_hf(classes, tiny_path, tr("The engine (chapter 1.6) with your core"), page_size=4)
-    final_llm_matches_hf(FinalLLM, SamplingParams, tiny_path, tr("The final scheduler (chapter 2.5, chunk size 5, overlap scheduling on) with your core"))
+    final_llm_matches_hf(partial(Scheduler, parts=FINAL_PARTS), SamplingParams, tiny_path, tr("The final scheduler (chapter 2.5, chunk size 5, overlap scheduling on) with your core"))

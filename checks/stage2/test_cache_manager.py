@@ -3,18 +3,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 import pytest
 import torch
 
 from .conftest import SMOLLM2_TOKENS, SMOL_KW, TINY_KW, assert_idle, expect, integrity_error, record, run_under_later_chapters
 from minisgl.i18n import tr
-from minisgl.cache_manager import LLM, CacheManager, NaivePrefixCache, ReservingPrefillAdder
-from minisgl.cache_manager import Scheduler as ThisScheduler
-from minisgl.overlap import LLM as FinalLLM
+from minisgl.cache_manager import PARTS, CacheManager, NaivePrefixCache, ReservingPrefillAdder
+from minisgl.overlap import PARTS as FINAL_PARTS
+from minisgl.scheduler import Scheduler
 from minisgl.core import Req, SamplingParams
 from minisgl.radix_cache import RadixPrefixCache
 from minisgl.scheduler import PendingReq
 from minisgl.scheduling import TableManager
+
+#: 本章的引擎：第 2.1 章的调度器握着本章的零件。
+LLM = partial(Scheduler, parts=PARTS)
 
 
 def make_manager(num_pages: int, page_size: int, prefix_cache=None, rows: int = 4, width: int = 64) -> CacheManager:  # noqa: ANN001
@@ -410,11 +416,13 @@ def test_admission_waits_for_a_free_slot_when_memory_is_plenty(tiny_path: str, m
     assert_idle(llm)
 
 
-class RadixLLM(LLM):
-    """本章的调度器换上 radix 前缀缓存（第 2.3 章的接口），才能测到“命中的前缀写进页表”。"""
+def radix_cache_manager(engine, config, table_manager) -> CacheManager:  # noqa: ANN001
+    """本章的缓存管理器换上 radix 前缀缓存（第 2.3 章的接口），才能测到“命中的前缀写进页表”。"""
+    return CacheManager(engine.num_pages, config.page_size, engine.page_table, RadixPrefixCache(config.page_size, engine.device))
 
-    def _make_prefix_cache(self):  # noqa: ANN202
-        return RadixPrefixCache(self.page_size, self.device)
+
+#: 本章的引擎，只是前缀缓存换成 radix 的。
+RadixLLM = partial(Scheduler, parts=replace(PARTS, cache_manager=radix_cache_manager))
 
 
 def test_admission_writes_prefix_hits_into_the_page_table(tiny_path: str, make_llm) -> None:  # noqa: ANN001
@@ -452,8 +460,8 @@ def test_admission_writes_a_one_token_prefix_hit_too(tiny_path: str, make_llm) -
 @pytest.mark.parametrize("page_size,chunk,overlap", [(1, None, False), (4, 5, True)], ids=["radix-page1", "radix-page4-chunk5-overlap"])
 def test_later_chapters_run_this_cache_manager_and_match_hf(final_llms, tiny_path: str, page_size: int, chunk, overlap: bool) -> None:  # noqa: ANN001
     """第 2.3 章的 radix 缓存（以及 2.4、2.5 章）调用本章的准入、按页分配、cache_req（重复前缀改指、释放）：用它们的参考解答跑本章的代码，与 Hugging Face 逐 token 比较，每轮之后页面和锁全部归还。"""
-    llm = final_llms(FinalLLM, page_size)
-    assert isinstance(llm, ThisScheduler), tr("Test setup: the final LLM must derive from this chapter's {name}", name="ThisScheduler")
+    llm = final_llms(partial(Scheduler, parts=FINAL_PARTS), page_size)
+    assert isinstance(llm.cache_manager, CacheManager), tr("Test setup: the final engine must hold this chapter's {name}", name="CacheManager")
     mode = tr("overlap scheduling on") if overlap else tr("overlap scheduling off")
     what = tr("Your cache manager under chapters 2.3 to 2.5 (page_size={page_size}, chunk size {chunk}, {mode})", page_size=page_size, chunk=chunk, mode=mode)
     run_under_later_chapters(llm, tiny_path, chunk=chunk, overlap=overlap, what=what)

@@ -4,15 +4,19 @@
 
 from __future__ import annotations
 
+from functools import partial
 import pytest
 import torch
 
 from .conftest import LONG_PROMPT, SMOLLM2_TOKENS, SMOL_KW, TINY_KW, assert_idle, expect, record, results, run_under_later_chapters
 from minisgl.i18n import tr
 from minisgl.cache_manager import CacheManager, NaivePrefixCache
-from minisgl.chunked_prefill import LLM, ChunkedPrefillAdder, ChunkedReq
-from minisgl.chunked_prefill import Scheduler as ThisScheduler
-from minisgl.overlap import LLM as FinalLLM
+from minisgl.chunked_prefill import PARTS, ChunkInterleave, ChunkedPrefillAdder, ChunkedReq
+from minisgl.overlap import PARTS as FINAL_PARTS
+from minisgl.scheduler import Scheduler
+
+#: 本章的引擎：第 2.1 章的调度器握着到本章为止的零件。
+LLM = partial(Scheduler, parts=PARTS)
 from minisgl.core import SamplingParams
 from minisgl.scheduling import PendingReq, TableManager
 
@@ -173,8 +177,8 @@ def test_exactly_one_decode_step_between_chunks(tiny_path: str, make_llm) -> Non
 @pytest.mark.parametrize("page_size,chunk,overlap", [(1, 5, True)], ids=["chunk5-overlap"])
 def test_later_chapters_run_this_chunked_prefill_and_match_hf(final_llms, tiny_path: str, page_size: int, chunk, overlap: bool) -> None:  # noqa: ANN001
     """重叠调度（第 2.5 章）在上一块还在算时就调度下一块：用它的参考解答跑本章的分块代码，与 Hugging Face 逐 token 比较。"""
-    llm = final_llms(FinalLLM, page_size)
-    assert isinstance(llm, ThisScheduler), tr("Test setup: the final LLM must derive from this chapter's {name}", name="ThisScheduler")
+    llm = final_llms(partial(Scheduler, parts=FINAL_PARTS), page_size)
+    assert llm.prefill_adder_cls is ChunkedPrefillAdder and isinstance(llm.policy, ChunkInterleave), tr("Test setup: the final engine must hold this chapter's {name}", name="ChunkedPrefillAdder, ChunkInterleave")
     mode = tr("overlap scheduling on") if overlap else tr("overlap scheduling off")
     what = tr("Your chunked prefill under chapter 2.5 (page_size={page_size}, chunk size {chunk}, {mode})", page_size=page_size, chunk=chunk, mode=mode)
     run_under_later_chapters(llm, tiny_path, chunk=chunk, overlap=overlap, what=what)

@@ -4,6 +4,7 @@ EOS 之后多算的 token 丢掉；槽位在用到它的批次算完之前不复
 
 from __future__ import annotations
 
+from functools import partial
 import os
 import subprocess
 import sys
@@ -18,7 +19,11 @@ from minisgl.core import SamplingParams
 from minisgl.course import select
 from minisgl.env import ENV
 from minisgl.paths import REPO_ROOT
-from minisgl.overlap import LLM
+from minisgl.overlap import PARTS
+from minisgl.scheduler import Scheduler
+
+#: 本章的引擎：第 2.1 章的调度器握着到本章为止的零件。
+LLM = partial(Scheduler, parts=PARTS)
 
 
 
@@ -120,7 +125,7 @@ def test_abort_while_prefill_in_flight(tiny, overlap_on) -> None:  # noqa: ANN00
     a = tiny.add_request([5, 6, 7, 8, 9], sp)
     b = tiny.add_request([15, 16, 17], sp)
     assert tiny.step(), tr("step() must launch the prefill")
-    assert tiny._last_data is not None, tr("The prefill is still in flight (results not processed)")
+    assert tiny.loop._last_data is not None, tr("The prefill is still in flight (results not processed)")
     tiny.abort(a)
     tiny.run_until_idle()
     assert res.ends(a) == ["abort"] and res.tokens(a) == [], tr("A request aborted in flight outputs nothing")

@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+from functools import partial
 import pytest
 import torch
 
 from .conftest import QUESTIONS, SMOL_KW, SMOLLM2_TOKENS, SYSTEM_PROMPT, TINY_KW, assert_idle, expect, integrity_error, record, results, run_under_later_chapters
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
-from minisgl.overlap import LLM as FinalLLM
-from minisgl.radix_cache import LLM, RadixPrefixCache
-from minisgl.radix_cache import Scheduler as ThisScheduler
+from minisgl.overlap import PARTS as FINAL_PARTS
+from minisgl.radix_cache import PARTS, RadixPrefixCache
+from minisgl.scheduler import Scheduler
+
+#: 本章的引擎：第 2.1 章的调度器握着到本章为止的零件。
+LLM = partial(Scheduler, parts=PARTS)
 
 
 def ids(*tokens: int) -> torch.Tensor:
@@ -481,8 +485,8 @@ def test_batch_invariance_smollm2(smollm2_path, smollm2_prompts, smollm2_referen
 @pytest.mark.parametrize("page_size,chunk,overlap", [(4, 5, True)], ids=["page4-chunk5-overlap"])
 def test_later_chapters_run_this_radix_cache_and_match_hf(final_llms, tiny_path: str, page_size: int, chunk, overlap: bool) -> None:  # noqa: ANN001
     """分块预填充和重叠调度（第 2.4、2.5 章）按块匹配、插入一个迭代之后才落地：用它们的参考解答跑本章的基数树，与 Hugging Face 逐 token 比较。"""
-    llm = final_llms(FinalLLM, page_size)
-    assert isinstance(llm, ThisScheduler), tr("Test setup: the final LLM must derive from this chapter's {name}", name="ThisScheduler")
+    llm = final_llms(partial(Scheduler, parts=FINAL_PARTS), page_size)
+    assert isinstance(llm.cache_manager.prefix_cache, RadixPrefixCache), tr("Test setup: the final engine must hold this chapter's {name}", name="RadixPrefixCache")
     mode = tr("overlap scheduling on") if overlap else tr("overlap scheduling off")
     what = tr("Your radix cache under chapters 2.4 and 2.5 (page_size={page_size}, chunk size {chunk}, {mode})", page_size=page_size, chunk=chunk, mode=mode)
     run_under_later_chapters(llm, tiny_path, chunk=chunk, overlap=overlap, what=what)

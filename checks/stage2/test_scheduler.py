@@ -10,9 +10,12 @@ from .conftest import LATER_CHUNK, SMOLLM2_TOKENS, SMOL_KW, TINY_KW, assert_idle
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.core import Req
-from minisgl.overlap import LLM as FinalLLM
-from minisgl.scheduler import LLM, PrefillAdder, PrefillManager, Scheduler
-from minisgl.scheduling import PendingReq, TableManager
+from minisgl.overlap import PARTS as FINAL_PARTS
+from minisgl.scheduler import PrefillAdder, PrefillManager, Scheduler, static_cache_manager
+from minisgl.scheduling import PendingReq, SchedulerParts, TableManager
+
+#: 本章的引擎：第 2.1 章的调度器，零件都是本章自己的。
+LLM = Scheduler
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 
@@ -333,24 +336,23 @@ def test_prefilled_requests_handed_to_cache_manager(tiny_path: str, make_llm) ->
     """预填充完、还没结束的请求要交给 cache_manager.cache_req(finished=False)（第 2.3 章靠它把提示词插进前缀树）；
     结束的请求只在归还时 cache_req(finished=True) 一次。静态分配的 cache_req 什么也不做，所以这里直接数调用。"""
 
-    class Recording(LLM):
-        def _make_cache_manager(self):  # noqa: ANN202
-            cm = super()._make_cache_manager()
-            self.cache_calls = calls = []
-            inner = cm.cache_req
+    def recording(engine, config, table_manager):  # noqa: ANN001, ANN202
+        cm = static_cache_manager(engine, config, table_manager)
+        cm.calls = calls = []
+        inner = cm.cache_req
 
-            def cache_req(req, *, finished: bool) -> None:  # noqa: ANN001
-                calls.append((req.uid, finished))
-                inner(req, finished=finished)
+        def cache_req(req, *, finished: bool) -> None:  # noqa: ANN001
+            calls.append((req.uid, finished))
+            inner(req, finished=finished)
 
-            cm.cache_req = cache_req
-            return cm
+        cm.cache_req = cache_req
+        return cm
 
-    llm = make_llm(Recording, tiny_path, **TINY_KW)
+    llm = make_llm(LLM, tiny_path, parts=SchedulerParts(cache_manager=recording), **TINY_KW)
     uids = [llm.add_request([5, 6, 7, i + 1], SamplingParams(max_tokens=n, ignore_eos=True)) for i, n in enumerate([3, 1, 4])]
     llm.run_until_idle()
     for uid, n in zip(uids, [3, 1, 4]):
-        got = [f for u, f in llm.cache_calls if u == uid]
+        got = [f for u, f in llm.cache_manager.calls if u == uid]
         want = [True] if n == 1 else [False, True]
         assert got == want, (
             tr("Request with max_tokens={n}: the finished arguments of cache_req must be {want} in turn, got {got} (after prefill an unfinished request goes to cache_req(finished=False); on finishing, finished=True)", n=n, want=want, got=got)
@@ -389,9 +391,8 @@ def test_step_when_idle_returns_false(tiny) -> None:  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def final_llm(tiny_path: str):  # noqa: ANN201
-    """第 2.5 章的参考解答：它一路从本章的 Scheduler 派生（2.2 → 2.3 → 2.4 → 2.5），本章的准入、队列、
-    prepare_batch、结果处理都是学员写的那份。"""
-    llm = FinalLLM(tiny_path, **TINY_KW)
+    """本章的调度器握着第 2.2 到 2.5 章参考解答的零件：本章的准入、队列、prepare_batch、结果处理都是学员写的那份。"""
+    llm = Scheduler(tiny_path, parts=FINAL_PARTS, **TINY_KW)
     yield llm
     llm.shutdown()
 
@@ -400,7 +401,6 @@ def final_llm(tiny_path: str):  # noqa: ANN201
 def test_later_chapters_run_this_scheduler_and_match_hf(final_llm, tiny_path: str, overlap: bool) -> None:  # noqa: ANN001
     """分块预填充（第 2.4 章）和重叠调度（第 2.5 章）会走到本章里单独跑时用不到的路径：没算完提示词的请求留在队首、
     中途分块的采样写到 scratch_row。这里用它们的参考解答跑本章的代码，与 Hugging Face 逐 token 比较。"""
-    assert isinstance(final_llm, Scheduler), tr("Test setup: the final LLM must derive from this chapter's Scheduler")
     mode = tr("overlap scheduling on") if overlap else tr("overlap scheduling off")
     what = tr("Your scheduler under chapters 2.4 and 2.5 (chunk size {chunk}, {mode})", chunk=LATER_CHUNK, mode=mode)
     run_under_later_chapters(final_llm, tiny_path, chunk=LATER_CHUNK, overlap=overlap, what=what)

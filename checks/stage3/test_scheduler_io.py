@@ -53,7 +53,7 @@ from minisgl.message import (
     ZmqPullQueue,
     ZmqPushQueue,
 )
-from minisgl.scheduler_io import Scheduler, scheduler_worker
+from minisgl.scheduler_io import SchedulerIO, scheduler_worker
 from minisgl.serving import ServerAddrs, ServerArgs, make_ipc_dir
 from minisgl.trace import StepTrace
 
@@ -226,7 +226,7 @@ def assert_idle(sched: Any, stats: list[SchedulerStats]) -> None:
 def harness(tiny_path: str) -> Iterator[Harness]:
     saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
     ENV.DISABLE_OVERLAP_SCHEDULING.value = False  # 重叠调度默认开启 | en: overlap scheduling on, the default
-    sched = Scheduler(tiny_path, **KW)
+    sched = SchedulerIO(tiny_path, **KW)
     addrs = ServerAddrs.in_dir(make_ipc_dir())
     sched.connect(addrs)
     h = Harness(sched, addrs)

@@ -14,14 +14,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _trace import describe, trace_steps  # noqa: E402
 
-from minisgl.cache_manager import LLM  # noqa: E402
+from minisgl.cache_manager import PARTS  # noqa: E402
+from minisgl.scheduler import Scheduler  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.i18n import tr  # noqa: E402
 from minisgl.model_zoo import smollm2  # noqa: E402
 
 # 10 页 × 每页 4 个 token；三个请求（提示词 + 8 个输出）分别要 4、3、5 页，放不下全部三个
 # en: 10 pages × 4 tokens each; three requests (prompt + 8 outputs) need 4, 3 and 5 pages, so all three do not fit
-llm = LLM(smollm2(), max_running_req=4, num_page_override=10, page_size=4, max_seq_len_override=40)
+llm = Scheduler(smollm2(), parts=PARTS, max_running_req=4, num_page_override=10, page_size=4, max_seq_len_override=40)
 cm = llm.cache_manager
 print(tr("KV pool: {num_pages} pages × page_size {page_size}; {max_running_req} request slots",
          num_pages=cm.num_pages, page_size=cm.page_size, max_running_req=llm.max_running_req))

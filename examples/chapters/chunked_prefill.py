@@ -14,12 +14,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _trace import describe, trace_steps  # noqa: E402
 
-from minisgl.chunked_prefill import LLM  # noqa: E402
+from minisgl.chunked_prefill import PARTS  # noqa: E402
+from minisgl.scheduler import Scheduler  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.i18n import tr  # noqa: E402
 from minisgl.model_zoo import smollm2  # noqa: E402
 
-llm = LLM(smollm2(), max_running_req=4, num_page_override=256, max_seq_len_override=64, max_extend_tokens=8)
+llm = Scheduler(smollm2(), parts=PARTS, max_running_req=4, num_page_override=256, max_seq_len_override=64, max_extend_tokens=8)
 steps = trace_steps(llm, show=lambda i, trace: print(describe(i, trace)))
 long_prompt = "Count with me: one, two, three, four, five, six, seven, eight, nine"
 prompts = ["Water boils at", long_prompt]
@@ -33,6 +34,6 @@ for i, out in enumerate(chunked):
     print(tr("req{i}: {text!r}", i=i, text=out["text"]))
 llm.shutdown()
 
-whole = LLM(smollm2(), max_running_req=4, num_page_override=256, max_seq_len_override=64).generate(prompts, params)
+whole = Scheduler(smollm2(), parts=PARTS, max_running_req=4, num_page_override=256, max_seq_len_override=64).generate(prompts, params)
 print(tr("Same output without chunking: {same}",
          same=[o["token_ids"] for o in whole] == [o["token_ids"] for o in chunked]))

@@ -14,9 +14,10 @@ from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.i18n import tr
 from minisgl.model_zoo import smollm2
-from minisgl.overlap import LLM
+from minisgl.overlap import PARTS
+from minisgl.scheduler import Scheduler
 
-llm = LLM(smollm2(), max_running_req=4, num_page_override=512, max_seq_len_override=128)
+llm = Scheduler(smollm2(), parts=PARTS, max_running_req=4, num_page_override=512, max_seq_len_override=128)
 prompts = ["The capital of France is", "Water boils at", "1, 2, 3, 4,", "My favourite colour is"]
 params = SamplingParams(max_tokens=12)
 

@@ -16,11 +16,11 @@ the step's trace to the listeners.
 from minisgl.core import SamplingParams
 from minisgl.i18n import tr
 from minisgl.model_zoo import smollm2
-from minisgl.scheduler import LLM
+from minisgl.scheduler import Scheduler
 
 # 只有 2 个请求槽：第 3 个请求要等前面有一个结束
 # en: only 2 request slots: the third request waits until one of the first two finishes
-llm = LLM(smollm2(), max_running_req=2, num_page_override=256, max_seq_len_override=128)
+llm = Scheduler(smollm2(), max_running_req=2, num_page_override=256, max_seq_len_override=128)
 print(tr("{max_running_req} request slots; static paging: each slot has a fixed room of {max_req_tokens} tokens",
          max_running_req=llm.max_running_req, max_req_tokens=llm.cache_manager.max_req_tokens))
 

@@ -34,15 +34,17 @@ long prompt does not hold up anyone's decoding.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
 import torch
 
+from minisgl import radix_cache
 from minisgl.i18n import tr
 from minisgl.cache_manager import ReservingPrefillAdder
-from minisgl.radix_cache import Scheduler as _Scheduler
-from minisgl.core import Req
-from minisgl.scheduling import ForwardInput, PendingReq
+from minisgl.core import Batch, Req
+from minisgl.scheduler import PrefillAdder, PrefillFirst, PrefillManager
+from minisgl.scheduling import DecodeManager, PendingReq
 
 
 class ChunkedReq(Req):
@@ -70,19 +72,24 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
     """
 
     def try_add_one(self, pending: PendingReq) -> Req | None:
+        """和父类一样：能接纳就返回新请求，否则返回 None；但等待的请求有一块算到一半时，接着切下一块。
+
+        en: As the parent's: the new request if it can be admitted, otherwise None; but a waiting request with a
+        half-computed chunk goes on with its next chunk.
+        """
         if self.token_budget <= 0:
             return None
-        # >>> TASK continue_chunk: 上一步留下了算到一半的分块（记在这个等待请求上）时，接着切下一块：不再匹配前缀、不再预留，沿用那一块的缓存句柄、请求槽和已缓存长度，返回新的一块；没有这样的分块就什么也不做，交给任务后面的代码。给定：_add_one_req
-        # en: when the previous step left a half-computed chunk (noted on this waiting request), cut the next chunk: no new prefix match, no new reservation; reuse that chunk's cache handle, request slot and cached length, and return the new chunk; without such a chunk do nothing and let the code after the task run. Given: _add_one_req
+        # >>> TASK continue_chunk: 上一步留下了算到一半的分块（记在这个等待请求上）时，接着切下一块：不再匹配前缀、不再预留，沿用那一块的缓存句柄、请求槽和已缓存长度，返回新的一块；没有这样的分块时照父类接纳。给定：_add_one_req、父类的 try_add_one
+        # en: when the previous step left a half-computed chunk (noted on this waiting request), cut the next chunk: no new prefix match, no new reservation; reuse that chunk's cache handle, request slot and cached length, and return the new chunk; without such a chunk, admit as the parent does. Given: _add_one_req, the parent's try_add_one
         # hint1: 算到一半的那一块就是 pending.chunked_req，你要沿用的三样东西都在它身上；切多大一块交给 _add_one_req（下一个任务）去决定。
         # en1: The half-computed chunk is pending.chunked_req, and the three things to reuse are all on it;
         # en1: how big the next chunk is, _add_one_req (the next task) decides.
-        # hint2: chunked = pending.chunked_req；不是 None 就 return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)。
-        # en2: chunked = pending.chunked_req; if it is not None: return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len).
+        # hint2: chunked = pending.chunked_req；不是 None 就 return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)；否则 return super().try_add_one(pending)。
+        # en2: chunked = pending.chunked_req; if it is not None: return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len); otherwise return super().try_add_one(pending).
         if (chunked := pending.chunked_req) is not None:
             return self._add_one_req(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)
-        # <<< TASK
         return super().try_add_one(pending)
+        # <<< TASK
 
     def _add_one_req(
         self, pending: PendingReq, cache_handle: Any, table_idx: int, cached_len: int, req_cls: type[Req] = Req, end: int | None = None
@@ -112,55 +119,39 @@ class ChunkedPrefillAdder(ReservingPrefillAdder):
         # <<< TASK
 
 
-class Scheduler(_Scheduler):
-    """第 2.4 章的调度器：每步预填充不超过 ``max_extend_tokens`` 个 token，长提示词分块算。
+class ChunkInterleave(PrefillFirst):
+    """本章选下一步的策略零件：仍然预填充优先，但算完一个中途的分块后，如果有请求在解码，先让它们走一步，再算下一块：
+    长提示词不会把解码卡住。
 
-    en: The chapter 2.4 scheduler: no step prefills more than ``max_extend_tokens`` tokens; long prompts are computed in
-    chunks.
+    en: This chapter's policy part for picking the next step: still prefill first, but after an unfinished chunk, if any
+    request is decoding, it takes a step before the next chunk: a long prompt does not hold up decoding.
     """
 
-    prefill_adder_cls = ChunkedPrefillAdder
-    _yield_to_decode = False  # 上一步算了一个中途的分块 | en: the previous step computed an unfinished chunk
+    def __init__(self) -> None:
+        self._yield_to_decode = False  # 上一步算了一个中途的分块 | en: the previous step computed an unfinished chunk
 
-    def _schedule_next_batch(self) -> ForwardInput | None:
-        """分块请求算完一块后，如果有请求在解码，先让它们走一步，再算下一块：长提示词不会把解码卡住。
-
-        en: After a chunk, if any request is decoding, let it take a step before the next chunk: a long prompt does not
-        hold up decoding.
-        """
-        # >>> TASK interleave: 上一步算的是中途的分块、而且有请求在解码时，这一步先让它们解码一步；否则照常（预填充优先）。每一步都要记下它含不含中途的分块，供下一步判断；返回准备好的这一步（或 None）。给定：self._yield_to_decode
-        # en: if the previous step computed an unfinished chunk and some request is decoding, this step lets them decode once; otherwise as usual (prefill first). Every step notes whether it holds an unfinished chunk, for the next step to decide; return the prepared step (or None). Given: self._yield_to_decode
-        # hint1: “照常”就是父类的 _schedule_next_batch；中途的分块就是这一步里的 ChunkedReq。让解码先走的那一步本身不含分块：别忘了把标记放下。
-        # en1: "As usual" is the parent's _schedule_next_batch; an unfinished chunk is a ChunkedReq in the step.
+    def next_batch(
+        self, prefill_manager: PrefillManager, decode_manager: DecodeManager, make_adder: Callable[[], PrefillAdder]
+    ) -> Batch | None:
+        # >>> TASK interleave: 上一步算的是中途的分块、而且有请求在解码时，这一步先让它们解码一步；否则照常（预填充优先）。每一步都要记下它含不含中途的分块，供下一步判断；返回这一步的 Batch（或 None）。给定：self._yield_to_decode
+        # en: if the previous step computed an unfinished chunk and some request is decoding, this step lets them decode once; otherwise as usual (prefill first). Every step notes whether it holds an unfinished chunk, for the next step to decide; return that step's Batch (or None). Given: self._yield_to_decode
+        # hint1: “照常”就是父类的 next_batch；中途的分块就是这一步里的 ChunkedReq。让解码先走的那一步本身不含分块：别忘了把标记放下。
+        # en1: "As usual" is the parent's next_batch; an unfinished chunk is a ChunkedReq in the step.
         # en1: The decode step you let through holds no chunk itself: remember to lower the flag.
-        # hint2: 1. self._yield_to_decode 且 self.decode_manager.runnable 时：self._yield_to_decode = False；return self._prepare_batch(self.decode_manager.schedule_next_batch())；
-        # hint2: 2. 否则 fi = super()._schedule_next_batch()；self._yield_to_decode = fi 不是 None 且 fi.batch.reqs 里有 ChunkedReq；return fi。
-        # en2: 1. if self._yield_to_decode and self.decode_manager.runnable: self._yield_to_decode = False; return self._prepare_batch(self.decode_manager.schedule_next_batch());
-        # en2: 2. otherwise fi = super()._schedule_next_batch(); self._yield_to_decode = fi is not None and any ChunkedReq is in fi.batch.reqs; return fi.
-        if self._yield_to_decode and self.decode_manager.runnable:
+        # hint2: 1. self._yield_to_decode 且 decode_manager.runnable 时：self._yield_to_decode = False；return decode_manager.schedule_next_batch()；
+        # hint2: 2. 否则 batch = super().next_batch(prefill_manager, decode_manager, make_adder)；self._yield_to_decode = batch 不是 None 且 batch.reqs 里有 ChunkedReq；return batch。
+        # en2: 1. if self._yield_to_decode and decode_manager.runnable: self._yield_to_decode = False; return decode_manager.schedule_next_batch();
+        # en2: 2. otherwise batch = super().next_batch(prefill_manager, decode_manager, make_adder); self._yield_to_decode = batch is not None and any ChunkedReq is in batch.reqs; return batch.
+        if self._yield_to_decode and decode_manager.runnable:
             self._yield_to_decode = False
-            return self._prepare_batch(self.decode_manager.schedule_next_batch())
-        fi = super()._schedule_next_batch()
-        self._yield_to_decode = fi is not None and any(isinstance(r, ChunkedReq) for r in fi.batch.reqs)
-        return fi
+            return decode_manager.schedule_next_batch()
+        batch = super().next_batch(prefill_manager, decode_manager, make_adder)
+        self._yield_to_decode = batch is not None and any(isinstance(r, ChunkedReq) for r in batch.reqs)
+        return batch
         # <<< TASK
 
-    def _samples_output(self, req: Req) -> bool:
-        return not isinstance(req, ChunkedReq)
 
-    def reserved_tokens(self) -> int:
-        """算了一半的分块请求也占着槽位，它将来要的页面（完整的提示词 + 输出）也要预留。
-
-        en: A half-computed chunked request also holds a slot, and the pages it will need (the whole prompt + output)
-        must be reserved too.
-        """
-        cm = self.cache_manager
-        chunked = [p for p in self.prefill_manager.pending_list if p.chunked_req is not None]
-        return super().reserved_tokens() + sum(
-            cm.tokens_needed(p.input_len + p.output_len, p.chunked_req.cached_len) for p in chunked
-        )
-
-
-#: 离线接口：本章的调度器。
-#: en: Offline interface: this chapter's scheduler.
-LLM = Scheduler
+#: 到本章为止的引擎：第 2.3 章的零件，准入员会切块，策略让解码插在分块之间。
+#: en: The engine up to this chapter: chapter 2.3's parts, with the adder that cuts chunks and the policy that lets
+#: decodes run between chunks.
+PARTS = replace(radix_cache.PARTS, prefill_adder=ChunkedPrefillAdder, policy=ChunkInterleave)

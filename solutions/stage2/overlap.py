@@ -67,28 +67,32 @@ on the stream and the ``Future`` has its result at once, the real wait being ``c
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from dataclasses import replace
 
 import torch
 
-from minisgl.chunked_prefill import Scheduler as _Scheduler
+from minisgl import chunked_prefill
 from minisgl.core import Req
 from minisgl.engine import ForwardOutput
 from minisgl.env import ENV
+from minisgl.scheduler import NormalLoop, Scheduler
 from minisgl.scheduling import ForwardInput
 from minisgl.threads import hand_over_cores, release_thread_pool, take_back_cores
 
 InFlight = tuple[ForwardInput, "Future[ForwardOutput]"]
 
 
-class Scheduler(_Scheduler):
-    """第 2.5 章的调度器：重叠调度（默认开启）。
+class OverlapLoop(NormalLoop):
+    """本章的主循环零件：重叠调度（默认开启）。接口和第 2.1 章的 :class:`~minisgl.scheduler.NormalLoop` 一样；
+    关掉重叠时就是它。
 
-    en: The chapter 2.5 scheduler: overlap scheduling (on by default).
+    en: This chapter's main-loop part: overlap scheduling (on by default). Its interface is chapter 2.1's
+    :class:`~minisgl.scheduler.NormalLoop`, which it is when overlap is off.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, scheduler: Scheduler) -> None:
+        super().__init__(scheduler)
+        self.device = scheduler.device
         # 已发出、结果还没处理的一步
         # en: the step launched whose results are not processed yet
         self._last_data: InFlight | None = None
@@ -110,7 +114,7 @@ class Scheduler(_Scheduler):
 
     @property
     def busy(self) -> bool:
-        return super().busy or self._last_data is not None
+        return self._last_data is not None
 
     # ------------------------------------------------------------------ 发出前向
     # en: ------------------------------------------------------------------ launching the forward
@@ -127,13 +131,13 @@ class Scheduler(_Scheduler):
             with torch.cuda.stream(self.engine_stream):
                 self.engine_stream.wait_stream(torch.cuda.default_stream(self.device))
                 launched: Future[ForwardOutput] = Future()
-                launched.set_result(self._run_batch(fi))
+                launched.set_result(self.scheduler._run_batch(fi))
                 return launched
         if self._handed_over is None:
             self._handed_over = hand_over_cores()
-        return self._worker.submit(self._run_batch, fi)
+        return self._worker.submit(self.scheduler._run_batch, fi)
 
-    def _forward(self, fi: ForwardInput) -> ForwardOutput | Future[ForwardOutput]:
+    def launch(self, fi: ForwardInput) -> ForwardOutput | Future[ForwardOutput]:
         """重叠时，发出一步并立刻返回 ``Future``：请求在主线程、发出时就推进，下一步马上可以用新的长度调度。
 
         关掉重叠时照旧（同步算完，返回 ``ForwardOutput``）。
@@ -144,22 +148,22 @@ class Scheduler(_Scheduler):
         With overlap off, as before (computed synchronously, returns a ``ForwardOutput``).
         """
         if not self.overlap:
-            return super()._forward(fi)
-        # >>> TASK launch_on_worker: 重叠时发出这一步、不等它算完，把 _launch 给的 Future 原样返回；返回之前，这一步每个请求的长度记账都已在主线程推进（而且在设备开始算之前，免得和后台线程抢），运行队列也已更新（刚预填充完的加入、生成够的离开）。给定：_launch，以及第 2.1 章 _forward 里同样的那两件事
-        # en: with overlap on, launch this step without waiting for it and return the Future from _launch as it is; by then every request of the step has had its length bookkeeping advanced on the main thread (before the device starts, so the background thread never races it), and the running queue is updated (requests just prefilled join, those done generating leave). Given: _launch, and the same two pieces of work chapter 2.1's _forward does
-        # hint1: 对照第 2.1 章的 _forward：推进请求、更新运行队列两件事都一样，只是把同步的 _run_batch 换成 _launch。推进一定要放在 _launch 之前。
-        # en1: Compare with chapter 2.1's _forward: advancing the requests and updating the running queue are the same; only the synchronous _run_batch becomes _launch.
+            return super().launch(fi)
+        # >>> TASK launch_on_worker: 重叠时发出这一步、不等它算完，把 _launch 给的 Future 原样返回；返回之前，这一步每个请求的长度记账都已在主线程推进（而且在设备开始算之前，免得和后台线程抢），运行队列也已更新（刚预填充完的加入、生成够的离开）。给定：_launch，以及第 2.1 章 NormalLoop.launch 里同样的那两件事
+        # en: with overlap on, launch this step without waiting for it and return the Future from _launch as it is; by then every request of the step has had its length bookkeeping advanced on the main thread (before the device starts, so the background thread never races it), and the running queue is updated (requests just prefilled join, those done generating leave). Given: _launch, and the same two pieces of work chapter 2.1's NormalLoop.launch does
+        # hint1: 对照第 2.1 章的 NormalLoop.launch：推进请求、更新运行队列两件事都一样，只是把同步的 _run_batch 换成 _launch。推进一定要放在 _launch 之前。
+        # en1: Compare with chapter 2.1's NormalLoop.launch: advancing the requests and updating the running queue are the same; only the synchronous _run_batch becomes _launch.
         # en1: The advancing must come before _launch.
         # hint2: 1. for req in fi.batch.reqs: req.complete_one()；
         # hint2: 2. launched = self._launch(fi)；
-        # hint2: 3. self.decode_manager.filter_reqs(fi.batch.reqs)；return launched。
+        # hint2: 3. self.scheduler.decode_manager.filter_reqs(fi.batch.reqs)；return launched。
         # en2: 1. for req in fi.batch.reqs: req.complete_one();
         # en2: 2. launched = self._launch(fi);
-        # en2: 3. self.decode_manager.filter_reqs(fi.batch.reqs); return launched.
+        # en2: 3. self.scheduler.decode_manager.filter_reqs(fi.batch.reqs); return launched.
         for req in fi.batch.reqs:
             req.complete_one()
         launched = self._launch(fi)
-        self.decode_manager.filter_reqs(fi.batch.reqs)
+        self.scheduler.decode_manager.filter_reqs(fi.batch.reqs)
         return launched
         # <<< TASK
 
@@ -170,15 +174,15 @@ class Scheduler(_Scheduler):
         """
         if last is not None:
             fi, launched = last
-            self._process_last_data((fi, launched.result()))
+            self.scheduler._process_last_data((fi, launched.result()))
 
     # ------------------------------------------------------------------ 主循环
     # en: ------------------------------------------------------------------ main loop
 
     def step(self) -> bool:
         if not self.overlap:
-            self._drain()
-            return self.normal_loop()
+            self.drain()
+            return super().step()
         return self.overlap_loop()
 
     def overlap_loop(self) -> bool:
@@ -188,19 +192,19 @@ class Scheduler(_Scheduler):
         """
         # >>> TASK overlap_loop: 重叠的一次迭代：下一步（如果有）要在处理上一步的结果之前就发出；_in_flight 恰好是刚发出的那一步的请求（每次替换，不累加；没发出就为空）；上一步的结果处理完之后，已经不在途的延后请求归还资源；刚发出的这一步成为新的“上一步”；发出或处理了东西就返回 True。给定：_finish、_free_deferred
         # en: one overlapped iteration: the next step (if any) is launched before the previous step's results are processed; _in_flight is exactly the requests of the step just launched (replaced each time, never accumulated; empty when nothing was launched); after the previous step's results are processed, deferred requests no longer in flight get their resources back; the step just launched becomes the new previous step; return True if anything was launched or processed. Given: _finish, _free_deferred
-        # hint1: “上一步”存在 self._last_data 里：先把它取到局部变量，再放进这一步——不然处理的就是刚发出的那一步。这里 _forward 返回的是 Future，和 fi 配成一对存起来。
+        # hint1: “上一步”存在 self._last_data 里：先把它取到局部变量，再放进这一步——不然处理的就是刚发出的那一步。这里调度器的 _forward 返回的是 Future（它调用本类的 launch），和 fi 配成一对存起来。
         # en1: The previous step lives in self._last_data: take it into a local first, then store this step there; otherwise you would process the step just launched.
-        # en1: Here _forward returns a Future; store it paired with fi.
-        # hint2: 1. fi = self._schedule_next_batch()；ongoing = (fi, self._forward(fi)) if fi is not None else None；
+        # en1: Here the scheduler's _forward returns a Future (it calls this class's launch); store it paired with fi.
+        # hint2: 1. fi = self.scheduler._schedule_next_batch()；ongoing = (fi, self.scheduler._forward(fi)) if fi is not None else None；
         # hint2: 2. self._in_flight = set(fi.batch.reqs) if fi is not None else set()；
         # hint2: 3. last, self._last_data = self._last_data, ongoing；self._finish(last)；self._free_deferred()；
         # hint2: 4. return ongoing is not None or last is not None。
-        # en2: 1. fi = self._schedule_next_batch(); ongoing = (fi, self._forward(fi)) if fi is not None else None;
+        # en2: 1. fi = self.scheduler._schedule_next_batch(); ongoing = (fi, self.scheduler._forward(fi)) if fi is not None else None;
         # en2: 2. self._in_flight = set(fi.batch.reqs) if fi is not None else set();
         # en2: 3. last, self._last_data = self._last_data, ongoing; self._finish(last); self._free_deferred();
         # en2: 4. return ongoing is not None or last is not None.
-        fi = self._schedule_next_batch()
-        ongoing = (fi, self._forward(fi)) if fi is not None else None
+        fi = self.scheduler._schedule_next_batch()
+        ongoing = (fi, self.scheduler._forward(fi)) if fi is not None else None
         self._in_flight = set(fi.batch.reqs) if fi is not None else set()
         last, self._last_data = self._last_data, ongoing
         self._finish(last)
@@ -208,21 +212,21 @@ class Scheduler(_Scheduler):
         return ongoing is not None or last is not None
         # <<< TASK
 
-    def _release_req(self, req: Req) -> None:
+    def release(self, req: Req) -> None:
         """还在途的请求先记下来，等用到它的批次算完再归还资源。
 
         en: Note a request still in flight, and free its resources once the batches using it are computed.
         """
         # >>> TASK deferred_free: 设备可能还在用的请求（在 _in_flight 里）先记下来、暂不归还，等它不在途了由 _free_deferred 归还；别的请求立刻归还资源
         # en: a request the device may still be using (it is in _in_flight) is noted and not given back yet: _free_deferred gives it back once it is no longer in flight; any other request gets its resources back at once
-        # hint1: “记下来”的名单就是 self._deferred（_free_deferred 遍历的那一个）；“立刻归还”就是第 2.1 章的 _free_req_resources。
-        # en1: The list for "noted" is self._deferred (the one _free_deferred goes through); "at once" is chapter 2.1's _free_req_resources.
-        # hint2: req in self._in_flight 时 self._deferred.append(req)；否则 self._free_req_resources(req)。
-        # en2: if req in self._in_flight: self._deferred.append(req); else: self._free_req_resources(req).
+        # hint1: “记下来”的名单就是 self._deferred（_free_deferred 遍历的那一个）；“立刻归还”就是调度器的 _free_req_resources。
+        # en1: The list for "noted" is self._deferred (the one _free_deferred goes through); "at once" is the scheduler's _free_req_resources.
+        # hint2: req in self._in_flight 时 self._deferred.append(req)；否则 self.scheduler._free_req_resources(req)。
+        # en2: if req in self._in_flight: self._deferred.append(req); else: self.scheduler._free_req_resources(req).
         if req in self._in_flight:
             self._deferred.append(req)
         else:
-            self._free_req_resources(req)
+            self.scheduler._free_req_resources(req)
         # <<< TASK
 
     def _free_deferred(self) -> None:
@@ -231,10 +235,10 @@ class Scheduler(_Scheduler):
             if req in self._in_flight:
                 still.append(req)
             else:
-                self._free_req_resources(req)
+                self.scheduler._free_req_resources(req)
         self._deferred = still
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """等在途的一步算完并处理它的结果，然后归还所有延后的资源；CPU 上再从后台线程把核拿回来。
 
         en: Wait for the step in flight to finish and process its results, then free every deferred resource; on the
@@ -253,11 +257,11 @@ class Scheduler(_Scheduler):
             self._handed_over = None
 
     def shutdown(self) -> None:
-        super().shutdown()
         if self.device.type != "cuda":
             self._worker.shutdown(wait=True)
 
 
-#: 离线接口：本章的调度器，也是最终的 ``minisgl.llm.LLM``。
-#: en: Offline interface: this chapter's scheduler, which is also the final ``minisgl.llm.LLM``.
-LLM = Scheduler
+#: 到本章为止的引擎，也就是第 2 阶段的整个调度器：第 2.4 章的零件，主循环换成重叠调度的。
+#: en: The engine up to this chapter, that is stage 2's whole scheduler: chapter 2.4's parts with the overlapped main
+#: loop.
+PARTS = replace(chunked_prefill.PARTS, loop=OverlapLoop)

@@ -1,7 +1,7 @@
 """第 3.3 章 scheduler_io：由消息驱动的调度循环。
 
 第 2 阶段的调度器由 ``generate(prompts)`` 驱动：请求一次性交进来，算完就返回。服务器里的调度器是一个独立的进程，
-请求随时从套接字上到来，结果也要一步一步地送出去。这一章把第 2.5 章的 ``Scheduler`` 接到消息上：
+请求随时从套接字上到来，结果也要一步一步地送出去。这一章把第 2 阶段的调度器（第 2.1 章的 ``Scheduler`` 配上到第 2.5 章为止的零件）接到消息上：
 
 - **收**：没事可做（没有等待或运行的请求，也没有在途的一步）时**阻塞**等下一条消息；有事可做时只把已经到了的
   消息全部取走，绝不等待——否则正在解码的请求会被一个迟迟不来的新请求卡住；
@@ -19,13 +19,13 @@ completion_tokens），也就是事件的 ``token`` 为 ``None`` 的时候。
 重叠调度照旧默认开启：遇到 EOS 之后多算的那一步，第 2 阶段已经把它的 token 丢掉了，不会有事件。
 
 进程入口 :func:`scheduler_worker`（建调度器、绑定套接字、报告就绪、收到 SIGTERM 或 ``ExitMsg`` 时干净地退出）是给定的。
-离线接口 ``minisgl.llm.LLM`` 不变；本章的 ``Scheduler`` 是服务器跑的那一个：接上套接字之后，它的每个结果都变成消息。
+离线接口 ``minisgl.llm.LLM`` 不变；本章的 ``SchedulerIO`` 是服务器跑的那一个：接上套接字之后，它的每个结果都变成消息。
 
 en: Chapter 3.3 scheduler_io: the scheduler loop driven by messages.
 
 The stage-2 scheduler is driven by ``generate(prompts)``: the requests come in all at once and it returns when they are
 done. In the server the scheduler is a process of its own: requests arrive on a socket at any time, and the results
-have to go out step by step. This chapter connects chapter 2.5's ``Scheduler`` to messages:
+have to go out step by step. This chapter connects stage 2's scheduler (chapter 2.1's ``Scheduler`` with the parts up to chapter 2.5) to messages:
 
 - **receive**: with nothing to do (no waiting or running request, no step in flight) **block** for the next message;
   with work to do, take every message that has already arrived and never wait, or the decoding requests would be held up
@@ -50,7 +50,7 @@ is no event for it.
 
 The process entry :func:`scheduler_worker` (build the scheduler, bind the sockets, report readiness, exit cleanly on
 SIGTERM or ``ExitMsg``) is given. The offline interface ``minisgl.llm.LLM`` stays as it was; this chapter's
-``Scheduler`` is the one the server runs: once its sockets are attached, every result becomes a message.
+``SchedulerIO`` is the one the server runs: once its sockets are attached, every result becomes a message.
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ from minisgl.message import (
     serialize,
     unwrap,
 )
-from minisgl.overlap import Scheduler as _Scheduler
-from minisgl.scheduling import RequestEvent, SamplerFactory
+from minisgl import overlap
+from minisgl.scheduler import Scheduler
+from minisgl.scheduling import RequestEvent, SchedulerParts
 from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
 from minisgl.trace import StepTrace
 from minisgl.validation import validate_requests
@@ -91,19 +92,21 @@ from minisgl.validation import validate_requests
 NO_TOKEN = -1
 
 
-class Scheduler(_Scheduler):
-    """第 3.3 章的调度器：第 2.5 章的调度器（重叠调度默认开启），改由消息驱动。
+class SchedulerIO(Scheduler):
+    """第 3.3 章的调度器：第 2 阶段的调度器（``parts`` 缺省是到第 2.5 章为止的零件，重叠调度默认开启），改由消息驱动。
 
     先 ``connect(addrs)`` 接上套接字，再 ``run_forever()``（或一次一次地 ``run_once()``）；``close()`` 关掉套接字。
 
-    en: The chapter 3.3 scheduler: chapter 2.5's scheduler (overlap scheduling on by default), driven by messages.
+    en: The chapter 3.3 scheduler: stage 2's scheduler (``parts`` defaults to the parts up to chapter 2.5; overlap
+    scheduling on by default), driven by messages.
 
     ``connect(addrs)`` attaches the sockets, then ``run_forever()`` (or ``run_once()`` one iteration at a time);
     ``close()`` closes the sockets.
     """
 
-    def __init__(self, model_path: str, dtype: torch.dtype | None = None, **kwargs: Any) -> None:
-        super().__init__(model_path, dtype, **kwargs)
+    def __init__(self, model_path: str, dtype: torch.dtype | None = None, *, parts: SchedulerParts | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(model_path, dtype, parts=parts or overlap.PARTS, **kwargs)
         self.recv_queue: ZmqPullQueue | None = None
         self.send_tokenizer: ZmqPushQueue | None = None
         self.send_frontend: ZmqPushQueue | None = None
@@ -395,18 +398,18 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection,
-                     make_sampler: SamplerFactory | None = None) -> None:
+                     parts: SchedulerParts | None = None) -> None:
     """调度器进程的入口（启动器用 spawn 启动它）：建本章的调度器、接上套接字，交给 :func:`serve_scheduler`。
-    ``make_sampler``：组装好的引擎交给它的采样器（见 :data:`~minisgl.scheduling.SamplerFactory`）。
+    ``parts``：组装好的引擎交给它的零件（见 :class:`~minisgl.scheduling.SchedulerParts`）。
 
     en: The scheduler process's entry point (the launcher starts it with spawn): build this chapter's scheduler, attach
-    the sockets, and hand it to :func:`serve_scheduler`. ``make_sampler``: the sampler the assembled engine hands it
-    (see :data:`~minisgl.scheduling.SamplerFactory`).
+    the sockets, and hand it to :func:`serve_scheduler`. ``parts``: the parts the assembled engine hands it (see
+    :class:`~minisgl.scheduling.SchedulerParts`).
     """
     set_process_name("msgl-scheduler")
 
-    def build() -> Scheduler:
-        sched = Scheduler(args.model_path, make_sampler=make_sampler, **args.scheduler_kwargs())
+    def build() -> SchedulerIO:
+        sched = SchedulerIO(args.model_path, parts=parts, **args.scheduler_kwargs())
         try:
             sched.connect(addrs)
         except BaseException:
@@ -417,7 +420,7 @@ def scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection,
     serve_scheduler(build, ready)
 
 
-def serve_scheduler(build: Callable[[], Scheduler], ready: Connection) -> None:
+def serve_scheduler(build: Callable[[], SchedulerIO], ready: Connection) -> None:
     """一个调度器进程的一生：``build()`` 建好调度器并接上套接字，然后通过 ``ready`` 报告 ``("ready", 信息)``（起不来
     就报 ``("error", 原因)`` 并以 1 退出），一直服务到 ``ExitMsg`` 或 SIGTERM / SIGINT；最后关掉套接字（linger 0）、
     关掉引擎，以 0 退出。
@@ -428,7 +431,7 @@ def serve_scheduler(build: Callable[[], Scheduler], ready: Connection) -> None:
     """
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
-    sched: Scheduler | None = None
+    sched: SchedulerIO | None = None
     try:
         try:
             sched = build()

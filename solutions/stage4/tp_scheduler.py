@@ -54,8 +54,8 @@ from minisgl.core import Batch
 from minisgl.distributed import DistributedInfo, get_tp_comm, get_tp_info, init_distributed
 from minisgl.engine import resolve_device
 from minisgl.message import BaseBackendMsg, Message, ZmqPubQueue, ZmqSubQueue, deserialize, unwrap
-from minisgl.scheduler_io import Scheduler, serve_scheduler
-from minisgl.scheduling import DecodeManager, SamplerFactory
+from minisgl.scheduler_io import SchedulerIO, serve_scheduler
+from minisgl.scheduling import DecodeManager, SchedulerParts
 from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
 from minisgl.tensor_parallel import TPEngine
 
@@ -99,7 +99,7 @@ class _Nowhere:
         pass
 
 
-class TPScheduler(Scheduler):
+class TPScheduler(SchedulerIO):
     """一个秩的调度器：第 3.3 章的调度器，引擎换成切开的 :class:`~minisgl.tensor_parallel.TPEngine`，
     解码按 uid 排，消息由秩 0 收下再转给大家。先 :func:`~minisgl.distributed.init_distributed`。
 
@@ -242,17 +242,17 @@ def rank_device(name: str, rank: int) -> torch.device:
 
 
 def tp_scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection, rank: int, dist_addr: str,
-                        env: dict[str, str], threads: int, make_sampler: SamplerFactory | None = None) -> None:
+                        env: dict[str, str], threads: int, parts: SchedulerParts | None = None) -> None:
     """秩 ``rank`` 的调度器进程的入口（启动器用 spawn 启动它）：设好环境和线程数，加入进程组（在集合点上最多等
     ``args.dist_timeout`` 秒），建 :class:`TPScheduler`，接上套接字，交给第 3.3 章的
     :func:`~minisgl.scheduler_io.serve_scheduler`。``dist_addr`` 是集合点 ``"host:port"``，XPUB 也开在那个 host 上。
-    ``make_sampler``：组装好的引擎交给它的采样器。
+    ``parts``：组装好的引擎交给它的零件。
 
     en: The entry point of rank ``rank``'s scheduler process (the launcher starts it with spawn): set the environment and
     the thread count, join the process group (waiting at most ``args.dist_timeout`` seconds at the rendezvous), build
     the :class:`TPScheduler`, attach the sockets and hand it to chapter 3.3's
     :func:`~minisgl.scheduler_io.serve_scheduler`. ``dist_addr`` is the rendezvous ``"host:port"``; the XPUB opens on
-    that host too. ``make_sampler``: the sampler the assembled engine hands it.
+    that host too. ``parts``: the parts the assembled engine hands it.
     """
     set_process_name("msgl-scheduler" if rank == 0 else f"msgl-sched-r{rank}")
     os.environ.update(env)
@@ -262,7 +262,7 @@ def tp_scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection,
         device = rank_device(args.device, rank)
         init_distributed(DistributedInfo(rank, args.tp_size), dist_addr, device, args.dist_timeout)
         kwargs = {**args.scheduler_kwargs(), "device": str(device)}
-        sched = TPScheduler(args.model_path, make_sampler=make_sampler, **kwargs)
+        sched = TPScheduler(args.model_path, parts=parts, **kwargs)
         try:
             sched.connect(addrs, dist_addr.rsplit(":", 1)[0])
         except BaseException:

@@ -50,22 +50,22 @@ show_tasks("scheduler")
 # %% [markdown] tags=["lang-zh"]
 # ## 1. 一次 generate
 #
-# 用小 Qwen3（随机权重，只看机制；输出的文字没有意义）建本章的 `LLM`：最多同时跑 2 个请求。
+# 用小 Qwen3（随机权重，只看机制；输出的文字没有意义）建本章的调度器 `Scheduler`：最多同时跑 2 个请求。
 
 # %% [markdown] tags=["lang-en"]
 # ## 1. One generate call
 #
-# Build this chapter's `LLM` on the tiny Qwen3 (random weights: we only look at the mechanics; the text it outputs is meaningless), with at most 2 requests running at once.
+# Build this chapter's `Scheduler` on the tiny Qwen3 (random weights: we only look at the mechanics; the text it outputs is meaningless), with at most 2 requests running at once.
 
 # %%
 import torch
 
 from minisgl.core import SamplingParams
 from minisgl.model_zoo import tiny_qwen3
-from minisgl.scheduler import LLM
+from minisgl.scheduler import Scheduler
 
 TINY = str(tiny_qwen3())
-llm = LLM(TINY, dtype=torch.float32, max_running_req=2, num_page_override=256, max_seq_len_override=128)
+llm = Scheduler(TINY, dtype=torch.float32, max_running_req=2, num_page_override=256, max_seq_len_override=128)
 print(tr("{max_running_req} request slots; KV pool of {num_pages} pages, each slot statically gets {per_slot} pages → a request can have at most {max_seq_len} tokens", max_running_req=llm.max_running_req, num_pages=llm.engine.num_pages, per_slot=llm.engine.num_pages // llm.max_running_req, max_seq_len=llm.max_seq_len))
 out = llm.generate(["Hello, my name is", "The sky is"], SamplingParams(max_tokens=4, ignore_eos=True))
 for o in out:
@@ -157,7 +157,7 @@ MAX_TOKENS = [3, 6, 2, 5, 4]
 
 
 def continuous(max_running_req: int, max_extend_tokens: int, num_prompts: int) -> None:
-    llm = LLM(TINY, dtype=torch.float32, max_running_req=max_running_req, num_page_override=512,
+    llm = Scheduler(TINY, dtype=torch.float32, max_running_req=max_running_req, num_page_override=512,
               max_seq_len_override=64, max_extend_tokens=max_extend_tokens)  # fmt: skip
     rec = StepRecorder(llm)
     sps = [SamplingParams(max_tokens=m, ignore_eos=True) for m in MAX_TOKENS[:num_prompts]]
@@ -189,7 +189,7 @@ plt.show()
 # %%
 import warnings
 
-small = LLM(TINY, dtype=torch.float32, max_running_req=4, num_page_override=64, max_seq_len_override=64)
+small = Scheduler(TINY, dtype=torch.float32, max_running_req=4, num_page_override=64, max_seq_len_override=64)
 print(tr("longest request: {max_seq_len} tokens", max_seq_len=small.max_seq_len))
 try:
     small.generate([list(range(100, 120))], SamplingParams(max_tokens=4))

@@ -65,7 +65,8 @@ import warnings
 import matplotlib.pyplot as plt
 import torch
 
-from minisgl.cache_manager import LLM
+from minisgl.cache_manager import PARTS
+from minisgl.scheduler import Scheduler
 from minisgl.core import SamplingParams
 from minisgl.model_zoo import tiny_qwen3
 from minisgl.notebook import StepRecorder, draw_page_usage, draw_steps, page_usage
@@ -75,7 +76,7 @@ PROMPTS = [list(range(1000, 1000 + n)) for n in (5, 12, 7, 9, 6, 11)]
 
 
 def run(num_pages: int, page_size: int, max_running_req: int, max_tokens: int = 8, show: bool = True):
-    llm = LLM(TINY, dtype=torch.float32, max_running_req=max_running_req, num_page_override=num_pages,
+    llm = Scheduler(TINY, parts=PARTS, dtype=torch.float32, max_running_req=max_running_req, num_page_override=num_pages,
               max_seq_len_override=64, page_size=page_size)  # fmt: skip
     rec = StepRecorder(llm, after=page_usage)
     try:
@@ -142,7 +143,7 @@ run(num_pages=3, page_size=4, max_running_req=3)
 # %%
 from minisgl.notebook import draw_page_table
 
-llm = LLM(TINY, dtype=torch.float32, max_running_req=2, num_page_override=16, max_seq_len_override=32, page_size=2)
+llm = Scheduler(TINY, parts=PARTS, dtype=torch.float32, max_running_req=2, num_page_override=16, max_seq_len_override=32, page_size=2)
 for p in PROMPTS[:2]:
     llm.add_request(p, SamplingParams(max_tokens=6, ignore_eos=True))
 for _ in range(4):

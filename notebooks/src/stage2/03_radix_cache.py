@@ -146,7 +146,8 @@ print(tr("B and A share a prefix of {cached_len} tokens, less than a page; with 
 from minisgl.core import SamplingParams
 from minisgl.model_zoo import tiny_qwen3
 from minisgl.notebook import StepRecorder, draw_page_usage, page_usage
-from minisgl.radix_cache import LLM
+from minisgl.radix_cache import PARTS
+from minisgl.scheduler import Scheduler
 
 TINY = str(tiny_qwen3())
 SYSTEM = "You are a helpful assistant. Answer concisely and accurately. " * 4
@@ -155,7 +156,7 @@ print(tr("tokens of each prompt:"), [len(tok.encode(SYSTEM + q)) for q in QUESTI
 
 
 def shared_prefix(cache_type: str, page_size: int, show_tree: bool = False):
-    llm = LLM(TINY, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512,
+    llm = Scheduler(TINY, parts=PARTS, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512,
               cache_type=cache_type, page_size=page_size)  # fmt: skip
     rec = StepRecorder(llm, after=page_usage)
     sp = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -208,7 +209,7 @@ plt.show()
 
 # %%
 OTHER = "You are a pirate. Answer every question like a pirate would. " * 4
-llm = LLM(TINY, dtype=torch.float32, max_running_req=8, num_page_override=200, max_seq_len_override=512, cache_type="radix")
+llm = Scheduler(TINY, parts=PARTS, dtype=torch.float32, max_running_req=8, num_page_override=200, max_seq_len_override=512, cache_type="radix")
 rec = StepRecorder(llm, after=page_usage)
 sp = SamplingParams(max_tokens=4, ignore_eos=True)
 for label, prompts in [(tr("round 1"), [SYSTEM + QUESTIONS[0]]), (tr("round 2"), [SYSTEM + q for q in QUESTIONS[1:]]), (tr("round 3"), [OTHER + q for q in QUESTIONS])]:

@@ -60,14 +60,15 @@ show_tasks("chunked_prefill")
 import matplotlib.pyplot as plt
 import torch
 
-from minisgl.chunked_prefill import LLM
+from minisgl.chunked_prefill import PARTS
+from minisgl.scheduler import Scheduler
 from minisgl.core import SamplingParams
 from minisgl.model_zoo import tiny_qwen3
 from minisgl.notebook import StepRecorder, draw_steps
 
 TINY = str(tiny_qwen3())
 LONG = "Explain, step by step, why the sky is blue. " * 25
-llm = LLM(TINY, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512, max_extend_tokens=96)
+llm = Scheduler(TINY, parts=PARTS, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512, max_extend_tokens=96)
 rec = StepRecorder(llm)
 out = llm.generate([LONG], SamplingParams(max_tokens=4, ignore_eos=True))
 print(tr("prompt tokens:"), len(llm.tokenizer.encode(LONG)))
@@ -81,7 +82,7 @@ print(tr("prefill in {n_chunks} steps: {chunks}; {n_out} output tokens (the toke
 # Chunking does not change the result: the same request, chunked or not, gives the same greedy output token for token.
 
 # %%
-whole = LLM(TINY, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512)
+whole = Scheduler(TINY, parts=PARTS, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512)
 ref = whole.generate([LONG], SamplingParams(max_tokens=4, ignore_eos=True))
 same = ref[0]["token_ids"] == out[0]["token_ids"]
 print(tr("output without chunking: {whole} ; output with chunking: {chunked} → same: {same}", whole=ref[0]['token_ids'], chunked=out[0]['token_ids'], same=same))
@@ -106,7 +107,7 @@ SHORT = ["Hello, my name is", "The sky is", "1, 2, 3,"]
 
 
 def long_arrives(max_extend_tokens: int, long_repeat: int = 25, show: bool = True) -> list[dict]:
-    llm = LLM(TINY, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512,
+    llm = Scheduler(TINY, parts=PARTS, dtype=torch.float32, max_running_req=8, num_page_override=2048, max_seq_len_override=512,
               max_extend_tokens=max_extend_tokens)  # fmt: skip
     rec = StepRecorder(llm)
     outputs: dict[int, list[int]] = {}

@@ -72,13 +72,14 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.model_zoo import tiny_qwen3
-from minisgl.overlap import LLM
+from minisgl.overlap import PARTS
+from minisgl.scheduler import Scheduler
 
 TINY = str(tiny_qwen3())
 PROMPTS = ["Hello, my name is", "The capital of France is", "Once upon a time", "1, 2, 3,", "Water boils at", "def add(a, b):"]
 SPS = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=t, seed=s) for n, t, s in
        [(6, 0.0, None), (9, 0.8, 1), (4, 0.0, None), (12, 1.0, 7), (7, 0.0, None), (5, 0.6, 3)]]  # fmt: skip
-llm = LLM(TINY, dtype=torch.float32, max_running_req=4, num_page_override=512, max_seq_len_override=128)
+llm = Scheduler(TINY, parts=PARTS, dtype=torch.float32, max_running_req=4, num_page_override=512, max_seq_len_override=128)
 results = {}
 for overlap in (True, False):
     ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
@@ -116,7 +117,7 @@ from minisgl.notebook import Timeline, draw_timeline, fmt_ms
 
 
 def timeline(num_reqs: int, max_tokens: int, model: str = TINY) -> None:
-    llm = LLM(model, dtype=torch.float32, max_running_req=8, num_page_override=1024, max_seq_len_override=128)
+    llm = Scheduler(model, parts=PARTS, dtype=torch.float32, max_running_req=8, num_page_override=1024, max_seq_len_override=128)
     tl = Timeline(llm)
     prompts = (PROMPTS * 2)[:num_reqs]
     runs, outs = [], {}

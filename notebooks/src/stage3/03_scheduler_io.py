@@ -79,10 +79,10 @@ from minisgl.message import (
     AbortBackendMsg, BatchBackendMsg, ExitMsg, RejectMsg, UserMsg, ZmqPullQueue, ZmqPushQueue,
 )
 from minisgl.model_zoo import tiny_qwen3
-from minisgl.scheduler_io import Scheduler
+from minisgl.scheduler_io import SchedulerIO
 from minisgl.serving import ServerAddrs, make_ipc_dir
 
-sched = Scheduler(str(tiny_qwen3()), dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=48)
+sched = SchedulerIO(str(tiny_qwen3()), dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=48)
 addrs = ServerAddrs.in_dir(make_ipc_dir())
 sched.connect(addrs)
 tokenizer_inbox = ZmqPullQueue(addrs.tokenizer, create=True)  # the detokenizer's end / 反分词进程这一头
@@ -306,7 +306,7 @@ sched.shutdown()
 # <details><summary>答案</summary>
 #
 # 阻塞时调度器什么也不算：正在解码的请求会一直停着，直到下一条消息碰巧到来。只看等待和运行的请求也不够：
-# 重叠调度下，最后一步可能还在途（`_last_data`），它的结果没处理，请求的最后一个 token 就发不出去。
+# 重叠调度下，最后一步可能还在途（主循环零件的 `busy`），它的结果没处理，请求的最后一个 token 就发不出去。
 # 所以条件是 `not self.busy`，它把在途的一步也算进去。
 # </details>
 #
@@ -334,7 +334,7 @@ sched.shutdown()
 #
 # While blocked the scheduler computes nothing: decoding requests would stand still until the next message happened to
 # arrive. Waiting and running requests are not enough either: with overlap scheduling the last step may still be in flight
-# (`_last_data`), and until its results are processed the request's last token cannot go out. So the condition is
+# (the main-loop part's `busy`), and until its results are processed the request's last token cannot go out. So the condition is
 # `not self.busy`, which counts the step in flight too.
 # </details>
 #
