@@ -33,7 +33,7 @@ import openai
 from bench.client import Options, RequestForm, RunResult, measure
 from bench.llamacpp import weights_gguf
 from bench.workload import Run, Vocab
-from minisgl.harness import ServerProcess
+from minisgl.processes.harness import ServerProcess
 from minisgl.i18n import tr
 from minisgl.model_zoo import models_dir
 
@@ -70,10 +70,10 @@ def free_port() -> int:
 
 class PeerProcess(ServerProcess):
     """别家的服务器：端口事先挑好，就绪看 ``ready_path`` 回不回 200；启动、整组杀掉、查留下的子进程都沿用
-    :class:`~minisgl.harness.ServerProcess`。关的时候先给整个进程组发 SIGTERM，等不到再整组 SIGKILL。
+    :class:`~minisgl.processes.harness.ServerProcess`。关的时候先给整个进程组发 SIGTERM，等不到再整组 SIGKILL。
 
     en: A peer's server: the port is picked beforehand, and it is ready once ``ready_path`` answers 200; starting,
-    killing the whole group and finding what was left behind all come from :class:`~minisgl.harness.ServerProcess`.
+    killing the whole group and finding what was left behind all come from :class:`~minisgl.processes.harness.ServerProcess`.
     Stopping sends SIGTERM to the whole process group first, then SIGKILL to the group when it does not exit in time.
     """
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from bench import serve
 from minisgl.i18n import tr
-from minisgl.serving import ROUTER_POLICIES
+from minisgl.server.args import ROUTER_POLICIES
 
 #: 共享前缀负载的形状：几段系统提示词、每段多长、尾巴多长。
 #: en: The shape of the shared-prefix workload: how many system prompts, how long each, how long the tails.

@@ -109,7 +109,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
 
     import minisgl.llm  # noqa: F401 - 组装登记混合专家 | en: the assembly registers mixtures of experts
     from minisgl.architectures import is_moe, load_model_config

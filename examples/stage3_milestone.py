@@ -35,7 +35,7 @@ from typing import Any
 
 from openai import OpenAI
 
-from minisgl.harness import ServerProcess, child_pids
+from minisgl.processes.harness import ServerProcess, child_pids
 from minisgl.i18n import tr
 from minisgl.model_zoo import default_model
 

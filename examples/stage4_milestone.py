@@ -47,7 +47,7 @@ import torch
 from openai import OpenAI
 
 from minisgl import model_zoo
-from minisgl.harness import ServerProcess, per_replica, shared_prefix_prompts
+from minisgl.processes.harness import ServerProcess, per_replica, shared_prefix_prompts
 from minisgl.i18n import tr
 from minisgl.paths import REPO_ROOT
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
     from minisgl.models import ModelConfig
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
     from minisgl.tensor_parallel import check_tp_split, split_problems
 
     parser = argparse.ArgumentParser(description=tr("Stage 4 milestone: one model over several ranks, offline and online"))

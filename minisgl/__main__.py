@@ -1,7 +1,7 @@
-"""``python -m minisgl --model DIR ...``：启动 OpenAI 兼容的服务器（启动器见 ``minisgl.launch``，HTTP 接口是第 3.4 章的
+"""``python -m minisgl --model DIR ...``：启动 OpenAI 兼容的服务器（启动器见 ``minisgl.server.launch``，HTTP 接口是第 3.4 章的
 ``minisgl.api_server``）。
 
-en: ``python -m minisgl --model DIR ...``: start the OpenAI-compatible server (the launcher is ``minisgl.launch``, the
+en: ``python -m minisgl --model DIR ...``: start the OpenAI-compatible server (the launcher is ``minisgl.server.launch``, the
 HTTP API is chapter 3.4's ``minisgl.api_server``).
 """
 
@@ -11,8 +11,8 @@ if __name__ == "__main__":
     import sys
 
     from minisgl.i18n import tr
-    from minisgl.lifeline import die_with_parent
-    from minisgl.serving import offline_hub, preflight
+    from minisgl.processes.lifeline import die_with_parent
+    from minisgl.server.args import offline_hub, preflight
 
     # 由别的进程起的（--dp 的副本、检查里的服务器）：随它而去 | en: started by another process (a --dp replica, a check's server): go down with it
     die_with_parent()
@@ -22,6 +22,6 @@ if __name__ == "__main__":
         print(tr("Error: {error}", error=problem), file=sys.stderr, flush=True)
         sys.exit(1)
     offline_hub()
-    from minisgl.launch import main
+    from minisgl.server.launch import main
 
     main()

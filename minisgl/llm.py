@@ -33,10 +33,10 @@ from typing import Any
 
 from minisgl.architectures import Architecture, is_moe, refuse_ep, register_architecture
 from minisgl.i18n import tr
-from minisgl.lifeline import die_with_parent
+from minisgl.processes.lifeline import die_with_parent
 from minisgl import overlap
 from minisgl.scheduler import Scheduler
-from minisgl.ranks import RANKS_TIMEOUT_S, RankFailed, exit_if_rerunning_main, free_port, rank_died, rank_env, stop_process
+from minisgl.processes.ranks import RANKS_TIMEOUT_S, RankFailed, exit_if_rerunning_main, free_port, rank_died, rank_env, stop_process
 from minisgl.scheduling import Sampler
 
 __all__ = ["FULL_PARTS", "LLM", "TPLLM", "check_split", "full_sampler", "moe_architecture"]
@@ -185,11 +185,11 @@ def _tp_rank(rank: int, tp_size: int, addr: str, model_path: str, dtype: Any, kw
 class TPLLM:
     """``LLM(path, tp_size=N)``：N 个 spawn 出来的秩进程，每个跑整个调度器；本进程只发命令、收秩 0 的结果。
     用完 ``shutdown()``（或 ``with``）。在脚本里要放在 ``if __name__ == "__main__":`` 之下创建（spawn 在每个秩里把脚本
-    再执行一遍；见 :mod:`minisgl.ranks`）。
+    再执行一遍；见 :mod:`minisgl.processes.ranks`）。
 
     en: ``LLM(path, tp_size=N)``: N spawned rank processes, each running the whole scheduler; this process only sends
     commands and receives rank 0's results. ``shutdown()`` when done (or use ``with``). In a script, create it under
-    ``if __name__ == "__main__":`` (spawn runs the script again in each rank; see :mod:`minisgl.ranks`).
+    ``if __name__ == "__main__":`` (spawn runs the script again in each rank; see :mod:`minisgl.processes.ranks`).
     """
 
     def __init__(self, model_path: str, dtype: Any = None, *, tp_size: int, timeout: float = RANKS_TIMEOUT_S,

@@ -12,6 +12,7 @@ outside the scheduler's main file).
 from __future__ import annotations
 
 import heapq
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
@@ -190,6 +191,143 @@ class ForwardInput(NamedTuple):
     input_mapping: IndexPair
     write_mapping: IndexPair
     trace: StepTrace
+
+
+class StaticCacheManager:
+    """第 2.1 章的 KV 分配：每个请求槽固定分到 ``num_pages // max_running_req`` 页，启动时按 ``layout``（第 2.1 章的
+    ``static_page_table``）一次写进页表。
+
+    这样每个请求最多只能放 ``max_req_tokens`` 个 token（提示词 + 输出），哪怕别的槽位空着也借不到；
+    按需分配的缓存管理器（第 2.2 章换上的零件）解决这个问题。
+
+    调度器用到的缓存管理器接口：``allocate_paged``、``cache_req``、``reserved_tokens``、``pages_in_use``、
+    ``max_req_tokens``、``check_integrity``。
+
+    en: Chapter 2.1's KV allocation: each request slot gets a fixed ``num_pages // max_running_req`` pages, written
+    into the page table once at start-up by ``layout`` (chapter 2.1's ``static_page_table``).
+
+    So a request holds at most ``max_req_tokens`` tokens (prompt + output), and cannot borrow from other slots even when
+    they are empty; a cache manager that allocates on demand (the part chapter 2.2 swaps in) solves this.
+
+    The cache-manager interface the scheduler uses: ``allocate_paged``, ``cache_req``, ``reserved_tokens``,
+    ``pages_in_use``, ``max_req_tokens``, ``check_integrity``.
+    """
+
+    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, table_manager: TableManager,
+                 layout: Callable[[int, int, int, torch.device], torch.Tensor]) -> None:
+        max_running_req = table_manager.max_running_req
+        self.table_manager = table_manager
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.page_table = page_table
+        self.slot_tokens = (num_pages // max_running_req) * page_size
+        self.max_req_tokens = min(self.slot_tokens, page_table.shape[1])
+        if self.max_req_tokens < 2:
+            raise ValueError(
+                tr(
+                    "The KV pool is too small: {num_pages} pages for {max_running_req} request slots leaves less than "
+                    "2 tokens per slot; raise num_page_override or lower max_running_req",
+                    num_pages=num_pages, max_running_req=max_running_req,
+                )
+            )
+        width = self.max_req_tokens
+        page_table[:max_running_req, :width] = layout(max_running_req, self.slot_tokens, width, page_table.device)
+        self._static = page_table[:max_running_req, :width].clone()
+
+    def allocate_paged(self, reqs: Sequence[Req]) -> None:
+        """静态分配：页表早就填好了，每步什么也不用做。
+
+        en: Static allocation: the page table was filled in long ago, so there is nothing to do each step.
+        """
+
+    def cache_req(self, req: Req, *, finished: bool) -> None:
+        """静态分配：请求结束时页面随槽位一起归还，不用做任何事。
+
+        en: Static allocation: a finished request's pages go back with its slot, so there is nothing to do.
+        """
+
+    def reserved_tokens(self, claims: Sequence[tuple[int, int]]) -> int:
+        """请求将来还要新分配的 token 位置（``claims``：每个占着槽位的请求一对 ``(总长度, 已缓存长度)``）。静态分配时
+        它们的页早就分好了：0。
+
+        en: Token positions requests will still need allocated (``claims``: one ``(total length, cached length)`` pair
+        per request holding a slot). With static allocation their pages were allocated long ago: 0.
+        """
+        return 0
+
+    def pages_in_use(self) -> int:
+        """KV 池里正被占用的页数：每个占用中的请求槽静态分到的那些页。
+
+        en: Pages of the KV pool in use: the pages statically given to each occupied request slot.
+        """
+        busy = self.table_manager.max_running_req - self.table_manager.available_size
+        return busy * self.slot_tokens // self.page_size
+
+    def check_integrity(self) -> None:
+        width = self._static.shape[1]
+        if not torch.equal(self.page_table[: len(self._static), :width], self._static):
+            raise RuntimeError(tr("The static page table was modified"))
+
+
+class MainLoop(ABC):
+    """主循环零件共有的部分；``step`` 由各章写（第 2.1 章的 ``NormalLoop``、第 2.5 章的 ``OverlapLoop``）。它只用调度器的 ``_schedule_next_batch``、``_forward``、
+    ``_run_batch``、``_process_last_data``、``_free_req_resources``、``decode_manager``；调度器只用它的公开方法。
+
+    en: What every main-loop part shares; ``step`` is written by the chapters (chapter 2.1's ``NormalLoop``, chapter
+    2.5's ``OverlapLoop``). It uses only the scheduler's ``_schedule_next_batch``, ``_forward``, ``_run_batch``, ``_process_last_data``, ``_free_req_resources``
+    and ``decode_manager``; the scheduler uses only its public methods.
+    """
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    @abstractmethod
+    def step(self) -> bool:
+        """主循环的一次迭代；没事可做时返回 False。
+
+        en: One iteration of the main loop; returns False when there is nothing to do.
+        """
+
+    @property
+    def busy(self) -> bool:
+        """有没有发出了、结果还没处理的一步。
+
+        en: Whether a launched step's results are still unprocessed.
+        """
+        return False
+
+    def launch(self, fi: ForwardInput) -> Any:
+        """发出一步并同步算完：在设备上算它，推进每个请求的长度记账，再更新运行中的请求（刚预填充完的加入，生成够了的
+        离开）。``complete_one()`` 在发出时就调用，所以要读这一步的 ``extend_len``，得在这之前。
+
+        en: Launch a step and compute it synchronously: run it on the device, advance each request's length
+        bookkeeping, then update the running requests (those just prefilled join, those done generating leave).
+        ``complete_one()`` is called at launch, so anything that reads this step's ``extend_len`` must do so before.
+        """
+        output = self.scheduler._run_batch(fi)
+        for req in fi.batch.reqs:
+            req.complete_one()
+        self.scheduler.decode_manager.filter_reqs(fi.batch.reqs)
+        return output
+
+    def release(self, req: Req) -> None:
+        """请求了结：立刻归还资源。
+
+        en: A request is settled: give its resources back at once.
+        """
+        self.scheduler._free_req_resources(req)
+
+    def drain(self) -> None:
+        """等在途的计算算完、处理完结果；这里从来没有。
+
+        en: Finish computations in flight; never any here.
+        """
+
+    def shutdown(self) -> None:
+        """调度器关掉时调用。
+
+        en: Called when the scheduler shuts down.
+        """
 
 
 class OutputCollector:

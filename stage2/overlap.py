@@ -89,11 +89,11 @@ InFlight = tuple[ForwardInput, "Future[ForwardOutput]"]
 
 
 class OverlapLoop(NormalLoop):
-    """本章的主循环零件：重叠调度（默认开启）。接口和第 2.1 章的 :class:`~minisgl.scheduler.NormalLoop` 一样；
-    关掉重叠时就是它。
+    """本章的主循环零件：重叠调度（默认开启）。接口是 :class:`~minisgl.scheduling.MainLoop` 的；关掉重叠时就是第 2.1 章的
+    :class:`~minisgl.scheduler.NormalLoop`。
 
-    en: This chapter's main-loop part: overlap scheduling (on by default). Its interface is chapter 2.1's
-    :class:`~minisgl.scheduler.NormalLoop`, which it is when overlap is off.
+    en: This chapter's main-loop part: overlap scheduling (on by default). Its interface is
+    :class:`~minisgl.scheduling.MainLoop`'s; with overlap off it is chapter 2.1's :class:`~minisgl.scheduler.NormalLoop`.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -155,8 +155,8 @@ class OverlapLoop(NormalLoop):
         """
         if not self.overlap:
             return super().launch(fi)
-        # TODO 任务 launch_on_worker：重叠时发出这一步、不等它算完，把 _launch 给的 Future 原样返回；返回之前，这一步每个请求的长度记账都已在主线程推进（而且在设备开始算之前，免得和后台线程抢），运行队列也已更新（刚预填充完的加入、生成够的离开）。给定：_launch，以及第 2.1 章 NormalLoop.launch 里同样的那两件事
-        # TODO task launch_on_worker: with overlap on, launch this step without waiting for it and return the Future from _launch as it is; by then every request of the step has had its length bookkeeping advanced on the main thread (before the device starts, so the background thread never races it), and the running queue is updated (requests just prefilled join, those done generating leave). Given: _launch, and the same two pieces of work chapter 2.1's NormalLoop.launch does
+        # TODO 任务 launch_on_worker：重叠时发出这一步、不等它算完，把 _launch 给的 Future 原样返回；返回之前，这一步每个请求的长度记账都已在主线程推进（而且在设备开始算之前，免得和后台线程抢），运行队列也已更新（刚预填充完的加入、生成够的离开）。给定：_launch，以及 MainLoop.launch（minisgl/scheduling.py）里同样的那两件事
+        # TODO task launch_on_worker: with overlap on, launch this step without waiting for it and return the Future from _launch as it is; by then every request of the step has had its length bookkeeping advanced on the main thread (before the device starts, so the background thread never races it), and the running queue is updated (requests just prefilled join, those done generating leave). Given: _launch, and the same two pieces of work MainLoop.launch (minisgl/scheduling.py) does
         raise TaskNotDone("overlap", "launch_on_worker")
 
     def _finish(self, last: InFlight | None) -> None:

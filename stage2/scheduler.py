@@ -51,6 +51,7 @@ from minisgl.scheduling import (
     DecodeManager,
     ForwardInput,
     IndexPair,
+    MainLoop,
     OutputCollector,
     PendingReq,
     RequestEvent,
@@ -58,6 +59,7 @@ from minisgl.scheduling import (
     ResultListener,
     SchedulerConfig,
     SchedulerParts,
+    StaticCacheManager,
     TableManager,
 )
 from minisgl.trace import StepListener, StepTracer
@@ -77,99 +79,22 @@ def static_page_table(slots: int, slot_tokens: int, width: int, device: torch.de
     raise TaskNotDone("scheduler", "static_pages")
 
 
-class StaticCacheManager:
-    """本章的 KV 分配：每个请求槽固定分到 ``num_pages // max_running_req`` 页，启动时一次写进页表。
-
-    这样每个请求最多只能放 ``max_req_tokens`` 个 token（提示词 + 输出），哪怕别的槽位空着也借不到；
-    按需分配的缓存管理器（第 2.2 章换上的零件）解决这个问题。
-
-    调度器用到的缓存管理器接口：``allocate_paged``、``cache_req``、``reserved_tokens``、``pages_in_use``、
-    ``max_req_tokens``、``check_integrity``。
-
-    en: This chapter's KV allocation: each request slot gets a fixed ``num_pages // max_running_req`` pages, written
-    into the page table once at start-up.
-
-    So a request holds at most ``max_req_tokens`` tokens (prompt + output), and cannot borrow from other slots even when
-    they are empty; a cache manager that allocates on demand (the part chapter 2.2 swaps in) solves this.
-
-    The cache-manager interface the scheduler uses: ``allocate_paged``, ``cache_req``, ``reserved_tokens``,
-    ``pages_in_use``, ``max_req_tokens``, ``check_integrity``.
-    """
-
-    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, table_manager: TableManager) -> None:
-        max_running_req = table_manager.max_running_req
-        self.table_manager = table_manager
-        self.num_pages = num_pages
-        self.page_size = page_size
-        self.page_table = page_table
-        self.slot_tokens = (num_pages // max_running_req) * page_size
-        self.max_req_tokens = min(self.slot_tokens, page_table.shape[1])
-        if self.max_req_tokens < 2:
-            raise ValueError(
-                tr(
-                    "The KV pool is too small: {num_pages} pages for {max_running_req} request slots leaves less than "
-                    "2 tokens per slot; raise num_page_override or lower max_running_req",
-                    num_pages=num_pages, max_running_req=max_running_req,
-                )
-            )
-        width = self.max_req_tokens
-        page_table[:max_running_req, :width] = static_page_table(max_running_req, self.slot_tokens, width, page_table.device)
-        self._static = page_table[:max_running_req, :width].clone()
-
-    def allocate_paged(self, reqs: Sequence[Req]) -> None:
-        """静态分配：页表早就填好了，每步什么也不用做。
-
-        en: Static allocation: the page table was filled in long ago, so there is nothing to do each step.
-        """
-
-    def cache_req(self, req: Req, *, finished: bool) -> None:
-        """静态分配：请求结束时页面随槽位一起归还，不用做任何事。
-
-        en: Static allocation: a finished request's pages go back with its slot, so there is nothing to do.
-        """
-
-    def reserved_tokens(self, claims: Sequence[tuple[int, int]]) -> int:
-        """请求将来还要新分配的 token 位置（``claims``：每个占着槽位的请求一对 ``(总长度, 已缓存长度)``）。静态分配时
-        它们的页早就分好了：0。
-
-        en: Token positions requests will still need allocated (``claims``: one ``(total length, cached length)`` pair
-        per request holding a slot). With static allocation their pages were allocated long ago: 0.
-        """
-        return 0
-
-    def pages_in_use(self) -> int:
-        """KV 池里正被占用的页数：每个占用中的请求槽静态分到的那些页。
-
-        en: Pages of the KV pool in use: the pages statically given to each occupied request slot.
-        """
-        busy = self.table_manager.max_running_req - self.table_manager.available_size
-        return busy * self.slot_tokens // self.page_size
-
-    def check_integrity(self) -> None:
-        width = self._static.shape[1]
-        if not torch.equal(self.page_table[: len(self._static), :width], self._static):
-            raise RuntimeError(tr("The static page table was modified"))
-
-
 def static_cache_manager(engine: Engine, config: SchedulerConfig, table_manager: TableManager) -> StaticCacheManager:
-    """本章的缓存管理器零件（一个 :data:`~minisgl.scheduling.CacheManagerFactory`）。
+    """本章的缓存管理器零件（一个 :data:`~minisgl.scheduling.CacheManagerFactory`）：给定的静态分页，页表按
+    :func:`static_page_table` 排。
 
-    en: This chapter's cache-manager part (a :data:`~minisgl.scheduling.CacheManagerFactory`).
+    en: This chapter's cache-manager part (a :data:`~minisgl.scheduling.CacheManagerFactory`): the given static paging,
+    its page table laid out by :func:`static_page_table`.
     """
-    return StaticCacheManager(engine.num_pages, config.page_size, engine.page_table, table_manager)
+    return StaticCacheManager(engine.num_pages, config.page_size, engine.page_table, table_manager, static_page_table)
 
 
 @dataclass
 class PrefillAdder:
-    """一步预填充的“装车员”：按顺序尝试接纳等待的请求，直到槽位、页面或预算用完。
+    """一步预填充的“装车员”：按顺序接纳等待的请求，直到槽位、页面或预算用完。它要用的都在字段里；调度器每步新建一个。
 
-    它要用的东西都写在字段里：预算、已预留的 token 数、两个管理器和 token 池；调度器每步新建一个。
-
-    en: The loader of one prefill step: tries to admit waiting requests in order until slots, pages or the budget run
-    out.
-
-    Everything it needs is in its fields: the budget, the tokens reserved so far, the two managers and the token pool;
-    the scheduler makes a new one each step.
+    en: The loader of one prefill step: admits waiting requests in order until slots, pages or the budget run out.
+    Everything it needs is in its fields; the scheduler makes a new one each step.
     """
 
     token_budget: int  # 这一步还能预填充多少个 token | en: how many more tokens this step can prefill
@@ -243,17 +168,10 @@ class PrefillManager:
         return len(self.pending_list) > 0
 
     def schedule_next_batch(self, adder: PrefillAdder) -> Batch | None:
-        """从队首开始让 ``adder`` 接纳请求，第一个接纳不了的就停下；一个都没有就返回 None。
+        """从队首起让 ``adder`` 接纳请求，接纳不了就停；提示词没算完的（第 2.4 章的分块）留在队首。
 
-        接纳了但提示词没算完的请求（新请求的 ``device_len`` 还小于等待请求的 ``input_len``；只有第 2.4 章的分块请求
-        会这样）留在队首，下一步接着算。
-
-        en: Let ``adder`` admit requests from the front of the queue, stopping at the first it cannot admit; return None
-        if none was admitted.
-
-        An admitted request whose prompt is not finished yet (the new request's ``device_len`` is still below the
-        waiting request's ``input_len``; only chapter 2.4's chunked requests do that) stays at the front of the queue
-        and continues next step.
+        en: Let ``adder`` admit requests from the front of the queue until it cannot; one whose prompt is not finished
+        (chapter 2.4's chunks) stays at the front.
         """
         # TODO 任务 schedule_prefill：从队首起依次让 adder 接纳，遇到第一个接纳不了的就停（不跳过它去试后面的）；一个都没接纳就返回 None；否则接纳了的离开 pending_list——提示词还没全算完的除外，它们留在队首——其余的保持原来的顺序，返回这些新请求按顺序组成的预填充 Batch。给定：adder.try_add_one
         # TODO task schedule_prefill: let the adder admit requests from the head of the queue in turn, and stop at the first it cannot admit (never skip it for later ones); if it admits none, return None; otherwise the requests it took leave pending_list, except any whose prompt is not fully computed yet (they stay at the head), the rest keep their order, and you return a prefill Batch of the new requests in order. Given: adder.try_add_one
@@ -286,25 +204,12 @@ class PrefillFirst:
         raise TaskNotDone("scheduler", "prefill_first")
 
 
-class NormalLoop:
-    """本章的主循环零件：一步算完才处理它的结果。它只用调度器的 ``_schedule_next_batch``、``_forward``、
-    ``_run_batch``、``_process_last_data``、``_free_req_resources``、``decode_manager``；调度器只用它的公开方法。
+class NormalLoop(MainLoop):
+    """本章的主循环零件：一步算完才处理它的结果（发出、归还、收尾都是 :class:`~minisgl.scheduling.MainLoop` 的）。
 
-    en: This chapter's main-loop part: a step is computed to the end before its results are processed. It uses only the
-    scheduler's ``_schedule_next_batch``, ``_forward``, ``_run_batch``, ``_process_last_data``, ``_free_req_resources``
-    and ``decode_manager``; the scheduler uses only its public methods.
+    en: This chapter's main-loop part: a step is computed to the end before its results are processed (launching,
+    releasing and winding down are :class:`~minisgl.scheduling.MainLoop`'s).
     """
-
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-
-    @property
-    def busy(self) -> bool:
-        """有没有发出了、结果还没处理的一步。
-
-        en: Whether a launched step's results are still unprocessed.
-        """
-        return False
 
     def step(self) -> bool:
         """调度 → 准备 → 前向 → 处理结果，一步一步地来。
@@ -315,51 +220,14 @@ class NormalLoop:
         # TODO task normal_loop: one iteration of the main loop, one step at a time: if no next step can be scheduled, return False (compute nothing); otherwise compute that step, process its results and return True. Given: the scheduler's (self.scheduler) three methods for scheduling, launching and processing results
         raise TaskNotDone("scheduler", "normal_loop")
 
-    def launch(self, fi: ForwardInput) -> ForwardOutput:
-        """发出一步并同步算完：在设备上算它，推进每个请求的长度记账，再更新运行中的请求（刚预填充完的加入，生成够了的
-        离开）。``complete_one()`` 在发出时就调用，所以要读这一步的 ``extend_len``，得在这之前。
-
-        en: Launch a step and compute it synchronously: run it on the device, advance each request's length
-        bookkeeping, then update the running requests (those just prefilled join, those done generating leave).
-        ``complete_one()`` is called at launch, so anything that reads this step's ``extend_len`` must do so before.
-        """
-        output = self.scheduler._run_batch(fi)
-        for req in fi.batch.reqs:
-            req.complete_one()
-        self.scheduler.decode_manager.filter_reqs(fi.batch.reqs)
-        return output
-
-    def release(self, req: Req) -> None:
-        """请求了结：立刻归还资源。
-
-        en: A request is settled: give its resources back at once.
-        """
-        self.scheduler._free_req_resources(req)
-
-    def drain(self) -> None:
-        """等在途的计算算完、处理完结果；这里从来没有。
-
-        en: Finish computations in flight; never any here.
-        """
-
-    def shutdown(self) -> None:
-        """调度器关掉时调用。
-
-        en: Called when the scheduler shuts down.
-        """
-
 
 class Scheduler:
-    """调度器兼离线接口：``Scheduler(model_path, dtype=..., **配置)``，然后 ``generate(prompts, sampling_params)``。
+    """调度器兼离线接口：``Scheduler(model_path, dtype=..., parts=..., **配置)``，然后 ``generate(...)``。``parts``
+    给出后面各章交出的零件，没给的用本章自己的；组装好的引擎是 ``minisgl.llm.LLM``。
 
-    ``parts``（:class:`~minisgl.scheduling.SchedulerParts`）给出后面各章交出的零件，没给的用本章自己的；组装好的引擎
-    是 ``minisgl.llm.LLM``。
-
-    en: The scheduler and offline interface: ``Scheduler(model_path, dtype=..., **config)``, then ``generate(prompts,
-    sampling_params)``.
-
-    ``parts`` (:class:`~minisgl.scheduling.SchedulerParts`) gives the parts later chapters deliver; whatever it leaves
-    out is this chapter's own. The assembled engine is ``minisgl.llm.LLM``.
+    en: The scheduler and offline interface: ``Scheduler(model_path, dtype=..., parts=..., **config)``, then
+    ``generate(...)``. ``parts`` gives the parts later chapters deliver, this chapter's own for the rest; the assembled
+    engine is ``minisgl.llm.LLM``.
     """
 
     #: 一个秩的调度器换上切开的引擎和按 uid 排的解码队列（第 4.3 章）。
@@ -401,18 +269,16 @@ class Scheduler:
         self.loop: NormalLoop = (parts.loop or NormalLoop)(self)
 
     def add_step_listener(self, fn: StepListener) -> Callable[[], None]:
-        """每一步的结果处理完，就调用 ``fn(trace)``（:class:`~minisgl.trace.StepTrace`）。返回取消监听的函数。
+        """每步结果处理完就调用 ``fn(trace)``；返回取消监听的函数。
 
-        en: Call ``fn(trace)`` (a :class:`~minisgl.trace.StepTrace`) after each step's results are processed. Returns a
-        function that removes the listener.
+        en: Call ``fn(trace)`` after each step's results are processed; returns a function that removes the listener.
         """
         return self.tracer.add_listener(fn)
 
     def add_result_listener(self, fn: ResultListener) -> Callable[[], None]:
-        """结果处理每为一个请求做出决定（出了 token、结束、被取消），就调用 ``fn(event)``。返回取消监听的函数。
+        """每为一个请求做出决定（出了 token、结束、被取消）就调用 ``fn(event)``；返回取消监听的函数。
 
-        en: Call ``fn(event)`` each time result processing decides something for a request (a token output, finished,
-        aborted). Returns a function that removes the listener.
+        en: Call ``fn(event)`` on each decision for a request (a token, finished, aborted); returns the remover.
         """
         self._result_listeners.append(fn)
         return lambda: self._result_listeners.remove(fn) if fn in self._result_listeners else None
@@ -420,9 +286,6 @@ class Scheduler:
     def _emit(self, event: RequestEvent) -> None:
         for fn in list(self._result_listeners):
             fn(event)
-
-    # ------------------------------------------------------------------ 问零件
-    # en: ------------------------------------------------------------------ asking the parts
 
     def _make_prefill_adder(self) -> PrefillAdder:
         return self.prefill_adder_cls(
@@ -434,12 +297,11 @@ class Scheduler:
         )
 
     def reserved_tokens(self) -> int:
-        """占着槽位的请求将来还要新分配的 token 位置，由缓存管理器按每个请求的（总长度，已缓存长度）算：运行中的请求
-        算到提示词 + ``max_tokens``；提示词算了一半的分块请求（第 2.4 章）按完整的提示词 + 输出算。
+        """占着槽位的请求将来还要新分配的 token 位置：运行中的请求算到提示词 + ``max_tokens``，算了一半的分块请求
+        （第 2.4 章）按完整的提示词 + 输出，由缓存管理器按（总长度，已缓存长度）求和。
 
-        en: Token positions the requests holding slots will still need allocated, counted by the cache manager from each
-        request's (total length, cached length): running requests up to prompt + ``max_tokens``; a chunked request whose
-        prompt is half computed (chapter 2.4) at its whole prompt + output.
+        en: Token positions the requests holding slots will still need: running ones up to prompt + ``max_tokens``, a
+        half-computed chunk (chapter 2.4) at its whole prompt + output, summed by the cache manager.
         """
         claims = [(r.max_device_len, r.cached_len) for r in self.decode_manager.running_reqs]
         claims += [(p.input_len + p.output_len, p.chunked_req.cached_len)
@@ -470,9 +332,6 @@ class Scheduler:
         whole prompt is known; not for a request given only part of its prompt (chapter 2.4's chunks).
         """
         return req.device_len >= self.status[req.uid].prompt_len
-
-    # ------------------------------------------------------------------ 接收请求
-    # en: ------------------------------------------------------------------ receiving requests
 
     def add_request(
         self, input_ids: torch.Tensor | Sequence[int], sampling_params: SamplingParams, uid: int | None = None
@@ -506,9 +365,6 @@ class Scheduler:
         self.prefill_manager.abort_req(uid)
         self.decode_manager.abort_req(uid)
         self._end(status, None, "abort")
-
-    # ------------------------------------------------------------------ 调度与准备
-    # en: ------------------------------------------------------------------ scheduling and preparing
 
     def _schedule_next_batch(self) -> ForwardInput | None:
         """让策略选出下一步（预填充还是解码），再准备它；两样都没有就返回 None。
@@ -552,18 +408,12 @@ class Scheduler:
             return host
         return host.pin_memory().to(self.device, non_blocking=True)
 
-    # ------------------------------------------------------------------ 前向
-    # en: ------------------------------------------------------------------ forward
-
     def _forward(self, fi: ForwardInput) -> ForwardOutput | Future[ForwardOutput]:
-        """发出一步（主循环零件的 ``launch``）：同步的主循环算完它、返回 ``ForwardOutput``，重叠的主循环返回
-        ``Future``。返回时每个请求的长度记账都已推进、运行队列也已更新；所以要读这一步的 ``extend_len``，得在调用本函数
-        之前。
+        """发出一步（主循环零件的 ``launch``，返回 ``ForwardOutput`` 或 ``Future``）；之后长度记账已推进，要读这一步的
+        ``extend_len`` 得在调用之前。
 
-        en: Launch a step (the main-loop part's ``launch``): the synchronous loop computes it and returns a
-        ``ForwardOutput``, the overlapped loop returns a ``Future``. On return every request's length bookkeeping is
-        advanced and the running queue updated; so anything that reads this step's ``extend_len`` must do so before
-        calling this function.
+        en: Launch a step (the main-loop part's ``launch``; returns a ``ForwardOutput`` or a ``Future``); the length
+        bookkeeping is advanced after it, so read this step's ``extend_len`` before calling.
         """
         return self.loop.launch(fi)
 
@@ -582,9 +432,6 @@ class Scheduler:
         self.token_pool[fi.write_mapping] = output.next_tokens_gpu
         self.tracer.forward_done(fi.trace, started)
         return output
-
-    # ------------------------------------------------------------------ 处理结果
-    # en: ------------------------------------------------------------------ processing results
 
     def _process_last_data(self, last_data: tuple[ForwardInput, ForwardOutput] | None) -> None:
         """把一步的采样结果交给各个请求：记下输出、判断结束、归还资源。
@@ -625,10 +472,9 @@ class Scheduler:
         raise TaskNotDone("scheduler", "process_results")
 
     def _end(self, status: RequestStatus, token: int | None, reason: str) -> None:
-        """一个请求了结的唯一地方（生成够了、遇到 EOS、被取消）：记下原因，告诉监听者，归还资源。
+        """请求了结的唯一地方（生成够了、EOS、取消）：记下原因，告诉监听者，归还资源。
 
-        en: The one place a request ends (generated enough, EOS, aborted): note why, tell the listeners, give the
-        resources back.
+        en: The one place a request ends (enough tokens, EOS, abort): note why, tell the listeners, free its resources.
         """
         status.finish_reason = reason
         self._emit(RequestEvent(status.uid, token, True, reason, status.logprobs if token is not None else None))
@@ -638,10 +484,10 @@ class Scheduler:
             del self.status[status.uid]
 
     def _release_req(self, req: Req) -> None:
-        """请求了结：归还它的资源，由主循环零件决定什么时候（设备还可能在用它时，重叠的主循环延后到用到它的批次都算完）。
+        """请求了结：归还资源，什么时候还由主循环零件定（重叠时等用到它的批次算完）。
 
-        en: A request is settled: give its resources back, when the main-loop part decides (while the device may still
-        use them, the overlapped loop waits until every batch using them is computed).
+        en: A request is settled: give its resources back when the main-loop part decides (with overlap, once the
+        batches using them are computed).
         """
         self.loop.release(req)
 
@@ -654,9 +500,6 @@ class Scheduler:
         self.cache_manager.cache_req(req, finished=True)
         self.status.pop(req.uid, None)
 
-    # ------------------------------------------------------------------ 主循环
-    # en: ------------------------------------------------------------------ main loop
-
     @property
     def busy(self) -> bool:
         return self.prefill_manager.runnable or self.decode_manager.runnable or self.loop.busy
@@ -667,7 +510,6 @@ class Scheduler:
         en: One iteration of the main loop. Returns False when there is nothing to do.
         """
         return self.loop.step()
-
 
     @torch.inference_mode()
     def run_until_idle(self) -> None:
@@ -682,9 +524,9 @@ class Scheduler:
         self._drain()
 
     def _drain(self) -> None:
-        """等在途的计算都结束，处理完它们的结果（主循环零件的 ``drain``）。
+        """等在途的计算算完、处理完结果（主循环零件的 ``drain``）。
 
-        en: Wait for computations in flight to finish and process their results (the main-loop part's ``drain``).
+        en: Finish computations in flight and their results (the main-loop part's ``drain``).
         """
         self.loop.drain()
 
@@ -698,24 +540,16 @@ class Scheduler:
         self.table_manager.check_integrity()
         self.cache_manager.check_integrity()
 
-    # ------------------------------------------------------------------ 离线接口
-    # en: ------------------------------------------------------------------ offline interface
-
     def generate(
         self,
         prompts: Sequence[str] | Sequence[Sequence[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[dict[str, Any]]:
-        """为每个提示词生成文本，按输入顺序返回 ``{"text": ..., "token_ids": [...]}``（不含 EOS）；要了对数概率
-        （``logprobs=True``）的请求再多一个 ``"logprobs"``：每个输出 token 一个 :class:`~minisgl.scheduling.TokenLogprob`。
+        """按输入顺序返回 ``{"text", "token_ids"}``（不含 EOS；要了 ``logprobs`` 的再加 ``"logprobs"``）。先校验全部
+        请求：有一个不合法就抛错，一个 token 也不算。
 
-        先校验全部请求，有任何一个不合法就抛错，一个 token 也不算。
-
-        en: Generate text for each prompt; returns ``{"text": ..., "token_ids": [...]}`` in input order (without EOS); a
-        request that asked for log-probabilities (``logprobs=True``) also gets ``"logprobs"``: one
-        :class:`~minisgl.scheduling.TokenLogprob` per output token.
-
-        All requests are validated first: if any is invalid, it raises before a single token is computed.
+        en: Returns ``{"text", "token_ids"}`` in input order (without EOS; plus ``"logprobs"`` when asked). Every request
+        is validated first: if one is invalid, it raises before a single token is computed.
         """
         requests = validate_requests(prompts, sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len)
         uids = [self.add_request(ids, sp) for ids, sp in requests]

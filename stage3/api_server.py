@@ -4,7 +4,7 @@
 # Each TODO states the goal; stuck? `python -m minisgl.course hint api_server <task>` gives the next hint.
 """第 3.4 章 api_server：OpenAI 兼容的 HTTP 接口和流式输出。
 
-``python -m minisgl --model DIR`` 启动三个进程：API 服务器（本模块，HTTP，在启动器 :mod:`minisgl.launch` 的进程里）、
+``python -m minisgl --model DIR`` 启动三个进程：API 服务器（本模块，HTTP，在启动器 :mod:`minisgl.server.launch` 的进程里）、
 分词 / 反分词进程、调度器进程。一个请求的路径：
 
     HTTP 请求 → 解析成 SamplingParams（本章）→ TokenizeMsg → 分词进程 → UserMsg → 调度器
@@ -14,7 +14,7 @@
 
 - **请求 → 采样参数**：OpenAI 的语义（``temperature`` 缺省 1，0 是贪心）加上上游的扩展字段（``ignore_eos``、
   ``top_k``）；不合法的值、会改变结果却不支持的参数（``tools``、``suffix`` ……）一律 400，
-  错误体是 OpenAI 的样子（:class:`~minisgl.api_errors.ApiError`），说清是哪个参数；
+  错误体是 OpenAI 的样子（:class:`~minisgl.server.api_errors.ApiError`），说清是哪个参数；
 - **流式输出**（server-sent events）和**非流式输出**：真实的 ``usage``、正确的 ``finish_reason``；
 - **客户端断开就取消请求**：取消消息要真的发出去（只发一次），请求的槽位和页面才回得来。
 
@@ -24,7 +24,7 @@
 en: Chapter 3.4 api_server: the OpenAI-compatible HTTP API and streaming.
 
 ``python -m minisgl --model DIR`` starts three processes: the API server (this module, HTTP, in the process of the
-launcher :mod:`minisgl.launch`), the tokenizer / detokenizer process and the scheduler process. One request's path:
+launcher :mod:`minisgl.server.launch`), the tokenizer / detokenizer process and the scheduler process. One request's path:
 
     HTTP request → parsed into SamplingParams (this chapter) → TokenizeMsg → tokenizer → UserMsg → scheduler
     scheduler → DetokenizeMsg → detokenizer → UserReply → this process hands it to its request by uid → SSE chunks or
@@ -35,7 +35,7 @@ You write the part that talks to the client:
 - **request → sampling parameters**: OpenAI's semantics (``temperature`` defaults to 1, 0 is greedy) plus upstream's
   extra fields (``ignore_eos``, ``top_k``); an invalid value, or a parameter that would change the result but is not
   supported (``tools``, ``suffix``, ...), is a 400 with an OpenAI-style body
-  (:class:`~minisgl.api_errors.ApiError`) naming the parameter;
+  (:class:`~minisgl.server.api_errors.ApiError`) naming the parameter;
 - **streaming** (server-sent events) and **the non-streamed response**: the real ``usage``, the right
   ``finish_reason``;
 - **a client that disconnects aborts its request**: the abort message must really be sent (exactly once), or the
@@ -60,16 +60,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from minisgl.api_errors import DISCONNECT_POLL_S, ApiError, ClientGone
-from minisgl.choices import abort_all, guarded, merge_answers, merge_streams, open_choices
+from minisgl.server.api_errors import DISCONNECT_POLL_S, ApiError, ClientGone
+from minisgl.server.choices import abort_all, guarded, merge_answers, merge_streams, open_choices
 from minisgl.core import InvalidParam, SamplingParams
-from minisgl.frontend import Frontend
+from minisgl.server.frontend import Frontend
 from minisgl.i18n import tr
 from minisgl.message import AbortMsg, UserReply
-from minisgl.openai_body import (check_model, choices_of, echo_of, given_or as _field, json_body, messages_of, prompts_of,
+from minisgl.server.openai_body import (check_model, choices_of, echo_of, given_or as _field, json_body, messages_of, prompts_of,
                                  stream_flags, with_controls)
-from minisgl.openai_reply import DONE, logprobs_block, response_id, sse, usage_of
-from minisgl.server_app import PROBE_BODY, base_app, generation_probe
+from minisgl.server.openai_reply import DONE, logprobs_block, response_id, sse, usage_of
+from minisgl.server.app import PROBE_BODY, base_app, generation_probe
 from minisgl.validation import check_sampling
 
 T = TypeVar("T")
@@ -182,7 +182,7 @@ async def stream_chunks(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
     - ``req.include_usage`` 时，结束之后再发一个 ``choices`` 为空列表、带 ``usage``（:func:`usage_of`）的事件；
     - 最后是 :data:`DONE`。
 
-    有几个 choice 时（``n`` > 1、提示词列表），给定的 :func:`~minisgl.choices.merge_streams` 为每一个调用它一次（``index`` 是第几个），把事件合成一个流。
+    有几个 choice 时（``n`` > 1、提示词列表），给定的 :func:`~minisgl.server.choices.merge_streams` 为每一个调用它一次（``index`` 是第几个），把事件合成一个流。
 
     en: The streamed answer: turn ``replies`` (this request's :class:`UserReply` objects, the last one ``finished``)
     into SSE events (strings).
@@ -205,7 +205,7 @@ async def stream_chunks(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
       (:func:`usage_of`);
     - last, :data:`DONE`.
 
-    With several choices (``n`` > 1, a list of prompts) the given :func:`~minisgl.choices.merge_streams` calls it once per choice
+    With several choices (``n`` > 1, a list of prompts) the given :func:`~minisgl.server.choices.merge_streams` calls it once per choice
     (``index`` says which) and merges the events into one stream.
     """
     # TODO 任务 stream_chunks：按文档字符串列出的格式，把这个请求的回复变成流式回答的 SSE 事件。约定：对话流在任何回复到来之前先发带 assistant 角色的那个事件；每段非空的文字一个事件，空的不发，带着这条回复的对数概率；请求结束时先发它带的最后一段文字，再发一个带结束原因的结尾事件；回复出错就只发一个 OpenAI 样式的错误事件（带上回复的错误代码），然后是流的结束标记，到此为止；客户端要了用量时，结尾之后再发一个 choices 为空、带 token 计数的事件；最后总是结束标记。每个 choice 的序号是调用者给的那个。给定：sse、response_id、usage_of、logprobs_block。
@@ -245,10 +245,10 @@ async def full_response(req: ParsedRequest, uid: int, replies: AsyncIterator[Use
 
 class ServerState(Frontend):
     """API 服务器的状态：``live``（uid → 回复队列，还没答完的请求）、请求的登记（``submit``）、回复的分发都在给定的
-    :class:`~minisgl.frontend.Frontend` 里；这里是请求的取消（:meth:`abort`）。
+    :class:`~minisgl.server.frontend.Frontend` 里；这里是请求的取消（:meth:`abort`）。
 
     en: The API server's state: ``live`` (uid → reply queue, the requests not answered yet), registering a request
-    (``submit``) and handing replies out are in the given :class:`~minisgl.frontend.Frontend`; here is aborting one
+    (``submit``) and handing replies out are in the given :class:`~minisgl.server.frontend.Frontend`; here is aborting one
     (:meth:`abort`).
     """
 
@@ -286,10 +286,10 @@ async def until_disconnect(request: Request, state: ServerState, uid: int, work:
 
 def parse_request(kind: str, body: dict[str, Any], state: ServerState, *, stream_default: bool = False) -> ParsedRequest:
     """请求体 → :class:`ParsedRequest`：采样参数和不支持的参数由你写的函数读，其余（模型名、提示词、第 3.5 / 3.6 章的
-    控制和语法、``n``、``echo``、``stream``）由给定的 :mod:`minisgl.openai_body` 读。
+    控制和语法、``n``、``echo``、``stream``）由给定的 :mod:`minisgl.server.openai_body` 读。
 
     en: Request body → :class:`ParsedRequest`: your functions read the sampling parameters and the unsupported ones, the
-    given :mod:`minisgl.openai_body` the rest (model name, prompts, chapters 3.5 / 3.6's controls and grammar, ``n``,
+    given :mod:`minisgl.server.openai_body` the rest (model name, prompts, chapters 3.5 / 3.6's controls and grammar, ``n``,
     ``echo``, ``stream``).
     """
     check_model(body, state.model_name, state.args.model_path)
@@ -309,10 +309,10 @@ def parse_request(kind: str, body: dict[str, Any], state: ServerState, *, stream
 
 
 async def answer(request: Request, state: ServerState, req: ParsedRequest) -> Response:
-    """提交请求的每个 choice（:mod:`minisgl.choices`），再用你的 :func:`full_response` 收齐合成一个对象，或用你的
+    """提交请求的每个 choice（:mod:`minisgl.server.choices`），再用你的 :func:`full_response` 收齐合成一个对象，或用你的
     :func:`stream_chunks` 一段段发。出了错（拒绝、客户端断开……）就取消提交了的全部；流结束后后台任务 ``abort_all`` 收尾。
 
-    en: Submit each choice of the request (:mod:`minisgl.choices`), then collect them with your :func:`full_response`
+    en: Submit each choice of the request (:mod:`minisgl.server.choices`), then collect them with your :func:`full_response`
     into one object, or send them piece by piece with your :func:`stream_chunks`. On a failure (a refusal, the client
     leaving, ...) every submitted choice is aborted; after a stream ends the background task ``abort_all`` tidies up.
     """
@@ -332,9 +332,9 @@ async def answer(request: Request, state: ServerState, req: ParsedRequest) -> Re
 
 
 def create_app(state: ServerState) -> FastAPI:
-    """FastAPI 应用：给定的 :func:`~minisgl.server_app.base_app` 加上用你写的函数作答的接口。
+    """FastAPI 应用：给定的 :func:`~minisgl.server.app.base_app` 加上用你写的函数作答的接口。
 
-    en: The FastAPI application: the given :func:`~minisgl.server_app.base_app` plus the endpoints your functions answer.
+    en: The FastAPI application: the given :func:`~minisgl.server.app.base_app` plus the endpoints your functions answer.
     """
     app = base_app(state)
 

@@ -60,7 +60,7 @@ import zmq.asyncio
 
 from minisgl.core import SamplingParams
 from minisgl.i18n import tr
-from minisgl.serving import ipc_addr, make_ipc_dir  # noqa: F401 - 给定的工具，各章从这里取 | en: given helpers, the chapters take them from here
+from minisgl.server.args import ipc_addr, make_ipc_dir  # noqa: F401 - 给定的工具，各章从这里取 | en: given helpers, the chapters take them from here
 
 # ----------------------------------------------------------------------------- 消息
 # en: ----------------------------------------------------------------------------- messages

@@ -89,7 +89,7 @@ from minisgl.message import (
 from minisgl import overlap
 from minisgl.scheduler import Scheduler
 from minisgl.scheduling import RequestEvent, SchedulerParts
-from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
+from minisgl.server.args import ServerAddrs, ServerArgs, set_process_name
 from minisgl.trace import StepTrace
 from minisgl.validation import validate_requests
 

@@ -16,7 +16,7 @@
   ``balance_rel_threshold`` 倍）缓存让位，发给队列最短的副本：缓存命中省下的预填充，抵不过在长队里干等。
 
 两个对照的策略：轮流（:class:`RoundRobin`）和最短队列（:class:`ShortestQueue`）。三者都只做一件事：
-``choose(文字, 负载)`` 从活着的副本里挑一个。转发请求、数在途的请求、副本死了怎么办，都在给定的 ``minisgl/dp_router.py``。
+``choose(文字, 负载)`` 从活着的副本里挑一个。转发请求、数在途的请求、副本死了怎么办，都在给定的 ``minisgl/server/dp_router.py``。
 
 en: Chapter 4.6 router: data parallelism — several whole replicas, with a router in front that remembers "who computed
 what".
@@ -40,7 +40,7 @@ trees; it can only **guess**:
 
 Two policies to compare with: in turn (:class:`RoundRobin`) and shortest queue (:class:`ShortestQueue`). All three do one
 thing: ``choose(text, loads)`` picks one of the live replicas. Forwarding requests, counting those in flight and what
-happens when a replica dies live in the given ``minisgl/dp_router.py``.
+happens when a replica dies live in the given ``minisgl/server/dp_router.py``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 
 from minisgl.i18n import tr
-from minisgl.serving import ROUTER_POLICIES
+from minisgl.server.args import ROUTER_POLICIES
 
 #: 匹配的比例超过它才按缓存路由（SGLang 路由器的缺省值）。
 #: en: Route by the cache only when the matched share is above this (SGLang's router default).

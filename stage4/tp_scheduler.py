@@ -62,7 +62,7 @@ from minisgl.engine import resolve_device
 from minisgl.message import BaseBackendMsg, Message, ZmqPubQueue, ZmqSubQueue, deserialize, unwrap
 from minisgl.scheduler_io import SchedulerIO, serve_scheduler
 from minisgl.scheduling import DecodeManager, SchedulerParts
-from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
+from minisgl.server.args import ServerAddrs, ServerArgs, set_process_name
 from minisgl.tensor_parallel import TPEngine
 
 #: 秩 0 等其余的秩订阅它的 XPUB 的最长时间（秒）。

@@ -31,10 +31,10 @@ SOURCES = ["minisgl", "checks", "examples", "solutions", "stage1", "stage2", "st
 LEARNER_FACING = [
     "checks/stage1", "checks/stage2", "checks/stage3", "checks/hf_reference.py", "minisgl/course", "minisgl/notebook", "minisgl/i18n.py",
     "minisgl/validation.py", "minisgl/llm.py", "minisgl/model_zoo.py", "minisgl/trace.py", "minisgl/scheduling.py",
-    "minisgl/env.py", "minisgl/graph.py", "minisgl/fused.py", "minisgl/kernel", "minisgl/serving.py", "minisgl/harness.py",
-    "minisgl/process_tree.py", "minisgl/server_app.py",
-    "minisgl/launch.py", "minisgl/api_errors.py", "minisgl/gate.py", "minisgl/chat_page.py", "minisgl/metrics.py",
-    "minisgl/by_name.py", "examples", "solutions",
+    "minisgl/env.py", "minisgl/graph.py", "minisgl/fused.py", "minisgl/kernel", "minisgl/server/args.py", "minisgl/processes/harness.py",
+    "minisgl/processes/tree.py", "minisgl/server/app.py",
+    "minisgl/server/launch.py", "minisgl/server/api_errors.py", "minisgl/server/gate.py", "minisgl/server/chat_page.py", "minisgl/server/metrics.py",
+    "minisgl/processes/by_name.py", "examples", "solutions",
     "stage1", "stage2", "stage3",
     "tools/make_diagrams.py",
 ]

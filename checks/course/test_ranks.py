@@ -1,7 +1,7 @@
-"""给定的 ``minisgl.ranks``（第 4 阶段起秩进程用它）：每个秩一个线程、不碰模型中心、gloo 只走回环；端口每次向系统要；
+"""给定的 ``minisgl.processes.ranks``（第 4 阶段起秩进程用它）：每个秩一个线程、不碰模型中心、gloo 只走回环；端口每次向系统要；
 一个秩出错或死掉，调用者拿到写明秩号和原因的错误，其余的秩被停掉，不留下任何进程；超时也有界。
 
-en: The given ``minisgl.ranks`` (stage 4 starts its rank processes with it): one thread per rank, no model hub, gloo on
+en: The given ``minisgl.processes.ranks`` (stage 4 starts its rank processes with it): one thread per rank, no model hub, gloo on
 the loopback only; the port asked from the OS each time; when a rank fails or dies the caller gets an error naming the
 rank and the cause, the other ranks are stopped and no process is left; a timeout is bounded too.
 """
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from minisgl.course import select
-from minisgl.harness import child_pids
+from minisgl.processes.harness import child_pids
 from minisgl.i18n import tr
 from minisgl.paths import REPO_ROOT
-from minisgl.ranks import RankFailed, run_ranks
+from minisgl.processes.ranks import RankFailed, run_ranks
 
 
 def left_behind() -> set[int]:
@@ -108,7 +108,7 @@ def _script(tmp_path: Path, body: str) -> list[str]:
     ``PYTHONPATH``, so the ranks find this module's functions).
     """
     script = tmp_path / "script.py"
-    script.write_text("from checks.course.test_ranks import facts, sleep_forever\nfrom minisgl.ranks import run_ranks\n\n"
+    script.write_text("from checks.course.test_ranks import facts, sleep_forever\nfrom minisgl.processes.ranks import run_ranks\n\n"
                       + body, encoding="utf-8")
     return [sys.executable, str(script)]
 

@@ -1,7 +1,7 @@
-"""``python -m minisgl`` 的张量并行参数（给定的 ``minisgl.serving`` 与 ``minisgl.launch``）：说不通的组合在解析时就拒绝，
+"""``python -m minisgl`` 的张量并行参数（给定的 ``minisgl.server.args`` 与 ``minisgl.server.launch``）：说不通的组合在解析时就拒绝，
 切不开模型的 ``--tp`` 在起任何进程之前就拒绝，并说出行得通的大小。
 
-en: The tensor-parallel flags of ``python -m minisgl`` (the given ``minisgl.serving`` and ``minisgl.launch``): combinations
+en: The tensor-parallel flags of ``python -m minisgl`` (the given ``minisgl.server.args`` and ``minisgl.server.launch``): combinations
 that do not add up are refused while parsing, and a ``--tp`` that cannot split the model is refused before any process
 starts, naming the sizes that work.
 """
@@ -21,7 +21,7 @@ from minisgl.i18n import tr
 
 
 def test_launch_flags_are_checked_before_anything_starts() -> None:
-    from minisgl.serving import tp_problems
+    from minisgl.server.args import tp_problems
 
     expect(tp_problems(2, 1, 0, None), [], tr("--tp 2 on one node needs nothing else"))
     for args, what in (((3, 2, 0, "127.0.0.1:5000"), "--tp 3 over 2 nodes"), ((2, 2, 0, None), "--nnodes 2 without --dist-init-addr"),
@@ -36,8 +36,8 @@ def test_launch_flags_are_checked_before_anything_starts() -> None:
 
 
 def test_expert_parallel_flags() -> None:
-    from minisgl.launch import check_tp
-    from minisgl.serving import parse_args
+    from minisgl.server.launch import check_tp
+    from minisgl.server.args import parse_args
 
     moe = str(model_zoo.tiny_qwen3_moe())
     got = [(a.tp_size, a.ep_size, a.scheduler_kwargs().get("ep_size")) for a in (
@@ -56,8 +56,8 @@ def test_expert_parallel_flags() -> None:
 
 
 def test_data_parallel_flags() -> None:
-    from minisgl.replicas import replica_env, replica_flags
-    from minisgl.serving import ServerArgs, dp_problems, parse_args
+    from minisgl.server.replicas import replica_env, replica_flags
+    from minisgl.server.args import ServerArgs, dp_problems, parse_args
 
     tiny = str(model_zoo.tiny_qwen3())
     got = [(a.dp_size, a.router_policy) for a in (
@@ -85,7 +85,7 @@ def test_data_parallel_flags() -> None:
 
 
 def test_router_flags_without_dp_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    from minisgl.serving import parse_args
+    from minisgl.server.args import parse_args
 
     tiny = str(model_zoo.tiny_qwen3())
     for extra in (["--router-policy", "round_robin"], ["--dp", "1", "--router-cache-threshold", "0.7"]):

@@ -32,12 +32,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from checks.stage3.conftest import Server, descendants, read_events, send_request, serve, stop_server, tiny_model  # noqa: F401
-from minisgl.access_log import AccessLog
+from minisgl.server.access_log import AccessLog
 from minisgl.api_server import ServerState, create_app
-from minisgl.dp_router import DpRouter, create_router_app
+from minisgl.server.dp_router import DpRouter, create_router_app
 from minisgl.i18n import tr
 from minisgl.router import make_policy
-from minisgl.serving import ServerAddrs, parse_args
+from minisgl.server.args import ServerAddrs, parse_args
 
 KEY = "sk-openai-errors"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -1,4 +1,4 @@
-"""一次启动的进程树（给定的 ``minisgl.lifeline``、``minisgl.standby``、``minisgl.launch``、``minisgl.replicas``）：
+"""一次启动的进程树（给定的 ``minisgl.processes.lifeline``、``minisgl.server.standby``、``minisgl.server.launch``、``minisgl.server.replicas``）：
 
 - 每个进程随它的父进程而去，不论父进程怎么死的：每一层用 SIGKILL 杀一次——``--tp 2`` 的启动器（正答着一个流）、
   它的分词进程、另一个节点上空闲的秩、``--dp 2`` 的一个副本、``--dp 2`` 的启动器——就绪时记下的进程一个也不剩，
@@ -10,8 +10,8 @@
 
 服务器起得尽量少（每次启动要好几秒，杀一次就毁掉一个）：能共用的都共用，全用小模型。
 
-en: The process tree of a launch (the given ``minisgl.lifeline``, ``minisgl.standby``, ``minisgl.launch``,
-``minisgl.replicas``):
+en: The process tree of a launch (the given ``minisgl.processes.lifeline``, ``minisgl.server.standby``, ``minisgl.server.launch``,
+``minisgl.server.replicas``):
 
 - every process goes down with its parent however the parent died: each level is SIGKILLed once — the launcher of a
   ``--tp 2`` server (while it streams an answer), its tokenizer, an idle rank on another node, one ``--dp 2`` replica,
@@ -46,10 +46,10 @@ import pytest
 
 from checks.stage3.conftest import START_TIMEOUT_S, TINY_SERVER_ARGS, Server, read_events, send_request, start_server
 from minisgl.course import select
-from minisgl.harness import alive, child_pids, per_replica, process_name
+from minisgl.processes.harness import alive, child_pids, per_replica, process_name
 from minisgl.i18n import tr
-from minisgl.ranks import free_port
-from minisgl.standby import Standby
+from minisgl.processes.ranks import free_port
+from minisgl.server.standby import Standby
 
 #: 父进程死后，它的子孙最多还能活几秒（说好的是“几秒内”）。
 #: en: How many seconds the descendants may outlive their parent (the promise is "within seconds").

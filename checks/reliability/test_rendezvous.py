@@ -1,4 +1,4 @@
-"""多节点启动的集合点（给定的 ``minisgl.launch``、``minisgl.serving`` 与第 4.1 章的集合点）：会合不了时清楚、很快地失败。
+"""多节点启动的集合点（给定的 ``minisgl.server.launch``、``minisgl.server.args`` 与第 4.1 章的集合点）：会合不了时清楚、很快地失败。
 
 - 节点 1 指向一个没人监听的端口、节点 0 等一个永远不来的节点：过了 ``--dist-timeout`` 就以非零状态退出，说出地址，
   不打印 C++ 调用栈；等之前先说一句在哪儿等；
@@ -8,7 +8,7 @@
 
 端口都向系统要（``free_port``），只用 127.0.0.1。
 
-en: The rendezvous of a multi-node launch (the given ``minisgl.launch``, ``minisgl.serving`` and chapter 4.1's
+en: The rendezvous of a multi-node launch (the given ``minisgl.server.launch``, ``minisgl.server.args`` and chapter 4.1's
 rendezvous): a meeting that cannot happen fails clearly and soon.
 
 - Node 1 pointed at a port nobody listens on, node 0 waiting for a node that never comes: past ``--dist-timeout`` each
@@ -34,9 +34,9 @@ import time
 import pytest
 
 from minisgl.course import select
-from minisgl.harness import alive, child_pids, process_name
+from minisgl.processes.harness import alive, child_pids, process_name
 from minisgl.i18n import tr
-from minisgl.ranks import free_port
+from minisgl.processes.ranks import free_port
 
 #: 这些检查里的 ``--dist-timeout``（秒）。 | en: The ``--dist-timeout`` of these checks (seconds).
 DIST_TIMEOUT_S = 3.0
@@ -150,7 +150,7 @@ def test_ctrl_c_at_the_rendezvous_exits_at_once(node: int) -> None:
 
 def test_ipv6_rendezvous_is_refused_while_parsing(capsys: pytest.CaptureFixture[str]) -> None:
     from minisgl import model_zoo
-    from minisgl.serving import parse_args, tp_problems
+    from minisgl.server.args import parse_args, tp_problems
 
     for addr in ("[::1]:29500", "::1:29500"):
         problems = tp_problems(2, 2, 0, addr)
@@ -167,21 +167,21 @@ def test_ipv6_rendezvous_is_refused_while_parsing(capsys: pytest.CaptureFixture[
                                    ["--nnodes", "2", "--node-rank", "1"]], ids=["nnodes", "tp-nnodes-addr", "node-rank"])
 def test_dp_with_nnodes_names_the_dp_rule(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from minisgl import model_zoo
-    from minisgl.serving import parse_args
+    from minisgl.server.args import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--model", str(model_zoo.tiny_qwen3()), "--dp", "2", *flags])
     err = capsys.readouterr().err
     rule = tr("--dp {dp} starts its replicas on this machine, so it cannot go with --nnodes or --dist-init-addr; start "
-              "the replicas on each machine and join them with python -m minisgl.dp_router --worker-urls URL ...", dp=2)
+              "the replicas on each machine and join them with python -m minisgl.server.dp_router --worker-urls URL ...", dp=2)
     assert rule in err, tr("--dp 2 {flags} must be refused by the --dp rule, got: {err}", flags=" ".join(flags), err=err)
 
 
 def test_dist_timeout_flag(capsys: pytest.CaptureFixture[str]) -> None:
     from minisgl import model_zoo
     from minisgl.distributed import RENDEZVOUS_TIMEOUT_S
-    from minisgl.replicas import replica_flags
-    from minisgl.serving import parse_args
+    from minisgl.server.replicas import replica_flags
+    from minisgl.server.args import parse_args
 
     tiny = str(model_zoo.tiny_qwen3())
     assert parse_args(["--model", tiny]).dist_timeout == RENDEZVOUS_TIMEOUT_S, tr(

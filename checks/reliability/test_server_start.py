@@ -62,7 +62,7 @@ def test_kv_pool_size_from_flags(flags: list[str], pages: int) -> None:
     (["--dp", "--dp-size", "--data-parallel-size"], "2"),
 ])
 def test_flag_aliases_parse_the_same(aliases: list[str], value: str) -> None:
-    from minisgl.serving import parse_args
+    from minisgl.server.args import parse_args
 
     default = parse_args(["--model", "m"])
     want = parse_args(["--model", "m", aliases[0], value])

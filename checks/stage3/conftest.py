@@ -27,7 +27,7 @@ import pytest
 
 from minisgl import model_zoo
 from minisgl.course import select
-from minisgl.harness import ServerProcess, child_pids as descendants
+from minisgl.processes.harness import ServerProcess, child_pids as descendants
 from minisgl.i18n import tr
 
 #: 检查里的小服务器：fp32（和 HF 逐 token 比）、不用前缀缓存（空闲时页面正好全部归还，好数）。
@@ -75,11 +75,11 @@ def smollm2_path() -> str:
 
 
 class Server(ServerProcess):
-    """一个在子进程里运行的 ``python -m minisgl``（启动、关闭和“没有留下进程”见 ``minisgl.harness.ServerProcess``），
+    """一个在子进程里运行的 ``python -m minisgl``（启动、关闭和“没有留下进程”见 ``minisgl.processes.harness.ServerProcess``），
     加上检查用的几个 HTTP 小工具。
 
     en: One ``python -m minisgl`` running in a child process (starting, stopping and "no process left" are
-    ``minisgl.harness.ServerProcess``'s), plus a few HTTP helpers for the checks.
+    ``minisgl.processes.harness.ServerProcess``'s), plus a few HTTP helpers for the checks.
     """
 
     stopped: bool = False

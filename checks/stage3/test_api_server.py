@@ -46,7 +46,7 @@ from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.message import AbortMsg, UserReply
-from minisgl.serving import ServerAddrs, ServerArgs
+from minisgl.server.args import ServerAddrs, ServerArgs
 
 PROMPTS = ["Hello, my name is", "The capital of France is", "今天天气很好，我们", "def add(a, b):\n"]
 MAX_TOKENS = 12

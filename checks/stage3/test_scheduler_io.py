@@ -38,7 +38,7 @@ from checks.hf_reference import greedy_reference
 from minisgl.core import SamplingParams
 from minisgl.course import select
 from minisgl.env import ENV
-from minisgl.harness import child_pids
+from minisgl.processes.harness import child_pids
 from minisgl.i18n import tr
 from minisgl.message import (
     AbortBackendMsg,
@@ -54,7 +54,7 @@ from minisgl.message import (
     ZmqPushQueue,
 )
 from minisgl.scheduler_io import SchedulerIO, scheduler_worker
-from minisgl.serving import ServerAddrs, ServerArgs, make_ipc_dir
+from minisgl.server.args import ServerAddrs, ServerArgs, make_ipc_dir
 from minisgl.trace import StepTrace
 
 #: 检查里的调度器：4 个请求槽、每个请求最多 64 个 token、一步预填充最多 32 个 token（长提示词会分块）。

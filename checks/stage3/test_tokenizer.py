@@ -51,7 +51,7 @@ from minisgl.message import (
     make_ipc_dir,
     unwrap,
 )
-from minisgl.serving import ServerAddrs, ServerArgs
+from minisgl.server.args import ServerAddrs, ServerArgs
 from minisgl.tokenizer import DetokenizeManager, TokenizeManager, process_messages, tokenize_worker
 from minisgl.validation import validate_requests
 

@@ -123,7 +123,7 @@ def ranks() -> list[dict[str, Any]]:
 
     en: The two ranks' results of all steps (processes started once for this module).
     """
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
 
     return run_ranks(two_rank_scenario, WORLD, multiprocessing.get_context("spawn").Barrier(WORLD), timeout=180)
 
@@ -136,7 +136,7 @@ def lonely_rank(rank: int, world_size: int, addr: str) -> list[dict[str, Any]]:
     bound of :data:`RENDEZVOUS_S` seconds; returns how long each waited and what it raised.
     """
     from minisgl.distributed import DistributedInfo, init_distributed
-    from minisgl.ranks import free_port
+    from minisgl.processes.ranks import free_port
 
     got = []
     for alone in (1, 0):
@@ -174,7 +174,7 @@ def test_one_rank_communicates_nothing() -> None:
 
 
 def test_a_rendezvous_nobody_comes_to_gives_up_within_its_bound() -> None:
-    from minisgl.ranks import RankFailed, run_ranks
+    from minisgl.processes.ranks import RankFailed, run_ranks
 
     try:
         got, failed = run_ranks(lonely_rank, 1, timeout=2 * RENDEZVOUS_S + 30), None

@@ -163,7 +163,7 @@ def ranks(moe_path: str) -> list[dict[str, Any]]:
 
     en: The two ranks' results of all steps (started once for this module).
     """
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
 
     return run_ranks(two_rank_scenario, WORLD, moe_path, timeout=240)
 

@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checks.common import expect
-from minisgl.harness import ServerProcess, child_pids, per_replica, shared_prefix_prompts
+from minisgl.processes.harness import ServerProcess, child_pids, per_replica, shared_prefix_prompts
 from minisgl.i18n import tr
 
 TEXTS = st.lists(st.text(alphabet="abc", max_size=8), max_size=12)

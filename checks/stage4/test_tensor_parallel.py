@@ -206,7 +206,7 @@ def ranks(tiny_path: str, smollm2_path: str) -> list[dict[str, Any]]:
 
     en: The two ranks' results of all steps (started once for this module).
     """
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
 
     return run_ranks(two_rank_scenario, WORLD, tiny_path, smollm2_path, timeout=300)
 
@@ -322,7 +322,7 @@ def test_each_rank_stores_about_half(ranks: list[dict[str, Any]], tiny_path: str
 def test_smollm2_at_tp3_generates_hugging_faces_tokens(smollm2_path: str) -> None:
     from transformers import AutoTokenizer
 
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
 
     tok = AutoTokenizer.from_pretrained(smollm2_path)
     prompts = [tok(p)["input_ids"] for p in SMOLLM2_PROMPTS[:4]]

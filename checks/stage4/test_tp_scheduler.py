@@ -88,7 +88,7 @@ def _feed(sched: Any, push: Any, it: int, state: dict[str, Any]) -> bool:
 def loop_steps(rank: int, tiny: str, ipc_dir: str, out: dict[str, Any]) -> None:
     from minisgl.distributed import get_tp_comm
     from minisgl.message import ZmqPullQueue, ZmqPushQueue, unwrap
-    from minisgl.serving import ServerAddrs
+    from minisgl.server.args import ServerAddrs
     from minisgl.tp_scheduler import TPScheduler
 
     addrs = ServerAddrs.in_dir(ipc_dir)
@@ -178,7 +178,7 @@ def ranks(tiny_path: str) -> Iterator[list[dict[str, Any]]]:
 
     en: The two ranks' results of all steps (started once for this module).
     """
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
 
     with tempfile.TemporaryDirectory(prefix="msgl-tp-") as ipc_dir:
         yield run_ranks(serving_scenario, WORLD, tiny_path, ipc_dir, timeout=90)
@@ -287,7 +287,7 @@ def test_count_broadcast_once_per_iteration(ranks: list[dict[str, Any]]) -> None
 def test_one_rank_is_the_chapter_3_3_scheduler(tiny_path: str) -> None:
     from minisgl.distributed import get_tp_comm
     from minisgl.message import ExitMsg, ZmqPullQueue, ZmqPushQueue, unwrap
-    from minisgl.serving import ServerAddrs
+    from minisgl.server.args import ServerAddrs
     from minisgl.tp_scheduler import TPScheduler
 
     with tempfile.TemporaryDirectory(prefix="msgl-tp1-") as ipc_dir:
@@ -351,7 +351,7 @@ def two_nodes(tiny_path: str) -> Iterator[tuple[Server, subprocess.Popen[str]]]:
     from the OS here.
     """
     from minisgl.course import select
-    from minisgl.ranks import free_port
+    from minisgl.processes.ranks import free_port
 
     addr = f"127.0.0.1:{free_port()}"
     flags = ["--tp", "2", "--nnodes", "2", "--dist-init-addr", addr]

@@ -14,7 +14,7 @@ import re
 import urllib.error
 import urllib.request
 
-from minisgl.harness import ServerProcess
+from minisgl.processes.harness import ServerProcess
 from minisgl.i18n import tr
 from minisgl.model_zoo import tiny_qwen3
 

@@ -37,7 +37,7 @@ def demo_rank(rank: int, world_size: int, addr: str) -> dict[str, Any]:
 def main() -> None:
     from minisgl.distributed import DistributedInfo, init_distributed
     from minisgl.i18n import tr
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
 
     one = init_distributed(DistributedInfo(), "127.0.0.1:1")
     x = torch.ones(2, 2)

@@ -66,7 +66,7 @@ def demo_rank(rank: int, world_size: int, addr: str, model_path: str, ep_size: i
 
 def main() -> None:
     from minisgl.i18n import tr
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
 
     one = run_ranks(demo_rank, 1, MODEL, 1)[0]
     for ep in (1, 2):

@@ -19,7 +19,7 @@ import json
 import urllib.request
 from typing import Any
 
-from minisgl.harness import ServerProcess, per_replica, shared_prefix_prompts
+from minisgl.processes.harness import ServerProcess, per_replica, shared_prefix_prompts
 from minisgl.i18n import tr
 from minisgl.model_zoo import tiny_qwen3
 from minisgl.router import BALANCE_ABS_THRESHOLD, BALANCE_REL_THRESHOLD, CacheAware, PrefixTree, RoundRobin, \

@@ -15,7 +15,7 @@ from minisgl.i18n import tr
 from minisgl.message import AbortBackendMsg, BatchBackendMsg, ExitMsg, RejectMsg, UserMsg, ZmqPullQueue, ZmqPushQueue
 from minisgl.model_zoo import smollm2
 from minisgl.scheduler_io import SchedulerIO
-from minisgl.serving import ServerAddrs, make_ipc_dir
+from minisgl.server.args import ServerAddrs, make_ipc_dir
 
 sched = SchedulerIO(smollm2(), max_running_req=4, num_page_override=512, max_seq_len_override=64)
 addrs = ServerAddrs.in_dir(make_ipc_dir())

@@ -58,7 +58,7 @@ def demo_rank(rank: int, world_size: int, addr: str, model_path: str) -> dict[st
 def main() -> None:
     from minisgl.i18n import tr
     from minisgl.models import ModelConfig
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
     from minisgl.tensor_parallel import check_tp_split
 
     try:

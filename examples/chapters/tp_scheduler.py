@@ -39,7 +39,7 @@ def demo_rank(rank: int, world_size: int, addr: str, model_path: str, ipc_dir: s
     from minisgl.core import SamplingParams
     from minisgl.distributed import DistributedInfo, destroy_distributed, init_distributed
     from minisgl.message import AbortBackendMsg, BatchBackendMsg, ExitMsg, UserMsg, ZmqPullQueue, ZmqPushQueue, unwrap
-    from minisgl.serving import ServerAddrs
+    from minisgl.server.args import ServerAddrs
     from minisgl.tp_scheduler import TPScheduler
 
     init_distributed(DistributedInfo(rank, world_size), addr)
@@ -96,7 +96,7 @@ def demo_rank(rank: int, world_size: int, addr: str, model_path: str, ipc_dir: s
 
 def main() -> None:
     from minisgl.i18n import tr
-    from minisgl.ranks import run_ranks
+    from minisgl.processes.ranks import run_ranks
 
     with tempfile.TemporaryDirectory(prefix="msgl-ex-") as ipc_dir:
         ranks = run_ranks(demo_rank, 2, MODEL, ipc_dir)

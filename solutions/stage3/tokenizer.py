@@ -70,7 +70,7 @@ from minisgl.message import (
     ZmqPushQueue,
     unwrap,
 )
-from minisgl.serving import ServerAddrs, ServerArgs, set_process_name
+from minisgl.server.args import ServerAddrs, ServerArgs, set_process_name
 from minisgl.validation import check_token_ids
 
 #: 解码到一半的字符变成的替换字符。

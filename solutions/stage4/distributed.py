@@ -12,7 +12,7 @@
   NCCL；每次真的通信都记一笔（``calls``），学员和检查都能数；
 - 只有一个秩时什么都不通信：切分的代码在 ``tp_size == 1`` 时就是原来的单进程代码。
 
-起进程、挑端口、每个秩一个 OpenMP 线程、出错时停掉所有秩，是给定的 :mod:`minisgl.ranks`。
+起进程、挑端口、每个秩一个 OpenMP 线程、出错时停掉所有秩，是给定的 :mod:`minisgl.processes.ranks`。
 
 en: Chapter 4.1 distributed: process groups, the communicator and the collectives the engine needs.
 
@@ -33,7 +33,7 @@ This chapter lays the wires between them:
 - with one rank nothing is communicated: the sharded code at ``tp_size == 1`` is the single-process code.
 
 Starting the processes, choosing the port, one OpenMP thread per rank and stopping every rank on an error are the given
-:mod:`minisgl.ranks`.
+:mod:`minisgl.processes.ranks`.
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def init_distributed(info: DistributedInfo, addr: str, device: torch.device | No
                      rendezvous_timeout: float | None = None) -> Communicator:
     """加入进程组，返回这个秩的 :class:`Communicator`，并把它设为本进程的张量并行通信器（:func:`get_tp_comm`）。
 
-    ``addr`` 是集合点 ``"host:port"``，每个秩都一样（端口由父进程向系统要来，见 :func:`minisgl.ranks.free_port`；
+    ``addr`` 是集合点 ``"host:port"``，每个秩都一样（端口由父进程向系统要来，见 :func:`minisgl.processes.ranks.free_port`；
     集合点本身是给定的 :func:`rendezvous`）。
     一个秩时不建任何组。数据组的后端按设备选（:func:`default_backend`），控制组总是 gloo。两个上限分开：在集合点上最多等
     ``rendezvous_timeout`` 秒（缺省 :data:`RENDEZVOUS_TIMEOUT_S`），会合之后两个组的集合通信都最多等
@@ -339,7 +339,7 @@ def init_distributed(info: DistributedInfo, addr: str, device: torch.device | No
     communicator (:func:`get_tp_comm`).
 
     ``addr`` is the rendezvous ``"host:port"``, the same on every rank (the parent asked the OS for the port, see
-    :func:`minisgl.ranks.free_port`; the rendezvous itself is the given :func:`rendezvous`). With one rank no group is
+    :func:`minisgl.processes.ranks.free_port`; the rendezvous itself is the given :func:`rendezvous`). With one rank no group is
     made. The data group's backend follows the device (:func:`default_backend`), the control group is always gloo. Two
     separate limits: the rendezvous waits at most ``rendezvous_timeout`` seconds (default :data:`RENDEZVOUS_TIMEOUT_S`);
     once met, collectives of both groups wait at most :data:`COLLECTIVE_TIMEOUT_S` seconds.

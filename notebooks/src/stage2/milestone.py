@@ -11,7 +11,7 @@
 # 3. 302 个 token 的长提示词、`max_extend_tokens=96`：分 **4** 步预填充 **[96, 96, 96, 14]**。
 #
 # 先运行里程碑脚本 `examples/stage2_milestone.py`（也就是 `make milestone` 跑的那个），
-# 再把同样的三个实验放到每一章的引擎上（`minisgl.<章>.LLM`）并排比较。
+# 再把同样的三个实验放到每一章的引擎上（第 2.1 章的 `Scheduler` 握着 `minisgl.<章>.PARTS`）并排比较。
 
 # %% [markdown] tags=["lang-en"]
 # # Stage 2 milestone: the scheduler's three experiments, chapter by chapter
@@ -27,7 +27,7 @@
 # 3. a long prompt of 302 tokens with `max_extend_tokens=96`: prefilled in **4** steps, **[96, 96, 96, 14]**.
 #
 # First run the milestone script `examples/stage2_milestone.py` (the one `make milestone` runs), then put the same three
-# experiments on each chapter's engine (`minisgl.<chapter>.LLM`) side by side.
+# experiments on each chapter's engine (chapter 2.1's `Scheduler` holding `minisgl.<chapter>.PARTS`) side by side.
 
 # %%
 # Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
@@ -93,7 +93,7 @@ _ = stage2_milestone.main(["--max-running-req", "2", "--trace", "--experiment", 
 # %% [markdown] tags=["lang-zh"]
 # ## 2. 逐章对比
 #
-# 同样的三个实验（同样的提示词）放到每一章的引擎上。`minisgl.<章>.LLM` 是那一章的调度器（每章在上一章的基础上派生），
+# 同样的三个实验（同样的提示词）放到每一章的引擎上：第 2.1 章的 `Scheduler` 握着 `minisgl.<章>.PARTS`（到那一章为止的零件；2.1 用自己的），
 # 所以这张表就是第 2 阶段一章一章加上去的效果：
 #
 # - 2.1 静态分页：每个请求槽固定 2048 / 8 = 256 个 token，302 个 token 的长提示词放不下；
@@ -109,8 +109,9 @@ _ = stage2_milestone.main(["--max-running-req", "2", "--trace", "--experiment", 
 # %% [markdown] tags=["lang-en"]
 # ## 2. Chapter by chapter
 #
-# The same three experiments (same prompts) on each chapter's engine. `minisgl.<chapter>.LLM` is that chapter's scheduler
-# (each chapter derives from the previous one), so the table shows what stage 2 adds chapter by chapter:
+# The same three experiments (same prompts) on each chapter's engine: chapter 2.1's `Scheduler` holding
+# `minisgl.<chapter>.PARTS` (the parts up to that chapter; 2.1 uses its own), so the table shows what stage 2 adds
+# chapter by chapter:
 #
 # - 2.1 static paging: each request slot has a fixed 2048 / 8 = 256 tokens, and the 302-token prompt does not fit;
 # - 2.2 paging on demand: now it fits, but there is no prefix reuse and no chunking;
@@ -128,6 +129,7 @@ _ = stage2_milestone.main(["--max-running-req", "2", "--trace", "--experiment", 
 import gc
 import importlib
 import time
+from functools import partial
 
 import torch
 
@@ -182,7 +184,8 @@ def run_experiments(LLM, label: str, cache_type: str | None = None, verbose: boo
 rows = []
 for ch in [c for c in CHAPTERS if c.stage == 2]:
     module = importlib.import_module(f"minisgl.{ch.id}")
-    rows.append(run_experiments(module.LLM, f"{ch.label} {ch.id}", verbose=False))
+    engine = partial(importlib.import_module("minisgl.scheduler").Scheduler, parts=getattr(module, "PARTS", None))
+    rows.append(run_experiments(engine, f"{ch.label} {ch.id}", verbose=False))
 
 # %%
 print(f"{tr('chapter'):<20}{'cache_type':<12}{tr('exp. 1 steps'):>14}{tr('exp. 2 prefill'):>16}   {tr('exp. 3 prefill')}")

@@ -80,7 +80,7 @@ from minisgl.message import (
 )
 from minisgl.model_zoo import tiny_qwen3
 from minisgl.scheduler_io import SchedulerIO
-from minisgl.serving import ServerAddrs, make_ipc_dir
+from minisgl.server.args import ServerAddrs, make_ipc_dir
 
 sched = SchedulerIO(str(tiny_qwen3()), dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=48)
 addrs = ServerAddrs.in_dir(make_ipc_dir())

@@ -73,7 +73,7 @@ show_tasks("api_server")
 # resource tracker process.
 
 # %%
-from minisgl.harness import ServerProcess, child_pids
+from minisgl.processes.harness import ServerProcess, child_pids
 from minisgl.model_zoo import tiny_qwen3
 
 server = ServerProcess(tiny_qwen3(), "--dtype", "float32", "--num-pages", "1024", "--max-seq-len", "256")

@@ -74,7 +74,7 @@ print(tr("processes left behind after Ctrl-C: {n}", n=len(results["left_behind"]
 import ipywidgets as widgets
 from openai import OpenAI
 
-from minisgl.harness import ServerProcess
+from minisgl.processes.harness import ServerProcess
 from minisgl.notebook import Explorer
 
 

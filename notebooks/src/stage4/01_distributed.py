@@ -9,7 +9,7 @@
 # - **通信器**：`all_reduce`（就地求和）、`all_gather`（沿最后一维按秩号拼接）、`agree_min`（取最小），每次真的通信都记一笔；
 # - **一个秩**时什么都不通信，什么都不记。
 #
-# 本章要写的是通信器的三个操作和 `init_distributed`。起秩的 `minisgl.ranks.run_ranks` 是给定的。
+# 本章要写的是通信器的三个操作和 `init_distributed`。起秩的 `minisgl.processes.ranks.run_ranks` 是给定的。
 
 # %% [markdown] tags=["lang-en"]
 # # Chapter 4.1 distributed: process groups, the communicator and collectives
@@ -26,7 +26,7 @@
 #   `agree_min` (the smallest), every real communication counted;
 # - with **one rank** nothing is communicated and nothing is counted.
 #
-# This chapter's tasks are the communicator's three operations and `init_distributed`. `minisgl.ranks.run_ranks`, which
+# This chapter's tasks are the communicator's three operations and `init_distributed`. `minisgl.processes.ranks.run_ranks`, which
 # starts the ranks, is given.
 
 # %%
@@ -94,7 +94,7 @@ print(tr("all_reduce(x) is x: {reduce}; all_gather(x) is x: {gather}; agree_min(
 
 # %%
 from minisgl.notebook import show_source
-from minisgl.ranks import run_ranks
+from minisgl.processes.ranks import run_ranks
 
 sys.path.insert(0, str(ROOT / "examples"))  # the spawned ranks inherit this path / spawn 出的秩继承这条路径
 from chapters.distributed import demo_rank  # noqa: E402

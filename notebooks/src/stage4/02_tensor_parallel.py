@@ -186,7 +186,7 @@ print(tr("sum (all_reduce) equals the whole table's lookup: {same}",
 
 # %%
 from minisgl.notebook import show_source
-from minisgl.ranks import run_ranks
+from minisgl.processes.ranks import run_ranks
 
 sys.path.insert(0, str(ROOT / "examples"))  # the spawned ranks inherit this path / spawn 出的秩继承这条路径
 from chapters.tensor_parallel import MODEL, PROMPTS, demo_rank  # noqa: E402

@@ -181,7 +181,7 @@ explorer.run(joined="3, 3")
 # %%
 import tempfile
 
-from minisgl.ranks import run_ranks
+from minisgl.processes.ranks import run_ranks
 
 sys.path.insert(0, str(ROOT / "examples"))  # the spawned ranks inherit this path / spawn 出的秩继承这条路径
 from chapters.tp_scheduler import ABORTED, MODEL, NEW_TOKENS, PROMPTS, demo_rank  # noqa: E402
@@ -274,7 +274,7 @@ print(tr("expected: {tokens} tokens for each of the {n} requests that finish, pl
 # together):
 
 # %%
-from minisgl.serving import tp_problems
+from minisgl.server.args import tp_problems
 
 for tp, nnodes, node_rank, addr in [(2, 2, 1, "10.0.0.1:29500"), (2, 2, 0, None), (3, 2, 2, "10.0.0.1:29500")]:
     print(f"--tp {tp} --nnodes {nnodes} --node-rank {node_rank}" + (f" --dist-init-addr {addr}:" if addr else ":"))

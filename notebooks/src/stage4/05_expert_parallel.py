@@ -159,7 +159,7 @@ print(tr("return trip: each rank sends recv_splits and receives send_splits, cou
 
 # %%
 from minisgl.notebook import show_source
-from minisgl.ranks import run_ranks
+from minisgl.processes.ranks import run_ranks
 
 sys.path.insert(0, str(ROOT / "examples"))  # the spawned ranks inherit this path / spawn 出的秩继承这条路径
 from chapters.expert_parallel import MODEL, NEW_TOKENS, PROMPTS, demo_rank  # noqa: E402

@@ -235,7 +235,7 @@ explorer.run(load0=40, load1=30, abs_threshold=5, rel_threshold=1.5)
 # ## 5. 端到端：两个副本，轮流对缓存感知
 #
 # 现在起一个真的 `--dp 2`（tiny Qwen3，两个副本，缺省的缓存感知），再在**同样两个副本**前面单独起一个轮流的路由器
-# （`python -m minisgl.dp_router --worker-urls … --router-policy round_robin`）。两边各发一组形状相同的共享前缀负载：
+# （`python -m minisgl.server.dp_router --worker-urls … --router-policy round_robin`）。两边各发一组形状相同的共享前缀负载：
 # 3 段约 500 字符的前缀，每段 3 条短尾巴，一个接一个地发（前缀 0、1、2、0、1、2……），每个生成 6 个 token。
 # 两组的前缀互不相同（`alpha`、`beta`），谁也沾不到谁的缓存。每个请求去了哪个副本，看路由器的计数器
 # `minisgl_router_requests_routed_total{replica}` 哪个动了；预填充和命中看副本自己的计数器（路由器的 `/metrics` 给每条加上
@@ -243,7 +243,7 @@ explorer.run(load0=40, load1=30, abs_threshold=5, rel_threshold=1.5)
 
 # %% [markdown] tags=["lang-en"]
 # Now a real `--dp 2` (tiny Qwen3, two replicas, cache-aware by default), and a round-robin router started alone in front
-# of **the same two replicas** (`python -m minisgl.dp_router --worker-urls … --router-policy round_robin`). Each gets
+# of **the same two replicas** (`python -m minisgl.server.dp_router --worker-urls … --router-policy round_robin`). Each gets
 # one shared-prefix workload of the same shape: 3 prefixes of about 500 characters with 3 short tails each, sent one
 # after another (prefix 0, 1, 2, 0, 1, 2, ...), 6 tokens generated each. The two sets have different prefixes (`alpha`,
 # `beta`), so neither profits from the other's cache. Which replica each request went to shows in whose router counter

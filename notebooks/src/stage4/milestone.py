@@ -150,7 +150,7 @@ from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.models import ModelConfig
 from minisgl.notebook import Explorer
-from minisgl.ranks import run_ranks
+from minisgl.processes.ranks import run_ranks
 from minisgl.tensor_parallel import split_problems
 
 MODELS = {"qwen3-tiny": model_zoo.tiny_qwen3(), "SmolLM2": model_zoo.smollm2()}

@@ -1,14 +1,14 @@
 """OpenAI 请求体里第 3.4 章的学员不写的部分（给定）：JSON 本身、模型名、提示词或对话消息、``n`` 和 ``echo``、
 ``stream``，以及第 3.5 / 3.6 章的采样控制和语法字段。
 
-每个函数遇到不合法的值就抛 :class:`~minisgl.api_errors.ApiError`，点名是哪个参数：客户端拿到的是 400，
+每个函数遇到不合法的值就抛 :class:`~minisgl.server.api_errors.ApiError`，点名是哪个参数：客户端拿到的是 400，
 而不是 500，也不是一个悄悄改过的请求。
 
 en: The parts of an OpenAI request body that chapter 3.4's learner does not write (given): the JSON itself, the model
 name, the prompt or chat messages, ``n`` and ``echo``, ``stream``, and the sampling controls and grammar fields of
 chapters 3.5 / 3.6.
 
-Every function raises :class:`~minisgl.api_errors.ApiError` naming the parameter when a value is invalid: the client
+Every function raises :class:`~minisgl.server.api_errors.ApiError` naming the parameter when a value is invalid: the client
 gets a 400, not a 500, nor a silently altered request.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi import Request
 
-from minisgl.api_errors import ApiError
+from minisgl.server.api_errors import ApiError
 from minisgl.core import InvalidParam, SamplingParams
 from minisgl.i18n import tr
 from minisgl.validation import check_sampling

@@ -1,10 +1,10 @@
 """``python -m minisgl --dp N`` 的副本（给定）：起 N 个完整的服务器（各自一个 ``python -m minisgl``，端口由它们向系统要），
-把本机的核或 GPU 分给它们，等都就绪，在前面开第 4.6 章的路由器（:mod:`minisgl.dp_router`）；副本的进程退出了就把它移出
+把本机的核或 GPU 分给它们，等都就绪，在前面开第 4.6 章的路由器（:mod:`minisgl.server.dp_router`）；副本的进程退出了就把它移出
 轮换；关机时让每个副本有序退出。
 
 en: The replicas of ``python -m minisgl --dp N`` (given): start N whole servers (each its own ``python -m minisgl``,
 asking the OS for its port), share this machine's cores or GPUs out among them, wait until all are ready, and serve
-chapter 4.6's router (:mod:`minisgl.dp_router`) in front; a replica whose process exits is taken out of the rotation; on
+chapter 4.6's router (:mod:`minisgl.server.dp_router`) in front; a replica whose process exits is taken out of the rotation; on
 shutdown every replica exits in order.
 """
 
@@ -21,10 +21,10 @@ from pathlib import Path
 import uvicorn
 
 from minisgl.i18n import tr
-from minisgl.process_tree import (DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, ServerProcess, cpu_budget, interrupt_on_signals,
+from minisgl.processes.tree import (DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, ServerProcess, cpu_budget, interrupt_on_signals,
                                   say_shutting_down)
-from minisgl.serving import ROUTER_OPTIONS, ServerArgs
-from minisgl.standby import Standby
+from minisgl.server.args import ROUTER_OPTIONS, ServerArgs
+from minisgl.server.standby import Standby
 
 #: 副本的设置里不转给副本的：地址由副本向系统要，数据并行和路由器的设置只属于前面的路由器；访问日志由路由器写
 #: （副本总是 ``--no-access-log``：它的输出没人看，只攒在内存里）。
@@ -75,16 +75,16 @@ def replica_env(index: int, args: ServerArgs, threads: int) -> dict[str, str]:
 
 def serve_replicas(args: ServerArgs, sock: socket.socket, standby: Standby) -> int:
     """``--dp N``：起 N 个副本（各自一个 ``python -m minisgl``，端口由它们向系统要，CPU 上平分本机的核），等都就绪，
-    停下 ``standby``（在那之前它对每个请求回 503），在 ``sock`` 上开路由器（``minisgl.dp_router``）；副本的进程退出了就把
+    停下 ``standby``（在那之前它对每个请求回 503），在 ``sock`` 上开路由器（``minisgl.server.dp_router``）；副本的进程退出了就把
     它移出轮换；关机时同时给每个副本发 SIGTERM，等它们有序退出（最多 :data:`REPLICA_STOP_S` 秒，之后整组杀掉）。
-    副本从主线程启动，随本进程而去（:mod:`minisgl.lifeline`）。
+    副本从主线程启动，随本进程而去（:mod:`minisgl.processes.lifeline`）。
 
     en: ``--dp N``: start N replicas (each its own ``python -m minisgl``, asking the OS for its port, sharing this
     machine's cores on the CPU), wait until all are ready, stop ``standby`` (which answers 503 to every request until
-    then), serve the router (``minisgl.dp_router``) on ``sock``; a replica whose process exits is taken out of the
+    then), serve the router (``minisgl.server.dp_router``) on ``sock``; a replica whose process exits is taken out of the
     rotation; on shutdown every replica gets SIGTERM at once and is waited for while it exits in order (at most
     :data:`REPLICA_STOP_S` seconds, then its group is killed). The replicas are started from the main thread and go down
-    with this process (:mod:`minisgl.lifeline`).
+    with this process (:mod:`minisgl.processes.lifeline`).
     """
     threads = max(1, cpu_budget() // args.dp_size)
     flags = [*replica_flags(args), "--no-access-log"]
@@ -97,9 +97,9 @@ def serve_replicas(args: ServerArgs, sock: socket.socket, standby: Standby) -> i
             replica.spawn()
         for replica in replicas:
             replica.wait_ready()
-        from minisgl.dp_router import DpRouter, create_router_app
+        from minisgl.server.dp_router import DpRouter, create_router_app
         from minisgl.router import make_policy
-        from minisgl.serving import policy_thresholds
+        from minisgl.server.args import policy_thresholds
 
         standby.stop()  # 套接字交给路由器 | en: the socket goes to the router
         router = DpRouter([r.url for r in replicas], make_policy(args.router_policy, args.dp_size, **policy_thresholds(args)))

@@ -19,12 +19,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from minisgl.access_log import note_failure, note_usage
-from minisgl.api_errors import ApiError
+from minisgl.server.access_log import note_failure, note_usage
+from minisgl.server.api_errors import ApiError
 from minisgl.core import SamplingParams
 from minisgl.message import SchedulerStats, TokenizeMsg, UserReply, ZmqAsyncPullQueue, ZmqAsyncPushQueue, unwrap
-from minisgl.metrics import CountingPush, ServerMetrics
-from minisgl.serving import ServerAddrs, ServerArgs
+from minisgl.server.metrics import CountingPush, ServerMetrics
+from minisgl.server.args import ServerAddrs, ServerArgs
 
 
 class Submitted(Protocol):
@@ -40,10 +40,10 @@ class Submitted(Protocol):
 
 class Frontend:
     """给分词进程的 PUSH、自己的 PULL、``uid → asyncio.Queue``（``live``：还没答完的请求）和指标
-    （:class:`~minisgl.metrics.ServerMetrics`）。``dead`` 是某个工作进程死掉的原因（活着时为 None）。
+    （:class:`~minisgl.server.metrics.ServerMetrics`）。``dead`` 是某个工作进程死掉的原因（活着时为 None）。
 
     en: The PUSH to the tokenizer, its own PULL, ``uid → asyncio.Queue`` (``live``: requests not answered yet) and the
-    metrics (:class:`~minisgl.metrics.ServerMetrics`). ``dead`` is why a worker died (None while all live).
+    metrics (:class:`~minisgl.server.metrics.ServerMetrics`). ``dead`` is why a worker died (None while all live).
     """
 
     def __init__(self, args: ServerArgs, addrs: ServerAddrs, info: dict[str, Any]) -> None:
@@ -127,13 +127,13 @@ class Frontend:
 
     async def replies(self, queue: asyncio.Queue[UserReply], first: UserReply | None = None) -> AsyncIterator[UserReply]:
         """一个请求的回复，一条接一条，到 ``finished`` 的那条为止（``first`` 是已经取出来的第一条）。结束的那条的 token
-        数记进访问日志（:func:`~minisgl.access_log.note_usage`）；它带着错误（例如工作进程死了）时，记的是出错之前
-        已经发出的 token 数，以及这个请求不流式时会得到的状态码（:func:`~minisgl.access_log.note_failure`）。
+        数记进访问日志（:func:`~minisgl.server.access_log.note_usage`）；它带着错误（例如工作进程死了）时，记的是出错之前
+        已经发出的 token 数，以及这个请求不流式时会得到的状态码（:func:`~minisgl.server.access_log.note_failure`）。
 
         en: One request's replies, one after another, up to the ``finished`` one (``first``: the first one, already
-        taken out). The finishing one's token counts go to the access log (:func:`~minisgl.access_log.note_usage`);
+        taken out). The finishing one's token counts go to the access log (:func:`~minisgl.server.access_log.note_usage`);
         when it carries an error (e.g. a worker died), the tokens sent before the error are logged, with the status the
-        request would get unstreamed (:func:`~minisgl.access_log.note_failure`).
+        request would get unstreamed (:func:`~minisgl.server.access_log.note_failure`).
         """
         reply = first if first is not None else await queue.get()
         sent = reply  # 最近一条没出错的回复：token 数到它为止 | en: the latest reply without an error: the token counts so far

@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from minisgl.api_errors import ApiError
+from minisgl.server.api_errors import ApiError
 from minisgl.i18n import tr
 
 #: 不算作“正在处理”的 HTTP 请求的路径（监控自己的抓取不该改变它看到的数）。

@@ -1,9 +1,9 @@
 """OpenAI 回答里第 3.4 章的学员不写的小零件（给定）：回答的 id、一个 server-sent event、流的结束标记、``usage``、
-对数概率的样子。学员写的 ``stream_chunks`` / ``full_response`` 和给定的 :mod:`minisgl.choices` 都用它们。
+对数概率的样子。学员写的 ``stream_chunks`` / ``full_response`` 和给定的 :mod:`minisgl.server.choices` 都用它们。
 
 en: The small parts of an OpenAI answer that chapter 3.4's learner does not write (given): the answer's id, one
 server-sent event, the end marker of a stream, ``usage``, the shape of log-probabilities. The learner's
-``stream_chunks`` / ``full_response`` and the given :mod:`minisgl.choices` use them.
+``stream_chunks`` / ``full_response`` and the given :mod:`minisgl.server.choices` use them.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ SIGTERM、SIGKILL、崩溃），子进程都会收到一个信号退出，不会
 - 没有 prctl 的系统（macOS）：一个小线程每 :data:`WATCH_INTERVAL_S` 秒看一眼父进程号。
 
 预期的父进程号：multiprocessing spawn 出的子进程从 ``multiprocessing.parent_process()`` 得知；subprocess 起的
-（``--dp`` 的副本、检查和示例里起的服务器，见 :class:`~minisgl.process_tree.ServerProcess`）由父进程放在环境变量
+（``--dp`` 的副本、检查和示例里起的服务器，见 :class:`~minisgl.processes.tree.ServerProcess`）由父进程放在环境变量
 :data:`PARENT_ENV` 里。两者都没有（在终端里启动的 ``python -m minisgl``）就什么也不做。
 
 en: Children go down with their parent (given). Every child process of a launch — the tokenizer, the scheduler ranks,
@@ -40,7 +40,7 @@ parent the same way. Which signal:
 
 The expected parent pid: a child spawned by multiprocessing learns it from ``multiprocessing.parent_process()``; one
 started by subprocess (the ``--dp`` replicas, the servers of the checks and examples, see
-:class:`~minisgl.process_tree.ServerProcess`) from the environment variable :data:`PARENT_ENV` the parent sets. With neither
+:class:`~minisgl.processes.tree.ServerProcess`) from the environment variable :data:`PARENT_ENV` the parent sets. With neither
 (``python -m minisgl`` started in a terminal) it does nothing.
 """
 

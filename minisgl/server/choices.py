@@ -19,9 +19,9 @@ from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 
-from minisgl.api_errors import ApiError
+from minisgl.server.api_errors import ApiError
 from minisgl.message import UserReply
-from minisgl.openai_reply import DONE, Answerable, response_id, sse, usage_of
+from minisgl.server.openai_reply import DONE, Answerable, response_id, sse, usage_of
 
 R = TypeVar("R", bound="Choices")
 
@@ -40,9 +40,9 @@ class Choices(Answerable, Protocol):
 
 
 class Server(Protocol):
-    """给定代码用到的 API 服务器状态：登记和回复来自 :class:`~minisgl.frontend.Frontend`，``abort`` 来自第 3.4 章。
+    """给定代码用到的 API 服务器状态：登记和回复来自 :class:`~minisgl.server.frontend.Frontend`，``abort`` 来自第 3.4 章。
 
-    en: The API server state given code uses: registering and replies come from :class:`~minisgl.frontend.Frontend`,
+    en: The API server state given code uses: registering and replies come from :class:`~minisgl.server.frontend.Frontend`,
     ``abort`` from chapter 3.4.
     """
 

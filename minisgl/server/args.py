@@ -1,9 +1,9 @@
 """第 3 阶段共用的、不属于某一章的小东西：服务的设置（命令行参数）、启动前的检查和各进程之间的 ipc 地址。
-在子进程里启动服务器、用完关掉的外壳在 :mod:`minisgl.process_tree`。
+在子进程里启动服务器、用完关掉的外壳在 :mod:`minisgl.processes.tree`。
 
 en: Small shared pieces of stage 3 that belong to no chapter: the service's settings (command-line flags), the checks
 before starting, and the ipc addresses between its processes. The harness that starts a server in a child process and
-stops it again is :mod:`minisgl.process_tree`.
+stops it again is :mod:`minisgl.processes.tree`.
 """
 
 from __future__ import annotations
@@ -201,9 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: 路由器的设置（``--router-*``，SGLang 路由器的名字加上 ``router-``）；``python -m minisgl.dp_router`` 也用它们。
+#: 路由器的设置（``--router-*``，SGLang 路由器的名字加上 ``router-``）；``python -m minisgl.server.dp_router`` 也用它们。
 #: en: The router's settings (``--router-*``, SGLang's router names with ``router-`` in front);
-#: en: ``python -m minisgl.dp_router`` uses them too.
+#: en: ``python -m minisgl.server.dp_router`` uses them too.
 ROUTER_OPTIONS = [name for name in ServerArgs.field_names() if name.startswith("router_")]
 
 
@@ -263,11 +263,11 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
 
 def dp_problems(dp_size: int, nnodes: int, dist_init_addr: str | None) -> list[str]:
     """数据并行的参数里说不通的地方：副本数至少 1；每个副本自己在本机挑集合点，所以不与多节点、``--dist-init-addr`` 同用
-    （别的机器上的副本各自启动，再用 ``python -m minisgl.dp_router --worker-urls`` 接起来）。
+    （别的机器上的副本各自启动，再用 ``python -m minisgl.server.dp_router --worker-urls`` 接起来）。
 
     en: What does not add up in the data-parallel flags: at least one replica; each replica picks its own rendezvous on
     this machine, so not with several nodes or ``--dist-init-addr`` (start the replicas on other machines on their own,
-    then join them with ``python -m minisgl.dp_router --worker-urls``).
+    then join them with ``python -m minisgl.server.dp_router --worker-urls``).
     """
     problems = []
     if dp_size < 1:
@@ -275,7 +275,7 @@ def dp_problems(dp_size: int, nnodes: int, dist_init_addr: str | None) -> list[s
     if dp_size > 1 and (nnodes > 1 or dist_init_addr is not None):
         problems.append(tr("--dp {dp} starts its replicas on this machine, so it cannot go with --nnodes or "
                            "--dist-init-addr; start the replicas on each machine and join them with "
-                           "python -m minisgl.dp_router --worker-urls URL ...", dp=dp_size))
+                           "python -m minisgl.server.dp_router --worker-urls URL ...", dp=dp_size))
     return problems
 
 

@@ -1,10 +1,10 @@
 """检查、示例、笔记本和基准测试用的小工具：共享前缀的提示词、按副本分开的指标、进程名。在子进程里起服务器、用完关掉的
-:class:`~minisgl.process_tree.ServerProcess`（以及 ``child_pids``、``alive``）属于 :mod:`minisgl.process_tree`，
+:class:`~minisgl.processes.tree.ServerProcess`（以及 ``child_pids``、``alive``）属于 :mod:`minisgl.processes.tree`，
 这里转出，检查、示例和笔记本照旧从这里取。
 
 en: Small tools of the checks, examples, notebooks and benchmarks: shared-prefix prompts, metrics split by replica,
-process names. :class:`~minisgl.process_tree.ServerProcess`, which starts a server in a child process and stops it
-again (and ``child_pids``, ``alive``), belongs to :mod:`minisgl.process_tree` and is passed on here, where the checks,
+process names. :class:`~minisgl.processes.tree.ServerProcess`, which starts a server in a child process and stops it
+again (and ``child_pids``, ``alive``), belongs to :mod:`minisgl.processes.tree` and is passed on here, where the checks,
 examples and notebooks take it from.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minisgl.process_tree import ServerProcess, alive, child_pids
+from minisgl.processes.tree import ServerProcess, alive, child_pids
 
 __all__ = ["ServerProcess", "alive", "child_pids", "per_replica", "process_name", "shared_prefix_prompts"]
 

@@ -19,16 +19,16 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from minisgl.access_log import AccessLog
-from minisgl.api_errors import ApiError, add_error_handlers
-from minisgl.chat_page import chat_page
-from minisgl.choices import Server
-from minisgl.frontend import Frontend
-from minisgl.gate import Gate
+from minisgl.server.access_log import AccessLog
+from minisgl.server.api_errors import ApiError, add_error_handlers
+from minisgl.server.chat_page import chat_page
+from minisgl.server.choices import Server
+from minisgl.server.frontend import Frontend
+from minisgl.server.gate import Gate
 from minisgl.i18n import tr
 from minisgl.message import UserReply
-from minisgl.metrics import CONTENT_TYPE
-from minisgl.openai_body import check_model
+from minisgl.server.metrics import CONTENT_TYPE
+from minisgl.server.openai_body import check_model
 
 #: ``/health_generate`` 等那一个 token 的最长时间（秒；SGLang 也是 20）。
 #: en: The longest ``/health_generate`` waits for its one token (seconds; SGLang's is 20 too).

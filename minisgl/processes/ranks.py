@@ -9,7 +9,7 @@
 - **每个秩一个 OpenMP 线程**（CPU 上的缺省）：两个秩各开满两个核的线程池，屏障就睡睡醒醒，比一个进程还慢；
 - **有界**：任何一个秩出错，立刻停掉其余的秩（它们正卡在等这个秩的集合通信里），把出错秩的 traceback 原样抛给
   调用者；超时也一样；
-- **随父进程而去**：父进程不论怎么死的，秩进程都被杀掉（:mod:`minisgl.lifeline`）；
+- **随父进程而去**：父进程不论怎么死的，秩进程都被杀掉（:mod:`minisgl.processes.lifeline`）；
 - **脚本要有 ``if __name__ == "__main__":``**：spawn 的子进程先把用户的脚本再执行一遍，起秩的那一行若不在守卫之下，
   子进程里又要起秩。这种情形被认出来，调用者得到一句说清怎么改的错误（:func:`exit_if_rerunning_main`）。
 
@@ -25,7 +25,7 @@ The rules are written here once:
   sleep and wake, slower than one process;
 - **bounded**: when any rank fails, the others (stuck waiting in a collective for it) are stopped at once, and the
   failing rank's traceback is raised to the caller as it was; a timeout likewise;
-- **down with the parent**: however the parent dies, the ranks are killed (:mod:`minisgl.lifeline`);
+- **down with the parent**: however the parent dies, the ranks are killed (:mod:`minisgl.processes.lifeline`);
 - **scripts need ``if __name__ == "__main__":``**: a spawned child first runs the user's script again, and a line that
   starts ranks outside the guard would start ranks again in the child. That case is recognized and the caller gets one
   error that says how to fix it (:func:`exit_if_rerunning_main`).
@@ -46,7 +46,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from minisgl.i18n import tr
-from minisgl.lifeline import die_with_parent
+from minisgl.processes.lifeline import die_with_parent
 
 #: 等全部秩做完的缺省上限（秒）。
 #: en: The default limit (seconds) for all ranks to finish.

@@ -1,11 +1,11 @@
 """``python -m minisgl`` 的启动器：起两个工作进程、等它们就绪、监听、服务，关机时让每个进程都退出（给定）。
-``--dp N`` 交给 :mod:`minisgl.replicas`。
+``--dp N`` 交给 :mod:`minisgl.server.replicas`。
 
 顺序有讲究：先做几秒内就能发现的检查（模型目录、端口），再 spawn 工作进程，**然后**才导入第 3.4 章的 API 服务器
 （它连带导入 torch，要几秒）——这几秒和工作进程加载模型重叠，服务器更早就绪。
 
 en: The launcher of ``python -m minisgl``: start the two worker processes, wait until they are ready, listen, serve, and
-make every process exit on shutdown (given). ``--dp N`` is handed to :mod:`minisgl.replicas`.
+make every process exit on shutdown (given). ``--dp N`` is handed to :mod:`minisgl.server.replicas`.
 
 The order matters: first the checks that take seconds (the model folder, the port), then spawn the workers, and only
 **then** import chapter 3.4's API server (it brings torch along, seconds) — those seconds overlap with the workers
@@ -26,14 +26,14 @@ from typing import Any, Callable
 
 import uvicorn
 
-from minisgl.by_name import ByName
+from minisgl.processes.by_name import ByName
 from minisgl.i18n import tr
-from minisgl.lifeline import run_tethered
-from minisgl.process_tree import DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, cpu_budget, interrupt_on_signals, say_shutting_down
-from minisgl.ranks import free_port, rank_env, stop_process
-from minisgl.serving import (ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, parse_args, port_problem,
+from minisgl.processes.lifeline import run_tethered
+from minisgl.processes.tree import DEAD_WORKER_GRACE_S, READY_TIMEOUT_S, cpu_budget, interrupt_on_signals, say_shutting_down
+from minisgl.processes.ranks import free_port, rank_env, stop_process
+from minisgl.server.args import (ServerAddrs, ServerArgs, check_model_dir, make_ipc_dir, offline_hub, parse_args, port_problem,
                              set_process_name)
-from minisgl.standby import Standby
+from minisgl.server.standby import Standby
 
 #: 调度器握着组装好的引擎的零件（:data:`minisgl.llm.FULL_PARTS`），子进程按名字导入它们。
 #: en: The scheduler holds the assembled engine's parts (:data:`minisgl.llm.FULL_PARTS`), imported by name in the child.
@@ -98,13 +98,13 @@ class Launcher:
         """spawn 出 :func:`plan_workers` 里的工作进程（不等它们）。
 
         启动时暂时忽略 SIGINT：子进程继承“忽略”，终端里的 Ctrl-C 只由启动器处理，由它有序地关掉大家。启动器不论怎么死的，
-        每个子进程都随之退出（:func:`~minisgl.lifeline.run_tethered`）。
+        每个子进程都随之退出（:func:`~minisgl.processes.lifeline.run_tethered`）。
 
         en: Spawn the worker processes of :func:`plan_workers` (without waiting for them).
 
         SIGINT is ignored while they start: the children inherit "ignore", so a Ctrl-C in the terminal is handled by the
         launcher alone, which then shuts everyone down in order. Each child goes down with the launcher however it dies
-        (:func:`~minisgl.lifeline.run_tethered`).
+        (:func:`~minisgl.processes.lifeline.run_tethered`).
         """
         ctx = multiprocessing.get_context("spawn")
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -350,7 +350,7 @@ def launch(argv: list[str] | None = None) -> int:
     # en: the port listens already: until ready, every request gets a 503 "starting" at once instead of hanging
     standby = Standby(sock) if sock is not None else None
     if args.dp_size > 1:
-        from minisgl.replicas import serve_replicas_until_stopped
+        from minisgl.server.replicas import serve_replicas_until_stopped
 
         assert sock is not None and standby is not None
         return serve_replicas_until_stopped(args, sock, standby)

@@ -1,7 +1,7 @@
 """数据并行的路由器（给定）：一个 OpenAI 兼容的地址，后面是 N 个各自完整的副本；第 4.6 章的策略决定每个请求去哪个。
 
 ``python -m minisgl --dp N`` 起 N 个副本之后在前面开的就是它；副本已经在跑时也可以单独起（SGLang 的
-``launch_router`` 那样）：``python -m minisgl.dp_router --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002``。
+``launch_router`` 那样）：``python -m minisgl.server.dp_router --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002``。
 
 路由器只做转发，不分词、不改请求：读出请求的文字给策略挑副本，把原样的请求体发过去，把回答原样传回来——流式的
 一段段照传。它自己记着每个副本手上有几个请求（在途的：发出去、还没答完），这是最短队列和负载均衡用的“负载”。
@@ -17,7 +17,7 @@ en: The data-parallel router (given): one OpenAI-compatible address with N whole
 policy decides where each request goes.
 
 ``python -m minisgl --dp N`` starts N replicas and then serves this in front of them; it can also start alone when the
-replicas already run (like SGLang's ``launch_router``): ``python -m minisgl.dp_router --worker-urls
+replicas already run (like SGLang's ``launch_router``): ``python -m minisgl.server.dp_router --worker-urls
 http://127.0.0.1:30001 http://127.0.0.1:30002``.
 
 The router only forwards: it does not tokenize and does not change requests. It reads the request's text for the policy
@@ -57,16 +57,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from minisgl.access_log import AccessLog, note_failure
-from minisgl.api_errors import ApiError, add_error_handlers
+from minisgl.server.access_log import AccessLog, note_failure
+from minisgl.server.api_errors import ApiError, add_error_handlers
 from minisgl.api_server import until_disconnect
 from minisgl.i18n import tr
-from minisgl.lifeline import die_with_parent
-from minisgl.metrics import CONTENT_TYPE
-from minisgl.openai_body import messages_of, prompts_of
+from minisgl.processes.lifeline import die_with_parent
+from minisgl.server.metrics import CONTENT_TYPE
+from minisgl.server.openai_body import messages_of, prompts_of
 from minisgl.router import Policy, make_policy
-from minisgl.serving import ROUTER_OPTIONS, ROUTER_POLICIES, add_options, policy_thresholds, port_problem
-from minisgl.standby import Standby
+from minisgl.server.args import ROUTER_OPTIONS, ROUTER_POLICIES, add_options, policy_thresholds, port_problem
+from minisgl.server.standby import Standby
 
 #: 连副本的时限（秒）；答多久不设限（生成可能很长）。
 #: en: The time limit (seconds) to connect to a replica; answering has none (a generation may be long).
@@ -298,12 +298,12 @@ async def forward(router: DpRouter, request: Request, path: str) -> Response:
 def create_router_app(router: DpRouter, *, access_log: bool = True) -> FastAPI:
     """路由器的 FastAPI 应用：三个生成接口转发，``/v1/models``（和 ``/v1/models/{id}``）、聊天页、``/health_generate``
     问一个活着的副本，``/health``、``/metrics``、``/list_workers`` 路由器自己答；``access_log`` 时每个请求一行访问日志
-    （:mod:`minisgl.access_log`）。
+    （:mod:`minisgl.server.access_log`）。
 
     en: The router's FastAPI application: the three generation endpoints are forwarded, ``/v1/models`` (and
     ``/v1/models/{id}``), the chat page and ``/health_generate`` ask a live replica, ``/health``, ``/metrics`` and
     ``/list_workers`` the router answers itself; with ``access_log``, one access log line per request
-    (:mod:`minisgl.access_log`).
+    (:mod:`minisgl.server.access_log`).
     """
 
     @asynccontextmanager
@@ -397,16 +397,16 @@ def wait_until_healthy(urls: list[str], timeout: float = WAIT_REPLICAS_S) -> Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m minisgl.dp_router --worker-urls URL ... [--router-policy P] [--port N]``：在已经在跑的副本前面单独起一个
+    """``python -m minisgl.server.dp_router --worker-urls URL ... [--router-policy P] [--port N]``：在已经在跑的副本前面单独起一个
     路由器。
 
-    en: ``python -m minisgl.dp_router --worker-urls URL ... [--router-policy P] [--port N]``: start a router alone in front
+    en: ``python -m minisgl.server.dp_router --worker-urls URL ... [--router-policy P] [--port N]``: start a router alone in front
     of replicas that already run.
     """
     import uvicorn
 
     die_with_parent()  # 由别的进程起的（检查、示例）：随它而去 | en: started by another process (a check, an example): go down with it
-    p = argparse.ArgumentParser(prog="python -m minisgl.dp_router", description=tr("A router in front of running replicas"))
+    p = argparse.ArgumentParser(prog="python -m minisgl.server.dp_router", description=tr("A router in front of running replicas"))
     p.add_argument("--worker-urls", nargs="+", required=True, help=tr("the replicas' addresses, e.g. http://127.0.0.1:30001"))
     add_options(p, ["host", "port", "access_log", *ROUTER_OPTIONS], port={"default": 30000, "help": tr("the port (default 30000)")},
                 router_policy={"default": ROUTER_POLICIES[0]})

@@ -13,7 +13,7 @@ from minisgl.paths import REPO_ROOT
 
 #: 页面模板；``{{key}}`` 处填文字。
 #: en: The page template; text goes where ``{{key}}`` stands.
-CHAT_PAGE = REPO_ROOT / "minisgl" / "static" / "chat.html"
+CHAT_PAGE = REPO_ROOT / "minisgl" / "server" / "static" / "chat.html"
 
 
 def page_text() -> dict[str, str]:

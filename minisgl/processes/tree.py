@@ -1,8 +1,8 @@
 """一棵进程树的启动、看守和收尾（给定）：``python -m minisgl`` 的启动器、``--dp`` 的副本、检查和示例里起的服务器
 都用它，规矩只写一次。
 
-- 子进程随父进程而去：``spawn`` 起的工作进程经 :func:`~minisgl.lifeline.run_tethered`，subprocess 起的服务器经
-  :data:`~minisgl.lifeline.PARENT_ENV`（:mod:`minisgl.lifeline`）；
+- 子进程随父进程而去：``spawn`` 起的工作进程经 :func:`~minisgl.processes.lifeline.run_tethered`，subprocess 起的服务器经
+  :data:`~minisgl.processes.lifeline.PARENT_ENV`（:mod:`minisgl.processes.lifeline`）；
 - 服务器子进程（:class:`ServerProcess`）：端口由系统挑、只绑 127.0.0.1，等它打印地址、``/health`` 回 200；收尾时先发
   信号、等它有序退出，超时就整组杀掉，最后确认没有留下子孙进程；
 - 本进程收到的第一个 SIGINT / SIGTERM 变成 KeyboardInterrupt（:func:`interrupt_on_signals`），关机有序进行。
@@ -10,8 +10,8 @@
 en: Starting, watching and stopping a process tree (given): the launcher of ``python -m minisgl``, the ``--dp``
 replicas and the servers of the checks and examples all use it, so the rules are written once.
 
-- children go down with their parent: workers started by ``spawn`` through :func:`~minisgl.lifeline.run_tethered`,
-  servers started by subprocess through :data:`~minisgl.lifeline.PARENT_ENV` (:mod:`minisgl.lifeline`);
+- children go down with their parent: workers started by ``spawn`` through :func:`~minisgl.processes.lifeline.run_tethered`,
+  servers started by subprocess through :data:`~minisgl.processes.lifeline.PARENT_ENV` (:mod:`minisgl.processes.lifeline`);
 - a server child (:class:`ServerProcess`): the OS picks the port, it binds 127.0.0.1 only; wait until it prints its
   address and ``/health`` answers 200; to stop it, send a signal and wait while it exits in order, kill the group on
   timeout, and make sure no descendant is left;
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from minisgl.i18n import tr
-from minisgl.lifeline import PARENT_ENV
+from minisgl.processes.lifeline import PARENT_ENV
 
 #: 启动器就绪时打印的地址（不论哪种语言，这一段都一样）。
 #: en: The address the launcher prints once it is ready (the same in every language).
@@ -138,11 +138,11 @@ class ServerProcess:
 
     @classmethod
     def router(cls, urls: list[str], *flags: str, timeout: float = 120.0) -> ServerProcess:
-        """单独起的路由器（``python -m minisgl.dp_router --worker-urls ...``），在已经在跑的副本前面。
+        """单独起的路由器（``python -m minisgl.server.dp_router --worker-urls ...``），在已经在跑的副本前面。
 
-        en: A router started alone (``python -m minisgl.dp_router --worker-urls ...``) in front of running replicas.
+        en: A router started alone (``python -m minisgl.server.dp_router --worker-urls ...``) in front of running replicas.
         """
-        return cls("", "--worker-urls", *urls, *flags, timeout=timeout, module="minisgl.dp_router")
+        return cls("", "--worker-urls", *urls, *flags, timeout=timeout, module="minisgl.server.dp_router")
 
     @property
     def output(self) -> str:
@@ -164,12 +164,12 @@ class ServerProcess:
         self.wait_ready()
 
     def spawn(self) -> None:
-        """启动子进程，不等它就绪。子进程在自己的会话里（终端的 Ctrl-C 到不了它），并经 :data:`~minisgl.lifeline.PARENT_ENV`
-        得知本进程的 pid：本进程死了，它随之退出（:mod:`minisgl.lifeline`）；所以要从活得和它一样久的线程里调用。
+        """启动子进程，不等它就绪。子进程在自己的会话里（终端的 Ctrl-C 到不了它），并经 :data:`~minisgl.processes.lifeline.PARENT_ENV`
+        得知本进程的 pid：本进程死了，它随之退出（:mod:`minisgl.processes.lifeline`）；所以要从活得和它一样久的线程里调用。
 
         en: Start the child process without waiting for it to be ready. The child is in a session of its own (a Ctrl-C in
-        the terminal does not reach it) and learns this process's pid through :data:`~minisgl.lifeline.PARENT_ENV`: when
-        this process dies it exits too (:mod:`minisgl.lifeline`); so call it from a thread that lives as long as the child.
+        the terminal does not reach it) and learns this process's pid through :data:`~minisgl.processes.lifeline.PARENT_ENV`: when
+        this process dies it exits too (:mod:`minisgl.processes.lifeline`); so call it from a thread that lives as long as the child.
         """
         self.proc = subprocess.Popen(self.command, env={**self.env, PARENT_ENV: str(os.getpid())}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, encoding="utf-8",
