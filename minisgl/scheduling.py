@@ -270,12 +270,13 @@ class StaticCacheManager:
 
 
 class MainLoop(ABC):
-    """主循环零件共有的部分；``step`` 由各章写（第 2.1 章的 ``NormalLoop``、第 2.5 章的 ``OverlapLoop``）。它只用调度器的 ``_schedule_next_batch``、``_forward``、
-    ``_run_batch``、``_process_last_data``、``_free_req_resources``、``decode_manager``；调度器只用它的公开方法。
+    """主循环零件共有的部分；``step`` 由各章写（第 2.1 章的 ``NormalLoop``、第 2.5 章的 ``OverlapLoop``）。
+    它只用调度器的 ``_schedule_next_batch``、``_forward``、``_run_batch``、``_process_last_data``、
+    ``_free_req_resources``、``decode_manager``；调度器只用它的公开方法。
 
     en: What every main-loop part shares; ``step`` is written by the chapters (chapter 2.1's ``NormalLoop``, chapter
-    2.5's ``OverlapLoop``). It uses only the scheduler's ``_schedule_next_batch``, ``_forward``, ``_run_batch``, ``_process_last_data``, ``_free_req_resources``
-    and ``decode_manager``; the scheduler uses only its public methods.
+    2.5's ``OverlapLoop``). It uses only the scheduler's ``_schedule_next_batch``, ``_forward``, ``_run_batch``,
+    ``_process_last_data``, ``_free_req_resources`` and ``decode_manager``; the scheduler uses only its public methods.
     """
 
     def __init__(self, scheduler: Any) -> None:
