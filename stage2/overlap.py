@@ -98,7 +98,6 @@ class OverlapLoop(NormalLoop):
 
     def __init__(self, scheduler: Scheduler) -> None:
         super().__init__(scheduler)
-        self.device = scheduler.device
         # 已发出、结果还没处理的一步
         # en: the step launched whose results are not processed yet
         self._last_data: InFlight | None = None
@@ -106,8 +105,8 @@ class OverlapLoop(NormalLoop):
         # 已结束 / 取消、等在途批次算完才能归还资源的请求
         # en: finished / cancelled requests whose resources wait until the batches in flight are computed
         self._deferred: list[Req] = []
-        if self.device.type == "cuda":
-            self.engine_stream = torch.cuda.Stream(self.device)
+        if self.scheduler.device.type == "cuda":
+            self.engine_stream = torch.cuda.Stream(self.scheduler.device)
         else:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-forward")
             # 主线程把核交给了后台线程时，它原来的线程数（None：核在主线程手里）
@@ -133,9 +132,9 @@ class OverlapLoop(NormalLoop):
         first time, hand the cores over first: the main thread's OpenMP pool goes and it schedules on 1 thread); GPU:
         queue it on the engine's own stream.
         """
-        if self.device.type == "cuda":
+        if self.scheduler.device.type == "cuda":
             with torch.cuda.stream(self.engine_stream):
-                self.engine_stream.wait_stream(torch.cuda.default_stream(self.device))
+                self.engine_stream.wait_stream(torch.cuda.default_stream(self.scheduler.device))
                 launched: Future[ForwardOutput] = Future()
                 launched.set_result(self.scheduler._run_batch(fi))
                 return launched
@@ -214,7 +213,7 @@ class OverlapLoop(NormalLoop):
         self._in_flight = set()
         self._finish(last)
         self._free_deferred()
-        if self.device.type != "cuda" and self._handed_over is not None:
+        if self.scheduler.device.type != "cuda" and self._handed_over is not None:
             # 主线程（和用户自己的代码）又要用这些核了：后台线程的池退场，主线程恢复原来的线程数
             # en: the main thread (and the user's own code) gets the cores back: the worker's pool goes, the main thread's
             # en: thread count is restored
@@ -223,7 +222,7 @@ class OverlapLoop(NormalLoop):
             self._handed_over = None
 
     def shutdown(self) -> None:
-        if self.device.type != "cuda":
+        if self.scheduler.device.type != "cuda":
             self._worker.shutdown(wait=True)
 
 

@@ -300,12 +300,12 @@ def create_prefix_cache(cache_type: str, page_size: int, device: torch.device | 
 
 
 def radix_cache_manager(engine: Engine, config: SchedulerConfig, table_manager: TableManager) -> CacheManager:
-    """本章的缓存管理器零件：按需分页，前缀缓存按 ``config.cache_type`` 选（默认 radix）。
+    """本章的缓存管理器零件：按需分页，前缀缓存按 ``config.cache_type`` 选（关口已把缺省换成 radix）。
 
-    en: This chapter's cache-manager part: pages on demand, the prefix cache chosen by ``config.cache_type`` (radix by
-    default).
+    en: This chapter's cache-manager part: pages on demand, the prefix cache chosen by ``config.cache_type`` (the gate
+    has already made the default radix).
     """
-    prefix_cache = create_prefix_cache(config.cache_type or "radix", config.page_size, engine.device)
+    prefix_cache = create_prefix_cache(config.cache_type, config.page_size, engine.device)
     return CacheManager(engine.num_pages, config.page_size, engine.page_table, prefix_cache)
 
 
