@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import numbers
 import re
-import warnings
 from dataclasses import replace
 from typing import Any, Sequence, TypeVar
 
@@ -76,9 +75,11 @@ def check_sampling_types(sp: SamplingParams) -> None:
         value = getattr(sp, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise InvalidParam(name, tr("{name} must be a finite real number, got {value!r}", name=name, value=value))
-    for name in ("top_k", "max_tokens"):
-        if not _is_int(getattr(sp, name)):
-            raise InvalidParam(name, tr("{name} must be an integer, got {value!r}", name=name, value=getattr(sp, name)))
+    if not _is_int(sp.top_k):
+        raise InvalidParam("top_k", tr("{name} must be an integer, got {value!r}", name="top_k", value=sp.top_k))
+    if sp.max_tokens is not None and not _is_int(sp.max_tokens):
+        raise InvalidParam("max_tokens", tr("max_tokens must be None (until the context is full) or an integer, got {value!r}",
+                                            value=sp.max_tokens))
     if not isinstance(sp.ignore_eos, bool):
         raise InvalidParam("ignore_eos", tr("ignore_eos must be true or false, got {value!r}", value=sp.ignore_eos))
     if sp.seed is not None and not _is_int(sp.seed):
@@ -112,13 +113,13 @@ def check_controls(sp: SamplingParams) -> None:
     """第 3.5 章各字段的类型和范围（:func:`check_sampling` 调用它）：重复惩罚 > 0、出现 / 频率惩罚在
     [-2, 2]、min_p 在 [0, 1]、min_tokens 在 [0, max_tokens]、偏置的键是 token id、值在 :data:`BIAS_RANGE`、
     top_logprobs 在 [0, :data:`MAX_TOP_LOGPROBS`]。不合法就抛 :class:`~minisgl.core.InvalidParam`，点名字段。
-    偏置的键是否在词表里由调度器查（它知道词表）。
+    偏置的键是否在词表里由 :func:`check_prompt` 查（它知道词表）。
 
     en: The types and ranges of chapter 3.5's fields (:func:`check_sampling` calls it):
     repetition penalty > 0, presence / frequency penalties in [-2, 2], min_p in [0, 1], min_tokens in [0, max_tokens],
     bias keys that are token ids with values in :data:`BIAS_RANGE`, top_logprobs in [0, :data:`MAX_TOP_LOGPROBS`]. An
     invalid value raises :class:`~minisgl.core.InvalidParam` naming the field. Whether a bias key is in the vocabulary
-    is checked by the scheduler (which knows the vocabulary).
+    is checked by :func:`check_prompt` (which knows the vocabulary).
     """
     ranges = {"repetition_penalty": (0.0, math.inf, False), "presence_penalty": (-2.0, 2.0, True),
               "frequency_penalty": (-2.0, 2.0, True), "min_p": (0.0, 1.0, True)}
@@ -127,7 +128,8 @@ def check_controls(sp: SamplingParams) -> None:
         if not _real(value) or not (low <= value <= high if closed else low < value <= high):
             raise InvalidParam(name, tr("{name} must be a real number in {range}, got {value!r}", name=name,
                                         range=f"[{low}, {high}]" if closed else f"({low}, {high}]", value=value))
-    for name, high in (("min_tokens", sp.max_tokens), ("top_logprobs", MAX_TOP_LOGPROBS)):
+    for name, high in (("min_tokens", math.inf if sp.max_tokens is None else sp.max_tokens),
+                       ("top_logprobs", MAX_TOP_LOGPROBS)):
         value = getattr(sp, name)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
             raise InvalidParam(name, tr("{name} must be an integer in [0, {high}], got {value!r}", name=name, high=high,
@@ -216,12 +218,14 @@ def check_grammar(sp: SamplingParams) -> None:
 
 def check_sampling(sp: SamplingParams) -> None:
     """采样参数的那一道门：先查类型（:func:`check_sampling_types`），再查取值范围（第 1.1 章的
-    ``SamplingParams.validate``，范围只写在那里）。离线接口、调度器和服务器都调用它；不合法时抛
-    :class:`~minisgl.core.InvalidParam`，服务器把它变成点名参数的 400。
+    ``SamplingParams.validate``，范围只写在那里），再查第 3.5、3.6 章的控制和语法。请求从哪里进来就在哪里查一次
+    （离线的 ``generate``、API 服务器），之后谁都不再查；不合法时抛 :class:`~minisgl.core.InvalidParam`，服务器把它
+    变成点名参数的 400。
 
     en: The one gate for sampling parameters: types first (:func:`check_sampling_types`), then ranges (chapter 1.1's
-    ``SamplingParams.validate``, the only place that knows them). The offline API, the scheduler and the server all
-    call it; an invalid value raises :class:`~minisgl.core.InvalidParam`, which the server turns into a 400 naming the
+    ``SamplingParams.validate``, the only place that knows them), then chapters 3.5 and 3.6's controls and grammar.
+    It runs once, where a request enters (the offline ``generate``, the API server), and nothing after checks again;
+    an invalid value raises :class:`~minisgl.core.InvalidParam`, which the server turns into a 400 naming the
     parameter.
     """
     check_sampling_types(sp)
@@ -230,16 +234,54 @@ def check_sampling(sp: SamplingParams) -> None:
     check_grammar(sp)
 
 
-def check_token_ids(ids: Sequence[int], vocab: int) -> None:
-    """词表的那一道门：每个 id 都要在 [0, vocab) 里。离线接口和分词进程都调用它。
+def check_prompt(ids: Sequence[int], sp: SamplingParams, vocab: int, max_seq_len: int) -> SamplingParams:
+    """token 的那一道门，离线的 ``generate`` 和服务器的分词进程都用它（只有它们手里有 token）：提示词不能是空的，
+    id 和 ``logit_bias`` 的键都要在词表里，长度守 :func:`fit_context` 的规则。返回 ``max_tokens`` 定下来的采样
+    参数；出错抛带 ``code`` 的 ValueError。
 
-    en: The one vocabulary check: every id must lie in [0, vocab). The offline API and the tokenizer process both call
-    it.
+    en: The gate for tokens, used by the offline ``generate`` and by the server's tokenizer process (the only places
+    holding tokens): the prompt must not be empty, its ids and the keys of ``logit_bias`` must lie in the vocabulary,
+    and its length keeps :func:`fit_context`'s rule. Returns the sampling parameters with ``max_tokens`` settled; a
+    violation raises a ValueError carrying a ``code``.
     """
+    if len(ids) == 0:
+        raise coded(ValueError(tr("The prompt is empty: it needs at least 1 token")), INVALID_VALUE)
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
         raise coded(ValueError(tr("The prompt has token ids outside the vocabulary (size {vocab}): {bad}", vocab=vocab,
                                   bad=bad[:5])), INVALID_VALUE)
+    outside = [k for k in sp.logit_bias or {} if int(k) >= vocab]
+    if outside:
+        raise coded(ValueError(tr("logit_bias names token ids outside the vocabulary [0, {vocab}): {ids}", vocab=vocab,
+                                  ids=outside[:5])), INVALID_VALUE)
+    return fit_context(len(ids), sp, max_seq_len)
+
+
+def fit_context(prompt_len: int, sp: SamplingParams, max_seq_len: int) -> SamplingParams:
+    """单个请求长度的那一条规则，离线的 ``generate`` 和服务器的分词进程都用它：提示词之后至少要放得下一个输出
+    token；给了 ``max_tokens``，它和提示词加起来不能超出上限 ``max_seq_len``——超出是错，不悄悄截短；没给（None）
+    就是上限剩下的全部。返回 ``max_tokens`` 定下来的采样参数；出错时抛带 :data:`CONTEXT_LENGTH_EXCEEDED` 的
+    ValueError。``max_seq_len`` 已经考虑了 KV 池的总容量，所以通过的请求总有放得下的一天，不会永远等下去。
+
+    en: The one rule for a request's length, used by the offline ``generate`` and by the server's tokenizer process:
+    at least one output token must fit after the prompt; a given ``max_tokens`` must fit with the prompt within the
+    limit ``max_seq_len`` (past it is an error, never a silent clip); an absent one (None) is all the room left.
+    Returns the sampling parameters with ``max_tokens`` settled; on a violation raises a ValueError carrying
+    :data:`CONTEXT_LENGTH_EXCEEDED`. ``max_seq_len`` already accounts for the KV pool's capacity, so a request that
+    passes can always run some day and never waits forever.
+    """
+    room = max_seq_len - prompt_len
+    if room < 1:
+        raise coded(ValueError(tr(
+            "The prompt has {n_ids} tokens, reaching the length limit of a single request, {max_seq_len} (at least 1 output token must fit after it; the limit is the smaller of the configured maximum sequence length and the KV pool's capacity): shorten the prompt",
+            n_ids=prompt_len, max_seq_len=max_seq_len)), CONTEXT_LENGTH_EXCEEDED)
+    if sp.max_tokens is None:
+        return replace(sp, max_tokens=room)
+    if sp.max_tokens > room:
+        raise coded(ValueError(tr(
+            "max_tokens={max_tokens} does not fit: the prompt has {n_ids} tokens and a request holds at most {max_seq_len} (prompt included), so at most {room} can be output; lower max_tokens, or leave it out to generate until the context is full",
+            max_tokens=sp.max_tokens, n_ids=prompt_len, max_seq_len=max_seq_len, room=room)), CONTEXT_LENGTH_EXCEEDED)
+    return sp
 
 
 def validate_requests(
@@ -249,11 +291,13 @@ def validate_requests(
     tokenizer: Any,
     max_seq_len: int,
 ) -> list[tuple[torch.Tensor, SamplingParams]]:
-    """把提示词变成 token id 并逐个检查；``max_tokens`` 超出长度上限时截短并给出警告。
-    抛出的 TypeError / ValueError 都带 ``code``（见 :func:`coded`）。
+    """离线请求的那一道门：把提示词变成 token id，逐个检查采样参数、token 和长度（:func:`fit_context`），返回
+    ``(token id, max_tokens 已定下的采样参数)``。抛出的 TypeError / ValueError 都带 ``code``（见 :func:`coded`）；
+    通过的请求调度器不再查。
 
-    ``max_seq_len`` 已经考虑了 KV 池的总容量（引擎把它限制在总页数 × page_size 之内），
-    所以通过检查的请求总有放得下的一天：不会永远等下去。
+    en: The one gate for offline requests: turn the prompts into token ids, check each one's sampling parameters, tokens
+    and length (:func:`fit_context`), and return ``(token ids, sampling parameters with max_tokens settled)``. Every
+    TypeError / ValueError raised carries a ``code`` (see :func:`coded`); the scheduler trusts what passes.
     """
     if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
         raise coded(TypeError(tr("prompts should be a list whose items are each a string or a list of token ids")),
@@ -286,29 +330,10 @@ def validate_requests(
         else:
             raise coded(TypeError(tr("Prompt {i} is neither a string nor a list of token ids: {type_name}",
                                      i=i, type_name=type(prompt).__name__)), INVALID_TYPE)
-        if len(ids) == 0:
-            raise coded(ValueError(tr("Prompt {i} is empty: it needs at least 1 token", i=i)), INVALID_VALUE)
         try:
-            check_token_ids(ids, vocab)
+            sp = check_prompt(ids, sp, vocab, max_seq_len)
         except ValueError as e:
-            raise coded(ValueError(tr("Prompt {i}: {e}", i=i, e=e)), INVALID_VALUE) from None
-        outside = [k for k in sp.logit_bias or {} if int(k) >= vocab]
-        if outside:
-            raise coded(ValueError(tr("Prompt {i}: logit_bias names token ids outside the vocabulary [0, {vocab}): {ids}",
-                                      i=i, vocab=vocab, ids=outside[:5])), INVALID_VALUE)
-        if len(ids) >= max_seq_len:
-            raise coded(ValueError(
-                tr("Prompt {i} has {n_ids} tokens, reaching the length limit of a single request, {max_seq_len} (at least 1 output token must fit after the prompt; the limit is the smaller of max_seq_len_override and the KV pool capacity): shorten the prompt, or raise max_seq_len_override / num_page_override",
-                   i=i, n_ids=len(ids), max_seq_len=max_seq_len)
-            ), CONTEXT_LENGTH_EXCEEDED)
-        if sp.max_tokens > max_seq_len - len(ids):
-            warnings.warn(
-                tr("Prompt {i}: max_tokens={max_tokens} goes past the length limit {max_seq_len}; clipped to {clipped} (the prompt has {n_ids} tokens)",
-                   i=i, max_tokens=sp.max_tokens, max_seq_len=max_seq_len, clipped=max_seq_len - len(ids),
-                   n_ids=len(ids)),
-                stacklevel=3,
-            )
-            sp = replace(sp, max_tokens=max_seq_len - len(ids))
+            raise coded(ValueError(tr("Prompt {i}: {e}", i=i, e=e)), getattr(e, "code", INVALID_VALUE)) from None
         out.append((torch.tensor(ids, dtype=torch.int32), sp))
     return out
 

@@ -185,12 +185,41 @@ class PaddedMetadata(VarlenMetadata):
     # [T]：拼接张量里第 t 个 token 在补齐结果（摊平成 B * max_q）里的位置
     # en: [T]: where token t of the concatenated tensor sits in the padded result (flattened to B * max_q)
     out_index: torch.Tensor
-    # [B, max_k]：每个 key 位置的 KV 槽位（补的位置随便指一个合法槽位）
-    # en: [B, max_k]: the KV slot of each key position (padding points at any valid slot)
+    # [B, max_k] int64：每个 key 位置的 KV 槽位（补的位置指向本请求写过的一个槽位）
+    # en: [B, max_k] int64: the KV slot of each key position (padding points at a slot this request has written)
     kv_slots: torch.Tensor
     # [B, 1, max_q, max_k] 布尔：因果（错开 cached_len）且不超出本请求的长度
     # en: [B, 1, max_q, max_k] bool: causal (offset by cached_len) and within this request's length
     mask: torch.Tensor
+
+
+def padded_metadata(base: VarlenMetadata, page_table: torch.Tensor) -> PaddedMetadata:
+    """把变长批次 ``base`` 补齐成矩形：返回 :class:`PaddedMetadata`，``base`` 的字段原样保留，另加四个张量
+    （含义见它的字段注释），全都放在页表所在的设备上。B 是请求数，``max_q``、``max_k`` 是本批最多的 query 数和 key 数。
+
+    - ``q_index`` [B, max_q]、``out_index`` [T]：补齐和还原 query 用的下标；
+    - ``mask`` [B, 1, max_q, max_k] 布尔：真实的 query 与 :func:`causal_mask_with_prefix` 相同（因果、错开 cached_len、
+      不超出本请求的 seq_len）；补出来的 query 行也至少要看得到一个 key，否则这一行的 softmax 分母是 0，得 NaN；
+    - ``kv_slots`` [B, max_k] int64：key 位置 j < seq_len 是页表里本请求那一行（``base.table_idx``）的第 j 个槽位；
+      补出来的位置（j >= seq_len）要指向本请求写过的槽位，例如它的第一个。KV 池用 ``torch.empty`` 分配，没写过的槽位里
+      可能是 NaN：被掩掉的 key 权重是 0，但 ``0 × NaN`` 仍是 NaN，会把整行输出弄坏。
+
+    en: Pad the variable-length batch ``base`` into a rectangle: return a :class:`PaddedMetadata` that keeps the fields
+    of ``base`` as they are and adds four tensors (its field comments give their meaning), all on the device of the page
+    table. B is the number of requests; ``max_q`` and ``max_k`` are the largest query and key counts in the batch.
+
+    - ``q_index`` [B, max_q] and ``out_index`` [T]: the indices that pad the queries and put them back;
+    - ``mask`` [B, 1, max_q, max_k] bool: for a real query the same as :func:`causal_mask_with_prefix` (causal, offset
+      by cached_len, never beyond the request's seq_len); a padded query row must also see at least one key, or the
+      softmax of that row divides by 0 and gives NaN;
+    - ``kv_slots`` [B, max_k] int64: key position j < seq_len is the j-th slot of the request's page-table row
+      (``base.table_idx``); a padded position (j >= seq_len) must point at a slot the request has written, for
+      example its first. The KV pool is allocated with ``torch.empty``, so an unwritten slot may hold NaN: a masked key
+      gets weight 0, but ``0 × NaN`` is still NaN and spoils the whole output row.
+    """
+    # TODO 任务 padded_metadata：返回函数文档里的 PaddedMetadata：base 的字段原样保留，再加 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k]（int64）和布尔的 mask [B, 1, max_q, max_k]，都在页表的设备上。真实的 query 因果、错开已缓存的部分、不超出本请求的长度；补出来的 query 行至少看得到一个 key；补出来的 key 位置指向本请求写过的槽位。给定：变长元数据 base，页表
+    # TODO task padded_metadata: return the PaddedMetadata of the docstring: the fields of base kept as they are, plus q_index [B, max_q], out_index [T], kv_slots [B, max_k] (int64) and a boolean mask [B, 1, max_q, max_k], all on the page table's device. A real query is causal, offset by the part already in the cache, and never sees beyond its request's length; a padded query row sees at least one key; a padded key position points at a slot the request has written. Given: the variable-length metadata base, the page table
+    raise TaskNotDone("attention", "padded_metadata")
 
 
 class SDPAAttnBackend(BaseAttnBackend):
@@ -205,24 +234,7 @@ class SDPAAttnBackend(BaseAttnBackend):
         self.page_table = page_table
 
     def prepare_metadata(self, batch: Batch) -> None:
-        base = make_varlen_metadata(batch, self.page_table.device)
-        device = self.page_table.device
-        # TODO 任务 padded_metadata：算出后面代码要用的四个量（含义见 PaddedMetadata 的字段注释）：q_index [B, max_q]、out_index [T]、kv_slots [B, max_k]（int64，和页表在同一设备上，后面的代码不再搬它）和布尔的 mask [B, max_q, max_k]（头维在后面加）；max_q、max_k 是本批最多的 query 数和 key 数。真实的 query 行因果、错开已缓存的部分、不超出本请求的长度；补出来的 query 行也至少要看得到一个 key。给定：上面的变长元数据，页表
-        # TODO task padded_metadata: compute the four values the code below uses (PaddedMetadata's field comments give their meaning): q_index [B, max_q], out_index [T], kv_slots [B, max_k] (int64, where the page table lives: the code below does not move it) and a boolean mask [B, max_q, max_k] (the head dim is added below); max_q and max_k are the largest query and key counts among the requests. A real query is causal, offset by the part already in the cache, and never sees beyond its request's length; a padded query must also see at least one key. Given: the variable-length metadata above, the page table
-        raise TaskNotDone("attention", "padded_metadata")
-        # 补齐的 key 位置改指本请求的第一个槽位（总已写过）：KV 池用 torch.empty 分配，没写过的槽位里可能是 NaN，
-        # 被掩掉的 key 权重是 0，但 0 × NaN 仍是 NaN
-        # en: padded key positions are pointed at the request's first slot (always written): the KV pool is allocated
-        # en: with torch.empty, so an unwritten slot may hold NaN; a masked key gets weight 0, but 0 × NaN is still NaN
-        valid = torch.arange(kv_slots.shape[1], device=device)[None, :] < torch.tensor(base.seq_lens, device=device)[:, None]
-        kv_slots = torch.where(valid, kv_slots, kv_slots[:, :1])
-        batch.attn_metadata = PaddedMetadata(
-            **vars(base),
-            q_index=q_index.to(device),
-            out_index=out_index.to(device),
-            kv_slots=kv_slots,
-            mask=mask[:, None].to(device),
-        )
+        batch.attn_metadata = padded_metadata(make_varlen_metadata(batch, self.page_table.device), self.page_table)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)

@@ -58,7 +58,9 @@ class SamplingParams:
     top_k: int = -1  # -1：不限制 | en: -1: no limit
     top_p: float = 1.0
     ignore_eos: bool = False
-    max_tokens: int = 1024
+    # 最多输出多少个 token；None：直到上下文用完（提示词 + 输出 = 单个请求的长度上限）
+    # en: the most tokens to output; None: until the context is full (prompt + output = one request's length limit)
+    max_tokens: int | None = None
     # 给了种子，这个请求的随机数只由（种子，位置）决定，与同批的其他请求无关
     # en: with a seed, this request's random numbers depend only on (seed, position), not on the other requests in the
     # en: batch
@@ -95,8 +97,8 @@ class SamplingParams:
         parameters' ranges are written here only: the offline API, the scheduler and the server all pass through it
         (:func:`minisgl.validation.check_sampling`), and the server names the parameter from ``InvalidParam.param``.
         """
-        # TODO 任务 validate_sampling_params：把不可能的采样参数挡在门外，边界值都合法：温度不能为负；top-k 要么是 -1（不限制），要么至少为 1；top-p 落在 (0, 1] 里；最多生成的 token 数至少为 1。不合法就抛 InvalidParam，带上出错字段的名字，消息里写出收到的值
-        # TODO task validate_sampling_params: reject impossible sampling parameters, boundary values being valid: temperature not negative; top-k either -1 (no limit) or at least 1; top-p within (0, 1]; at least 1 token of output. On a bad value raise InvalidParam carrying the offending field's name, with a message that states the value received
+        # TODO 任务 validate_sampling_params：把不可能的采样参数挡在门外，边界值都合法：温度不能为负；top-k 要么是 -1（不限制），要么至少为 1；top-p 落在 (0, 1] 里；给了最多生成的 token 数就至少为 1（None 表示直到上下文用完，是合法的）。不合法就抛 InvalidParam，带上出错字段的名字，消息里写出收到的值
+        # TODO task validate_sampling_params: reject impossible sampling parameters, boundary values being valid: temperature not negative; top-k either -1 (no limit) or at least 1; top-p within (0, 1]; max_tokens, when given, at least 1 (None, meaning until the context is full, is valid). On a bad value raise InvalidParam carrying the offending field's name, with a message that states the value received
         raise TaskNotDone("core", "validate_sampling_params")
 
 

@@ -66,14 +66,14 @@ class MHAKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        self.num_kv_heads = num_kv_heads
-        self.num_layers = num_layers
-        self.head_dim = head_dim
-        self.num_pages = num_pages
-        self.page_size = page_size
-        # TODO 任务 kv_buffer：把整块 KV 池分配在 self._kv_buffer：形状见类文档，元素类型和设备按参数给的；不要填 0（类文档写了为什么）
-        # TODO task kv_buffer: allocate the whole KV pool as self._kv_buffer: shape as in the class docstring, element type and device as the arguments say; do not fill it with zeros (the class docstring says why)
-        raise TaskNotDone("kvcache", "kv_buffer")
+        """分配整个 KV 池（只分配、不初始化内容），并把五个尺寸参数存成同名属性。
+
+        en: Allocate the whole KV pool (allocation only, the contents are not initialised) and keep the five size
+        arguments as attributes of the same names.
+        """
+        # TODO 任务 kv_pool_init：建起这个 KV 池：五个尺寸参数原样存成同名属性（本类的其余方法、引擎和后面的章节都读它们）；整块池子分配成 self._kv_buffer：形状见类文档（第 0 维先 K 后 V），元素类型和设备按参数给的；不要填 0（类文档写了为什么）
+        # TODO task kv_pool_init: set up this KV pool: keep the five size arguments as attributes of the same names (the rest of the class, the engine and later chapters read them); allocate the whole pool as self._kv_buffer: shape as in the class docstring (dim 0: K first, then V), element type and device as the arguments say; do not fill it with zeros (the class docstring says why)
+        raise TaskNotDone("kvcache", "kv_pool_init")
 
     @property
     def num_slots(self) -> int:

@@ -62,15 +62,14 @@ from starlette.background import BackgroundTask
 
 from minisgl.server.api_errors import DISCONNECT_POLL_S, ApiError, ClientGone
 from minisgl.server.choices import abort_all, guarded, merge_answers, merge_streams, open_choices
-from minisgl.core import InvalidParam, SamplingParams
+from minisgl.core import SamplingParams
 from minisgl.server.frontend import Frontend
 from minisgl.i18n import tr
 from minisgl.message import AbortMsg, UserReply
-from minisgl.server.openai_body import (check_model, choices_of, echo_of, given_or as _field, json_body, messages_of, prompts_of,
-                                 stream_flags, with_controls)
+from minisgl.server.openai_body import (check_model, checked, choices_of, echo_of, given_or as _field, json_body, messages_of,
+                                 prompts_of, stream_flags)
 from minisgl.server.openai_reply import DONE, logprobs_block, response_id, sse, usage_of
 from minisgl.server.app import PROBE_BODY, base_app, generation_probe
-from minisgl.validation import check_sampling
 
 T = TypeVar("T")
 
@@ -100,38 +99,33 @@ def unsupported_params(body: dict[str, Any]) -> list[str]:
     raise TaskNotDone("api_server", "unsupported_params")
 
 
-def sampling_params_from(body: dict[str, Any], *, max_seq_len: int,
-                         default_max_tokens: int | None) -> tuple[SamplingParams, list[str]]:
-    """按 OpenAI 的语义把请求体变成 ``(SamplingParams, 停止字符串列表)``，不合法就抛 :class:`ApiError` (400)。
+def sampling_params_from(body: dict[str, Any], *, default_max_tokens: int | None) -> tuple[SamplingParams, list[str]]:
+    """按 OpenAI 的语义把请求体读成 ``(SamplingParams, 停止字符串列表)``。
 
     - 缺省值：``temperature`` 1.0（OpenAI 的缺省，不是贪心）、``top_p`` 1.0、``top_k``（上游的扩展）-1（不限）、
       ``ignore_eos``（上游的扩展）False、``seed`` 不给；
-    - ``max_tokens``（对话接口也认 ``max_completion_tokens``）：不给就用 ``default_max_tokens``，它是 None 时表示
-      “上下文放得下多少就生成多少”，即 ``max_seq_len - 1``（调度器会按提示词的实际长度截短）；要小于上下文长度
-      ``max_seq_len``（提示词至少还要占一个位置），否则是 ``context_length_exceeded``；
-    - ``stop``：不给、一个字符串、或字符串列表。
+    - ``max_tokens``（对话接口也认 ``max_completion_tokens``）：不给就用 ``default_max_tokens``；None 表示“直到上下文
+      用完”，由分词进程数出提示词的 token 之后定下来；
+    - ``stop``：不给、一个字符串、或字符串列表，别的是 400 的 :class:`ApiError`。
 
-    类型和取值范围不在这里查：它们只有一道门，:func:`~minisgl.validation.check_sampling`（类型，再加第 1.1 章的
-    ``SamplingParams.validate``）。它抛的 :class:`~minisgl.core.InvalidParam` 点名了字段，错误的 ``param`` 就写它
-    （``max_tokens`` 出错而请求用的是 ``max_completion_tokens`` 时写后者）。
+    采样参数的类型和取值范围不在这里查：给定的 :func:`~minisgl.server.openai_body.checked` 紧接着把第 3.5、3.6 章的
+    控制加上，整个过一遍那道门，一次。
 
-    en: Turn the request body into ``(SamplingParams, list of stop strings)`` with OpenAI's semantics; raise
-    :class:`ApiError` (400) when something is invalid.
+    en: Read the request body into ``(SamplingParams, list of stop strings)`` with OpenAI's semantics.
 
     - defaults: ``temperature`` 1.0 (OpenAI's default, not greedy), ``top_p`` 1.0, ``top_k`` (upstream's extra) -1 (no
       limit), ``ignore_eos`` (upstream's extra) False, no ``seed``;
-    - ``max_tokens`` (the chat endpoint also takes ``max_completion_tokens``): when absent, ``default_max_tokens``,
-      where None means "as many as the context holds", i.e. ``max_seq_len - 1`` (the scheduler clips it to the
-      prompt's real length); it must stay below the context length ``max_seq_len`` (the prompt needs at least one
-      place), otherwise it is ``context_length_exceeded``;
-    - ``stop``: absent, one string, or a list of strings.
+    - ``max_tokens`` (the chat endpoint also takes ``max_completion_tokens``): when absent, ``default_max_tokens``;
+      None means "until the context is full", settled by the tokenizer process once it has counted the prompt's
+      tokens;
+    - ``stop``: absent, one string, or a list of strings; anything else is a 400 :class:`ApiError`.
 
-    Types and ranges are not checked here: they have one gate, :func:`~minisgl.validation.check_sampling` (types, then
-    chapter 1.1's ``SamplingParams.validate``). The :class:`~minisgl.core.InvalidParam` it raises names the field, which
-    becomes the error's ``param`` (``max_completion_tokens`` when that is what the request used for ``max_tokens``).
+    The types and ranges of the sampling parameters are not checked here: right after, the given
+    :func:`~minisgl.server.openai_body.checked` adds chapters 3.5 and 3.6's controls and passes the whole through the
+    gate, once.
     """
-    # TODO 任务 sampling_params：按 OpenAI 的语义把请求里的采样字段读成 (采样参数, 停止字符串列表)，不合法就抛 400 的 ApiError，点名是哪个参数。约定：缺省值见文档字符串（温度缺省是 1，不是贪心）；max_tokens 也可以写成 max_completion_tokens（两个都写时前者优先），都没写就用调用方给的缺省，缺省为 None 就是上下文放得下的最多；类型和取值范围只由 check_sampling 这一道门查，它抛的 InvalidParam 变成 invalid_value，param 写请求里实际用的字段名；max_tokens 要小于 max_seq_len，否则是 context_length_exceeded，消息里写出上下文长度；stop 可以不写、是一个字符串或字符串列表，别的都是 400。给定：check_sampling、ApiError。
-    # TODO task sampling_params: Read the sampling fields of the request, with OpenAI's semantics, into (sampling parameters, list of stop strings); anything invalid raises a 400 ApiError naming the parameter. Contract: defaults as the docstring lists them (OpenAI's default samples at 1, it is not greedy); max_tokens may come as max_completion_tokens (max_tokens wins when both are there); with neither, the caller's default applies, and a None default means as many as the context holds; types and ranges are checked only by check_sampling, the one gate, whose InvalidParam becomes invalid_value with param set to the field the request actually used; max_tokens must stay below max_seq_len, else context_length_exceeded with the context length in the message; stop strings may be absent, a string or a list of strings, anything else is a 400. Given: check_sampling, ApiError.
+    # TODO 任务 sampling_params：按 OpenAI 的语义把请求里的采样字段读成 (采样参数, 停止字符串列表)。约定：缺省值见文档字符串（温度缺省是 1，不是贪心）；max_tokens 也可以写成 max_completion_tokens（两个都写时前者优先），都没写就用调用方给的缺省（None 也原样留着）；这里不查类型和取值范围——那是紧接着的那道门的事，查两遍就是两条规则；stop 可以不写、是一个字符串或字符串列表，别的都是 400 的 ApiError（param 是 "stop"，code 是 "invalid_value"）。给定：given_or（写作 _field）、ApiError。
+    # TODO task sampling_params: Read the sampling fields of the request, with OpenAI's semantics, into (sampling parameters, list of stop strings). Contract: defaults as the docstring lists them (OpenAI's default samples at 1, it is not greedy); max_tokens may come as max_completion_tokens (max_tokens wins when both are there); with neither, the caller's default applies (None stays None); no types or ranges are checked here: that is the job of the gate right after, and checking twice makes two rules; stop strings may be absent, a string or a list of strings, anything else is a 400 ApiError (param "stop", code "invalid_value"). Given: given_or (imported as _field), ApiError.
     raise TaskNotDone("api_server", "sampling_params")
 
 
@@ -298,9 +292,8 @@ def parse_request(kind: str, body: dict[str, Any], state: ServerState, *, stream
     if bad:
         raise ApiError(400, tr("Unsupported parameters that would change the result: {names} (remove them)",
                                names=", ".join(bad)), param=bad[0], code="unsupported_parameter")
-    sp, stop = sampling_params_from(body, max_seq_len=state.max_seq_len,
-                                    default_max_tokens=None if kind == "chat" else COMPLETION_MAX_TOKENS)
-    sp = with_controls(sp, body, kind)
+    sp, stop = sampling_params_from(body, default_max_tokens=None if kind == "chat" else COMPLETION_MAX_TOKENS)
+    sp = checked(sp, body, kind)
     n = choices_of(body, len(prompts), slots=int(state.info.get("max_running_req") or 1))
     echo = echo_of(body, kind, prompts, sp.logprobs)
     stream, include_usage = stream_flags(body, stream_default)

@@ -110,15 +110,19 @@ class BaseFrontendMsg(Message):
 @dataclass
 class TokenizeMsg(BaseTokenizerMsg):
     """API 服务器 → 分词进程：一个新请求。``prompt`` 是文本、对话消息列表（``[{"role": ..., "content": ...}]``，
-    套用模型的对话模板）或现成的 token id 列表，三者之一。
+    套用模型的对话模板）或现成的 token id 列表，三者之一。``max_seq_len`` 是服务器单个请求的长度上限（调度器就绪时
+    报告的）：分词进程数出 token 之后，按它检查长度、定下没给的 ``max_tokens``。
 
     en: API server → tokenizer: a new request. ``prompt`` is one of: text, a list of chat messages
     (``[{"role": ..., "content": ...}]``, put through the model's chat template), or a ready list of token ids.
+    ``max_seq_len`` is the server's length limit for one request (as the scheduler reported when ready): once the
+    tokenizer has counted the tokens, it checks the length against it and settles an absent ``max_tokens``.
     """
 
     uid: int
     prompt: str | list[dict[str, str]] | list[int]
     sampling_params: SamplingParams
+    max_seq_len: int
     stop: list[str] = field(default_factory=list)
 
 

@@ -38,6 +38,7 @@ REFUSED_INPUTS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
     ("`generate([[-1]])`、`generate([[10**9]])`", _gen([[10**9]]), ValueError, "词表"),
     ("`generate([123])`（提示词不是字符串也不是列表）", _gen([123]), TypeError, "既不是字符串也不是 token id 列表"),
     ("提示词达到长度上限", _gen([[1] * 512]), ValueError, "长度上限"),
+    ("`max_tokens` 与提示词加起来超出长度上限", _gen([[1] * 500], SP(max_tokens=100)), ValueError, "最多只能输出 12 个"),
     ("`sampling_params` 个数与提示词不一致", _gen(["a", "b"], [SP(), SP(), SP()]), ValueError, "个数"),
     ("`sampling_params` 不是 `SamplingParams`", _gen(["a"], [{"temperature": 1.0}]), TypeError, "不是 SamplingParams"),
     ('`SamplingParams(temperature=float("nan"))`', _gen(["a"], SP(temperature=float("nan"))), ValueError, "temperature"),
@@ -104,10 +105,12 @@ def test_every_64_bit_seed_samples(llm) -> None:  # noqa: ANN001
     assert_idle(llm)
 
 
-def test_max_tokens_clipped_to_the_sequence_limit(llm) -> None:  # noqa: ANN001
-    with pytest.warns(UserWarning, match="截成"):
-        out = llm.generate([[1] * 500], SP(max_tokens=100, ignore_eos=True))
-    assert len(out[0]["token_ids"]) == 512 - 500, "max_tokens 截到长度上限：提示词 500 + 输出 12 = 512"
+def test_max_tokens_past_the_sequence_limit_is_refused(llm) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match="512"):
+        llm.generate([[1] * 500], SP(max_tokens=100, ignore_eos=True))
+        pytest.fail("max_tokens 超出长度上限（500 + 100 > 512）必须报错，不能悄悄截短")
+    out = llm.generate([[1] * 500], SP(ignore_eos=True))
+    assert len(out[0]["token_ids"]) == 512 - 500, "不给 max_tokens 就生成到上下文用完：提示词 500 + 输出 12 = 512"
     assert_idle(llm)
 
 

@@ -1,4 +1,4 @@
-"""第 1.5 章 attention 的检查：掩码、按页表取 K/V、GQA 注意力，以及两个后端在分页、变长、带缓存前缀的批次上
+"""第 1.5 章 attention 的检查：掩码、按页表取 K/V、GQA 注意力、补齐的元数据（与逐格写出的参考对照），以及两个后端在分页、变长、带缓存前缀的批次上
 与一个独立的稠密参考实现（对每个请求的完整序列做因果 SDPA）一致。"""
 
 from __future__ import annotations
@@ -9,13 +9,16 @@ import torch.nn.functional as F
 
 from minisgl.i18n import tr
 from minisgl.attention import (
+    PaddedMetadata,
     SDPAAttnBackend,
     TorchAttnBackend,
+    VarlenMetadata,
     attend,
     causal_mask_with_prefix,
     create_attention_backend,
     gather_kv,
     make_varlen_metadata,
+    padded_metadata,
 )
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kvcache import MHAKVCache, create_page_table
@@ -167,25 +170,89 @@ def test_attend_bf16_softmax_in_fp32_and_cast_back() -> None:
     )
 
 
+def varlen_by_hand(batch: Batch) -> VarlenMetadata:
+    """这个批次的变长元数据，在检查里直接写出来：padded_metadata 的检查不依赖本章的 make_varlen_metadata。
+
+    en: This batch's variable-length metadata, written out in the check: the checks of padded_metadata do not depend on
+    this chapter's make_varlen_metadata.
+    """
+    cu = [0]
+    for r in batch.reqs:
+        cu.append(cu[-1] + r.extend_len)
+    return VarlenMetadata(
+        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
+        cu_seqlens_q_cpu=cu,
+        cached_lens=[r.cached_len for r in batch.reqs],
+        seq_lens=[r.device_len for r in batch.reqs],
+        table_idx=[r.table_idx for r in batch.reqs],
+    )
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("case", list(CASES))
-def test_padded_mask_every_row_sees_a_key(case: str) -> None:
-    """SDPA 后端的 mask 是 [B, 1, max_q, max_k]，并且每一行（包括补出来的 query 行）至少有一个可见的 key。
-    全被屏蔽的行在手写 softmax 里是 NaN；新版 PyTorch 的 CPU SDPA 会悄悄给 0，所以输出对了也要单独查掩码。"""
-    cache, table, batch, *_ = make_case(4, CASES[case])
-    SDPAAttnBackend(cache, table).prepare_metadata(batch)
-    md = batch.attn_metadata
-    bs = batch.size
-    max_q = max(r.extend_len for r in batch.reqs)
-    max_k = max(r.device_len for r in batch.reqs)
-    assert tuple(md.mask.shape) == (bs, 1, max_q, max_k), tr("mask must be [B, 1, max_q, max_k] = {value}, got {value2}", value=(bs, 1, max_q, max_k), value2=tuple(md.mask.shape))
+def test_padded_metadata_matches_brute_force(case: str, page_size: int) -> None:
+    """padded_metadata 的每个量与逐请求、逐位置写出来的参考对照：形状、dtype、设备、下标、槽位和掩码。
+    补出来的 query 行只要求至少看得见一个 key（全被屏蔽的行在手写 softmax 里是 NaN；新版 PyTorch 的 CPU SDPA 会悄悄给 0，
+    所以输出对了也要单独查掩码）；补出来的 key 位置只要求指向本请求写过的槽位。
+
+    en: Every value of padded_metadata against a reference written out request by request and position by position:
+    shapes, dtypes, devices, indices, slots and mask. A padded query row need only see at least one key (a fully masked
+    row is NaN in a hand-written softmax; recent PyTorch's CPU SDPA quietly gives 0, so the mask is checked on its own
+    even when the output is right); a padded key position need only point at a slot the request has written.
+    """
+    _, table, batch, *_ = make_case(page_size, CASES[case])
+    base = varlen_by_hand(batch)
+    md = padded_metadata(base, table)
+    assert isinstance(md, PaddedMetadata), tr("padded_metadata must return a PaddedMetadata, got {name}", name=type(md).__name__)
+    for field in ("cu_seqlens_q_cpu", "cached_lens", "seq_lens", "table_idx"):
+        expect(getattr(md, field), getattr(base, field), tr("padded_metadata must keep the fields of base as they are: {field}", field=field))
+    expect(md.cu_seqlens_q.tolist(), base.cu_seqlens_q.tolist(), tr("padded_metadata must keep the fields of base as they are: {field}", field="cu_seqlens_q"))
+    for name in ("q_index", "out_index", "kv_slots", "mask"):
+        got = getattr(md, name).device
+        assert got == table.device, tr("{name} must be on the page table's device {device}, got {got}", name=name, device=table.device, got=got)
+    ext = [r.extend_len for r in batch.reqs]
+    cu, bs, max_q, max_k = base.cu_seqlens_q_cpu, batch.size, max(ext), max(base.seq_lens)
+    expect(tuple(md.q_index.shape), (bs, max_q), tr("q_index: shape [B, max_q]"))
+    want_q = [[cu[b] + min(i, ext[b] - 1) for i in range(max_q)] for b in range(bs)]
+    expect(md.q_index.tolist(), want_q, tr("q_index: row b holds the indices of request b's queries in the concatenated tensor, padding repeating its last one"))
+    want_out = [b * max_q + i for b in range(bs) for i in range(ext[b])]
+    expect(md.out_index.tolist(), want_out, tr("out_index: where each query of the concatenated tensor sits in the padded result flattened to B * max_q"))
     assert tuple(md.kv_slots.shape) == (bs, max_k), tr("kv_slots must be [B, max_k] = {value}, got {value2}", value=(bs, max_k), value2=tuple(md.kv_slots.shape))
+    assert md.kv_slots.dtype == torch.int64, tr("kv_slots must be int64, got {dtype}", dtype=md.kv_slots.dtype)
+    assert tuple(md.mask.shape) == (bs, 1, max_q, max_k), tr("mask must be [B, 1, max_q, max_k] = {value}, got {value2}", value=(bs, 1, max_q, max_k), value2=tuple(md.mask.shape))
+    assert md.mask.dtype == torch.bool, tr("mask must be bool, got {dtype}", dtype=md.mask.dtype)
     blind = (~md.mask.any(-1)).nonzero().tolist()
     assert not blind, tr("These (request, head, query row) see no key at all: {blind_item}; padded rows must also see at least one key", blind_item=blind[:6])
-    for b, r in enumerate(batch.reqs):  # 真实的行：因果（错开 cached_len）且不超出 seq_len
-        want = causal_mask_with_prefix(r.cached_len, r.device_len)
-        got = md.mask[b, 0, : r.extend_len, : r.device_len]
-        assert got.tolist() == want.tolist(), tr("Wrong mask on the real query rows of request {b} (cached_len={cached_len}, seq_len={device_len})", b=b, cached_len=r.cached_len, device_len=r.device_len)
-        assert not md.mask[b, 0, : r.extend_len, r.device_len :].any(), tr("The real queries of request {b} see keys beyond seq_len={device_len}", b=b, device_len=r.device_len)
+    for b, r in enumerate(batch.reqs):
+        seq, row = r.device_len, table[r.table_idx]
+        expect(md.kv_slots[b, :seq].tolist(), row[:seq].tolist(), tr("Request {b}: the slots of its real keys are the first seq_len={seq_len} slots of its page-table row {row}", b=b, seq_len=seq, row=r.table_idx))
+        stray = sorted(set(md.kv_slots[b, seq:].tolist()) - set(row[:seq].tolist()))
+        assert not stray, tr("Request {b}: padded key positions point at slots {stray} it has not written; an unwritten slot may hold NaN, and 0 × NaN is NaN", b=b, stray=stray)
+        want = [[j <= r.cached_len + i and j < seq for j in range(max_k)] for i in range(r.extend_len)]
+        got = md.mask[b, 0, : r.extend_len].tolist()
+        assert got == want, tr("Wrong mask on the real query rows of request {b} (cached_len={cached_len}, seq_len={device_len})", b=b, cached_len=r.cached_len, device_len=seq)
+
+
+@pytest.mark.parametrize("backend_cls", [TorchAttnBackend, SDPAAttnBackend], ids=["torch", "sdpa"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_backend_ignores_nan_in_unwritten_slots(backend_cls: type, case: str) -> None:
+    """KV 池用 torch.empty 分配，没写过的槽位里可能是 NaN：把它们都换成 NaN，后端的输出仍要与参考一致
+    （被掩掉的 key 权重是 0，但 0 × NaN 仍是 NaN，所以补齐的 key 也不能指向那里）。
+
+    en: The KV pool is allocated with torch.empty, so an unwritten slot may hold NaN: with NaN in all of them, the
+    backend's output must still match the reference (a masked key gets weight 0, but 0 × NaN is still NaN, so padded keys
+    must not point there either).
+    """
+    cache, table, batch, q, k, v, ref = make_case(4, CASES[case])
+    written = torch.zeros(cache.num_slots, dtype=torch.bool)
+    for r in batch.reqs:
+        written[table[r.table_idx, : r.device_len].long()] = True
+    for pool in (cache.k_cache(1), cache.v_cache(1)):
+        pool[~written] = float("nan")
+    backend = backend_cls(cache, table)
+    backend.prepare_metadata(batch)
+    out = backend.forward(q, k, v, 1, batch)
+    assert_close_zh(out, ref, tr("With NaN in the unwritten slots of the pool, the output for the {case} batch differs from the reference: read only slots the request has written (padded keys too)", case=case), atol=1e-5, rtol=1e-5)
 
 
 def test_varlen_metadata_dtypes() -> None:

@@ -1,7 +1,8 @@
-"""第 1.4 章 kvcache 的检查：KV 池的形状与视图、只写 out_loc、页号换槽位、每页字节数；经引擎写 KV 也只落在 out_loc。"""
+"""第 1.4 章 kvcache 的检查：KV 池的尺寸、形状、不填 0 和视图、只写 out_loc、页号换槽位、每页字节数；经引擎写 KV 也只落在 out_loc。"""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 import torch
 
@@ -16,6 +17,30 @@ from .conftest import assert_close_zh, engine_matches_hf, expect
 def make_cache(page_size: int = 4, num_pages: int = 6) -> MHAKVCache:
     return MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=num_pages, page_size=page_size,
                       dtype=torch.float32, device="cpu")  # fmt: skip
+
+
+def test_init_keeps_sizes_and_allocates_the_pool() -> None:
+    cache = MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=5, page_size=4,
+                       dtype=torch.bfloat16, device="cpu")  # fmt: skip
+    sizes = (cache.num_kv_heads, cache.num_layers, cache.head_dim, cache.num_pages, cache.page_size)
+    expect(sizes, (2, 3, 8, 5, 4), tr("MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=5, page_size=4): (num_kv_heads, num_layers, head_dim, num_pages, page_size), the arguments kept as attributes"))
+    expect(tuple(cache._kv_buffer.shape), (2, 3, 5, 4, 2, 8), tr("The shape of _kv_buffer: [2 (K, V), layers, num_pages, page_size, KV heads, head_dim]"))
+    expect((cache.dtype, cache.device), (torch.bfloat16, torch.device("cpu")), tr("(dtype, device) of the pool: those of the arguments"))
+
+
+def test_pool_is_not_filled() -> None:
+    """类文档：池子只分配、不填 0，没写过的页不占物理内存。建一个 64 MiB 的池子，进程的常驻内存几乎不应变多。
+
+    en: The class docstring: the pool is only allocated, not filled with 0, so unwritten pages take no physical memory.
+    Building a 64 MiB pool should barely grow the process's resident memory.
+    """
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    cache = MHAKVCache(num_kv_heads=8, num_layers=4, head_dim=128, num_pages=128, page_size=16,
+                       dtype=torch.float32, device="cpu")  # fmt: skip
+    grown = proc.memory_info().rss - before
+    size = cache._kv_buffer.numel() * cache._kv_buffer.element_size()
+    assert grown < size // 4, tr("Building a {size} MiB KV pool made the process's resident memory grow by {grown} MiB: allocate it without filling it (torch.zeros, fill_ and zero_ touch every page)", size=size >> 20, grown=grown >> 20)
 
 
 def test_buffer_and_views() -> None:

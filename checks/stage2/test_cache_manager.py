@@ -168,9 +168,11 @@ def test_request_that_can_never_fit_is_refused_up_front(tiny_path: str, make_llm
         llm.generate(["fine", [5] * 40], SamplingParams(max_tokens=4))
         pytest.fail(tr("A prompt longer than the whole KV pool must be refused at once (stating the limit) instead of waiting forever"))
     assert rec.steps == [], tr("When a request can never fit, not a single token is computed")
-    with pytest.warns(UserWarning, match="max_tokens"):
-        out = llm.generate([[5] * 20, [6] * 4], SamplingParams(max_tokens=20, ignore_eos=True))
-    assert [len(o["token_ids"]) for o in out] == [12, 20], tr("max_tokens is clipped to fit exactly (20 + 12 = 32 = 8 pages) and the requests complete normally")
+    with pytest.raises(ValueError, match="32"):
+        llm.generate([[5] * 20], SamplingParams(max_tokens=13))
+        pytest.fail(tr("max_tokens past the whole KV pool (20 + 13 > 32) must be refused at once, stating the limit"))
+    out = llm.generate([[5] * 20, [6] * 4], SamplingParams(ignore_eos=True))
+    assert [len(o["token_ids"]) for o in out] == [12, 28], tr("Without max_tokens each request runs until the context is full (20 + 12 = 4 + 28 = 32 = 8 pages); the two cannot run together and complete one after the other")
     assert_idle(llm)
 
 

@@ -188,11 +188,20 @@ def test_invalid_requests_refused_before_any_work(tiny, tiny_path: str) -> None:
     assert_idle(tiny)
 
 
-def test_max_tokens_clipped_with_warning(tiny) -> None:  # noqa: ANN001
+def test_max_tokens_has_one_rule(tiny) -> None:  # noqa: ANN001
+    rec = record(tiny)
     prompt = [11] * (tiny.max_seq_len - 5)
-    with pytest.warns(UserWarning, match="max_tokens"):
-        out = tiny.generate([prompt], SamplingParams(max_tokens=100, ignore_eos=True))
-    assert len(out[0]["token_ids"]) == 5, tr("max_tokens is clipped to the length limit: prompt + output = max_seq_len")
+    with pytest.raises(ValueError, match=str(tiny.max_seq_len)) as info:
+        tiny.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True))
+        pytest.fail(tr("max_tokens past the length limit must be an error (prompt + max_tokens > max_seq_len), not clipped"))
+    assert getattr(info.value, "code", None) == "context_length_exceeded", tr(
+        "The error of a request that does not fit carries code 'context_length_exceeded', got {code!r}",
+        code=getattr(info.value, "code", None))
+    assert rec.steps == [], tr("With an invalid request, not a single token is computed")
+    out = tiny.generate([prompt, prompt], [SamplingParams(max_tokens=5, ignore_eos=True), SamplingParams(ignore_eos=True)])
+    assert [len(o["token_ids"]) for o in out] == [5, 5], tr(
+        "max_tokens that fits exactly, and an absent max_tokens (until the context is full), both give prompt + output = max_seq_len: got {got}",
+        got=[len(o["token_ids"]) for o in out])
     assert_idle(tiny)
 
 

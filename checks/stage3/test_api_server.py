@@ -161,29 +161,44 @@ def test_unsupported_params_are_named() -> None:
 def test_sampling_params_follow_openai() -> None:
     from minisgl.api_server import sampling_params_from
 
-    def parse(max_seq_len: int = 100, default_max_tokens: int | None = 16, **body: Any) -> tuple[SamplingParams, list[str]]:
-        return sampling_params_from(body, max_seq_len=max_seq_len, default_max_tokens=default_max_tokens)
+    def parse(default_max_tokens: int | None = 16, **body: Any) -> tuple[SamplingParams, list[str]]:
+        return sampling_params_from(body, default_max_tokens=default_max_tokens)
 
     want = SamplingParams(temperature=1.0, top_k=-1, top_p=1.0, ignore_eos=False, max_tokens=16, seed=None)
     expect(parse(), (want, []), tr("An empty body: OpenAI's defaults (temperature 1, top_p 1, no top_k) and default_max_tokens"))
-    expect(parse(default_max_tokens=None)[0].max_tokens, 99,
-           tr("default_max_tokens None: as many tokens as the context holds, max_seq_len - 1"))
+    expect(parse(default_max_tokens=None)[0].max_tokens, None,
+           tr("default_max_tokens None stays None: the tokenizer process settles it once it knows the prompt's length"))
     body = {"temperature": 0, "top_p": 0.5, "top_k": 1, "max_tokens": 99, "ignore_eos": True, "seed": 7, "stop": "\n"}
     want = SamplingParams(temperature=0.0, top_k=1, top_p=0.5, ignore_eos=True, max_tokens=99, seed=7)
-    expect(parse(**body), (want, ["\n"]), tr("Every field is read (temperature 0 is valid, max_tokens = max_seq_len - 1 is valid)"))
+    expect(parse(**body), (want, ["\n"]), tr("Every field is read"))
     expect(parse(max_completion_tokens=5)[0].max_tokens, 5, tr("max_completion_tokens counts when max_tokens is absent"))
+    expect(parse(max_tokens=None, max_completion_tokens=5)[0].max_tokens, 5,
+           tr("max_completion_tokens counts when max_tokens is null"))
     expect(parse(max_tokens=3, max_completion_tokens=5)[0].max_tokens, 3, tr("max_tokens wins over max_completion_tokens"))
-    expect(parse(max_tokens=1, top_k=5, top_p=1.0)[0], SamplingParams(temperature=1.0, top_k=5, max_tokens=1),
-           tr("max_tokens 1, top_k 5 and top_p 1 are valid"))
+    expect(parse(temperature=None, top_p=None, top_k=None, ignore_eos=None)[0], SamplingParams(temperature=1.0, max_tokens=16),
+           tr("null is read as absent: the defaults apply"))
     expect(parse(stop=["a", "b"])[1], ["a", "b"], tr("A list of stop strings is kept as it is"))
-    for field, values in {"temperature": (-0.01,), "top_p": (0.0, 1.01, -1.0), "top_k": (0, -2), "max_tokens": (0, -1),
-                          "ignore_eos": ("yes", 1), "stop": (5, ["a", 1])}.items():
+    expect(parse(temperature=-1.0, max_tokens=0)[0], SamplingParams(temperature=-1.0, max_tokens=0),
+           tr("Values are read, not judged: the gate right after checks them, once"))
+    for value in (5, ["a", 1], {"a": 1}):
+        bad_request(lambda: parse(stop=value), "stop")
+
+
+def test_the_api_gate_names_the_field_the_request_used() -> None:
+    from minisgl.api_server import sampling_params_from
+    from minisgl.server.openai_body import checked
+
+    def gate(kind: str = "completion", **body: Any) -> SamplingParams:
+        return checked(sampling_params_from(body, default_max_tokens=16)[0], body, kind)
+
+    expect(gate(max_tokens=1, top_k=5, top_p=1.0), SamplingParams(temperature=1.0, top_k=5, max_tokens=1),
+           tr("max_tokens 1, top_k 5 and top_p 1 are valid"))
+    for field, values in {"temperature": (-0.01, float("nan")), "top_p": (0.0, 1.01, -1.0), "top_k": (0, -2),
+                          "max_tokens": (0, -1, 2.5), "ignore_eos": ("yes", 1)}.items():
         for value in values:
-            bad_request(lambda: parse(**{field: value}), field)
-    bad_request(lambda: parse(max_completion_tokens=0), "max_completion_tokens")
-    bad_request(lambda: parse(max_tokens=100), "max_tokens", "context_length_exceeded")
-    bad_request(lambda: parse(max_tokens=2.5), "max_tokens")
-    bad_request(lambda: parse(temperature=float("nan")), "temperature")
+            bad_request(lambda: gate(**{field: value}), field)
+    bad_request(lambda: gate("chat", max_completion_tokens=0), "max_completion_tokens")
+    bad_request(lambda: gate("completion", logprobs=99), "logprobs")
 
 
 def fake_replies(*replies: UserReply) -> AsyncIterator[UserReply]:
@@ -554,8 +569,8 @@ BAD = [
     ("/v1/completions", {"prompt": "a", "max_tokens": 0}, 400, "max_tokens", "max_tokens"),
     ("/v1/completions", {"prompt": "a", "max_tokens": -3}, 400, "max_tokens", "max_tokens"),
     ("/v1/completions", {"prompt": "a", "max_tokens": 2.5}, 400, "max_tokens", "max_tokens"),
-    ("/v1/completions", {"prompt": "a", "max_tokens": 1024}, 400, "max_tokens", "1024"),
-    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 5000}, 400, "max_completion_tokens", "1024"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 1024}, 400, None, "1024"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 5000}, 400, None, "1024"),
     ("/v1/completions", b'{"prompt": "a", "temperature": NaN}', 400, "temperature", "temperature"),
     ("/v1/completions", {"prompt": "a", "temperature": -0.5}, 400, "temperature", "temperature"),
     ("/v1/completions", {"prompt": "a", "temperature": "hot"}, 400, "temperature", "temperature"),

@@ -115,9 +115,9 @@ def sample_messages() -> list[Any]:
             DetokenizeMsg(7, 151645, True, "stop"),
             DetokenizeMsg(8, 42),
             RejectMsg(9, "prompt too long: 600 >= 512"),
-            TokenizeMsg(10, "Hello, wörld 😀", sp, ("\n\n", "User:")),  # type: ignore[arg-type]
-            TokenizeMsg(11, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], SamplingParams()),
-            TokenizeMsg(12, [1, 2, 3, 151000], sp),
+            TokenizeMsg(10, "Hello, wörld 😀", sp, 512, ("\n\n", "User:")),  # type: ignore[arg-type]
+            TokenizeMsg(11, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], SamplingParams(), 512),
+            TokenizeMsg(12, [1, 2, 3, 151000], sp, 512),
             AbortMsg(13),
         ]),
         BatchBackendMsg([
@@ -202,13 +202,13 @@ class Unregistered:
 UserReplyImpostor = dataclasses.make_dataclass("UserReply", [("uid", int)])
 
 REFUSED = [
-    (TokenizeMsg(1, object(), SamplingParams()), "msg.prompt", "object"),  # type: ignore[arg-type]
+    (TokenizeMsg(1, object(), SamplingParams(), 512), "msg.prompt", "object"),  # type: ignore[arg-type]
     (BatchBackendMsg([AbortBackendMsg(1), UserMsg(2, torch.zeros(2, 3, dtype=torch.int32), SamplingParams())]), "msg.data[1].input_ids", "(2, 3)"),
     (UserMsg(3, torch.tensor(5, dtype=torch.int32), SamplingParams()), "msg.input_ids", "()"),
     (BatchFrontendMsg([UserReply(1, "a"), Unregistered(3)]), "msg.data[1]", "Unregistered"),  # type: ignore[list-item]
     (BatchFrontendMsg([UserReplyImpostor(4)]), "msg.data[0]", "UserReply"),
-    (TokenizeMsg(5, [{"role": "user", "content": {1, 2}}], SamplingParams()), "msg.prompt[0].content", "set"),  # type: ignore[list-item]
-    (TokenizeMsg(6, [{1: "a"}], SamplingParams()), "msg.prompt[0]", "dict"),  # type: ignore[list-item]
+    (TokenizeMsg(5, [{"role": "user", "content": {1, 2}}], SamplingParams(), 512), "msg.prompt[0].content", "set"),  # type: ignore[list-item]
+    (TokenizeMsg(6, [{1: "a"}], SamplingParams(), 512), "msg.prompt[0]", "dict"),  # type: ignore[list-item]
     (RejectMsg(7, 3 + 4j), "msg.error", "complex"),  # type: ignore[arg-type]
 ]
 
@@ -258,7 +258,7 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
 prompts = texts | st.lists(st.integers(0, 2**31 - 1), max_size=8) | st.lists(
     st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]), "content": texts}), min_size=1, max_size=3)
 tokenizer_msgs = st.one_of(
-    st.builds(TokenizeMsg, uids, prompts, sampling, st.lists(texts, max_size=3)),
+    st.builds(TokenizeMsg, uids, prompts, sampling, st.integers(1, 2**20), st.lists(texts, max_size=3)),
     st.builds(AbortMsg, uids),
     st.builds(DetokenizeMsg, uids, ints, st.booleans(), st.none() | st.sampled_from(["length", "stop", "abort"])),
     st.builds(RejectMsg, uids, texts),

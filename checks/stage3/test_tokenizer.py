@@ -430,7 +430,7 @@ def test_three_kinds_of_prompt(qwen: Any) -> None:
         3: [9707, 1879, 0],
     }
     sp = SamplingParams(max_tokens=3)
-    backend, frontend = process_messages([TokenizeMsg(1, text, sp), TokenizeMsg(2, chat, sp), TokenizeMsg(3, [9707, 1879, 0], sp)], tm, dm)
+    backend, frontend = process_messages([TokenizeMsg(1, text, sp, 512), TokenizeMsg(2, chat, sp, 512), TokenizeMsg(3, [9707, 1879, 0], sp, 512)], tm, dm)
     assert frontend == [] and [type(m) for m in backend] == [UserMsg] * 3, tr("Three prompts give three UserMsg and no reply: {backend} / {frontend}",
                                                                           backend=backend, frontend=frontend)
     for m in backend:
@@ -445,7 +445,7 @@ def test_three_kinds_of_prompt(qwen: Any) -> None:
 def test_stop_hit_aborts_the_request_at_the_scheduler(qwen: Any) -> None:
     tm, dm = TokenizeManager(qwen), DetokenizeManager(qwen)
     hello, world = words(qwen, " Hello", " world")
-    backend, _ = process_messages([TokenizeMsg(1, "a", SamplingParams(), ["wor"]), TokenizeMsg(2, "b", SamplingParams(), ["wor"])], tm, dm)
+    backend, _ = process_messages([TokenizeMsg(1, "a", SamplingParams(), 512, ["wor"]), TokenizeMsg(2, "b", SamplingParams(), 512, ["wor"])], tm, dm)
     assert len(backend) == 2
     backend, frontend = process_messages([
         DetokenizeMsg(1, hello), DetokenizeMsg(2, hello),
@@ -464,16 +464,26 @@ def test_stop_hit_aborts_the_request_at_the_scheduler(qwen: Any) -> None:
 def test_reject_abort_and_bad_prompts_are_answered(qwen: Any) -> None:
     tm, dm = TokenizeManager(qwen), DetokenizeManager(qwen)
     backend, frontend = process_messages([
-        TokenizeMsg(1, "hello there", SamplingParams()),
-        TokenizeMsg(2, "x", SamplingParams()),
-        TokenizeMsg(3, "y", SamplingParams()),
-        TokenizeMsg(4, "", SamplingParams()),
-        TokenizeMsg(5, [len(qwen) + 5], SamplingParams()),
-        TokenizeMsg(6, 3.5, SamplingParams()),  # type: ignore[arg-type]
+        TokenizeMsg(1, "hello there", SamplingParams(), 512),
+        TokenizeMsg(2, "x", SamplingParams(), 512),
+        TokenizeMsg(3, "y", SamplingParams(), 512),
+        TokenizeMsg(4, "", SamplingParams(), 512),
+        TokenizeMsg(5, [len(qwen) + 5], SamplingParams(), 512),
+        TokenizeMsg(6, 3.5, SamplingParams(), 512),  # type: ignore[arg-type]
+        TokenizeMsg(7, "hello there", SamplingParams(), 2),  # 达到长度上限 | en: reaches the length limit
+        TokenizeMsg(8, "x", SamplingParams(max_tokens=5), 5),  # 1 + 5 > 5
+        TokenizeMsg(9, "x", SamplingParams(logit_bias={str(len(qwen) + 1): 1.0}), 512),
     ], tm, dm)
     assert [m.uid for m in backend] == [1, 2, 3], tr("Only the good prompts reach the scheduler: {backend}", backend=backend)
-    assert [(r.uid, r.finished, bool(r.error)) for r in frontend] == [(4, True, True), (5, True, True), (6, True, True)], (
-        tr("A prompt that cannot be tokenized is answered at once with an error: {frontend}", frontend=frontend))
+    got = [(r.uid, r.finished, bool(r.error), r.code) for r in frontend]
+    length = "context_length_exceeded"
+    assert got == [(4, True, True, "invalid_value"), (5, True, True, "invalid_value"), (6, True, True, None),
+                   (7, True, True, length), (8, True, True, length), (9, True, True, "invalid_value")], (
+        tr("A prompt that cannot be tokenized, or fails the check of its tokens and length, is answered at once with an error and its code: {got}", got=got))
+    room = 512 - len(tm.tokenize("x"))
+    assert backend[1].sampling_params.max_tokens == room, tr(
+        "An absent max_tokens is settled in the tokenizer process to all the room left ({room}), got {got}", room=room,
+        got=backend[1].sampling_params.max_tokens)
     assert sorted(dm.decode_map) == [1, 2, 3]
     backend, frontend = process_messages([
         DetokenizeMsg(1, 11), RejectMsg(2, "too long"), AbortMsg(3), DetokenizeMsg(3, 11), RejectMsg(3, "late"),
@@ -535,7 +545,7 @@ def test_worker_process_end_to_end(tiny_path: str, qwen: Any) -> None:
         assert psutil.Process(proc.pid).children() == [], tr("The tokenizer process starts no process of its own")
         inbox = ZmqPushQueue(addrs.tokenizer, create=False)
         chat = [{"role": "user", "content": "Hi"}]
-        inbox.put(BatchTokenizerMsg([TokenizeMsg(1, " Hello world", SamplingParams(), ["wor"]), TokenizeMsg(2, chat, SamplingParams())]))
+        inbox.put(BatchTokenizerMsg([TokenizeMsg(1, " Hello world", SamplingParams(), 512, ["wor"]), TokenizeMsg(2, chat, SamplingParams(), 512)]))
         users = receive(scheduler, proc, 2)
         assert [(m.uid, m.input_ids.tolist()) for m in users] == [
             (1, qwen.encode(" Hello world", add_special_tokens=False)),
@@ -555,7 +565,7 @@ def test_worker_process_end_to_end(tiny_path: str, qwen: Any) -> None:
         last = receive(api_server, proc, 1)[0]
         assert (last.uid, last.finished, last.finish_reason, last.completion_tokens) == (2, True, "length", 3), (
             tr("Only request 2 answers, finished: got {got}", got=last))
-        inbox.put(TokenizeMsg(3, "x", SamplingParams()))
+        inbox.put(TokenizeMsg(3, "x", SamplingParams(), 512))
         receive(scheduler, proc, 1)
         inbox.put(RejectMsg(3, "too long"))
         rejected = receive(api_server, proc, 1)[0]

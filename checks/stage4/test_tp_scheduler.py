@@ -42,7 +42,7 @@ WORLD = 2
 #: en: the order they join; number 7 is aborted midway.
 REQUESTS = {5: (LATER_PROMPTS[0], 6, 0.0), 2: (LATER_PROMPTS[1], 6, 0.0), 9: (LATER_PROMPTS[2], 6, 1.0),
             7: (LATER_PROMPTS[3], 40, 0.0)}
-ABORTED, BAD, LATE = 7, 11, 3
+ABORTED, LATE = 7, 3
 #: 这里的集合通信最多等几秒（课程的缺省是 300 秒），以及最后空闲多久：空闲的秩若在集合通信里等，就会超时出错。
 #: en: How long the collectives here wait at most (the course's default is 300 s), and how long the ranks then stay
 #: en: idle: an idle rank that waits inside a collective times out with an error.
@@ -73,8 +73,8 @@ def _feed(sched: Any, push: Any, it: int, state: dict[str, Any]) -> bool:
         push.put(_user_msg(ABORTED, *REQUESTS[ABORTED]))
     elif not state["aborted"] and state["tokens"][ABORTED] >= 3:
         push.put(AbortBackendMsg(ABORTED))
-        push.put(_user_msg(BAD, [10**7], 4, 0.0))  # 词表外的 token：拒绝 | en: a token outside the vocabulary: rejected
         push.put(_user_msg(LATE, LATER_PROMPTS[0], 4, 0.0))
+        push.put(_user_msg(LATE, [5, 6], 4, 0.0))  # uid 重复：拒绝 | en: a repeated uid: refused
         state["aborted"] = True
     elif state["aborted"] and not sched.busy and not state["exit"]:
         time.sleep(IDLE_S)  # 空闲得比集合通信的时限还久 | en: idle for longer than the collectives' time limit
@@ -216,7 +216,8 @@ def test_every_rank_receives_the_same_messages(ranks: list[dict[str, Any]]) -> N
     expect(logs[1]["msgs"], logs[0]["msgs"], tr(
         "In every iteration rank 1 must handle exactly the messages rank 0 received (rank 0 forwards them and broadcasts how many)"))
     seen = Counter(m for it in logs[0]["msgs"] for m in it)
-    want = Counter({("UserMsg", uid): 1 for uid in [*REQUESTS, BAD, LATE]} | {("AbortBackendMsg", ABORTED): 1, ("ExitMsg", None): 1})
+    want = Counter({("UserMsg", uid): 1 for uid in REQUESTS} | {("UserMsg", LATE): 2, ("AbortBackendMsg", ABORTED): 1,
+                                                                ("ExitMsg", None): 1})
     expect(dict(seen), dict(want), tr("Every message fed to rank 0 is handled once on each rank, none lost, none twice"))
     expect(logs[0]["msgs"][-1], [("ExitMsg", None)], tr("The exit message is the last one, and every rank leaves in that iteration"))
 
@@ -270,8 +271,8 @@ def test_only_rank_0_replies_once(ranks: list[dict[str, Any]]) -> None:
     logs = loops(ranks)
     replies = Counter(logs[0]["replies"])
     events = Counter(("DetokenizeMsg", uid) for uid, _, _, reason in logs[0]["events"] if reason != "abort")
-    expect(dict(replies), dict(events | Counter({("RejectMsg", BAD): 1})), tr(
-        "The tokenizer gets each decision once (one DetokenizeMsg per token or finish, one RejectMsg for the bad request, nothing for the abort): only rank 0 replies"))
+    expect(dict(replies), dict(events | Counter({("RejectMsg", LATE): 1})), tr(
+        "The tokenizer gets each decision once (one DetokenizeMsg per token or finish, one RejectMsg for the request with a repeated uid, nothing for the abort): only rank 0 replies"))
     expect(logs[1]["replies"], [], tr("Rank 1 has no socket to the tokenizer"))
 
 

@@ -57,11 +57,11 @@ def iterate(abort_at: int | None = None, abort_uid: int = -1) -> None:
         i += 1
 
 
-print(tr("1. three requests in one message; uid 42's prompt is over the limit of {n} tokens", n=sched.max_seq_len))
+print(tr("1. three requests in one message; the third repeats uid 7, which is still running"))
 to_scheduler.put(BatchBackendMsg(data=[
     request(1000, "The capital of France is", max_tokens=4),
     request(7, "My favourite colour is", max_tokens=10),
-    request(42, "hello " * 80, max_tokens=4),
+    request(7, "hello", max_tokens=4),
 ]))
 iterate()
 print(tr("2. a long request aborted while it runs"))

@@ -97,7 +97,7 @@ class Frontend:
         self.live[uid] = queue
         self.metrics.submitted(uid)
         try:
-            await self.send.put(TokenizeMsg(uid, req.prompt, req.sampling_params, req.stop))
+            await self.send.put(TokenizeMsg(uid, req.prompt, req.sampling_params, self.max_seq_len, req.stop))
         except BaseException:  # 没发出去：不留登记（否则 minisgl_active_requests 永远降不下来） | en: not sent: unregister (or minisgl_active_requests never comes down)
             self.live.pop(uid, None)
             self.metrics.withdrawn(uid)

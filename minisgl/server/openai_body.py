@@ -237,17 +237,22 @@ def echo_of(body: dict[str, Any], kind: str, prompts: list[Any], logprobs: bool)
     return echo is True
 
 
-def with_controls(sp: SamplingParams, body: dict[str, Any], kind: str) -> SamplingParams:
-    """``sp`` 加上第 3.5 章的采样控制和第 3.6 章的语法（:func:`controls_from`），再过一遍
-    :func:`~minisgl.validation.check_sampling` 这道门；:class:`~minisgl.core.InvalidParam` 变成 400，``param`` 写请求里
-    用的名字（补全的 ``top_logprobs`` 写作 ``logprobs``，``json_schema`` 来自 ``response_format`` 时写后者）。
+def checked(sp: SamplingParams, body: dict[str, Any], kind: str) -> SamplingParams:
+    """API 服务器的那一道门：``sp`` 加上第 3.5 章的采样控制和第 3.6 章的语法（:func:`controls_from`），整个过一遍
+    :func:`~minisgl.validation.check_sampling`，只这一次（token 和长度由分词进程查）。
+    :class:`~minisgl.core.InvalidParam` 变成 400，``param`` 写请求里用的名字（``max_tokens`` 来自
+    ``max_completion_tokens`` 时写后者，补全的 ``top_logprobs`` 写作 ``logprobs``，``json_schema`` 来自
+    ``response_format`` 时写后者）。
 
-    en: ``sp`` plus chapter 3.5's sampling controls and chapter 3.6's grammar (:func:`controls_from`), passed once more
-    through the :func:`~minisgl.validation.check_sampling` gate; an :class:`~minisgl.core.InvalidParam` becomes a 400
-    whose ``param`` is the name the request used (a completion's ``top_logprobs`` is ``logprobs``, a ``json_schema``
-    from ``response_format`` is the latter).
+    en: The API server's gate: ``sp`` plus chapter 3.5's sampling controls and chapter 3.6's grammar
+    (:func:`controls_from`), the whole passed through :func:`~minisgl.validation.check_sampling`, this once (the
+    tokenizer process checks tokens and length). An :class:`~minisgl.core.InvalidParam` becomes a 400 whose ``param``
+    is the name the request used (``max_completion_tokens`` when ``max_tokens`` came from it, a completion's
+    ``top_logprobs`` is ``logprobs``, a ``json_schema`` from ``response_format`` is the latter).
     """
-    names = {"top_logprobs": "top_logprobs" if kind == "chat" else "logprobs",
+    names = {"max_tokens": "max_tokens" if body.get("max_tokens") is not None or body.get("max_completion_tokens") is None
+             else "max_completion_tokens",
+             "top_logprobs": "top_logprobs" if kind == "chat" else "logprobs",
              "json_schema": "response_format" if body.get("response_format") is not None else "json_schema"}
     sp = replace(sp, **controls_from(body, kind))
     try:

@@ -257,12 +257,87 @@ class PaddedMetadata(VarlenMetadata):
     # [T]：拼接张量里第 t 个 token 在补齐结果（摊平成 B * max_q）里的位置
     # en: [T]: where token t of the concatenated tensor sits in the padded result (flattened to B * max_q)
     out_index: torch.Tensor
-    # [B, max_k]：每个 key 位置的 KV 槽位（补的位置随便指一个合法槽位）
-    # en: [B, max_k]: the KV slot of each key position (padding points at any valid slot)
+    # [B, max_k] int64：每个 key 位置的 KV 槽位（补的位置指向本请求写过的一个槽位）
+    # en: [B, max_k] int64: the KV slot of each key position (padding points at a slot this request has written)
     kv_slots: torch.Tensor
     # [B, 1, max_q, max_k] 布尔：因果（错开 cached_len）且不超出本请求的长度
     # en: [B, 1, max_q, max_k] bool: causal (offset by cached_len) and within this request's length
     mask: torch.Tensor
+
+
+def padded_metadata(base: VarlenMetadata, page_table: torch.Tensor) -> PaddedMetadata:
+    """把变长批次 ``base`` 补齐成矩形：返回 :class:`PaddedMetadata`，``base`` 的字段原样保留，另加四个张量
+    （含义见它的字段注释），全都放在页表所在的设备上。B 是请求数，``max_q``、``max_k`` 是本批最多的 query 数和 key 数。
+
+    - ``q_index`` [B, max_q]、``out_index`` [T]：补齐和还原 query 用的下标；
+    - ``mask`` [B, 1, max_q, max_k] 布尔：真实的 query 与 :func:`causal_mask_with_prefix` 相同（因果、错开 cached_len、
+      不超出本请求的 seq_len）；补出来的 query 行也至少要看得到一个 key，否则这一行的 softmax 分母是 0，得 NaN；
+    - ``kv_slots`` [B, max_k] int64：key 位置 j < seq_len 是页表里本请求那一行（``base.table_idx``）的第 j 个槽位；
+      补出来的位置（j >= seq_len）要指向本请求写过的槽位，例如它的第一个。KV 池用 ``torch.empty`` 分配，没写过的槽位里
+      可能是 NaN：被掩掉的 key 权重是 0，但 ``0 × NaN`` 仍是 NaN，会把整行输出弄坏。
+
+    en: Pad the variable-length batch ``base`` into a rectangle: return a :class:`PaddedMetadata` that keeps the fields
+    of ``base`` as they are and adds four tensors (its field comments give their meaning), all on the device of the page
+    table. B is the number of requests; ``max_q`` and ``max_k`` are the largest query and key counts in the batch.
+
+    - ``q_index`` [B, max_q] and ``out_index`` [T]: the indices that pad the queries and put them back;
+    - ``mask`` [B, 1, max_q, max_k] bool: for a real query the same as :func:`causal_mask_with_prefix` (causal, offset
+      by cached_len, never beyond the request's seq_len); a padded query row must also see at least one key, or the
+      softmax of that row divides by 0 and gives NaN;
+    - ``kv_slots`` [B, max_k] int64: key position j < seq_len is the j-th slot of the request's page-table row
+      (``base.table_idx``); a padded position (j >= seq_len) must point at a slot the request has written, for
+      example its first. The KV pool is allocated with ``torch.empty``, so an unwritten slot may hold NaN: a masked key
+      gets weight 0, but ``0 × NaN`` is still NaN and spoils the whole output row.
+    """
+    # >>> TASK padded_metadata: 返回函数文档里的 PaddedMetadata：base 的字段原样保留，再加 q_index [B, max_q]、out_index [T]、kv_slots [B, max_k]（int64）和布尔的 mask [B, 1, max_q, max_k]，都在页表的设备上。真实的 query 因果、错开已缓存的部分、不超出本请求的长度；补出来的 query 行至少看得到一个 key；补出来的 key 位置指向本请求写过的槽位。给定：变长元数据 base，页表
+    # en: return the PaddedMetadata of the docstring: the fields of base kept as they are, plus q_index [B, max_q], out_index [T], kv_slots [B, max_k] (int64) and a boolean mask [B, 1, max_q, max_k], all on the page table's device. A real query is causal, offset by the part already in the cache, and never sees beyond its request's length; a padded query row sees at least one key; a padded key position points at a slot the request has written. Given: the variable-length metadata base, the page table
+    # hint1: 不用逐请求循环，全部用广播：以每个请求为一行、i = 0..max_q−1（或 key 的 j = 0..max_k−1）为列，几个量都能一次算出。补出来的 query 行有个省事的排法：位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，这一行不会全被屏蔽，也不用单独处理。kv_slots 先从页表里照搬 max_k 列，再把超出 seq_len 的列换成本请求的第 0 列（torch.where）。
+    # en1: No loop over requests, broadcasting throughout: with one row per request and i = 0..max_q−1 (or, for keys, j = 0..max_k−1) as columns,
+    # en1: each value comes out in one go. A padded query row has an easy arrangement: give it position cached_len + i as usual;
+    # en1: that lies beyond seq_len, so it sees every key of its request, is never fully masked and needs no special case.
+    # en1: For kv_slots, copy max_k columns straight from the page table, then replace the columns beyond seq_len by the request's column 0 (torch.where).
+    # hint2: 1. cached、seq 是 base.cached_lens、base.seq_lens 建成的张量；extend = seq - cached；start = torch.tensor(base.cu_seqlens_q_cpu[:-1])；
+    # hint2:    bs = len(base.seq_lens)；max_q, max_k = int(extend.max()), int(seq.max())；i, j = torch.arange(max_q), torch.arange(max_k)；
+    # hint2: 2. q_index = start[:, None] + torch.minimum(i[None, :], extend[:, None] - 1)（补的位置重复本请求最后一个 query）；
+    # hint2: 3. out_index = torch.arange(bs * max_q).view(bs, max_q)[i[None, :] < extend[:, None]]（按行取出真实位置，正好是拼接的顺序）；
+    # hint2: 4. valid = j[None, :] < seq[:, None]；q_pos = cached[:, None] + i[None, :]；mask = (j[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :]；
+    # hint2: 5. kv_slots = page_table[torch.tensor(base.table_idx, device=device), :max_k].long()；kv_slots = torch.where(valid.to(device), kv_slots, kv_slots[:, :1])；
+    # hint2: 6. return PaddedMetadata(**vars(base), q_index=q_index.to(device), out_index=out_index.to(device), kv_slots=kv_slots, mask=mask[:, None].to(device))，device 是 page_table.device。
+    # en2: 1. cached and seq are tensors of base.cached_lens and base.seq_lens; extend = seq - cached; start = torch.tensor(base.cu_seqlens_q_cpu[:-1]);
+    # en2:    bs = len(base.seq_lens); max_q, max_k = int(extend.max()), int(seq.max()); i, j = torch.arange(max_q), torch.arange(max_k);
+    # en2: 2. q_index = start[:, None] + torch.minimum(i[None, :], extend[:, None] - 1) (padding repeats the request's last query);
+    # en2: 3. out_index = torch.arange(bs * max_q).view(bs, max_q)[i[None, :] < extend[:, None]] (the real positions row by row,
+    # en2:    which is the concatenation order);
+    # en2: 4. valid = j[None, :] < seq[:, None]; q_pos = cached[:, None] + i[None, :]; mask = (j[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :];
+    # en2: 5. kv_slots = page_table[torch.tensor(base.table_idx, device=device), :max_k].long(); kv_slots = torch.where(valid.to(device), kv_slots, kv_slots[:, :1]);
+    # en2: 6. return PaddedMetadata(**vars(base), q_index=q_index.to(device), out_index=out_index.to(device), kv_slots=kv_slots, mask=mask[:, None].to(device)),
+    # en2:    with device = page_table.device.
+    device = page_table.device
+    cached, seq = torch.tensor(base.cached_lens), torch.tensor(base.seq_lens)
+    extend, start = seq - cached, torch.tensor(base.cu_seqlens_q_cpu[:-1])
+    bs, max_q, max_k = len(base.seq_lens), int(extend.max()), int(seq.max())
+    i, j = torch.arange(max_q), torch.arange(max_k)
+    q_index = start[:, None] + torch.minimum(i[None, :], extend[:, None] - 1)
+    out_index = torch.arange(bs * max_q).view(bs, max_q)[i[None, :] < extend[:, None]]
+    # [B, max_k]：key 位置在本请求的长度之内
+    # en: [B, max_k]: the key position lies within the request's length
+    valid = j[None, :] < seq[:, None]
+    # 每个 query 的绝对位置；补的行超出 seq_len，于是看得到本请求的全部 key
+    # en: each query's absolute position; padded rows lie beyond seq_len, so they see every key of their request
+    q_pos = cached[:, None] + i[None, :]
+    mask = (j[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :]
+    # 补齐的 key 位置改指本请求的第一个槽位（总已写过），不读没写过、可能是 NaN 的槽位
+    # en: padded key positions point at the request's first slot (always written), never at an unwritten slot that may hold NaN
+    kv_slots = page_table[torch.tensor(base.table_idx, device=device), :max_k].long()
+    kv_slots = torch.where(valid.to(device), kv_slots, kv_slots[:, :1])
+    return PaddedMetadata(
+        **vars(base),
+        q_index=q_index.to(device),
+        out_index=out_index.to(device),
+        kv_slots=kv_slots,
+        mask=mask[:, None].to(device),
+    )
+    # <<< TASK
 
 
 class SDPAAttnBackend(BaseAttnBackend):
@@ -277,57 +352,7 @@ class SDPAAttnBackend(BaseAttnBackend):
         self.page_table = page_table
 
     def prepare_metadata(self, batch: Batch) -> None:
-        base = make_varlen_metadata(batch, self.page_table.device)
-        device = self.page_table.device
-        # >>> TASK padded_metadata: 算出后面代码要用的四个量（含义见 PaddedMetadata 的字段注释）：q_index [B, max_q]、out_index [T]、kv_slots [B, max_k]（int64，和页表在同一设备上，后面的代码不再搬它）和布尔的 mask [B, max_q, max_k]（头维在后面加）；max_q、max_k 是本批最多的 query 数和 key 数。真实的 query 行因果、错开已缓存的部分、不超出本请求的长度；补出来的 query 行也至少要看得到一个 key。给定：上面的变长元数据，页表
-        # en: compute the four values the code below uses (PaddedMetadata's field comments give their meaning): q_index [B, max_q], out_index [T], kv_slots [B, max_k] (int64, where the page table lives: the code below does not move it) and a boolean mask [B, max_q, max_k] (the head dim is added below); max_q and max_k are the largest query and key counts among the requests. A real query is causal, offset by the part already in the cache, and never sees beyond its request's length; a padded query must also see at least one key. Given: the variable-length metadata above, the page table
-        # hint1: 不用逐请求循环，全部用广播：以每个请求为一行、i = 0..max_q−1 为列，几个量都能一次算出。补出来的 query 行有个省事的排法：位置照样记作 cached_len + i，它超出 seq_len，于是看得到本请求的全部 key，这一行不会全被屏蔽，也不用单独处理。
-        # en1: No loop over requests, broadcasting throughout: with one row per request and i = 0..max_q−1 as columns, each value comes out in one go.
-        # en1: A padded query row has an easy arrangement: give it position cached_len + i as usual;
-        # en1: that lies beyond seq_len, so it sees every key of its request, is never fully masked and needs no special case.
-        # hint2: 1. cached、seq 是 base.cached_lens、base.seq_lens 建成的张量；extend = seq - cached；start = torch.tensor(base.cu_seqlens_q_cpu[:-1])；
-        # hint2:    max_q, max_k = int(extend.max()), int(seq.max())；i = torch.arange(max_q)；
-        # hint2: 2. q_index = start[:, None] + torch.minimum(i[None, :], extend[:, None] - 1)（补的位置重复本请求最后一个 query）；
-        # hint2: 3. out_index = torch.arange(batch.size * max_q).view(batch.size, max_q)[i[None, :] < extend[:, None]]（按行取出真实位置，正好是拼接的顺序）；
-        # hint2: 4. kv_slots = self.page_table[torch.tensor(base.table_idx, device=device), :max_k].long()；
-        # hint2: 5. q_pos = cached[:, None] + i[None, :]；j = torch.arange(max_k)；
-        # hint2:    mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < seq[:, None, None])。
-        # en2: 1. cached and seq are tensors of base.cached_lens and base.seq_lens; extend = seq - cached; start = torch.tensor(base.cu_seqlens_q_cpu[:-1]);
-        # en2:    max_q, max_k = int(extend.max()), int(seq.max()); i = torch.arange(max_q);
-        # en2: 2. q_index = start[:, None] + torch.minimum(i[None, :], extend[:, None] - 1) (padding repeats the request's last query);
-        # en2: 3. out_index = torch.arange(batch.size * max_q).view(batch.size, max_q)[i[None, :] < extend[:, None]] (the real positions row by row,
-        # en2:    which is the concatenation order);
-        # en2: 4. kv_slots = self.page_table[torch.tensor(base.table_idx, device=device), :max_k].long();
-        # en2: 5. q_pos = cached[:, None] + i[None, :]; j = torch.arange(max_k);
-        # en2:    mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < seq[:, None, None]).
-        cached = torch.tensor(base.cached_lens)
-        seq = torch.tensor(base.seq_lens)
-        extend, start = seq - cached, torch.tensor(base.cu_seqlens_q_cpu[:-1])
-        max_q, max_k = int(extend.max()), int(seq.max())
-        i = torch.arange(max_q)
-        q_index = start[:, None] + torch.minimum(i[None, :], extend[:, None] - 1)
-        out_index = torch.arange(batch.size * max_q).view(batch.size, max_q)[i[None, :] < extend[:, None]]
-        rows = torch.tensor(base.table_idx, device=device)
-        kv_slots = self.page_table[rows, :max_k].long()
-        # 每个 query 的绝对位置；补的行超出 seq_len，于是看得到全部 key
-        # en: each query's absolute position; padded rows lie beyond seq_len, so they see every key
-        q_pos = cached[:, None] + i[None, :]
-        j = torch.arange(max_k)
-        mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < seq[:, None, None])
-        # <<< TASK
-        # 补齐的 key 位置改指本请求的第一个槽位（总已写过）：KV 池用 torch.empty 分配，没写过的槽位里可能是 NaN，
-        # 被掩掉的 key 权重是 0，但 0 × NaN 仍是 NaN
-        # en: padded key positions are pointed at the request's first slot (always written): the KV pool is allocated
-        # en: with torch.empty, so an unwritten slot may hold NaN; a masked key gets weight 0, but 0 × NaN is still NaN
-        valid = torch.arange(kv_slots.shape[1], device=device)[None, :] < torch.tensor(base.seq_lens, device=device)[:, None]
-        kv_slots = torch.where(valid, kv_slots, kv_slots[:, :1])
-        batch.attn_metadata = PaddedMetadata(
-            **vars(base),
-            q_index=q_index.to(device),
-            out_index=out_index.to(device),
-            kv_slots=kv_slots,
-            mask=mask[:, None].to(device),
-        )
+        batch.attn_metadata = padded_metadata(make_varlen_metadata(batch, self.page_table.device), self.page_table)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)

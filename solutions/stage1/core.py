@@ -52,7 +52,9 @@ class SamplingParams:
     top_k: int = -1  # -1：不限制 | en: -1: no limit
     top_p: float = 1.0
     ignore_eos: bool = False
-    max_tokens: int = 1024
+    # 最多输出多少个 token；None：直到上下文用完（提示词 + 输出 = 单个请求的长度上限）
+    # en: the most tokens to output; None: until the context is full (prompt + output = one request's length limit)
+    max_tokens: int | None = None
     # 给了种子，这个请求的随机数只由（种子，位置）决定，与同批的其他请求无关
     # en: with a seed, this request's random numbers depend only on (seed, position), not on the other requests in the
     # en: batch
@@ -89,8 +91,8 @@ class SamplingParams:
         parameters' ranges are written here only: the offline API, the scheduler and the server all pass through it
         (:func:`minisgl.validation.check_sampling`), and the server names the parameter from ``InvalidParam.param``.
         """
-        # >>> TASK validate_sampling_params: 把不可能的采样参数挡在门外，边界值都合法：温度不能为负；top-k 要么是 -1（不限制），要么至少为 1；top-p 落在 (0, 1] 里；最多生成的 token 数至少为 1。不合法就抛 InvalidParam，带上出错字段的名字，消息里写出收到的值
-        # en: reject impossible sampling parameters, boundary values being valid: temperature not negative; top-k either -1 (no limit) or at least 1; top-p within (0, 1]; at least 1 token of output. On a bad value raise InvalidParam carrying the offending field's name, with a message that states the value received
+        # >>> TASK validate_sampling_params: 把不可能的采样参数挡在门外，边界值都合法：温度不能为负；top-k 要么是 -1（不限制），要么至少为 1；top-p 落在 (0, 1] 里；给了最多生成的 token 数就至少为 1（None 表示直到上下文用完，是合法的）。不合法就抛 InvalidParam，带上出错字段的名字，消息里写出收到的值
+        # en: reject impossible sampling parameters, boundary values being valid: temperature not negative; top-k either -1 (no limit) or at least 1; top-p within (0, 1]; max_tokens, when given, at least 1 (None, meaning until the context is full, is valid). On a bad value raise InvalidParam carrying the offending field's name, with a message that states the value received
         # hint1: 四个条件互不相干：各查各的，各抛各的。留意两个特殊的边界：top_k 的 -1 表示“不限制”，不是错误；top_p 的区间左开右闭（0 不行，1 可以）。
         # en1: The four conditions are unrelated: check each on its own and raise for it.
         # en1: Mind two special boundaries: -1 for top_k means "no limit", not an error,
@@ -98,11 +100,11 @@ class SamplingParams:
         # hint2: 1. self.temperature < 0 → raise InvalidParam("temperature", 说明)；
         # hint2: 2. self.top_k != -1 且 self.top_k < 1 → raise InvalidParam("top_k", …)；
         # hint2: 3. not 0.0 < self.top_p <= 1.0 → raise InvalidParam("top_p", …)；
-        # hint2: 4. self.max_tokens < 1 → raise InvalidParam("max_tokens", …)。说明像文件里别处一样用 tr(...) 包起来，写出收到的值。
+        # hint2: 4. self.max_tokens 不是 None 且 < 1 → raise InvalidParam("max_tokens", …)。说明像文件里别处一样用 tr(...) 包起来，写出收到的值。
         # en2: 1. self.temperature < 0 → raise InvalidParam("temperature", message);
         # en2: 2. self.top_k != -1 and self.top_k < 1 → raise InvalidParam("top_k", ...);
         # en2: 3. not 0.0 < self.top_p <= 1.0 → raise InvalidParam("top_p", ...);
-        # en2: 4. self.max_tokens < 1 → raise InvalidParam("max_tokens", ...).
+        # en2: 4. self.max_tokens is not None and < 1 → raise InvalidParam("max_tokens", ...).
         # en2:    Wrap the message in tr(...) like the rest of the file, and state the value received.
         if self.temperature < 0:
             raise InvalidParam("temperature", tr("temperature must not be negative, got {temperature}", temperature=self.temperature))
@@ -110,7 +112,7 @@ class SamplingParams:
             raise InvalidParam("top_k", tr("top_k must be either -1 (no limit) or >= 1, got {top_k}", top_k=self.top_k))
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidParam("top_p", tr("top_p must be in (0, 1], got {top_p}", top_p=self.top_p))
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidParam("max_tokens", tr("max_tokens must be at least 1, got {max_tokens}", max_tokens=self.max_tokens))
         # <<< TASK
 

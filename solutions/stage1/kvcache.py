@@ -60,18 +60,25 @@ class MHAKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
+        """分配整个 KV 池（只分配、不初始化内容），并把五个尺寸参数存成同名属性。
+
+        en: Allocate the whole KV pool (allocation only, the contents are not initialised) and keep the five size
+        arguments as attributes of the same names.
+        """
+        # >>> TASK kv_pool_init: 建起这个 KV 池：五个尺寸参数原样存成同名属性（本类的其余方法、引擎和后面的章节都读它们）；整块池子分配成 self._kv_buffer：形状见类文档（第 0 维先 K 后 V），元素类型和设备按参数给的；不要填 0（类文档写了为什么）
+        # en: set up this KV pool: keep the five size arguments as attributes of the same names (the rest of the class, the engine and later chapters read them); allocate the whole pool as self._kv_buffer: shape as in the class docstring (dim 0: K first, then V), element type and device as the arguments say; do not fill it with zeros (the class docstring says why)
+        # hint1: 类里的其余部分（K、V 两个视图，num_slots、dtype、device 几个属性）都从这些属性和这一个张量读，不另存别的东西；torch 有个只分配、不初始化内容的函数。
+        # en1: The rest of the class (the K and V views, the num_slots, dtype and device properties) reads from these attributes and this one tensor,
+        # en1: and keeps nothing else; torch has a function that allocates without initialising the contents.
+        # hint2: 1. self.num_kv_heads = num_kv_heads，num_layers、head_dim、num_pages、page_size 同样；
+        # hint2: 2. self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device)（第 0 维：0 是 K，1 是 V）。
+        # en2: 1. self.num_kv_heads = num_kv_heads, and the same for num_layers, head_dim, num_pages and page_size;
+        # en2: 2. self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device) (dim 0: 0 is K, 1 is V).
         self.num_kv_heads = num_kv_heads
         self.num_layers = num_layers
         self.head_dim = head_dim
         self.num_pages = num_pages
         self.page_size = page_size
-        # >>> TASK kv_buffer: 把整块 KV 池分配在 self._kv_buffer：形状见类文档，元素类型和设备按参数给的；不要填 0（类文档写了为什么）
-        # en: allocate the whole KV pool as self._kv_buffer: shape as in the class docstring, element type and device as the arguments say; do not fill it with zeros (the class docstring says why)
-        # hint1: 类里的其余部分（K、V 两个视图，dtype、device 两个属性）都从这一个张量读；torch 有个只分配、不初始化内容的函数。
-        # en1: The rest of the class (the K and V views, the dtype and device properties) reads from this one tensor;
-        # en1: torch has a function that allocates without initialising the contents.
-        # hint2: self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device)（第 0 维：0 是 K，1 是 V）
-        # en2: self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device) (dim 0: 0 is K, 1 is V)
         self._kv_buffer = torch.empty(
             (2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
         )

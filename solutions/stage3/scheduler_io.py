@@ -5,9 +5,9 @@
 
 - **收**：没事可做（没有等待或运行的请求，也没有在途的一步）时**阻塞**等下一条消息；有事可做时只把已经到了的
   消息全部取走，绝不等待——否则正在解码的请求会被一个迟迟不来的新请求卡住；
-- **处理消息**：``UserMsg`` 先校验（提示词要比单个请求的长度上限短，``max_tokens`` 像第 2 阶段一样截到上限之内），
-  再用 API 服务器给的 **同一个 uid** 加进调度器；永远放不下的请求回一条 ``RejectMsg``，说清原因——绝不悄悄丢掉，
-  否则客户端会一直等下去；``AbortBackendMsg`` 取消请求（不认识或已经结束的 uid 直接忽略）；``ExitMsg`` 结束循环；
+- **处理消息**：``UserMsg`` 在进门处已经查过（API 服务器查采样参数，分词进程查 token 和长度），这里照单收下，用
+  API 服务器给的 **同一个 uid** 加进调度器；只有 uid 与还没了结的请求重复时回一条 ``RejectMsg``，说清原因——绝不
+  悄悄丢掉，否则客户端会一直等下去；``AbortBackendMsg`` 取消请求（不认识或已经结束的 uid 直接忽略）；``ExitMsg`` 结束循环；
 - **发**：调度器每做出一个决定就有一个 :class:`~minisgl.scheduling.RequestEvent`（第 2.1 章的结果监听）；每个事件变成
   一条 ``DetokenizeMsg``，结束的那条带上原因：``"length"``（到了 max_tokens）或 ``"stop"``（遇到 EOS）。取消不回消息：
   取消是分词进程发来的，它已经答复了客户端。每一步之后把这些消息打包成**恰好一条** ``BatchTokenizerMsg`` 发出；
@@ -30,10 +30,10 @@ have to go out step by step. This chapter connects stage 2's scheduler (chapter 
 - **receive**: with nothing to do (no waiting or running request, no step in flight) **block** for the next message;
   with work to do, take every message that has already arrived and never wait, or the decoding requests would be held up
   by a new request that is slow to come;
-- **process messages**: a ``UserMsg`` is validated first (the prompt must be shorter than one request's length limit,
-  and ``max_tokens`` is clipped to the limit as in stage 2), then added to the scheduler with **the same uid** the API
-  server gave it; a request that can never fit is answered with a ``RejectMsg`` that says why, never silently dropped, or
-  the client would wait forever; an ``AbortBackendMsg`` aborts a request (an unknown or finished uid is ignored); an
+- **process messages**: a ``UserMsg`` was checked where it entered (the API server checked its sampling parameters, the
+  tokenizer process its tokens and length), so it is taken as it is and added to the scheduler with **the same uid** the
+  API server gave it; only a uid equal to that of a request not settled yet is answered with a ``RejectMsg`` that says
+  why, never silently dropped, or the client would wait forever; an ``AbortBackendMsg`` aborts a request (an unknown or finished uid is ignored); an
   ``ExitMsg`` ends the loop;
 - **send**: each decision of the scheduler is a :class:`~minisgl.scheduling.RequestEvent` (chapter 2.1's result
   listeners); each event becomes one ``DetokenizeMsg``, and the last one of a request carries why it finished:
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import warnings
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
@@ -85,7 +84,6 @@ from minisgl.scheduler import Scheduler
 from minisgl.scheduling import RequestEvent, SchedulerParts
 from minisgl.server.args import ServerAddrs, ServerArgs, set_process_name
 from minisgl.trace import StepTrace
-from minisgl.validation import validate_requests
 
 #: ``DetokenizeMsg.next_token`` 不是输出文本时的值（EOS）。
 #: en: The value of ``DetokenizeMsg.next_token`` when it is not output text (EOS).
@@ -207,52 +205,33 @@ class SchedulerIO(Scheduler):
         # <<< TASK
 
     def _process_one_msg(self, msg: BaseBackendMsg) -> None:
-        """处理一条消息：新请求、取消或退出。
+        """处理一条消息：新请求、取消或退出。新请求在进门时已经查过（API 服务器查采样参数，分词进程查 token 和长度、
+        定下 ``max_tokens``），这里不再查。
 
-        en: Handle one message: a new request, an abort or exit.
+        en: Handle one message: a new request, an abort or exit. A new request was checked where it entered (the API
+        server checked its sampling parameters, the tokenizer process its tokens and length, settling ``max_tokens``);
+        nothing is checked again here.
         """
-        # >>> TASK process_msg: 处理一条发给调度器的消息：新请求交去接纳（或拒绝），取消让那个请求结束，退出让这次的 run_once 返回 False。约定：取消一个不认识的、已经结束或已经取消过的请求什么也不做——不报错、不回消息；不是这三种的消息抛 TypeError，不能悄悄吞掉。给定：self._add_user_msg、self.abort、self._exit_requested。
-        # en: Handle one message for the scheduler: a new request goes to admission (or is refused), an abort ends that request, exit makes this run_once return False. Contract: aborting an unknown request, or one already finished or aborted, does nothing: no error, no reply; a message of any other kind raises TypeError rather than being swallowed. Given: self._add_user_msg, self.abort, self._exit_requested.
-        # hint1: 按消息的类型分派（isinstance）。第 2.1 章的取消本来就宽容，直接交给它，不必自己先查请求在不在。
+        # >>> TASK process_msg: 处理一条发给调度器的消息：新请求用它自己的编号（API 服务器给的）加进调度器，取消让那个请求结束，退出让这次的 run_once 返回 False。约定：新请求已经在进门处查过，照单收下、不再查；只有调度器自己知道的一种情况要拒绝——编号与还没了结的请求重复——这时只回一条说明原因的 RejectMsg，调度器照常服务别的请求；取消一个不认识的、已经结束或已经取消过的请求什么也不做——不报错、不回消息；不是这三种的消息要抛出类型错误、写明它的类型，不能悄悄吞掉。给定：self.add_request（编号重复时抛异常）、self._reject、self.abort、self._exit_requested。
+        # en: Handle one message for the scheduler: a new request is added to the scheduler under its own id (the one the API server gave it), an abort ends that request, exit makes this run_once return False. Contract: a new request was checked where it entered, so take it as it is and check nothing again; only one case, which only the scheduler can know, is refused: an id equal to that of a request not settled yet, answered with exactly one RejectMsg saying why while the scheduler goes on serving the others; aborting an unknown request, or one already finished or aborted, does nothing: no error, no reply; a message of any other kind raises a type error naming its type rather than being swallowed. Given: self.add_request (raises on an id in use), self._reject, self.abort, self._exit_requested.
+        # hint1: 按消息的类型分派（isinstance）。第 2.1 章的取消本来就宽容，直接交给它，不必自己先查请求在不在；重复的 uid 也由 add_request 发现，你只需接住它的异常。
         # en1: Dispatch on the type of the message (isinstance).
-        # en1: Chapter 2.1's abort is already lenient: hand the uid straight to it, with no check of your own first.
-        # hint2: UserMsg → self._add_user_msg(msg)；AbortBackendMsg → self.abort(msg.uid)；ExitMsg → self._exit_requested = True；
-        # hint2: 其余 → raise TypeError（写明 type(msg).__name__）。
-        # en2: UserMsg → self._add_user_msg(msg); AbortBackendMsg → self.abort(msg.uid); ExitMsg → self._exit_requested = True;
-        # en2: anything else → raise TypeError (naming type(msg).__name__).
+        # en1: Chapter 2.1's abort is already lenient: hand the uid straight to it, with no check of your own first; add_request also finds a repeated uid, you only catch its exception.
+        # hint2: UserMsg → try: self.add_request(msg.input_ids, msg.sampling_params, uid=msg.uid)，except ValueError as err: self._reject(msg.uid, err)；
+        # hint2: AbortBackendMsg → self.abort(msg.uid)；ExitMsg → self._exit_requested = True；其余 → raise TypeError（写明 type(msg).__name__）。
+        # en2: UserMsg → try: self.add_request(msg.input_ids, msg.sampling_params, uid=msg.uid), except ValueError as err: self._reject(msg.uid, err);
+        # en2: AbortBackendMsg → self.abort(msg.uid); ExitMsg → self._exit_requested = True; anything else → raise TypeError (naming type(msg).__name__).
         if isinstance(msg, UserMsg):
-            self._add_user_msg(msg)
+            try:
+                self.add_request(msg.input_ids, msg.sampling_params, uid=msg.uid)
+            except ValueError as err:
+                self._reject(msg.uid, err)
         elif isinstance(msg, AbortBackendMsg):
             self.abort(msg.uid)
         elif isinstance(msg, ExitMsg):
             self._exit_requested = True
         else:
             raise TypeError(tr("The scheduler cannot handle a message of type {type}", type=type(msg).__name__))
-        # <<< TASK
-
-    def _add_user_msg(self, msg: UserMsg) -> None:
-        """校验一个新请求；放得下就用它自己的 uid 加进来，永远放不下就回一条 RejectMsg。
-
-        en: Validate a new request; if it fits, add it under its own uid; if it can never fit, answer with a RejectMsg.
-        """
-        # >>> TASK admit: 放得下的新请求用它自己的 uid（API 服务器给的）加进调度器；不合法或永远放不下的——提示词达到长度上限、token 不在词表里、空提示词、采样参数不对、uid 与还没了结的请求重复——只回一条 RejectMsg 说明原因（太长时写出提示词长度和上限），调度器照常服务别的请求；max_tokens 超出上限就截短，且不发警告（客户端从 finish_reason "length" 看得出来）。给定：validate_requests（第 2 阶段的校验）、self.add_request、self._reject。
-        # en: Add a new request that fits under its own uid (the one the API server gave it); one that is invalid or can never fit (a prompt reaching the length limit, a token outside the vocabulary, an empty prompt, bad sampling parameters, a uid equal to that of a request not settled yet) gets exactly one RejectMsg saying why (for a long prompt, its length and the limit), and the scheduler goes on serving the others; a max_tokens past the limit is clipped without a warning (the client sees finish_reason "length"). Given: validate_requests (stage 2's validation), self.add_request, self._reject.
-        # hint1: 第 2 阶段的校验函数处理的是一整批，这里给它一个只有一个提示词的列表；它和 add_request 抛的是同几种异常，放进同一个 try。截短时的警告用 warnings 的上下文管理器压下去。
-        # en1: Stage 2's validation takes a whole batch: give it a list holding the one prompt.
-        # en1: It and add_request raise the same kinds of exception, so they share one try. Silence the clipping warning with the warnings context manager.
-        # hint2: try：with warnings.catch_warnings(): warnings.simplefilter("ignore")；
-        # hint2: [(ids, sp)] = validate_requests([msg.input_ids], msg.sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len)；
-        # hint2: self.add_request(ids, sp, uid=msg.uid)；except (TypeError, ValueError) as err: self._reject(msg.uid, err)。
-        # en2: try: with warnings.catch_warnings(): warnings.simplefilter("ignore");
-        # en2: [(ids, sp)] = validate_requests([msg.input_ids], msg.sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len);
-        # en2: self.add_request(ids, sp, uid=msg.uid); except (TypeError, ValueError) as err: self._reject(msg.uid, err).
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                [(ids, sp)] = validate_requests([msg.input_ids], msg.sampling_params, tokenizer=self.tokenizer, max_seq_len=self.max_seq_len)
-            self.add_request(ids, sp, uid=msg.uid)
-        except (TypeError, ValueError) as err:
-            self._reject(msg.uid, err)
         # <<< TASK
 
     # ------------------------------------------------------------------ 发

@@ -71,7 +71,7 @@ from minisgl.message import (
     unwrap,
 )
 from minisgl.server.args import ServerAddrs, ServerArgs, set_process_name
-from minisgl.validation import check_token_ids
+from minisgl.validation import check_prompt
 
 #: 解码到一半的字符变成的替换字符。
 #: en: The replacement character a half-decoded character turns into.
@@ -102,11 +102,13 @@ class TokenizeManager:
 
     def tokenize(self, prompt: Any) -> list[int]:
         """文本 → ``encode(..., add_special_tokens=False)``；对话消息 → 分词器的对话模板（加上让模型开始回答的提示）；
-        token id 列表 → 原样。空提示词、词表外的 id、看不懂的类型抛 ValueError / TypeError（说明原因，回给客户端）。
+        token id 列表 → 原样。看不懂的类型抛 TypeError（说明原因，回给客户端）；token 由
+        :func:`~minisgl.validation.check_prompt` 检查。
 
         en: text → ``encode(..., add_special_tokens=False)``; chat messages → the tokenizer's chat template (with the
-        prompt that makes the model start its answer); a list of token ids → as it is. An empty prompt, ids outside the
-        vocabulary or a type it cannot read raise ValueError / TypeError (saying why; it goes back to the client).
+        prompt that makes the model start its answer); a list of token ids → as it is. A type it cannot read raises
+        TypeError (saying why; it goes back to the client); the tokens are checked by
+        :func:`~minisgl.validation.check_prompt`.
         """
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=False)
@@ -115,12 +117,9 @@ class TokenizeManager:
                                                           return_dict=False))
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = [int(t) for t in prompt]
-            check_token_ids(ids, self.vocab_size)
         else:
             raise TypeError(tr("The prompt must be a string, a list of chat messages or a list of token ids, got {type}",
                                type=type(prompt).__name__))
-        if not ids:
-            raise ValueError(tr("The prompt is empty: it needs at least 1 token"))
         return ids
 
 
@@ -331,7 +330,9 @@ def process_messages(msgs: list[Message], tokenize_manager: TokenizeManager, det
                      ) -> tuple[list[BaseBackendMsg], list[BaseFrontendMsg]]:
     """处理一轮收到的消息（按到达顺序），返回 ``(给调度器的, 给 API 服务器的)``（给定，不是任务）。
 
-    - :class:`TokenizeMsg` → 分词，建状态，:class:`UserMsg` 给调度器；分不了词（空提示词、类型不对……）直接回复错误；
+    - :class:`TokenizeMsg` → 分词，按 :func:`~minisgl.validation.check_prompt` 检查 token 和长度（没给的
+      ``max_tokens`` 在这里定下），建状态，:class:`UserMsg` 给调度器（调度器不再查）；分不了词或通不过检查（类型不对、
+      空提示词、太长……）直接回复错误；
     - :class:`AbortMsg` → 释放状态，:class:`AbortBackendMsg` 给调度器，回复 ``finish_reason="abort"``；
     - :class:`DetokenizeMsg` → :meth:`DetokenizeManager.detokenize`；命中停止字符串而调度器还没结束它，
       就给调度器发 :class:`AbortBackendMsg`，页面马上归还；
@@ -340,8 +341,10 @@ def process_messages(msgs: list[Message], tokenize_manager: TokenizeManager, det
     en: Handle one turn's messages (in arrival order) and return ``(for the scheduler, for the API server)`` (given,
     not a task).
 
-    - :class:`TokenizeMsg` → tokenize, create the state, a :class:`UserMsg` for the scheduler; if it cannot be tokenized
-      (an empty prompt, a wrong type, ...) reply with the error at once;
+    - :class:`TokenizeMsg` → tokenize, check the tokens and the length with :func:`~minisgl.validation.check_prompt`
+      (an absent ``max_tokens`` is settled here), create the state, a :class:`UserMsg` for the scheduler (which checks
+      nothing again); if it cannot be tokenized or fails the check (a wrong type, an empty prompt, too long, ...) reply
+      with the error at once;
     - :class:`AbortMsg` → free the state, an :class:`AbortBackendMsg` for the scheduler, a reply with
       ``finish_reason="abort"``;
     - :class:`DetokenizeMsg` → :meth:`DetokenizeManager.detokenize`; if a stop string was hit while the scheduler has
@@ -366,11 +369,12 @@ def process_messages(msgs: list[Message], tokenize_manager: TokenizeManager, det
         elif isinstance(msg, TokenizeMsg):
             try:
                 ids = tokenize_manager.tokenize(msg.prompt)
+                sp = check_prompt(ids, msg.sampling_params, tokenize_manager.vocab_size, msg.max_seq_len)
             except (TypeError, ValueError) as e:
                 frontend.append(UserReply(msg.uid, "", finished=True, error=str(e), code=getattr(e, "code", None)))
                 continue
             detokenize_manager.add(msg.uid, len(ids), msg.stop)
-            backend.append(UserMsg(msg.uid, torch.tensor(ids, dtype=torch.int32), msg.sampling_params))
+            backend.append(UserMsg(msg.uid, torch.tensor(ids, dtype=torch.int32), sp))
         elif isinstance(msg, AbortMsg):
             s = detokenize_manager.pop(msg.uid)
             backend.append(AbortBackendMsg(msg.uid))

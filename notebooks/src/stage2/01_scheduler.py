@@ -177,27 +177,31 @@ plt.show()
 # ## 4. 静态分页的限制
 #
 # 每个槽只有 `num_pages // max_running_req` 页，超出的请求在提交时就被拒绝（而不是永远等下去），
-# 哪怕别的槽空着。`max_tokens` 超出上限会被截短并给出警告。第 2.2 章改成按需分配。
+# 哪怕别的槽空着。`max_tokens` 和提示词加起来超出上限也是错，不悄悄截短；不给 `max_tokens`，就生成到上限为止，
+# 也没有警告。第 2.2 章改成按需分配。
 
 # %% [markdown] tags=["lang-en"]
 # ## 4. The limits of static paging
 #
 # Each slot has only `num_pages // max_running_req` pages; a request that needs more is rejected when it is submitted
-# (instead of waiting forever), even if other slots are empty. A `max_tokens` above the limit is cut down with a warning.
-# Chapter 2.2 switches to allocation on demand.
+# (instead of waiting forever), even if other slots are empty. A `max_tokens` that goes past the limit together with the
+# prompt is an error too, never silently clipped; with `max_tokens` left out, generation goes up to the limit, with no
+# warning either. Chapter 2.2 switches to allocation on demand.
 
 # %%
 import warnings
 
 small = Scheduler(TINY, dtype=torch.float32, max_running_req=4, num_page_override=64, max_seq_len_override=64)
 print(tr("longest request: {max_seq_len} tokens", max_seq_len=small.max_seq_len))
-try:
-    small.generate([list(range(100, 120))], SamplingParams(max_tokens=4))
-except ValueError as err:
-    print(tr("ValueError:"), err)
+for ids, sp in ((list(range(100, 120)), SamplingParams(max_tokens=4)),
+                (list(range(100, 110)), SamplingParams(max_tokens=50, ignore_eos=True))):
+    try:
+        small.generate([ids], sp)
+    except ValueError as err:
+        print(tr("ValueError:"), err)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    res = small.generate([list(range(100, 110))], SamplingParams(max_tokens=50, ignore_eos=True))
+    res = small.generate([list(range(100, 110))], SamplingParams(ignore_eos=True))  # max_tokens left out / 不给 max_tokens
 print(tr("warnings:"), [str(w.message) for w in caught])
 print(tr("actually generated: {n_tokens} tokens", n_tokens=len(res[0]['token_ids'])))
 

@@ -6,7 +6,8 @@
 #
 #     （空闲时先报一次现状）→ 收消息（空闲才阻塞）→ 处理：加请求 / 取消 / 退出 → 有事就走一步 → 发出这一步的结果和现状
 #
-# - 新请求用 API 服务器给的 **同一个 uid**；不合法或永远放不下的请求回一条 `RejectMsg`，绝不悄悄丢掉；
+# - 新请求用 API 服务器给的 **同一个 uid**；请求在进门处（API 服务器、分词进程）已经查过，调度器照单收下、不再查；
+#   只有 uid 与还没了结的请求重复时回一条 `RejectMsg`，绝不悄悄丢掉；
 # - 每一步恰好一条 `BatchTokenizerMsg`，每个结果事件（得到新 token，或在 EOS 结束）一条 `DetokenizeMsg`；
 # - 结束原因 `length` / `stop`（EOS）；遇到 EOS 时 `next_token` 为 -1（EOS 不是输出文本）；取消的请求什么也不回；
 # - `SchedulerStats` 在每一步之后、以及空闲下来时直接发给 API 服务器。
@@ -24,8 +25,9 @@
 #
 #     (when idle, report the state once) → receive (block only when idle) → handle: add / abort / exit → take a step if there is work → send this step's results and the state
 #
-# - a new request keeps **the same uid** the API server gave it; a request that is invalid or can never fit gets a `RejectMsg`, it is
-#   never silently dropped;
+# - a new request keeps **the same uid** the API server gave it; it was checked where it entered (the API server, the tokenizer
+#   process), so the scheduler takes it as it is and checks nothing again; only a uid equal to that of a request not settled
+#   yet gets a `RejectMsg`, never silently dropped;
 # - exactly one `BatchTokenizerMsg` per step, with one `DetokenizeMsg` per result event (a new token, or the end at EOS);
 # - finish reasons `length` / `stop` (EOS); at EOS `next_token` is -1 (EOS is not output text); an aborted request gets nothing;
 # - `SchedulerStats` goes straight to the API server after every step and when the scheduler becomes idle.
@@ -60,7 +62,7 @@ show_tasks("scheduler_io")
 # 三个进程各绑定一个 PULL 套接字（收信），用自己的 PUSH 套接字往别人的 PULL 里发信。这里调度器绑定 `addrs.backend`；笔记本绑定
 # `addrs.tokenizer`（反分词进程的收信处）和 `addrs.frontend`（API 服务器的收信处），再连上 `addrs.backend` 发消息。
 # 三个请求装在一条 `BatchBackendMsg` 里一起到达：uid 是 API 服务器挑的（这里故意不从 0 数起），
-# 第三个请求的提示词比单个请求的长度上限还长。
+# 第三个请求的 uid 和第二个重复——调度器唯一要拒绝的情况（别的毛病在进门处就挡住了，到不了这里）。
 
 # %% [markdown] tags=["lang-en"]
 # ## 1. Attach the sockets, send a few requests
@@ -68,8 +70,8 @@ show_tasks("scheduler_io")
 # Each of the three processes binds one PULL socket (its inbox) and PUSHes to the others'. Here the scheduler binds
 # `addrs.backend`; the notebook binds `addrs.tokenizer` (the detokenizer's inbox) and `addrs.frontend` (the API server's
 # inbox), and connects to `addrs.backend` to send messages. Three requests arrive together in one `BatchBackendMsg`: the
-# API server chose their uids (on purpose not counting from 0), and the third request's prompt is longer than one
-# request's length limit.
+# API server chose their uids (on purpose not counting from 0), and the third one repeats the second one's uid, the one
+# case the scheduler refuses (every other fault is stopped where the request enters and never gets here).
 
 # %%
 import torch
@@ -125,7 +127,7 @@ def iterate(max_iters=100, before=None):
 to_scheduler.put(BatchBackendMsg(data=[
     user_msg(1000, "Hello, my name is", max_tokens=3, ignore_eos=True),
     user_msg(7, "The capital of France is", max_tokens=5, ignore_eos=True),
-    user_msg(42, list(range(100, 160)), max_tokens=3),
+    user_msg(7, list(range(100, 110)), max_tokens=3),  # uid 7 again / 又一个 uid 7
 ]))
 iterate()
 
@@ -318,11 +320,13 @@ sched.shutdown()
 # 多算的那一步的 token 第 2 阶段已经丢掉了，这里也不为已经结束的请求发任何消息。
 # </details>
 #
-# 3. 提示词比长度上限还长的请求，为什么不能像上游那样记一行日志就丢掉？
+# 3. 调度器为什么不把收到的请求再查一遍（长度、词表、采样参数）？它要拒绝的那一种请求，为什么不能像上游那样记一行日志就丢掉？
 #
 # <details><summary>答案</summary>
 #
-# 客户端还在等它的回答：没有任何消息回去，HTTP 请求就一直挂着。回一条 `RejectMsg`，API 服务器才能立刻答一个错误。
+# 请求在进门处已经查过一次；再查一遍就多出一条规则，迟早和门口的那条走散：门口放行的请求到了里面被拒绝，或者被悄悄改掉。
+# 调度器只拒绝它自己才知道的情况——uid 与还没了结的请求重复。拒绝也要回话：客户端还在等它的回答，没有任何消息回去，
+# HTTP 请求就一直挂着。回一条 `RejectMsg`，API 服务器才能立刻答一个错误。
 # </details>
 
 # %% [markdown] tags=["lang-en"]
@@ -346,12 +350,16 @@ sched.shutdown()
 # completion token. Stage 2 already drops the token of the extra step, and nothing is sent for a request that has finished.
 # </details>
 #
-# 3. Why may a request whose prompt is over the length limit not just be dropped with a log line, as upstream does?
+# 3. Why does the scheduler not check an incoming request again (length, vocabulary, sampling parameters)? And why may the
+#    one kind of request it refuses not just be dropped with a log line, as upstream does?
 #
 # <details><summary>Answer</summary>
 #
-# The client is still waiting for its answer: with no message going back, the HTTP request hangs forever. A `RejectMsg`
-# lets the API server answer with an error at once.
+# The request was checked once, where it entered; checking again adds a second rule, which sooner or later drifts away
+# from the door's: a request let in at the door is refused inside, or silently altered. The scheduler refuses only what
+# it alone can know: a uid equal to that of a request not settled yet. A refusal needs an answer too: the client is still
+# waiting, and with no message going back the HTTP request hangs forever. A `RejectMsg` lets the API server answer with
+# an error at once.
 # </details>
 
 # %% [markdown] tags=["lang-zh"]

@@ -175,7 +175,7 @@ print(re.sub(r'"created": \d+', '"created": …', raw))
 #
 # 会改变结果、这里却不支持的参数（`suffix` 要在中间补全、`tools` 要调用工具……）不能悄悄忽略：回 400，错误体是 OpenAI 的
 # 样子，点名是哪些参数。（`n`、`logprobs` 和惩罚从第 3.5 章起支持，`response_format` 从第 3.6 章起支持，它们不在此列。）
-# 不合法的值（负的 `temperature` ……）同样是 400。太长的提示词由调度器拒绝（`RejectMsg`），API 服务器同样回 400，客户端不会一直等下去。
+# 不合法的值（负的 `temperature` ……）同样是 400。太长的提示词由分词进程拒绝（它数出 token 就按长度规则查），API 服务器同样回 400，客户端不会一直等下去。
 # `openai` 客户端把 400 变成 `BadRequestError`。
 
 # %% [markdown] tags=["lang-en"]
@@ -185,8 +185,9 @@ print(re.sub(r'"created": \d+', '"created": …', raw))
 # call tools, ...) must not be silently ignored: a 400 with an OpenAI-style error body that names the parameters. (`n`,
 # `logprobs` and the penalties are supported from chapter 3.5 on, `response_format` from chapter 3.6 on; they are not
 # among them.) An invalid value (a negative `temperature`, ...) is a 400 as well. A
-# prompt that is too long is refused by the scheduler (`RejectMsg`), and the API server answers 400 for it too, so the
-# client never waits forever. The `openai` client turns a 400 into a `BadRequestError`.
+# prompt that is too long is refused by the tokenizer process (it checks the length rule as soon as it has counted the
+# tokens), and the API server answers 400 for it too, so the client never waits forever. The `openai` client turns a
+# 400 into a `BadRequestError`.
 
 # %%
 import openai
