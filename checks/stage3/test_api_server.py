@@ -683,7 +683,8 @@ def test_api_key_and_sigint_mid_stream(serve, server: Server) -> None:  # noqa: 
     chat = client.chat.completions.create(model=Path(tiny_model()).name, messages=CHAT, temperature=0, extra_body={"ignore_eos": True})
     assert chat.usage is not None and chat.usage.prompt_tokens + chat.usage.completion_tokens == 96 and chat.choices[0].finish_reason == "length", tr(
         "A chat without max_tokens generates until the context (96 tokens here) is full, got {usage}", usage=chat.usage)
-    conn = send_request(keyed, "/v1/completions", {**body, "max_tokens": 95, "stream": True},
+    room = 96 - got.usage.prompt_tokens if got.usage is not None else 8  # 填满上下文 | en: fill the context
+    conn = send_request(keyed, "/v1/completions", {**body, "max_tokens": room, "stream": True},
                         headers={"Authorization": "Bearer s3cret"})
     assert len(read_events(conn.getresponse(), 3)) == 3, tr("The stream on the server with a key ended early")
     code = stop_server(keyed, signal.SIGINT)  # 流还开着，就像在终端里按 Ctrl-C | en: the stream is still open, as with Ctrl-C in a terminal
