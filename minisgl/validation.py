@@ -1,6 +1,14 @@
-"""``generate`` 的入口检查：请求在进调度器之前就校验完，不合法的一个 token 也不算，并说清楚怎么改。
+"""请求的入口检查：请求从哪里进来（离线的 ``generate``；服务器的 API 和分词进程）就在哪里校验一次，之后谁都不再查；
+不合法的一个 token 也不算，并说清楚怎么改。
 
-这部分不属于哪一章：每一章的调度器都用它，所以你写错了某章，错误输入照样会被拦下。
+这部分不属于哪一章：每一章的调度器都靠它，所以你写错了某章，错误输入照样会被拦下。
+
+en: The entry checks for requests: a request is validated once, where it enters (the offline ``generate``; the
+server's API and tokenizer process), and trusted after; an invalid one computes not a single token, and the error says
+how to fix it.
+
+This part belongs to no chapter: every chapter's scheduler relies on it, so a mistake in some chapter still lets no bad
+input through.
 """
 
 from __future__ import annotations
@@ -291,13 +299,14 @@ def validate_requests(
     tokenizer: Any,
     max_seq_len: int,
 ) -> list[tuple[torch.Tensor, SamplingParams]]:
-    """离线请求的那一道门：把提示词变成 token id，逐个检查采样参数、token 和长度（:func:`fit_context`），返回
-    ``(token id, max_tokens 已定下的采样参数)``。抛出的 TypeError / ValueError 都带 ``code``（见 :func:`coded`）；
-    通过的请求调度器不再查。
+    """离线请求的那一道门：把提示词变成 token id，逐个检查采样参数（:func:`check_sampling`）、token 和长度
+    （:func:`check_prompt`），返回 ``(token id, max_tokens 已定下的采样参数)``。抛出的 TypeError / ValueError 都带
+    ``code``（见 :func:`coded`）；通过的请求调度器不再查。
 
-    en: The one gate for offline requests: turn the prompts into token ids, check each one's sampling parameters, tokens
-    and length (:func:`fit_context`), and return ``(token ids, sampling parameters with max_tokens settled)``. Every
-    TypeError / ValueError raised carries a ``code`` (see :func:`coded`); the scheduler trusts what passes.
+    en: The one gate for offline requests: turn the prompts into token ids, check each one's sampling parameters
+    (:func:`check_sampling`), tokens and length (:func:`check_prompt`), and return ``(token ids, sampling parameters
+    with max_tokens settled)``. Every TypeError / ValueError raised carries a ``code`` (see :func:`coded`); the
+    scheduler trusts what passes.
     """
     if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
         raise coded(TypeError(tr("prompts should be a list whose items are each a string or a list of token ids")),
