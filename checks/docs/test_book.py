@@ -15,7 +15,7 @@ import pytest
 
 from minisgl.course.registry import CHAPTERS, Chapter
 from minisgl.course.skeleton import parse_tasks
-from minisgl.i18n import CJK
+from minisgl.i18n import CJK, tr
 from minisgl.paths import REPO_ROOT as REPO
 
 DOCS = REPO / "docs"
@@ -316,3 +316,30 @@ def test_instructor_build_shows_the_reference(monkeypatch: pytest.MonkeyPatch) -
     instructor = "\n".join(hook.task_block(ch, "extend_len", "en"))
     assert "??? success" not in learner and "self.device_len - self.cached_len" not in learner, learner
     assert "??? success" in instructor and "self.device_len - self.cached_len" in instructor, instructor
+
+
+def test_no_page_shows_a_task_answer_before_it_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """学员构建的书里，一个任务写出来之前能读到它几行答案（尺子见 :mod:`minisgl.course.exposure`，老师页写明）：
+    每个任务至多 1 行，且不超过它答案行的三分之一。``[[code]]`` 引用参考解答时，学员的书显示骨架。
+
+    en: How many lines of a task's answer the learner's book shows before the task is written (the ruler is
+    :mod:`minisgl.course.exposure`, stated on the teacher's page): at most 1 line per task, and no more than a third of
+    its answer lines. A ``[[code]]`` include of a reference solution shows the skeleton in the learner's book.
+    """
+    import importlib.util
+
+    from minisgl.course.exposure import shown_answers
+
+    spec = importlib.util.spec_from_file_location("minisgl_docs_hook", REPO / "docs" / "hooks" / "minisgl_docs.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    monkeypatch.delenv("MINISGL_DOCS_SOLUTIONS", raising=False)
+    docs = REPO / "docs"
+    pages = [p.relative_to(docs).as_posix() for p in sorted(docs.rglob("*.md")) if "outputs" not in p.parts]
+    shown = shown_answers(pages, lambda page: hook.expand((docs / page).read_text(encoding="utf-8"), page))
+    over = {f"{ch}.{task}": sorted(seen) for (ch, task), (seen, answer) in shown.items()
+            if len(seen) > 1 or 3 * len(seen) > len(answer)}
+    assert not over, tr("These tasks' answers can be read in the book before they are written: {over}", over=over)
+    monkeypatch.setenv("MINISGL_DOCS_SOLUTIONS", "1")
+    instructor = "\n".join(hook.code_block("solutions/stage1/core.py", "Req.extend_len", language="en"))
+    assert "self.device_len - self.cached_len" in instructor, instructor

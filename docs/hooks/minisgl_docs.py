@@ -3,7 +3,9 @@
 A directive is a whole line (it may be indented, e.g. inside an admonition) of the form ``[[kind arg]]``:
 
     [[code solutions/stage1/core.py::Req.complete_one]]   source of a function / class / method / assignment, its
-                                                           comments and docstrings in the page's language
+                                                           comments and docstrings in the page's language; from a
+                                                           reference solution the learner's book shows the skeleton
+                                                           (a task's goal in place of its body)
     [[code examples/step0_tiny_engine.py]]                 a whole file
     [[sig solutions/stage1/core.py::Req]]                  signatures and docstrings only (reference page)
     [[output stage2_milestone]]                            docs/outputs/stage2_milestone.txt, recorded by
@@ -143,15 +145,29 @@ def _signature_lines(lines: list[str], node: ast.AST) -> list[str]:
     return out
 
 
+def instructor_build() -> bool:
+    """``MINISGL_DOCS_SOLUTIONS=1``: the instructor's book, which shows the reference solutions."""
+    return os.environ.get("MINISGL_DOCS_SOLUTIONS") == "1"
+
+
+def solution_chapter(path: str) -> Chapter | None:
+    """The chapter whose reference solution ``path`` is (``solutions/stage1/core.py`` → 1.1), or None."""
+    return next((ch for ch in CHAPTERS if path == f"solutions/{ch.relpath}"), None)
+
+
 def code_block(path: str, symbol: str | None, *, signature: bool = False, title: str | None = None,
                source: str | None = None, language: str = "zh") -> list[str]:
-    """A fenced python block with the symbol's source, its comments and docstrings in the page's language.
+    """A fenced python block with the symbol's source, its comments and docstrings in the page's language. From a
+    chapter's reference solution the learner's book shows the skeleton (each task's goal in place of its body), so no
+    page shows an answer before the learner writes it; the instructor's build shows the reference.
 
     Learner code carries both languages (:mod:`minisgl.course.bilingual`); the book shows one, so the block has fewer
     lines than the file and shows no line numbers (they would not match the file)."""
     if source is None:
         lines, _ = load(path)
         source = "\n".join(lines) + "\n"
+        if (chapter := solution_chapter(path)) is not None and not instructor_build():
+            source = make_skeleton(source, chapter)  # the learner's book: a task's goal stands in place of its body
     source = for_language(source, language)
     lines, tree = source.splitlines(), ast.parse(source)
     if symbol is None:
@@ -249,7 +265,7 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
             "    " + tr("`solutions/{path}`, lines {start}–{end} (`{symbol}`); in the terminal: `python -m minisgl.course hint "
                         "{id} {task}`", language=language, path=chapter.relpath, start=task.code, end=task.end - 1,
                         symbol=symbol, id=chapter.id, task=name)]  # fmt: skip
-    if os.environ.get("MINISGL_DOCS_SOLUTIONS") == "1":  # the instructor's build: the reference solution on the page
+    if instructor_build():  # the reference solution on the page
         out += ["", "??? success " + json.dumps(tr("Reference solution (write yours first, then expand to compare)",
                                                    language=language), ensure_ascii=False), "",
                 *["    " + line if line else "" for line in code_block(sol_path, symbol, language=language)]]
