@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checks.common import expect
+from checks.common import expect, expect_close
 from checks.hf_reference import greedy_reference
 from checks.stage1.conftest import LATER_PROMPTS, LATER_TOKENS, SMOLLM2_PROMPTS, Hand
 from checks.stage4.common import run_step, step
@@ -55,17 +55,7 @@ def small_config(num_kv_heads: int) -> Any:
                        attention_bias=True)
 
 
-def close(got: list[Any], want: torch.Tensor) -> bool:
-    """同样的形状、几乎相同的数：切开的矩阵乘法换了求和顺序，最后几位可以不同。
-
-    en: The same shape and nearly the same numbers: a split matrix multiplication sums in another order, so the last
-    bits may differ.
-    """
-    got_t = torch.tensor(got)
-    return got_t.shape == want.shape and torch.allclose(got_t, want, atol=1e-5, rtol=1e-5)
-
-
-def layer_steps(rank: int, out: dict[str, Any]) -> None:
+def layer_steps(rank: int, out: dict[str, Any], world: int = WORLD) -> None:
     from minisgl.tensor_parallel import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
     kw = {"dtype": torch.float32, "device": "cpu"}
@@ -90,8 +80,8 @@ def layer_steps(rank: int, out: dict[str, Any]) -> None:
         layer = RowParallelLinear(IN, OUT_A, bias=True, **kw)
         layer.load_weight("weight", full(50, OUT_A, IN))
         layer.load_weight("bias", full(51, OUT_A))
-        half = IN // WORLD
-        return layer.forward(x[:, rank * half:(rank + 1) * half]).tolist()
+        part = IN // world
+        return layer.forward(x[:, rank * part:(rank + 1) * part]).tolist()
 
     def embedding() -> list[Any]:
         layer = VocabParallelEmbedding(VOCAB, 3, **kw)
@@ -252,7 +242,7 @@ def test_column_parallel_takes_its_part_of_each_merged_part(ranks: list[dict[str
     whole = [F.linear(x, full(seed, rows, IN), full(seed + 1, rows)) for rows, seed in ((OUT_A, 10), (OUT_B, 20))]
     for rank, got in enumerate(step(ranks, "column")):
         want = torch.cat([w.chunk(WORLD, dim=-1)[rank] for w in whole], dim=-1)
-        expect(close(got, want), True, tr("Rank {rank}: the merged column-parallel layer gives its half of each part's output", rank=rank))
+        expect_close(got, want, tr("Rank {rank}: the merged column-parallel layer gives its half of each part's output", rank=rank))
 
 
 @pytest.mark.parametrize(("kv", "name"), [(4, "qkv_split_more"), (2, "qkv_split"), (1, "qkv_copied")],
@@ -264,16 +254,16 @@ def test_qkv_splits_heads_and_copies_kv_heads_when_too_few(ranks: list[dict[str,
         head = rank * kv // WORLD
         local = (lambda t: t.chunk(WORLD, dim=-1)[rank]) if kv >= WORLD else (lambda t: t[:, head * 2:(head + 1) * 2])
         want = torch.cat([q.chunk(WORLD, dim=-1)[rank], local(k), local(v)], dim=-1)
-        expect(close(got, want), True, tr("Rank {rank}: q/k/v with {kv} KV heads over {world} ranks (query heads split, KV heads {how})",
-                             rank=rank, kv=kv, world=WORLD, how=tr("split") if kv >= WORLD else tr("copied")))
+        expect_close(got, want, tr("Rank {rank}: q/k/v with {kv} KV heads over {world} ranks (query heads split, KV heads {how})",
+                                   rank=rank, kv=kv, world=WORLD, how=tr("split") if kv >= WORLD else tr("copied")))
 
 
 def test_row_parallel_sums_partials_and_adds_the_bias_once(ranks: list[dict[str, Any]]) -> None:
     want = F.linear(full(1, 5, IN), full(50, OUT_A, IN), full(51, OUT_A))
     for rank, got in enumerate(step(ranks, "row")):
-        expect(close(got, want), True,
-               tr("Rank {rank}: the row-parallel layer equals the unsplit one (partial sums all-reduced, bias added once)",
-                  rank=rank))
+        expect_close(got, want,
+                     tr("Rank {rank}: the row-parallel layer equals the unsplit one (partial sums all-reduced, bias added once)",
+                        rank=rank))
 
 
 def test_vocab_parallel_embedding_equals_the_whole_table(ranks: list[dict[str, Any]]) -> None:
@@ -281,6 +271,31 @@ def test_vocab_parallel_embedding_equals_the_whole_table(ranks: list[dict[str, A
     for rank, got in enumerate(step(ranks, "embedding")):
         expect(got, want, tr("Rank {rank}: the vocabulary-split embedding of ids {ids} equals the whole table's", rank=rank,
                              ids=IDS))
+
+
+def test_with_one_rank_every_layer_is_the_plain_layer() -> None:
+    """一个秩（没有 ``init_distributed``）时，切开的层就是没切的层：整份权重、整份输出，通信是空操作。
+
+    en: With one rank (no ``init_distributed``) a split layer is the unsplit one: whole weights, whole outputs, and the
+    communication does nothing.
+    """
+    from minisgl.distributed import get_tp_info
+
+    expect((get_tp_info().rank, get_tp_info().size), (0, 1), tr("Setup: this process has not joined any ranks"))
+    out: dict[str, Any] = {}
+    layer_steps(0, out, world=1)
+    got = step([out], "column")[0]
+    x = full(1, 5, IN)
+    whole = torch.cat([F.linear(x, full(seed, rows, IN), full(seed + 1, rows)) for rows, seed in ((OUT_A, 10), (OUT_B, 20))], dim=-1)
+    expect_close(got, whole, tr("One rank: the merged column-parallel layer gives the whole output of every part"))
+    for kv, name in ((1, "qkv_copied"), (2, "qkv_split"), (4, "qkv_split_more")):
+        q, k, v = (F.linear(x, full(30 + s, rows, IN), full(40 + s, rows)) for s, rows in enumerate((8, 2 * kv, 2 * kv)))
+        expect_close(step([out], name)[0], torch.cat([q, k, v], dim=-1),
+                     tr("One rank: q/k/v with {kv} KV heads gives every head", kv=kv))
+    expect_close(step([out], "row")[0], F.linear(x, full(50, OUT_A, IN), full(51, OUT_A)),
+                 tr("One rank: the row-parallel layer is the plain linear layer, bias added once"))
+    expect(step([out], "embedding")[0], F.embedding(torch.tensor(IDS), full(60, VOCAB, 3)).tolist(),
+           tr("One rank: the vocabulary-split embedding holds the whole table"))
 
 
 # ----------------------------------------------------------------------------- 切开的模型 | en: the split model
