@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import Request
 
 from minisgl.server.api_errors import ApiError
-from minisgl.core import InvalidParam, SamplingParams
+from minisgl.core import SamplingParams
 from minisgl.i18n import tr
 from minisgl.validation import check_sampling
 
@@ -257,8 +257,9 @@ def checked(sp: SamplingParams, body: dict[str, Any], kind: str) -> SamplingPara
     sp = replace(sp, **controls_from(body, kind))
     try:
         check_sampling(sp)
-    except InvalidParam as e:
-        raise ApiError(400, str(e), param=names.get(e.param, e.param), code="invalid_value") from None
+    except ValueError as e:  # 按基类接住 InvalidParam：课程可能载入了另一套实现的那个类 | en: InvalidParam, caught by its base: the course may load another implementation's class
+        param = getattr(e, "param", None)
+        raise ApiError(400, str(e), param=names.get(param, param), code="invalid_value") from None
     return sp
 
 
