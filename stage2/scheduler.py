@@ -449,7 +449,11 @@ class Scheduler:
         for row, (req, token, is_output) in enumerate(zip(batch.reqs, next_tokens, fi.trace.outputs)):
             if not is_output:  # 准备时就定了：不是输出 | en: decided when prepared: not an output
                 continue
-            status = self.status[req.uid]
+            status = self.status.get(req.uid)
+            if status is None:  # 主循环零件归还得太早 | en: the main-loop part gave it back too early
+                raise RuntimeError(tr(
+                    "Request {uid} was given back while a launched step still computed it, so this step's token has no request to go to: give a settled request's slot and pages back only once no launched step uses them (the main-loop part's release)",
+                    uid=req.uid))
             # 已经了结：被取消了，或者是结束之后（结束还不知道时）就发出的一步算出来的，丢掉
             # en: already settled: aborted, or computed by a step launched after its end (before the end was known): drop
             if status.finished:

@@ -63,6 +63,7 @@ from minisgl.course.skeleton import TaskNotDone
 
 import signal
 import sys
+import threading
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
@@ -284,8 +285,21 @@ class _Terminated(BaseException):
     """
 
 
+#: 已经收到过一个 SIGTERM / SIGINT：之后的信号不再打断收尾
+#: en: a SIGTERM / SIGINT came already: later signals no longer interrupt the winding down
+_stopping = threading.Event()
+
+
 def _terminate(signum: int, frame: Any) -> None:
-    raise _Terminated(signum)
+    """第一个 SIGTERM / SIGINT 抛 :class:`_Terminated`，之后的什么也不做：终端的 Ctrl-C 和启动器的 SIGTERM 常常前后脚
+    到达，第二个不能打断正在进行的收尾。
+
+    en: The first SIGTERM / SIGINT raises :class:`_Terminated`; later ones do nothing: a terminal's Ctrl-C and the
+    launcher's SIGTERM often arrive one right after the other, and the second must not interrupt the winding down.
+    """
+    if not _stopping.is_set():
+        _stopping.set()
+        raise _Terminated(signum)
 
 
 def scheduler_worker(args: ServerArgs, addrs: ServerAddrs, ready: Connection,
@@ -320,6 +334,7 @@ def serve_scheduler(build: Callable[[], SchedulerIO], ready: Connection) -> None
     ``("ready", info)`` through ``ready`` (or ``("error", reason)`` and exits with 1 if it cannot start), serves until an
     ``ExitMsg`` or SIGTERM / SIGINT; finally it closes the sockets (linger 0), shuts the engine down and exits with 0.
     """
+    _stopping.clear()
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
     sched: SchedulerIO | None = None
