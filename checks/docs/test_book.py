@@ -302,13 +302,18 @@ def test_reference_names_exist() -> None:
     assert not missing, f"docs/reference.md 列出的这些名字并不存在：{missing}"
 
 
-def test_instructor_build_shows_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``MINISGL_DOCS_SOLUTIONS=1``（老师的构建）时任务下面多一个折叠的参考解答；默认没有。"""
+def _docs_hook():  # noqa: ANN202 - the hook module, loaded from its file (docs/ is no package)
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("minisgl_docs_hook", REPO / "docs" / "hooks" / "minisgl_docs.py")
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)
+    return hook
+
+
+def test_instructor_build_shows_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MINISGL_DOCS_SOLUTIONS=1``（老师的构建）时任务下面多一个折叠的参考解答；默认没有。"""
+    hook = _docs_hook()
     ch = next(c for c in CHAPTERS if c.id == "core")
     monkeypatch.delenv("MINISGL_DOCS_SOLUTIONS", raising=False)
     learner = "\n".join(hook.task_block(ch, "extend_len", "en"))
@@ -326,13 +331,9 @@ def test_no_page_shows_a_task_answer_before_it_is_written(monkeypatch: pytest.Mo
     :mod:`minisgl.course.exposure`, stated on the teacher's page): at most 1 line per task, and no more than a third of
     its answer lines. A ``[[code]]`` include of a reference solution shows the skeleton in the learner's book.
     """
-    import importlib.util
-
     from minisgl.course.exposure import shown_answers
 
-    spec = importlib.util.spec_from_file_location("minisgl_docs_hook", REPO / "docs" / "hooks" / "minisgl_docs.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
+    hook = _docs_hook()
     monkeypatch.delenv("MINISGL_DOCS_SOLUTIONS", raising=False)
     docs = REPO / "docs"
     pages = [p.relative_to(docs).as_posix() for p in sorted(docs.rglob("*.md")) if "outputs" not in p.parts]
