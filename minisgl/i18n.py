@@ -1,11 +1,13 @@
-"""课程的两种语言：中文（默认）和英文，用 ``MINISGL_LANG=zh|en`` 选择。
+"""课程的两种语言：中文（默认）和英文，用 ``MINISGL_LANG=zh|en`` 选择；没设时用工作区里选定的
+（``python -m minisgl.course lang en`` 记在 ``.minisgl/language``）。
 
 学员看到的每一句话（检查的失败消息、任务提示、course 命令、pytest 汇总、示例的输出）都写成
 ``tr("English text {n}", n=...)``：源码里是英文原文，中文译文在 ``minisgl/locale/*.toml``
 （英文原文 → 中文，多个文件按领域分开，加载时合并）。这样只有一份消息来源，
 ``checks/course/test_i18n.py`` 保证每条消息都有译文、没有多余的译文、占位符两边一致。
 
-The course speaks Chinese by default and English with ``MINISGL_LANG=en``. Messages are written in English
+The course speaks Chinese by default and English with ``MINISGL_LANG=en``, or the language chosen for the workspace
+(``python -m minisgl.course lang en``, kept in ``.minisgl/language``) when the variable is not set. Messages are written in English
 in the source (``tr``) and translated to Chinese in the TOML catalogue, gettext style.
 """
 
@@ -27,11 +29,29 @@ LANGS = ("zh", "en")
 #: 中日韩文字和全角标点：检查“英文输出里没有中文”、提示是不是中文，都用这一个。
 CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
 LOCALE_DIR = Path(__file__).with_name("locale")
+#: 工作区里选定的语言（相对工作区根目录）。 | en: The language chosen for a workspace (relative to its root).
+LANGUAGE_FILE = Path(".minisgl") / "language"
+
+
+def saved_language(workspace: Path | None = None) -> str | None:
+    """工作区选定的语言（``MINISGL_WORKSPACE``，默认课程根目录，即本仓库），没选过或写坏了是 None。
+
+    en: The language chosen for the workspace (``MINISGL_WORKSPACE``, default the course root, this repository); None
+    when none was chosen or the file is garbled."""
+    env = os.environ
+    root = workspace or Path(env.get("MINISGL_WORKSPACE") or env.get("MINISGL_COURSE_ROOT") or Path(__file__).parents[1])
+    try:
+        value = (root / LANGUAGE_FILE).read_text(encoding="utf-8").strip().lower()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value if value in LANGS else None
 
 
 def lang() -> str:
-    """当前语言：环境变量 ``MINISGL_LANG``（默认 ``zh``）。"""
-    value = os.environ.get("MINISGL_LANG", "zh").strip().lower() or "zh"
+    """当前语言：环境变量 ``MINISGL_LANG``；没设时是工作区选定的语言；都没有就是 ``zh``。
+
+    en: The current language: ``MINISGL_LANG``; when unset, the workspace's chosen one; else ``zh``."""
+    value = os.environ.get("MINISGL_LANG", "").strip().lower() or saved_language() or "zh"
     if value not in LANGS:
         raise ValueError(
             f"MINISGL_LANG={value!r}：只支持 zh（中文）或 en（English） / only zh (Chinese) or en (English)"

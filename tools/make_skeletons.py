@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from minisgl.course.registry import CHAPTERS, COURSE_ROOT, Chapter
-from minisgl.course.select import is_written, skeleton_source
-from minisgl.i18n import tr
+from minisgl.course.select import is_written, skeleton_in
+from minisgl.i18n import saved_language, tr
 from minisgl.paths import REPO_ROOT
 
 #: 生成的存根的第一行开头（据此认出、删掉章节表里已经没有的旧存根，绝不碰手写的 .pyi）。
@@ -83,7 +83,11 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--check", action="store_true", help=tr("only check, write nothing; exit code 1 on a difference"))
     args = parser.parse_args()
-    skeletons = {COURSE_ROOT / ch.relpath: skeleton_source(ch) for ch in CHAPTERS if is_written(ch)}
+    # 选了语言的工作区（course lang）里，骨架就是那种语言的样子；发布的（和 CI 里的）是双语的。
+    # en: In a workspace that chose a language (course lang) the skeleton is that language's rendering; the shipped one
+    # en: (and CI's) is bilingual.
+    language = saved_language(COURSE_ROOT)
+    skeletons = {COURSE_ROOT / ch.relpath: skeleton_in(ch, language) for ch in CHAPTERS if is_written(ch)}
     stale = sync(skeletons, args.check)
     stubs = wanted_stubs()
     stale_stubs = sync(stubs, args.check)

@@ -3,8 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$(command -v python || command -v python3)}"
-# 按 MINISGL_LANG 说一种语言：say "中文" "English"（MINISGL_LANG=en 时说英文）。
-say() { if [ "${MINISGL_LANG:-zh}" = en ]; then echo "$2"; else echo "$1"; fi; }
+# 说一种语言：say "中文" "English"，按 MINISGL_LANG，没设时按工作区选定的（python -m minisgl.course lang）。
+# en: Speak one language: say "中文" "English", by MINISGL_LANG, else the workspace's choice (python -m minisgl.course lang).
+say() { if [ "${MINISGL_LANG:-$(cat .minisgl/language 2>/dev/null || echo zh)}" = en ]; then echo "$2"; else echo "$1"; fi; }
 
 mkdir -p .minisgl
 stamp=.minisgl/setup.stamp
@@ -40,3 +41,7 @@ say "import minisgl → $repo（$PY）" "import minisgl → $repo ($PY)"
 # 文档的浏览器检查要用 Debian 的无头 Chromium；不是 root 时只提示怎么装，不中断安装。
 bash tools/setup_browser.sh || say "（跳过了浏览器安装：文档的浏览器检查会失败，其余不受影响。）" \
     "(Browser installation skipped: the book's browser checks will fail, nothing else is affected.)"
+if [ ! -f .minisgl/language ]; then
+    say "只用一种语言学？python -m minisgl.course lang zh（或 en）：你的文件、提示和检查消息就只用这一种。" \
+        "Learning in one language? python -m minisgl.course lang en (or zh): your files, hints and check messages use only it."
+fi

@@ -2,9 +2,9 @@
 :mod:`minisgl.course.bilingual`, and the book's one-language views of that code keep the code and lose nothing.
 
 Learner code: the solutions (the book shows them), the skeletons generated from them, the examples, every file the book
-embeds with ``[[code ...]]`` / ``[[sig ...]]``, and the code cells of the notebook sources (their own convention: the
-notebook shows both languages, an English comment line right above its Chinese twin, or ``# English / 中文`` at the end
-of a line).
+embeds with ``[[code ...]]`` / ``[[sig ...]]``, and the code cells of the notebook sources (same convention; each
+notebook edition shows its own language). A learner who chose a language (``python -m minisgl.course lang``) gets their
+files in it, and switching keeps every line they wrote.
 """
 
 from __future__ import annotations
@@ -169,10 +169,9 @@ def test_convention_round_trip() -> None:
 # ---------------------------------------------------------------- notebook sources
 
 _CELL = re.compile(r"^# %%(?P<head>.*)$", re.M)
-_NB_TRAILING = re.compile(r"#(?P<en>[^#]*?)\s/\s(?P<zh>.*)$")
 
 
-def _notebook_code_cells(path: Path) -> list[tuple[int, list[str]]]:
+def _notebook_code_cells(path: Path) -> list[tuple[int, str]]:
     text = path.read_text(encoding="utf-8")
     marks = list(_CELL.finditer(text))
     cells = []
@@ -180,32 +179,66 @@ def _notebook_code_cells(path: Path) -> list[tuple[int, list[str]]]:
         if "[markdown]" in m["head"]:
             continue
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
-        first_line = text.count("\n", 0, m.start()) + 2
-        cells.append((first_line, text[m.end() + 1 : end].splitlines()))
+        cells.append((text.count("\n", 0, m.start()) + 2, text[m.end() + 1 : end]))
     return cells
 
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(REPO).as_posix() for p in (REPO / "notebooks" / "src").rglob("*.py")))
 def test_notebook_code_comments_in_both_languages(path: str) -> None:
-    problems_ = []
-    for first, lines in _notebook_code_cells(REPO / path):
-        source = "\n".join(lines) + "\n"
-        comments = {tok.start[0]: tok for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-                    if tok.type == tokenize.COMMENT}
-        for lineno, tok in comments.items():
-            if not CJK.search(tok.string):
-                continue
-            line = lines[lineno - 1]
-            where = f"{path}:{first + lineno - 1}"
-            if line[: tok.start[1]].strip():
-                m = _NB_TRAILING.match(tok.string)
-                if not (m and m["en"].strip() and not CJK.search(m["en"])):
-                    problems_.append(f"{where}: write '# English / 中文': {tok.string[:80]!r}")
-                continue
-            m = _NB_TRAILING.match(tok.string)
-            if m and m["en"].strip() and not CJK.search(m["en"]):
-                continue  # '# English / 中文' on its own line
-            above = comments.get(lineno - 1)
-            if above is None or CJK.search(above.string) or above.start[1] != tok.start[1]:
-                problems_.append(f"{where}: a Chinese comment needs its English on the line above: {tok.string[:80]!r}")
-    assert not problems_, "\n".join(problems_)
+    """Notebook code cells follow the code's convention; each edition shows its own language only (the build renders
+    every code cell with ``for_language``), so an English learner meets no Chinese comment and the other way round."""
+    found = []
+    for first, source in _notebook_code_cells(REPO / path):
+        found += [f"{path} (cell at line {first}): {p}" for p in problems(source, "cell")]
+        english = for_language(source, "en")
+        found += [f"{path} (cell at line {first}): the English edition shows {c!r}" for c in _comments(english) if CJK.search(c)]
+    assert not found, "\n".join(found)
+
+
+def _comments(source: str) -> list[str]:
+    return [tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT]
+
+
+# ---------------------------------------------------------------- one language in the learner's files
+
+
+def _learner_edit(skeleton: str) -> tuple[str, list[str]]:
+    """A learner's file: every ``raise TaskNotDone`` replaced by two lines of their own (one a comment of theirs in
+    Chinese, which no switch may touch), and a helper of theirs at the end. Returns the file and the lines they wrote."""
+    mine: list[str] = []
+
+    def body(m: re.Match) -> str:
+        lines = [f"{m['indent']}# 我的做法 {len(mine)}", f"{m['indent']}result_{len(mine)} = None  # mine"]
+        mine.extend(lines)
+        return "\n".join(lines)
+
+    text = re.sub(r"^(?P<indent>[ \t]*)raise TaskNotDone\(.*\)$", body, skeleton, flags=re.M)
+    mine.append("def my_helper():  # 学员自己的")
+    return text + "\n\n" + mine[-1] + "\n    return 1\n", mine
+
+
+@pytest.mark.parametrize("chapter", [ch.id for ch in CHAPTERS if (REPO / "solutions" / ch.relpath).is_file()])
+def test_switching_language_keeps_the_learners_code(chapter: str) -> None:
+    """``course lang``: a started file goes bilingual -> en -> zh -> bilingual; every line the learner wrote survives
+    each step, the skeleton's prose follows the language, and the way back gives the file as it was."""
+    from minisgl.course.language import render
+    from minisgl.course.registry import get_chapter
+    from minisgl.course.select import renderings
+
+    ch = get_chapter(chapter)
+    shapes = renderings(ch)
+    text, mine = _learner_edit(shapes[None])
+    steps = [("en", render(ch, text, "en"))]
+    steps.append(("zh", render(ch, steps[-1][1], "zh")))
+    steps.append((None, render(ch, steps[-1][1], None)))
+    for language, view in steps:
+        lines = view.splitlines()
+        lost = [line for line in mine if line not in lines]
+        assert not lost, f"{ch.relpath} -> {language}: the learner's lines are gone: {lost}"
+        theirs = {line.strip() for line in mine}
+        prose = [c for c in _comments(view) if c.strip() not in theirs and not any(c in t for t in theirs)]
+        if language == "en":
+            assert not [c for c in prose if CJK.search(c)], f"{ch.relpath}: the English view keeps Chinese comments"
+        if language == "zh":
+            assert not [c for c in prose if EN_LINE.match(c)], f"{ch.relpath}: the Chinese view keeps en: lines"
+    assert steps[-1][1] == text, f"{ch.relpath}: bilingual -> en -> zh -> bilingual does not give the file back"

@@ -20,13 +20,19 @@ ALPHA = Chapter("alpha", 1, 1, "演示章节一", "Demo chapter one")
 BETA = Chapter("beta", 1, 2, "演示章节二", "Demo chapter two")
 
 ALPHA_SOLUTION = textwrap.dedent('''
-    """演示：一个要学员写的函数。"""
+    """演示：一个要学员写的函数。
+
+    en: Demo: a function the learner writes.
+    """
 
     FACTOR = 2
 
 
     def double(x: int) -> int:
-        """返回 2x。"""
+        """返回 2x。
+
+        en: Returns 2x.
+        """
         # >>> TASK double: 返回 x 乘以 FACTOR
         # en: return x times FACTOR
         # hint1: 模块里已经有这个系数
@@ -40,7 +46,10 @@ ALPHA_SOLUTION = textwrap.dedent('''
 ''').lstrip()
 
 BETA_SOLUTION = textwrap.dedent('''
-    """演示：依赖上一章，只经由公共命名空间导入。"""
+    """演示：依赖上一章，只经由公共命名空间导入。
+
+    en: Demo: uses the chapter before, imported through the public namespace only.
+    """
 
     from minisgl.alpha import double
 
@@ -102,7 +111,7 @@ def pytest_run(course: Path, *args: str, env: dict[str, str] | None = None) -> s
 def test_skeleton_replaces_only_the_task_region():
     skel = make_skeleton(ALPHA_SOLUTION, ALPHA)
     assert "return x * FACTOR" not in skel, "任务区段里的解答代码不应留在骨架里"
-    assert "FACTOR = 2" in skel and 'def double(x: int) -> int:\n    """返回 2x。"""' in skel, "任务外的代码应原样保留"
+    assert "FACTOR = 2" in skel and 'def double(x: int) -> int:\n    """返回 2x。\n' in skel, "任务外的代码应原样保留"
     todo = (
         "    # TODO 任务 double：返回 x 乘以 FACTOR\n"
         "    # TODO task double: return x times FACTOR\n"
@@ -351,3 +360,32 @@ def test_cli_speaks_english(course: Path):
         assert out.returncode == 0 and not CJK.search(out.stdout + out.stderr), out.stdout + out.stderr
     bad = run(course, "-m", "minisgl.course", "use", "solution", "gamma", env=en)
     assert bad.returncode == 2 and "known chapters: alpha (1.1), beta (1.2)" in bad.stderr, bad.stderr
+
+
+def test_one_language_in_the_learners_files(course: Path):
+    """``course lang en`` 把学员文件换成只有英文、检查消息和命令随之说英文；学员写的代码换来换去一字不丢；
+    没动过的文件还算没开始，reset 给出这种语言的骨架，``lang both`` 还原成发布的样子。"""
+    shipped = {ch.id: (course / ch.relpath).read_text(encoding="utf-8") for ch in (ALPHA, BETA)}
+    beta = course / BETA.relpath
+    mine = "    return double(x) * 2  # my own way\n"
+    beta.write_text(shipped["beta"].replace('    raise TaskNotDone("beta", "quadruple")\n', mine), encoding="utf-8")
+    out = run(course, "-m", "minisgl.course", "lang", "en")
+    assert out.returncode == 0 and not CJK.search(out.stdout), out.stdout + out.stderr
+    for ch in (ALPHA, BETA):
+        text = (course / ch.relpath).read_text(encoding="utf-8")
+        assert not CJK.search(text) and "# en:" not in text, f"{ch.relpath} 里仍有中文或双语行：\n{text}"
+    assert mine in beta.read_text(encoding="utf-8"), "换语言丢了学员写的代码"
+    status = run(course, "-m", "minisgl.course", "status")
+    assert "not started" in status.stdout and "learner code" in status.stdout, status.stdout
+    failed = pytest_run(course, "checks/stage1/test_alpha.py", "--impl", "skeleton", "--tb=short")
+    assert "Goal: return x times FACTOR" in failed.stdout and not CJK.search(failed.stdout), failed.stdout
+    assert run(course, "-m", "minisgl.course", "lang", "zh").returncode == 0
+    text = beta.read_text(encoding="utf-8")
+    assert mine in text and "调用两次 double" in text and "call double twice" not in text, text
+    zh_alpha = (course / ALPHA.relpath).read_text(encoding="utf-8")
+    (course / ALPHA.relpath).write_text("changed\n", encoding="utf-8")
+    assert run(course, "-m", "minisgl.course", "reset", "alpha", "--force").returncode == 0
+    assert (course / ALPHA.relpath).read_text(encoding="utf-8") == zh_alpha, "reset 应给出所选语言的骨架"
+    assert run(course, "-m", "minisgl.course", "lang", "both").returncode == 0
+    assert (course / ALPHA.relpath).read_text(encoding="utf-8") == shipped["alpha"]
+    assert beta.read_text(encoding="utf-8") == shipped["beta"].replace('    raise TaskNotDone("beta", "quadruple")\n', mine)

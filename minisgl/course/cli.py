@@ -1,4 +1,4 @@
-"""``python -m minisgl.course``：看进度、换实现、重置章节、跑检查、给全班打分。"""
+"""``python -m minisgl.course``：看进度、换实现、重置章节、选语言、跑检查、给全班打分。"""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-from minisgl.course import hints, select
+from minisgl.course import hints, language, select
 from minisgl.course.pytest_plugin import IMPL_NAMES, Outcome, outcome
 from minisgl.course.registry import CHAPTERS, COURSE_ROOT, STAGES, Chapter, get_chapter
 from minisgl.course.skeleton import parse_tasks
-from minisgl.i18n import tr
+from minisgl.i18n import saved_language, tr
 
 
 def _width(text: str) -> int:
@@ -151,10 +151,38 @@ def cmd_reset(args: argparse.Namespace) -> int:
                      label=ch.label, id=ch.id, relpath=ch.relpath))  # fmt: skip
             code = 1
             continue
-        (ws / ch.relpath).write_text(select.skeleton_source(ch), encoding="utf-8")
+        (ws / ch.relpath).write_text(select.skeleton_in(ch, saved_language(ws)), encoding="utf-8")
         _forget_result(ws, ch)
         print(tr("Chapter {label} {id}: restored to the skeleton, its last check result cleared.", label=ch.label, id=ch.id))
     return code
+
+
+def _language_name(language: str) -> str:
+    return tr("Chinese") if language == "zh" else tr("English")
+
+
+def cmd_lang(args: argparse.Namespace) -> int:
+    ws = select.workspace_root()
+    if args.language is None:
+        current = saved_language(ws)
+        if current is None:
+            print(tr("Your files show both languages (none chosen). Choose one: python -m minisgl.course lang zh | en"))
+        else:
+            print(tr("You learn in {name}: your files, check messages and hints use it. Both again: "
+                     "python -m minisgl.course lang both", name=_language_name(current)))  # fmt: skip
+        return 0
+    chosen = None if args.language == "both" else args.language
+    for relpath in language.choose(chosen, ws):
+        print(tr("Rewrote {relpath}: comments and docstrings in the new language, your code as it was.", relpath=relpath))
+    if chosen is None:
+        print(tr("Your files show both languages again."))
+    else:
+        print(tr("From now on you learn in {name}: your files, check messages, hints and the course commands use it "
+                 "(MINISGL_LANG still overrides it for one command).", name=_language_name(chosen)))  # fmt: skip
+    if os.environ.get("MINISGL_LANG"):
+        print(tr("Note: MINISGL_LANG={value} is set in this shell and takes precedence over the choice.",
+                 value=os.environ["MINISGL_LANG"]))  # fmt: skip
+    return 0
 
 
 def _save_results(workspace: Path, results: dict) -> None:
@@ -266,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     hint.add_argument("task", nargs="?", help=tr("task name (without it: list the chapter's tasks and the hints used)"))
     hint.add_argument("--level", type=int, choices=range(1, hints.LEVELS + 1), help=tr("show this level"))
     hint.set_defaults(func=cmd_hint)
+    lang = sub.add_parser("lang", help=tr("the one language you learn in (zh or en; both: as shipped); your code is kept"))
+    lang.add_argument("language", nargs="?", choices=("zh", "en", "both"))
+    lang.set_defaults(func=cmd_lang)
     check = sub.add_parser("check", help=tr("run these chapters' checks (on the learner code)"))
     check.add_argument("chapters", nargs="+", help=chapters_help)
     check.set_defaults(func=cmd_check)

@@ -24,15 +24,16 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import reduce
+from functools import lru_cache, reduce
 from pathlib import Path
 from types import ModuleType
 
 from minisgl.course import integrity
 from minisgl.course.registry import CHAPTERS, COURSE_ROOT, DERIVED_PUBLIC_MODULES, Chapter, find_chapter, get_chapter
 from minisgl.course.registry import known_chapters
+from minisgl.course.bilingual import for_language
 from minisgl.course.skeleton import make_skeleton
-from minisgl.i18n import tr
+from minisgl.i18n import LANGS, tr
 
 IMPLS = ("learner", "solution", "skeleton")
 
@@ -117,12 +118,35 @@ def learner_hash(ch: Chapter, workspace: Path | None = None) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
+def skeleton_in(ch: Chapter, language: str | None) -> str:
+    """一章的骨架：``language`` 为 None 时是发布的双语版，否则只留这种语言（学员选了语言时拿到的就是它）。
+
+    en: A chapter's skeleton: the shipped bilingual one for ``language`` None, else that language only (what a learner
+    who chose a language gets)."""
+    return renderings(ch)[language]
+
+
+def renderings(ch: Chapter) -> dict[str | None, str]:
+    """骨架的三种样子：双语（None）、中文、英文。
+
+    en: The skeleton's three renderings: bilingual (None), Chinese, English."""
+    return dict(_renderings(ch, shipped_solution(ch).read_text(encoding="utf-8")))
+
+
+@lru_cache(maxsize=64)
+def _renderings(ch: Chapter, solution: str) -> tuple[tuple[str | None, str], ...]:
+    skeleton = make_skeleton(solution, ch)
+    return ((None, skeleton), *((language, for_language(skeleton, language)) for language in LANGS))
+
+
 def is_started(ch: Chapter, workspace: Path | None = None) -> bool:
-    """学员文件和随课程发布的骨架不一样，就算开始了这一章。"""
+    """学员文件和随课程发布的骨架（任何一种语言的样子）都不一样，就算开始了这一章。
+
+    en: A chapter is started once the learner's file differs from the shipped skeleton in every rendering."""
     path = (workspace or workspace_root()) / ch.relpath
     if not path.is_file() or not is_written(ch):
         return False
-    return path.read_text(encoding="utf-8") != skeleton_source(ch)
+    return path.read_text(encoding="utf-8") not in renderings(ch).values()
 
 
 def selection_file(workspace: Path | None = None) -> Path:

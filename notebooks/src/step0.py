@@ -33,8 +33,8 @@
 # There is no code to write in this step: read it and run it; every later chapter compares itself with it.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -227,8 +227,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(prompt="The three primary colors are", max_tokens=10)
 
 # %% [markdown] tags=["lang-zh"]

@@ -22,8 +22,8 @@
 # - on the CPU the weights of a linear layer can be reordered once into oneDNN's layout, after which every step is several times faster (the reference path `F.linear` stays).
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -36,8 +36,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage1/layers.py) and which implementation this notebook uses
 # 本章的任务（和 stage1/layers.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage1/layers.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("layers")
@@ -136,7 +136,7 @@ def draw_rope(base: float, head_dim: int, max_pos: int = 64) -> None:
     g = torch.Generator().manual_seed(0)
     qv, kv = torch.randn(1, 1, head_dim, generator=g), torch.randn(1, 1, head_dim, generator=g)
     scores = []
-    for m in range(max_pos):  # q at position m, k at positions 0 and 5: the score varies only with m - n / q 在位置 m，k 在位置 0 和 5：分数只随 m - n 变
+    for m in range(max_pos):  # q 在位置 m，k 在位置 0 和 5：分数只随 m - n 变 | en: q at position m, k at positions 0 and 5: the score varies only with m - n
         qm, _ = rope.forward(torch.tensor([m]), qv, kv)
         row = []
         for n in (0, 5):
@@ -228,8 +228,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(base=100.0, head_dim=32)
 
 # %% [markdown] tags=["lang-zh"]

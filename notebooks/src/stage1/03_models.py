@@ -21,8 +21,8 @@
 # memory is about the size of the model itself.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -35,8 +35,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage1/models.py) and which implementation this notebook uses
 # 本章的任务（和 stage1/models.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage1/models.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("models")
@@ -157,12 +157,14 @@ hf = AutoModelForCausalLM.from_pretrained(SMOL, dtype=torch.float32)
 
 @torch.inference_mode()
 def next_token_logits(prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits at the last position of one prompt, from our model and from HF.
-    我们的模型和 HF 对同一个提示词最后一个位置的 logits。"""
+    """我们的模型和 HF 对同一个提示词最后一个位置的 logits。
+
+    en: The logits at the last position of one prompt, from our model and from HF.
+    """
     ids = torch.tensor(tok(prompt)["input_ids"], dtype=torch.int32)
     n = len(ids)
     req = Req(ids, table_idx=0, cached_len=0, output_len=1, uid=0, sampling_params=SamplingParams())
-    engine.page_table[0, :n] = torch.arange(n, dtype=torch.int32)  # this request's KV goes to slots 0..n-1 / 这个请求的 KV 放在槽位 0..n-1
+    engine.page_table[0, :n] = torch.arange(n, dtype=torch.int32)  # 这个请求的 KV 放在槽位 0..n-1 | en: this request's KV goes to slots 0..n-1
     batch = Batch([req], "prefill")
     batch.input_ids, batch.positions, batch.out_loc = ids, torch.arange(n, dtype=torch.int32), engine.page_table[0, :n]
     engine.attn_backend.prepare_metadata(batch)
@@ -214,8 +216,8 @@ explorer = Explorer(top5, title=tr("Next token"), prompt=widgets.Text(value="The
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(prompt="def add(a, b):\n    return")
 
 # %% [markdown] tags=["lang-zh"]

@@ -26,8 +26,8 @@
 # `page_size` only decides how slots are handed out in groups.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -40,8 +40,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage1/kvcache.py) and which implementation this notebook uses
 # 本章的任务（和 stage1/kvcache.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage1/kvcache.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("kvcache")
@@ -125,14 +125,16 @@ print("pages_to_slots([3, 1], page_size=2) =", pages_to_slots(torch.tensor([3, 1
 
 
 def place(lengths: list[int], page_size: int, num_pages: int, seed: int = 0):
-    """Give each request pages for its prompt and fill the page table; return the table, each slot's owner, each request's pages.
-    按提示词长度给每个请求分页，写页表；返回页表、每个槽位的主人、每个请求分到的页。"""
+    """按提示词长度给每个请求分页，写页表；返回页表、每个槽位的主人、每个请求分到的页。
+
+    en: Give each request pages for its prompt and fill the page table; return the table, each slot's owner, each request's pages.
+    """
     table = create_page_table(max_running_req=len(lengths), max_seq_len=max(lengths) + 1, device="cpu")
     free = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
     owners: list[int | None] = [None] * (num_pages * page_size)
     pages_of = []
     for row, n in enumerate(lengths):
-        need = -(-(n + 1) // page_size)  # prompt + the next token to generate / 提示词 + 下一个要生成的 token
+        need = -(-(n + 1) // page_size)  # 提示词 + 下一个要生成的 token | en: prompt + the next token to generate
         if need > len(free):
             raise RuntimeError(tr("request {row} needs {need} page(s), only {n_free} left", row=row, need=need, n_free=len(free)))
         pages, free = free[:need], free[need:]
@@ -210,13 +212,13 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(page_size=8, num_pages=6, lengths="5, 9, 3")
 
 # %%
-# Too few pages is a clear error (in the widget's output area too)
 # 页不够时会清楚地报错（控件的输出区里也一样）
+# en: Too few pages is a clear error (in the widget's output area too)
 explorer.run(page_size=8, num_pages=3, lengths="5, 9, 3")
 
 # %% [markdown] tags=["lang-zh"]

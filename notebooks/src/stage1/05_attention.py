@@ -23,8 +23,8 @@
 # FlashAttention are picked automatically when installed.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -37,8 +37,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage1/attention.py) and which implementation this notebook uses
 # 本章的任务（和 stage1/attention.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage1/attention.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("attention")
@@ -61,7 +61,7 @@ import torch
 from minisgl.attention import make_varlen_metadata
 from minisgl.core import Batch, Req, SamplingParams
 
-specs = [("A", 0, 5), ("B", 3, 7), ("C", 6, 7)]  # (name, cached_len, device_len) / (名字, cached_len, device_len)
+specs = [("A", 0, 5), ("B", 3, 7), ("C", 6, 7)]  # (名字, cached_len, device_len) | en: (name, cached_len, device_len)
 
 
 def make_reqs(specs):
@@ -122,8 +122,10 @@ HQ, HKV, D, PAGE = 4, 2, 16, 4
 
 
 def setup(specs, page_size=PAGE, seed=0):
-    """KV pool + page table + q/k/v of each request's whole sequence; the cached part's K/V is written to the pool first.
-    KV 池 + 页表 + 每个请求完整序列的 q/k/v；缓存部分的 K/V 先写进池里。"""
+    """KV 池 + 页表 + 每个请求完整序列的 q/k/v；缓存部分的 K/V 先写进池里。
+
+    en: KV pool + page table + q/k/v of each request's whole sequence; the cached part's K/V is written to the pool first.
+    """
     g = torch.Generator().manual_seed(seed)
     max_len = max(n for _, _, n in specs)
     num_pages = len(specs) * -(-max_len // page_size) + 2
@@ -136,7 +138,7 @@ def setup(specs, page_size=PAGE, seed=0):
         pages, free = free[:need], free[need:]
         table[i, :n] = pages_to_slots(pages.to(torch.int32), page_size)[:n]
         q, k, v = torch.randn(n, HQ, D, generator=g), torch.randn(n, HKV, D, generator=g), torch.randn(n, HKV, D, generator=g)
-        cache.store_kv(k[:c], v[:c], table[i, :c], layer_id=0)  # the prefix written by earlier rounds / 早先几轮已经写进去的前缀
+        cache.store_kv(k[:c], v[:c], table[i, :c], layer_id=0)  # 早先几轮已经写进去的前缀 | en: the prefix written by earlier rounds
         full.append((q, k, v))
     return cache, table, full
 
@@ -163,7 +165,7 @@ def reference(specs, full):
 cache, table, full = setup(specs)
 ref = reference(specs, full)
 for name in ["torch", "sdpa"]:
-    c2, t2, f2 = setup(specs)  # a fresh pool for each backend (forward writes KV) / 每个后端用一份新的池子（forward 会写 KV）
+    c2, t2, f2 = setup(specs)  # 每个后端用一份新的池子（forward 会写 KV） | en: a fresh pool for each backend (forward writes KV)
     out = run_backend(name, specs, c2, t2, f2)
     print(tr("{name:<6}output {shape}, same as computing from scratch: {same}", name=name, shape=tuple(out.shape), same=torch.allclose(out, ref, atol=1e-05)))
 
@@ -242,8 +244,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(cached_len=9, seq_len=10, page_size=2)
 
 # %% [markdown] tags=["lang-zh"]

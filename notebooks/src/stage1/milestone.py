@@ -23,8 +23,8 @@
 # command line it uses a model shaped like Qwen3-0.6B.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -49,7 +49,7 @@ setup_notebook()
 # page counts and "identical or not" are deterministic.
 
 # %%
-sys.path.insert(0, str(ROOT / "examples"))  # the milestone script imports step0_tiny_engine from its own folder / 里程碑脚本要导入同目录的 step0_tiny_engine
+sys.path.insert(0, str(ROOT / "examples"))  # 里程碑脚本要导入同目录的 step0_tiny_engine | en: the milestone script imports step0_tiny_engine from its own folder
 import stage1_milestone
 
 from minisgl.model_zoo import smollm2
@@ -143,8 +143,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(page_size=8, num_reqs=2, max_tokens=4)
 
 # %% [markdown] tags=["lang-zh"]

@@ -27,8 +27,8 @@
 # In this chapter the KV pages are still allocated statically: each request slot gets the same fixed number of pages (stage 1's approach, automated).
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -41,8 +41,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage2/scheduler.py) and which implementation this notebook uses
 # 本章的任务（和 stage2/scheduler.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage2/scheduler.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("scheduler")
@@ -104,7 +104,7 @@ ids = [llm.tokenizer.encode(p) for p in ["Hello, my name is", "The sky is"]]
 outputs: dict[int, list[int]] = {}
 
 
-def collect(event):  # one RequestEvent per request and step / 每个请求每一步一个
+def collect(event):  # 每个请求每一步一个 | en: one RequestEvent per request and step
     if event.token is not None:
         outputs.setdefault(event.uid, []).append(event.token)
 
@@ -201,7 +201,7 @@ for ids, sp in ((list(range(100, 120)), SamplingParams(max_tokens=4)),
         print(tr("ValueError:"), err)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    res = small.generate([list(range(100, 110))], SamplingParams(ignore_eos=True))  # max_tokens left out / 不给 max_tokens
+    res = small.generate([list(range(100, 110))], SamplingParams(ignore_eos=True))  # 不给 max_tokens | en: max_tokens left out
 print(tr("warnings:"), [str(w.message) for w in caught])
 print(tr("actually generated: {n_tokens} tokens", n_tokens=len(res[0]['token_ids'])))
 
@@ -232,8 +232,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(max_running_req=3, max_extend_tokens=8, num_prompts=5)
 
 # %% [markdown] tags=["lang-zh"]

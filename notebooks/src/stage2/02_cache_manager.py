@@ -24,8 +24,8 @@
 # - **integrity check**: when idle, free pages + pages in the cache == total pages, and no locks are left over.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -38,8 +38,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage2/cache_manager.py) and which implementation this notebook uses
 # 本章的任务（和 stage2/cache_manager.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage2/cache_manager.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("cache_manager")
@@ -88,7 +88,7 @@ def run(num_pages: int, page_size: int, max_running_req: int, max_tokens: int = 
     except ValueError as err:
         print(tr("ValueError:"), err)
         return None
-    peak = max(s["pages_in_use"] for s in rec.steps)  # pages in use once each step is prepared (the peak between steps) / 准备好每一步时占用的页（步与步之间的最高点）
+    peak = max(s["pages_in_use"] for s in rec.steps)  # 准备好每一步时占用的页（步与步之间的最高点） | en: pages in use once each step is prepared (the peak between steps)
     print(tr("num_pages={num_pages} page_size={page_size} max_running_req={max_running_req}: {summary}; at most {peak} pages in use at once", num_pages=num_pages, page_size=page_size, max_running_req=max_running_req, summary=rec.summary(), peak=peak))
     print(tr("requests running at each step:"), [len(s["reqs"]) for s in rec.steps])
     print(tr("after the run: {usage} → all returned", usage=page_usage(llm)))
@@ -180,8 +180,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(num_pages=20, page_size=2, max_running_req=6)
 
 # %% [markdown] tags=["lang-zh"]

@@ -33,8 +33,8 @@
 # - **eviction**: when space runs out, unlocked leaves are evicted least recently used first (LRU), and returned as whole pages.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -47,8 +47,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage2/radix_cache.py) and which implementation this notebook uses
 # 本章的任务（和 stage2/radix_cache.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage2/radix_cache.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("radix_cache")
@@ -84,8 +84,10 @@ snaps = []
 
 
 def snap(title: str) -> None:
-    """Record the tree as it is now: print the text version, draw all the pictures at the end.
-    记下这一刻的树：文字版打印出来，图最后一起画。"""
+    """记下这一刻的树：文字版打印出来，图最后一起画。
+
+    en: Record the tree as it is now: print the text version, draw all the pictures at the end.
+    """
     snaps.append((title, radix_nodes(cache, tok.decode)))
     print(format_radix(cache, tok.decode), end="\n\n")
 
@@ -252,8 +254,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(cache_type="radix", page_size=16)
 
 # %% [markdown] tags=["lang-zh"]

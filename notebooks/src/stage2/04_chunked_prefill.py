@@ -24,8 +24,8 @@
 #   not recorded in the result, and must not be written into the token pool over the prompt's next token (they go to a scratch row that belongs to no request).
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -38,8 +38,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage2/chunked_prefill.py) and which implementation this notebook uses
 # 本章的任务（和 stage2/chunked_prefill.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage2/chunked_prefill.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("chunked_prefill")
@@ -112,7 +112,7 @@ def long_arrives(max_extend_tokens: int, long_repeat: int = 25, show: bool = Tru
     rec = StepRecorder(llm)
     outputs: dict[int, list[int]] = {}
 
-    def collect(event):  # one RequestEvent per request and step / 每个请求每一步一个
+    def collect(event):  # 每个请求每一步一个 | en: one RequestEvent per request and step
         if event.token is not None:
             outputs.setdefault(event.uid, []).append(event.token)
 
@@ -120,7 +120,7 @@ def long_arrives(max_extend_tokens: int, long_repeat: int = 25, show: bool = Tru
     sp = SamplingParams(max_tokens=10, ignore_eos=True)
     uids = [llm.add_request(llm.tokenizer.encode(p), sp) for p in SHORT]
     llm.step()
-    llm.step()  # the short requests are prefilled and have decoded one step / 短请求预填充完，又解码了一步
+    llm.step()  # 短请求预填充完，又解码了一步 | en: the short requests are prefilled and have decoded one step
     long_ids = llm.tokenizer.encode("Explain, step by step, why the sky is blue. " * long_repeat)
     uids.append(llm.add_request(long_ids, SamplingParams(max_tokens=4, ignore_eos=True)))
     llm.run_until_idle()
@@ -162,8 +162,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(max_extend_tokens=64, long_repeat=10)
 
 # %% [markdown] tags=["lang-zh"]

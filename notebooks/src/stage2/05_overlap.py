@@ -36,8 +36,8 @@
 # `ENV.DISABLE_OVERLAP_SCHEDULING.value = True` turns overlap off, and both loops give exactly the same outputs.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -50,8 +50,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage2/overlap.py) and which implementation this notebook uses
 # 本章的任务（和 stage2/overlap.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage2/overlap.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("overlap")
@@ -121,7 +121,7 @@ def timeline(num_reqs: int, max_tokens: int, model: str = TINY) -> None:
     tl = Timeline(llm)
     prompts = (PROMPTS * 2)[:num_reqs]
     runs, outs = [], {}
-    llm.generate(prompts[:1], SamplingParams(max_tokens=2))  # warm-up / 预热
+    llm.generate(prompts[:1], SamplingParams(max_tokens=2))  # 预热 | en: warm-up
     for overlap in (False, True):
         ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
         tl.start()
@@ -165,8 +165,8 @@ explorer
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# Call the widget's handler with one set of values (checks it without a browser; the printed times differ from run to run, CI does not compare this cell)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它；打印的时间每次不同，CI 不比较这一格）
+# en: Call the widget's handler with one set of values (checks it without a browser; the printed times differ from run to run, CI does not compare this cell)
 explorer.run(num_reqs=4, max_tokens=6)
 
 # %% [markdown] tags=["lang-zh"]

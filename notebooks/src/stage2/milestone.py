@@ -30,8 +30,8 @@
 # experiments on each chapter's engine (chapter 2.1's `Scheduler` holding `minisgl.<chapter>.PARTS`) side by side.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -145,25 +145,30 @@ QUESTIONS, LONG = stage2_milestone.QUESTIONS, stage2_milestone.LONG_PROMPT
 
 
 def run_experiments(LLM, label: str, cache_type: str | None = None, verbose: bool = True) -> dict:
-    """Run the three experiments on one chapter's engine (built once, prefill budget 96); return the deterministic counts and the (varying) times.
-    在一个章节的引擎上跑三个实验（只建一次引擎，预填充预算 96），返回确定的计数和（不确定的）时间。"""
+    """在一个章节的引擎上跑三个实验（只建一次引擎，预填充预算 96），返回确定的计数和（不确定的）时间。
+
+    en: Run the three experiments on one chapter's engine (built once, prefill budget 96); return the deterministic counts and the (varying) times.
+    """
     llm = LLM(MODEL, cache_type=cache_type, max_extend_tokens=96, **CONFIG)
     row = {"chapter": label, "cache_type": llm.config.cache_type}
     rec = StepRecorder(llm)
-    llm.generate(BATCH[:1], SamplingParams(max_tokens=2))  # warm-up (the first call prepares oneDNN primitives) / 预热（第一次调用要准备 oneDNN 的计算原语）
-    # experiment 1: 8 × 16 / 实验 1：8 × 16
+    llm.generate(BATCH[:1], SamplingParams(max_tokens=2))  # 预热（第一次调用要准备 oneDNN 的计算原语） | en: warm-up (the first call prepares oneDNN primitives)
+    # 实验 1：8 × 16
+    # en: experiment 1: 8 × 16
     rec.clear()
     start = time.perf_counter()
     out = llm.generate(BATCH, SamplingParams(max_tokens=16, ignore_eos=True))
     row.update(time=time.perf_counter() - start, steps=len(rec.steps), tokens=sum(len(o["token_ids"]) for o in out))
-    # experiment 2: shared system prompt, the first one, then the last three / 实验 2：共享系统提示词，先第一个，再后三个
+    # 实验 2：共享系统提示词，先第一个，再后三个
+    # en: experiment 2: shared system prompt, the first one, then the last three
     sp = SamplingParams(max_tokens=4, ignore_eos=True)
     rec.clear()
     llm.generate([SYSTEM + QUESTIONS[0]], sp)
     start = time.perf_counter()
     llm.generate([SYSTEM + q for q in QUESTIONS[1:]], sp)
     row.update(last3=time.perf_counter() - start, prefix=rec.prefill_tokens)
-    # experiment 3: 302 tokens, at most 96 prefilled per step / 实验 3：302 个 token，每步最多预填充 96 个
+    # 实验 3：302 个 token，每步最多预填充 96 个
+    # en: experiment 3: 302 tokens, at most 96 prefilled per step
     rec.clear()
     try:
         llm.generate([LONG], sp)
@@ -195,8 +200,8 @@ for r in rows:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The times differ from run to run (CI does not compare this cell)
 # 时间每次运行都不同（CI 不比较这一格）
+# en: The times differ from run to run (CI does not compare this cell)
 import matplotlib.pyplot as plt
 
 print(f"{tr('chapter'):<20}{tr('exp. 1 tok/s'):>14}{tr('exp. 2 last three'):>18}")
@@ -265,8 +270,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(cache_type="radix", max_extend_tokens=128, page_size=4, overlap=False)
 
 # %% [markdown] tags=["lang-zh"]

@@ -26,8 +26,8 @@
 # (`wait_for_subscribers`).
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -40,8 +40,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage3/message.py) and which implementation this notebook uses
 # 本章的任务（和 stage3/message.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage3/message.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("message")
@@ -168,9 +168,9 @@ def first_received(sub: zmq.Socket) -> str:
 sub = subscriber("plain")
 pub = ctx.socket(zmq.PUB)
 pub.bind(ipc_addr(ipc_dir, "plain"))
-pub.send(serialize(DetokenizeMsg(uid=1, next_token=11)))  # the first: the subscription has not arrived / 第一条：订阅还没到
+pub.send(serialize(DetokenizeMsg(uid=1, next_token=11)))  # 第一条：订阅还没到 | en: the first: the subscription has not arrived
 time.sleep(1)
-pub.send(serialize(DetokenizeMsg(uid=2, next_token=22)))  # the second: the subscription is long in / 第二条：订阅早到了
+pub.send(serialize(DetokenizeMsg(uid=2, next_token=22)))  # 第二条：订阅早到了 | en: the second: the subscription is long in
 print(tr("plain PUB, the first message received: {got}", got=first_received(sub)))
 
 sub = subscriber("handshake")
@@ -232,8 +232,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (checks it without a browser; the times are masked when CI compares)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它；CI 比较时把时间遮掉）
+# en: Call the widget's handler with one set of values (checks it without a browser; the times are masked when CI compares)
 explorer.run(num_tokens=4096, dtype="int64")
 
 # %% [markdown] tags=["lang-zh"]

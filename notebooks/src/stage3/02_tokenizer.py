@@ -21,8 +21,8 @@
 #   finish the request and have the scheduler abort it at once.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -35,8 +35,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage3/tokenizer.py) and which implementation this notebook uses
 # 本章的任务（和 stage3/tokenizer.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage3/tokenizer.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("tokenizer")
@@ -180,8 +180,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (checks it without a browser)
 explorer.run(text="naïve café ☕ 🫠 ok", stop="ok")
 
 # %% [markdown] tags=["lang-zh"]

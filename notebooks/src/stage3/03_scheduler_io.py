@@ -36,8 +36,8 @@
 # scheduler's inbox, then calls `run_once()` one iteration at a time to see what each step sends.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -50,8 +50,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage3/scheduler_io.py) and which implementation this notebook uses
 # 本章的任务（和 stage3/scheduler_io.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage3/scheduler_io.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("scheduler_io")
@@ -87,8 +87,8 @@ from minisgl.server.args import ServerAddrs, make_ipc_dir
 sched = SchedulerIO(str(tiny_qwen3()), dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=48)
 addrs = ServerAddrs.in_dir(make_ipc_dir())
 sched.connect(addrs)
-tokenizer_inbox = ZmqPullQueue(addrs.tokenizer, create=True)  # the detokenizer's end / 反分词进程这一头
-frontend_inbox = ZmqPullQueue(addrs.frontend, create=True)  # the API server's end / API 服务器这一头
+tokenizer_inbox = ZmqPullQueue(addrs.tokenizer, create=True)  # 反分词进程这一头 | en: the detokenizer's end
+frontend_inbox = ZmqPullQueue(addrs.frontend, create=True)  # API 服务器这一头 | en: the API server's end
 to_scheduler = ZmqPushQueue(addrs.backend, create=False)
 tok = sched.tokenizer
 print(tr("one request holds at most {n} tokens (prompt + output)", n=sched.max_seq_len))
@@ -100,7 +100,10 @@ def user_msg(uid, prompt, **sp):
 
 
 def show(msg):
-    """One line per message the detokenizer would receive / 反分词进程收到的每条消息一行"""
+    """反分词进程收到的每条消息一行
+
+    en: One line per message the detokenizer would receive
+    """
     if isinstance(msg, RejectMsg):
         return tr("  uid {uid}: refused: {error}", uid=msg.uid, error=msg.error)
     end = tr(", finished ({reason})", reason=msg.finish_reason) if msg.finished else ""
@@ -108,7 +111,10 @@ def show(msg):
 
 
 def iterate(max_iters=100, before=None):
-    """run_once until idle; print what each iteration sent to the detokenizer / 迭代到空闲，打印每次迭代发给反分词进程的消息"""
+    """迭代到空闲，打印每次迭代发给反分词进程的消息
+
+    en: run_once until idle; print what each iteration sent to the detokenizer
+    """
     for i in range(max_iters):
         if i > 0 and not sched.busy:
             return
@@ -127,7 +133,7 @@ def iterate(max_iters=100, before=None):
 to_scheduler.put(BatchBackendMsg(data=[
     user_msg(1000, "Hello, my name is", max_tokens=3, ignore_eos=True),
     user_msg(7, "The capital of France is", max_tokens=5, ignore_eos=True),
-    user_msg(7, list(range(100, 110)), max_tokens=3),  # uid 7 again / 又一个 uid 7
+    user_msg(7, list(range(100, 110)), max_tokens=3),  # 又一个 uid 7 | en: uid 7 again
 ]))
 iterate()
 
@@ -166,7 +172,7 @@ print(tr("offline generate for the prompt of uid 7: {tokens}", tokens=offline))
 import threading
 import time
 
-while frontend_inbox.get(timeout=0.2) is not None:  # drop the stats seen so far / 丢掉之前的现状
+while frontend_inbox.get(timeout=0.2) is not None:  # 丢掉之前的现状 | en: drop the stats seen so far
     pass
 worker = threading.Thread(target=sched.run_once)
 worker.start()
@@ -206,7 +212,7 @@ def abort_12_at_iteration_3(i):
     if i == 3:
         print(tr("(the API server sends AbortBackendMsg(uid=12))"))
         to_scheduler.put(AbortBackendMsg(uid=12))
-        time.sleep(0.1)  # let it arrive / 等它送到
+        time.sleep(0.1)  # 等它送到 | en: let it arrive
 
 
 to_scheduler.put(BatchBackendMsg(data=[user_msg(11, "Hello, my name is", max_tokens=8),
@@ -286,13 +292,13 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (checks it without a browser)
 explorer.run(num_requests=6, max_tokens=2)
 
 # %%
-# Shut down: ExitMsg ends the loop; sockets closed with linger 0
 # 关掉：ExitMsg 结束循环；套接字用 linger 0 关闭
+# en: Shut down: ExitMsg ends the loop; sockets closed with linger 0
 to_scheduler.put(ExitMsg())
 print(tr("run_once after an ExitMsg returns:"), sched.run_once())
 for queue in (tokenizer_inbox, frontend_inbox, to_scheduler):

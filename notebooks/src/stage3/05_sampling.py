@@ -33,8 +33,8 @@
 # and finally looks at the log-probabilities.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -47,8 +47,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage3/sampling.py) and which implementation this notebook uses
 # 本章的任务（和 stage3/sampling.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage3/sampling.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("sampling")
@@ -195,8 +195,8 @@ from minisgl.llm import LLM
 from minisgl.model_zoo import smollm2
 
 tok = AutoTokenizer.from_pretrained(smollm2())
-# max_extend_tokens=4: the prompt is prefilled in chunks of 4 tokens (chapter 2.4); what a chunk samples is not output
 # max_extend_tokens=4：提示词分成 4 个 token 一块预填充（第 2.4 章），中间块采到的不是输出，不能记进状态
+# en: max_extend_tokens=4: the prompt is prefilled in chunks of 4 tokens (chapter 2.4); what a chunk samples is not output
 llm = LLM(smollm2(), dtype=torch.float32, max_running_req=4, num_page_override=256, max_seq_len_override=128,
           max_extend_tokens=4)
 hf_model = AutoModelForCausalLM.from_pretrained(smollm2(), dtype=torch.float32)
@@ -299,8 +299,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (checks it without a browser)
 explorer.run(min_p=0.1, temperature=2.0)
 
 # %% [markdown] tags=["lang-zh"]

@@ -35,8 +35,8 @@
 # and last generates JSON and a date with `LLM.generate` on SmolLM2, validated with `jsonschema`.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -49,8 +49,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage3/grammar.py) and which implementation this notebook uses
 # 本章的任务（和 stage3/grammar.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage3/grammar.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("grammar")
@@ -89,14 +89,14 @@ ALLOWED = [0, 3, 31, 32, 39]
 words = [0] * -(-VOCAB // BITS)
 for t in ALLOWED:
     words[t // BITS] |= 1 << (t % BITS)
-row = [w - 2**32 if w >= 2**31 else w for w in words]  # unsigned → int32 / 无符号 → int32
+row = [w - 2**32 if w >= 2**31 else w for w in words]  # 无符号 → int32 | en: unsigned → int32
 print(tr("allowed tokens {allowed}: as unsigned numbers {words}, as int32 {row}", allowed=ALLOWED, words=words, row=row))
 word0 = torch.tensor(row[0], dtype=torch.int32)
 print(tr("number 0 >> 31 = {shifted} (arithmetic shift: the sign fills the left); (number 0 >> 31) & 1 = {bit}",
          shifted=int(word0 >> 31), bit=int((word0 >> 31) & 1)))
 
-# Two bitmask rows: row 0 belongs to row 2 of the logits, row 1 (token 5 only) to row 0; row 1 of the logits is not masked
 # 两行位掩码：第 0 行给 logits 的第 2 行，第 1 行（只允许 token 5）给第 0 行；logits 的第 1 行不加掩码
+# en: Two bitmask rows: row 0 belongs to row 2 of the logits, row 1 (token 5 only) to row 0; row 1 of the logits is not masked
 bitmask = torch.tensor([row, [1 << 5, 0]], dtype=torch.int32)
 logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))
 ours = apply_bitmask(logits.clone(), bitmask, [2, 0])
@@ -104,8 +104,8 @@ left = [torch.isfinite(r).nonzero().flatten().tolist() for r in ours]
 print(tr("apply_bitmask: row 2 keeps tokens {a}, row 0 keeps {b}, row 1 (no mask) keeps {n} of {v}",
          a=left[2], b=left[0], n=len(left[1]), v=VOCAB))
 
-# xgrammar's bitmask is laid out by the rows of the logits (indices says which rows); this chapter's holds the masked rows only
 # xgrammar 的位掩码按 logits 的行排（indices 说加哪几行）；本章的只为要加的行分配，第 k 行给 rows[k]
+# en: xgrammar's bitmask is laid out by the rows of the logits (indices says which rows); this chapter's holds the masked rows only
 full = torch.zeros(3, bitmask.shape[1], dtype=torch.int32)
 full[[2, 0]] = bitmask
 theirs = logits.clone()
@@ -349,8 +349,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (checks it without a browser)
 explorer.run(grammar=r"regex \d{4}-\d{2}-\d{2}", prefix="1969-0")
 
 # %% [markdown] tags=["lang-zh"]

@@ -30,8 +30,8 @@
 # starts the ranks, is given.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -44,8 +44,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage4/distributed.py) and which implementation this notebook uses
 # 本章的任务（和 stage4/distributed.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage4/distributed.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("distributed")
@@ -96,7 +96,7 @@ print(tr("all_reduce(x) is x: {reduce}; all_gather(x) is x: {gather}; agree_min(
 from minisgl.notebook import show_source
 from minisgl.processes.ranks import run_ranks
 
-sys.path.insert(0, str(ROOT / "examples"))  # the spawned ranks inherit this path / spawn 出的秩继承这条路径
+sys.path.insert(0, str(ROOT / "examples"))  # spawn 出的秩继承这条路径 | en: the spawned ranks inherit this path
 from chapters.distributed import demo_rank  # noqa: E402
 
 show_source(demo_rank)
@@ -131,9 +131,9 @@ for rank, seen in enumerate(results):
 # we compare two ways of rearranging it.
 
 # %%
-x0 = torch.arange(6).reshape(3, 2)  # rank 0's piece / 秩 0 的一份
-x1 = x0 + 10  # rank 1's piece / 秩 1 的一份
-out = torch.cat([x0, x1])  # what the collective delivers: shape (6, 2) / 通信收到的：形状 (6, 2)
+x0 = torch.arange(6).reshape(3, 2)  # 秩 0 的一份 | en: rank 0's piece
+x1 = x0 + 10  # 秩 1 的一份 | en: rank 1's piece
+out = torch.cat([x0, x1])  # 通信收到的：形状 (6, 2) | en: what the collective delivers: shape (6, 2)
 print(tr("what the collective delivers (joined along dimension 0): {value}", value=out.tolist()))
 print(tr("plain reshape: {value}", value=out.reshape(3, 4).tolist()))
 print(tr("movedim(0, -2), then reshape: {value}", value=out.view(2, 3, 2).movedim(0, -2).reshape(3, 4).tolist()))
@@ -172,7 +172,7 @@ from minisgl.notebook import Explorer
 
 def gather_layouts(ranks: int, rows: int, cols: int) -> None:
     pieces = [torch.arange(rows * cols).reshape(rows, cols) + 100 * r for r in range(ranks)]
-    out = torch.cat(pieces)  # what the collective delivers / 通信收到的
+    out = torch.cat(pieces)  # 通信收到的 | en: what the collective delivers
     want = torch.cat(pieces, dim=-1)
     stacked = out.view(ranks, rows, cols)
     print(tr("{ranks} ranks, each x of shape ({rows}, {cols})", ranks=ranks, rows=rows, cols=cols))
@@ -194,8 +194,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with one set of values (this checks it without a browser)
 # 用一组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with one set of values (this checks it without a browser)
 explorer.run(ranks=3, rows=2, cols=2)
 
 # %% [markdown] tags=["lang-zh"]

@@ -28,8 +28,8 @@
 # head. What cannot be split is refused before loading.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -42,8 +42,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage4/tensor_parallel.py) and which implementation this notebook uses
 # 本章的任务（和 stage4/tensor_parallel.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage4/tensor_parallel.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("tensor_parallel")
@@ -98,14 +98,15 @@ except ValueError as err:
 import torch
 import torch.nn.functional as F
 
-x, W, b = torch.randn(3, 8), torch.randn(6, 8), torch.randn(6)  # any numbers will do / 随便什么数都行
+x, W, b = torch.randn(3, 8), torch.randn(6, 8), torch.randn(6)  # 随便什么数都行 | en: any numbers will do
 whole = F.linear(x, W, b)
 tp = 2
 n = x.shape[1] // tp
-# rank r holds columns r*n:(r+1)*n of x (the previous step's output) and of W / 秩 r 手里是 x 和 W 的第 r 段列
+# 秩 r 手里是 x 和 W 的第 r 段列
+# en: rank r holds columns r*n:(r+1)*n of x (the previous step's output) and of W
 partials = [F.linear(x[:, r * n:(r + 1) * n], W[:, r * n:(r + 1) * n]) for r in range(tp)]
-once = sum(partials) + b  # all_reduce, then the bias once / 先 all_reduce，再加一次偏置
-every = sum(p + b for p in partials)  # every rank adds the bias before all_reduce / 每个秩在 all_reduce 之前都加了偏置
+once = sum(partials) + b  # 先 all_reduce，再加一次偏置 | en: all_reduce, then the bias once
+every = sum(p + b for p in partials)  # 每个秩在 all_reduce 之前都加了偏置 | en: every rank adds the bias before all_reduce
 print(tr("each rank's partial sum has shape {shape}; {tp} of them", shape=list(partials[0].shape), tp=tp))
 print(tr("sum of partials + bias once equals the unsplit layer: {same}", same=torch.allclose(once, whole, atol=1e-6)))
 print(tr("bias added on every rank equals the unsplit layer: {same}", same=torch.allclose(every, whole, atol=1e-6)))
@@ -124,7 +125,7 @@ print(tr("bias added on every rank equals the unsplit layer + (tp - 1) x bias: {
 # %%
 inter = 4
 gate_w, up_w = torch.randn(inter, 8), torch.randn(inter, 8)
-merged = torch.cat([gate_w, up_w])  # the merged gate_up weight [2 * inter, 8] / 合并的 gate_up 权重
+merged = torch.cat([gate_w, up_w])  # 合并的 gate_up 权重 | en: the merged gate_up weight [2 * inter, 8]
 
 
 def swiglu(w: torch.Tensor) -> torch.Tensor:
@@ -132,7 +133,7 @@ def swiglu(w: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-want = swiglu(merged)  # the unsplit layer: [3, inter] / 没切的那层
+want = swiglu(merged)  # 没切的那层 | en: the unsplit layer: [3, inter]
 half = inter // tp
 for r in range(tp):
     part_by_part = torch.cat([gate_w[r * half:(r + 1) * half], up_w[r * half:(r + 1) * half]])
@@ -155,7 +156,7 @@ for r in range(tp):
 # (which is what `all_reduce` does) gives exactly the lookup in the whole table:
 
 # %%
-table = torch.arange(10.0).unsqueeze(-1) * torch.tensor([1.0, 0.1])  # row i = [i, i / 10] / 第 i 行是 [i, i / 10]
+table = torch.arange(10.0).unsqueeze(-1) * torch.tensor([1.0, 0.1])  # 第 i 行是 [i, i / 10] | en: row i = [i, i / 10]
 ids = torch.tensor([0, 4, 5, 9, 7, 2])
 local_n = 10 // tp
 looked_up = []
@@ -188,7 +189,7 @@ print(tr("sum (all_reduce) equals the whole table's lookup: {same}",
 from minisgl.notebook import show_source
 from minisgl.processes.ranks import run_ranks
 
-sys.path.insert(0, str(ROOT / "examples"))  # the spawned ranks inherit this path / spawn 出的秩继承这条路径
+sys.path.insert(0, str(ROOT / "examples"))  # spawn 出的秩继承这条路径 | en: the spawned ranks inherit this path
 from chapters.tensor_parallel import MODEL, PROMPTS, demo_rank  # noqa: E402
 
 show_source(demo_rank)
@@ -219,7 +220,7 @@ for name, shape in one[0]["shapes"].items():
 # same tokens, and the same as one rank:
 
 # %%
-steps = len(two[0]["tokens"][0])  # one prefill + (new tokens - 1) decodes / 一次预填充 + 新 token 数 - 1 次解码
+steps = len(two[0]["tokens"][0])  # 一次预填充 + 新 token 数 - 1 次解码 | en: one prefill + (new tokens - 1) decodes
 layers = CONFIGS["qwen3-tiny"].num_layers
 print(tr("TP=1 collectives: {calls}", calls=one[0]["calls"]))
 for rank, seen in enumerate(two):
@@ -231,8 +232,8 @@ print(tr("TP=2 generates the same tokens as TP=1: {same}", same=two[0]["tokens"]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# How much each rank stores: about half (the norms are whole on every rank)
 # 每个秩存了多少：大约一半（RMSNorm 的权重每个秩都存整份）
+# en: How much each rank stores: about half (the norms are whole on every rank)
 print(tr("stored: TP=1 {one} MiB, each TP=2 rank {two} MiB", one=one[0]["stored_mb"], two=[s["stored_mb"] for s in two]))
 
 # %% [markdown] tags=["lang-zh"]
@@ -282,8 +283,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with a few sets of values (this checks it without a browser)
 # 用几组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with a few sets of values (this checks it without a browser)
 explorer.run(model="qwen3-tiny", tp=4)
 
 # %%

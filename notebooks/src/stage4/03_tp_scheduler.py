@@ -37,8 +37,8 @@
 # the messages on to every rank (`fan_out`).
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -51,8 +51,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage4/tp_scheduler.py) and which implementation this notebook uses
 # 本章的任务（和 stage4/tp_scheduler.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage4/tp_scheduler.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("tp_scheduler")
@@ -82,7 +82,7 @@ from minisgl.tp_scheduler import UidOrderDecodeManager
 def make_reqs(uids: list[int]) -> list[Req]:
     reqs = [Req(torch.tensor([1, 2], dtype=torch.int32), row, 0, 4, uid, SamplingParams()) for row, uid in enumerate(uids)]
     for req in reqs:
-        req.complete_one()  # as after the prefill's launch / 像预填充发出之后那样
+        req.complete_one()  # 像预填充发出之后那样 | en: as after the prefill's launch
     return reqs
 
 
@@ -108,7 +108,7 @@ print(tr("with no running request there is no decode batch: {none}",
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-keep = []  # other objects in between move the next requests to other addresses / 中间夹些别的对象，下一批请求就落到别的地址
+keep = []  # 中间夹些别的对象，下一批请求就落到别的地址 | en: other objects in between move the next requests to other addresses
 for build in range(6):
     keep.append([object() for _ in range(7 * build)])
     fresh = make_reqs([5, 2, 9])
@@ -152,8 +152,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with a few sets of values (this checks it without a browser)
 # 用几组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with a few sets of values (this checks it without a browser)
 explorer.run(joined="40, 10, 30, 20")
 
 # %%
@@ -183,7 +183,7 @@ import tempfile
 
 from minisgl.processes.ranks import run_ranks
 
-sys.path.insert(0, str(ROOT / "examples"))  # the spawned ranks inherit this path / spawn 出的秩继承这条路径
+sys.path.insert(0, str(ROOT / "examples"))  # spawn 出的秩继承这条路径 | en: the spawned ranks inherit this path
 from chapters.tp_scheduler import ABORTED, MODEL, NEW_TOKENS, PROMPTS, demo_rank  # noqa: E402
 
 with tempfile.TemporaryDirectory(prefix="msgl-nb-") as ipc_dir:

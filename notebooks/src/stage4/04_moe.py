@@ -32,8 +32,8 @@
 # chosen).
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -46,8 +46,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage4/moe.py) and which implementation this notebook uses
 # 本章的任务（和 stage4/moe.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage4/moe.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("moe")
@@ -212,7 +212,8 @@ grouped = fused_experts(x, w13, w2, weights, ids, counts)
 print(tr("64 tokens, rows per expert {counts}", counts=counts))
 print(tr("reference vs grouped: largest difference {diff:.1e}", diff=float((ref - grouped).abs().max())))
 
-# the mistake: assignment instead of index_add_ / 错误的写法：赋值代替 index_add_
+# 错误的写法：赋值代替 index_add_
+# en: the mistake: assignment instead of index_add_
 order = torch.argsort(ids.reshape(-1), stable=True)
 token = order // ids.shape[1]
 rows, start = x[token], 0
@@ -223,7 +224,7 @@ for e, n in enumerate(counts):
     start += n
 out_rows *= weights.reshape(-1)[order, None]
 wrong = torch.zeros_like(x)
-wrong[token] = out_rows  # each token's row gets one of its 2 rows, whichever is written last / 只留下最后写入的那一行
+wrong[token] = out_rows  # 只留下最后写入的那一行 | en: each token's row gets one of its 2 rows, whichever is written last
 bad = int((~torch.isclose(wrong, ref, atol=1e-5)).any(-1).sum())
 print(tr("with out[token] = ... instead: equal to the reference {same}; tokens with a wrong row: {bad} of {n}",
          same=torch.allclose(wrong, ref, atol=1e-5), bad=bad, n=x.shape[0]))
@@ -244,7 +245,7 @@ print(tr("with out[token] = ... instead: equal to the reference {same}; tokens w
 from minisgl.core import SamplingParams
 
 sys.path.insert(0, str(ROOT / "examples"))
-from chapters.moe import NEW_TOKENS, PROMPTS, hf_greedy  # noqa: E402 - the chapter's example / 本章的示例
+from chapters.moe import NEW_TOKENS, PROMPTS, hf_greedy  # 本章的示例 | en: noqa: E402 - the chapter's example
 
 print(llm.engine.decode_path)
 for layer in layers:
@@ -286,7 +287,7 @@ axes[0].legend()
 fig.suptitle(tr("Tokens per expert while generating"))
 plt.tight_layout()
 plt.show()
-llm.shutdown()  # the router and the experts' weights stay usable below / 下面照样能用路由器和专家的权重
+llm.shutdown()  # 下面照样能用路由器和专家的权重 | en: the router and the experts' weights stay usable below
 
 # %% [markdown] tags=["lang-zh"]
 # ## 6. 存了多少，一个 token 用到多少
@@ -360,8 +361,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with a few sets of values (this checks it without a browser)
 # 用几组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with a few sets of values (this checks it without a browser)
 explorer.run(tokens=64, top_k=1, renormalize=False)
 
 # %%

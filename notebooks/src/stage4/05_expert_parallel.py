@@ -32,8 +32,8 @@
 # expert receives, how many bytes go to collectives, and whether the tokens generated equal one rank's.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -46,8 +46,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage4/expert_parallel.py) and which implementation this notebook uses
 # 本章的任务（和 stage4/expert_parallel.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage4/expert_parallel.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("expert_parallel")
@@ -76,7 +76,8 @@ from minisgl.model_zoo import tiny_qwen3_moe
 from minisgl.moe import MoeConfig
 
 tiny = MoeConfig.from_hf(tiny_qwen3_moe())
-# Qwen3-30B-A3B's shapes on top of the tiny config / 在 tiny 的配置上换成 Qwen3-30B-A3B 的形状
+# 在 tiny 的配置上换成 Qwen3-30B-A3B 的形状
+# en: Qwen3-30B-A3B's shapes on top of the tiny config
 big = dataclasses.replace(tiny, hidden_size=2048, intermediate_size=6144, num_layers=48, num_qo_heads=32, num_kv_heads=4,
                           head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)
 CONFIGS = {"tiny MoE": tiny, "Qwen3-30B-A3B-like": big}
@@ -123,7 +124,7 @@ for tokens in (7, 5, 1):
 # %%
 import torch
 
-topk_ids = torch.tensor([[5, 1], [2, 7], [4, 6], [0, 3], [6, 5]])  # [T=5, k=2], global expert numbers / 全局专家号
+topk_ids = torch.tensor([[5, 1], [2, 7], [4, 6], [0, 3], [6, 5]])  # 全局专家号 | en: [T=5, k=2], global expert numbers
 per_rank = 8 // 2
 splits = []
 for r in range(2):
@@ -161,7 +162,7 @@ print(tr("return trip: each rank sends recv_splits and receives send_splits, cou
 from minisgl.notebook import show_source
 from minisgl.processes.ranks import run_ranks
 
-sys.path.insert(0, str(ROOT / "examples"))  # the spawned ranks inherit this path / spawn 出的秩继承这条路径
+sys.path.insert(0, str(ROOT / "examples"))  # spawn 出的秩继承这条路径 | en: the spawned ranks inherit this path
 from chapters.expert_parallel import MODEL, NEW_TOKENS, PROMPTS, demo_rank  # noqa: E402
 
 show_source(demo_rank)
@@ -289,7 +290,7 @@ for kind, ranks in RUNS.items():
 # arithmetic only; this chapter's expert parallelism adds one more `all_reduce` for the join):
 
 # %%
-H, K, INTER, ROW = 2048, 8, 768, 2048 * 2  # bf16 / bf16 的一行
+H, K, INTER, ROW = 2048, 8, 768, 2048 * 2  # bf16 的一行 | en: bf16
 for n in (2, 4, 8, 16, 32):
     tp_wire = 2 * (n - 1) / n * ROW
     ep_wire = 2 * K * (n - 1) / n * ROW / n
@@ -317,14 +318,15 @@ import ipywidgets as widgets
 
 from minisgl.notebook import Explorer
 
-#: bytes per number: the tiny model is float32, the big one bf16 / 每个数几个字节：tiny 是 float32，大的是 bf16
+#: 每个数几个字节：tiny 是 float32，大的是 bf16
+#: en: bytes per number: the tiny model is float32, the big one bf16
 ELEMENT = {"tiny MoE": 4, "Qwen3-30B-A3B-like": 2}
 
 
 def show_experts(model: str, n: int) -> None:
     c = CONFIGS[model]
     row = c.hidden_size * ELEMENT[model]
-    for ep in dict.fromkeys((1, n)):  # n = 1: one line only / n = 1 时只一行
+    for ep in dict.fromkeys((1, n)):  # n = 1 时只一行 | en: n = 1: one line only
         problems = moe_split_problems(c, n, ep)
         kind = tr("tensor-parallel experts (ep=1)") if ep == 1 else tr("expert parallelism (ep={n})", n=n)
         if problems:
@@ -352,8 +354,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with a few sets of values (this checks it without a browser)
 # 用几组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with a few sets of values (this checks it without a browser)
 explorer.run(model="Qwen3-30B-A3B-like", n=32)
 
 # %%

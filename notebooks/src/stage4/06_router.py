@@ -34,8 +34,8 @@
 # workload.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -48,8 +48,8 @@ setup_notebook()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# This chapter's tasks (one per TODO in stage4/router.py) and which implementation this notebook uses
 # 本章的任务（和 stage4/router.py 里的 TODO 一一对应），以及这个笔记本现在用的是哪份实现
+# en: This chapter's tasks (one per TODO in stage4/router.py) and which implementation this notebook uses
 from minisgl.notebook import show_tasks
 
 show_tasks("router")
@@ -80,7 +80,10 @@ from chapters.router import SYSTEM, TRANSLATE, show_tree  # noqa: E402
 
 
 def tree_nodes(tree: PrefixTree) -> list[dict]:
-    """The tree for draw_tree: one box per node, its edge text (shortened) and last_used / 画图用：每个节点一个框"""
+    """画图用：每个节点一个框
+
+    en: The tree for draw_tree: one box per node, its edge text (shortened) and last_used
+    """
     nodes = [{"id": 0, "parent": None, "label": tr("(root)")}]
 
     def walk(node, parent_id: int) -> None:
@@ -224,8 +227,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with a few sets of values (this checks it without a browser)
 # 用几组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with a few sets of values (this checks it without a browser)
 explorer.run(load0=40, load1=0)
 
 # %%

@@ -44,8 +44,8 @@
 # are random, so **the generated text is meaningless**; what matters is that both sides agree.
 
 # %%
-# Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
+# en: Setup: import this repository's minisgl, no progress bars, fixed random seeds, plotting
 import sys
 from pathlib import Path
 
@@ -73,7 +73,7 @@ setup_notebook()
 
 # %% tags=["random-text"]
 # NBVAL_IGNORE_OUTPUT
-sys.path.insert(0, str(ROOT / "examples"))  # the spawned ranks inherit this path / spawn 出的秩继承这条路径
+sys.path.insert(0, str(ROOT / "examples"))  # spawn 出的秩继承这条路径 | en: the spawned ranks inherit this path
 import stage4_milestone
 
 results = stage4_milestone.main([])
@@ -154,12 +154,15 @@ from minisgl.processes.ranks import run_ranks
 from minisgl.tensor_parallel import split_problems
 
 MODELS = {"qwen3-tiny": model_zoo.tiny_qwen3(), "SmolLM2": model_zoo.smollm2()}
-DEVICE = "cpu"  # "cuda": one GPU per rank (NCCL) / 每个秩一块 GPU（NCCL）
-one_process: dict[str, list[list[int]]] = {}  # each model's tokens in one process, computed once / 每个模型一个进程时的 token，算一次
+DEVICE = "cpu"  # 每个秩一块 GPU（NCCL） | en: "cuda": one GPU per rank (NCCL)
+one_process: dict[str, list[list[int]]] = {}  # 每个模型一个进程时的 token，算一次 | en: each model's tokens in one process, computed once
 
 
 def columns(text: str) -> int:
-    """How wide text shows in a fixed-width font (a Chinese character takes two columns) / 文字在等宽字体里占几列（一个汉字两列）"""
+    """文字在等宽字体里占几列（一个汉字两列）
+
+    en: How wide text shows in a fixed-width font (a Chinese character takes two columns)
+    """
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
@@ -175,7 +178,7 @@ def tokens_of_one_process(model: str) -> list[list[int]]:
 def inside_the_ranks(model: str, tp: int) -> None:
     config = ModelConfig.from_hf(MODELS[model])
     problems = split_problems(config, tp)
-    if problems:  # refused before any rank starts / 在起任何秩之前就拒绝
+    if problems:  # 在起任何秩之前就拒绝 | en: refused before any rank starts
         print(tr("{model} does not split over {tp} ranks:", model=model, tp=tp))
         for problem in problems:
             print("  -", problem)
@@ -205,8 +208,8 @@ explorer = Explorer(
 explorer
 
 # %%
-# Call the widget's handler with a few sets of values (this checks it without a browser)
 # 用几组参数调用控件触发的同一个处理函数（没有浏览器时也能检验它）
+# en: Call the widget's handler with a few sets of values (this checks it without a browser)
 explorer.run(model="qwen3-tiny", tp=4)
 
 # %%
