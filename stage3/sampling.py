@@ -147,7 +147,8 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tens
     - 出现惩罚（OpenAI 的 ``presence_penalty``）：输出里出现过（``counts > 0``）就减去它；
     - 频率惩罚（OpenAI 的 ``frequency_penalty``）：减去它乘以在输出里出现的次数 ``counts``。
 
-    ``logits``、``counts``、``seen`` 都是 ``[B, vocab]``；每种惩罚是 ``[B]`` 或 None（整批都不用）。返回新的张量。
+    ``logits``、``counts``、``seen`` 都是 ``[B, vocab]``；每种惩罚是 ``[B]`` 或 None（整批都不用）。返回罚过的 logits，
+    参数一个也不原地改（三种都是 None 时原样返回 ``logits`` 也行）。
 
     en: The three penalties, row by row:
 
@@ -157,10 +158,11 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tens
     - frequency (OpenAI's ``frequency_penalty``): subtracted times the number of occurrences in the output, ``counts``.
 
     ``logits``, ``counts`` and ``seen`` are ``[B, vocab]``; each penalty is ``[B]`` or None (unused by the whole batch).
-    Returns a new tensor.
+    Returns the penalized logits and changes no argument in place (with all three None, returning ``logits`` as it is
+    will do).
     """
-    # TODO 任务 apply_penalties：返回按文档字符串罚过的 logits（新张量，不改参数）：第一种惩罚只作用在提示词或输出里出现过的 token 上，正的除、负的乘；另两种只看输出里出现的次数，不看提示词；没给的那种整批跳过；三种都取中性值的行不变
-    # TODO task apply_penalties: return the logits penalised as the docstring says (a new tensor; the arguments stay unchanged): the first penalty acts only on tokens that occurred in the prompt or the output, dividing positive logits and multiplying the others; the other two look only at how often a token occurred in the output, never at the prompt; a kind that is not given is skipped for the whole batch; a row holding the neutral value of all three is unchanged
+    # TODO 任务 apply_penalties：返回按文档字符串罚过的 logits（参数一个也不原地改）：第一种惩罚只作用在提示词或输出里出现过的 token 上，正的除、负的乘；另两种只看输出里出现的次数，不看提示词；没给的那种整批跳过；三种都取中性值的行不变
+    # TODO task apply_penalties: return the logits penalised as the docstring says (no argument changed in place): the first penalty acts only on tokens that occurred in the prompt or the output, dividing positive logits and multiplying the others; the other two look only at how often a token occurred in the output, never at the prompt; a kind that is not given is skipped for the whole batch; a row holding the neutral value of all three is unchanged
     raise TaskNotDone("sampling", "apply_penalties")
 
 
@@ -250,11 +252,13 @@ class Sampler(BaseSampler):
         return self.counts, self.seen
 
     def reset_fresh(self, c: BatchControls) -> None:
-        """请求第一次出现：它那一行的状态清零，``seen`` 里标上提示词的 token（给定）。
+        """请求第一次出现：它那一行的状态清零，``seen`` 里标上提示词的 token（给定）。没有请求用惩罚时不分配状态。
 
         en: A request seen for the first time: its row of the state is cleared and ``seen`` marks the prompt's tokens
-        (given).
+        (given). The state is allocated only when some request uses a penalty.
         """
+        if not c.fresh:
+            return
         counts, seen = self._state()
         for i, prompt in c.fresh:
             row = c.state_rows[i]

@@ -389,3 +389,15 @@ def test_one_language_in_the_learners_files(course: Path):
     assert run(course, "-m", "minisgl.course", "lang", "both").returncode == 0
     assert (course / ALPHA.relpath).read_text(encoding="utf-8") == shipped["alpha"]
     assert beta.read_text(encoding="utf-8") == shipped["beta"].replace('    raise TaskNotDone("beta", "quadruple")\n', mine)
+
+
+def test_a_learners_failure_prints_no_reference_source(course: Path):
+    """学员的代码调用参考解答、错在参考解答里时，调用栈不印 solutions/ 里的源码（那是别的章的答案），只说略去了。"""
+    beta = course / BETA.relpath
+    beta.write_text(beta.read_text(encoding="utf-8").replace('    raise TaskNotDone("beta", "quadruple")\n',
+                                                             '    return double(None)\n'), encoding="utf-8")
+    out = pytest_run(course, "checks/stage1/test_beta.py", env={"MINISGL_LANG": "en"})
+    assert out.returncode == 1 and "TypeError" in out.stdout, out.stdout
+    assert "return x * FACTOR" not in out.stdout and "solutions/stage1/alpha.py" not in out.stdout, out.stdout
+    assert "leaves out the frames in the reference solutions" in out.stdout, out.stdout
+    assert "return double(None)" in out.stdout, "the learner's own line must still show:\n" + out.stdout

@@ -132,9 +132,9 @@ def test_task_anchors_in_site(built_site: Path) -> None:
 
 
 @pytest.mark.parametrize("language", ["zh", "en"])
-def test_task_goals_render_literally_and_hints_fold(built_site: Path, language: str) -> None:
+def test_task_goals_render_literally_and_hints_stay_in_the_terminal(built_site: Path, language: str) -> None:
     """网页上每个任务的“目标”逐字等于解答里的目标（英文页是英文）：没有多出来的反斜杠（如 ``\\<``），也没被读成
-    强调或标签；第 1、2 级提示折叠着（``<details>``，默认收起），逐字等于解答里的文字；默认构建不放参考解答。"""
+    强调或标签；学员的书不放提示（提示在终端里一级一级地要，要过的都记着），只写出要提示的命令；也不放参考解答。"""
     import html as html_lib
 
     def text(fragment: str) -> str:
@@ -152,12 +152,35 @@ def test_task_goals_render_literally_and_hints_fold(built_site: Path, language: 
             assert "\\&lt;" not in m.group(1), f"{ch.docs_page} 任务 {t.name} 的目标里出现了字面的 \\<"
             want = t.hint_for(language)
             assert text(m.group(1)) == want, f"{ch.docs_page}（{language}）任务 {t.name} 的目标显示成了 {text(m.group(1))!r}，应是 {want!r}"
-            tips = re.findall(r'<details class="tip">\s*<summary>.*?</summary>(.*?)</details>', section.group(0), re.S)
-            assert len(tips) == 2, f"{ch.docs_page}（{language}）任务 {t.name}：应有两个折叠的提示，有 {len(tips)} 个"
+            assert '<details class="tip">' not in section.group(0), f"{ch.docs_page}（{language}）任务 {t.name}：学员的书里折着提示"
+            command = f"python -m minisgl.course hint {ch.id} {t.name}"
+            assert command in text(section.group(0)), f"{ch.docs_page}（{language}）任务 {t.name}：没写出要提示的命令 {command}"
+
+
+@pytest.mark.parametrize("language", ["zh", "en"])
+def test_instructor_book_folds_the_hints_literally(monkeypatch: pytest.MonkeyPatch, language: str) -> None:
+    """教师的书（``MINISGL_DOCS_SOLUTIONS=1``）在每个任务下折着第 1、2 级提示，逐字等于解答里的文字（``index_copy_``
+    ``x * y`` 不被读成强调），还有参考解答。"""
+    import html as html_lib
+
+    import markdown
+
+    hook = _docs_hook()
+    monkeypatch.setenv("MINISGL_DOCS_SOLUTIONS", "1")
+    extensions = ["admonition", "attr_list", "md_in_html", "pymdownx.details", "pymdownx.superfences"]
+    for ch in CHAPTERS:
+        solution = REPO / "solutions" / ch.relpath
+        if not solution.is_file():
+            continue
+        for t in parse_tasks(solution.read_text(encoding="utf-8")):
+            html = markdown.markdown("\n".join(hook.task_block(ch, t.name, language)), extensions=extensions)
+            tips = re.findall(r'<details class="tip">\s*<summary>.*?</summary>(.*?)</details>', html, re.S)
+            assert len(tips) == 2, f"{ch.id}.{t.name}（{language}）：教师的书应折着两级提示，有 {len(tips)} 级"
             for level, tip in enumerate(tips, 1):
-                shown = " ".join(text(tip).split())
+                shown = " ".join(html_lib.unescape(re.sub(r"<[^>]+>", "", tip)).split())
                 assert shown == " ".join(t.level_for(level, language).split()), (
-                    f"{ch.docs_page}（{language}）任务 {t.name} 的第 {level} 级提示显示成了 {shown!r}")
+                    f"{ch.id}.{t.name}（{language}）第 {level} 级提示显示成了 {shown!r}")
+            assert 'class="success"' in html, f"{ch.id}.{t.name}（{language}）：教师的书里没有参考解答"
 
 
 DIRECTIVE = re.compile(r"^[ \t]*\[\[[a-z]+(?: [^\]]+)?\]\][ \t]*$", re.M)
@@ -324,23 +347,28 @@ def test_instructor_build_shows_the_reference(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_no_page_shows_a_task_answer_before_it_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
-    """学员构建的书里，一个任务写出来之前能读到它几行答案（尺子见 :mod:`minisgl.course.exposure`，老师页写明）：
-    每个任务至多 1 行，且不超过它答案行的三分之一。``[[code]]`` 引用参考解答时，学员的书显示骨架。
+    """学员写一个任务之前，能在书（学员构建）、笔记本和示例里读到它几行答案（尺子见 :mod:`minisgl.course.exposure`，
+    老师页写明）：每个任务至多 1 行，且不超过它答案行的三分之一。``[[code]]`` 引用参考解答时，学员的书显示骨架。
 
-    en: How many lines of a task's answer the learner's book shows before the task is written (the ruler is
-    :mod:`minisgl.course.exposure`, stated on the teacher's page): at most 1 line per task, and no more than a third of
-    its answer lines. A ``[[code]]`` include of a reference solution shows the skeleton in the learner's book.
+    en: How many lines of a task's answer a learner can read in the book (learner's build), the notebooks and the
+    examples before writing the task (the ruler is :mod:`minisgl.course.exposure`, stated on the teacher's page): at
+    most 1 line per task, and no more than a third of its answer lines. A ``[[code]]`` include of a reference solution
+    shows the skeleton in the learner's book.
     """
-    from minisgl.course.exposure import shown_answers
+    from minisgl.course.exposure import example_texts, notebook_texts, page_order, shown_answers
 
     hook = _docs_hook()
     monkeypatch.delenv("MINISGL_DOCS_SOLUTIONS", raising=False)
     docs = REPO / "docs"
     pages = [p.relative_to(docs).as_posix() for p in sorted(docs.rglob("*.md")) if "outputs" not in p.parts]
-    shown = shown_answers(pages, lambda page: hook.expand((docs / page).read_text(encoding="utf-8"), page))
+    texts = [(order, hook.expand((docs / page).read_text(encoding="utf-8"), page))
+             for page in pages if (order := page_order(page)) is not None]
+    shown = shown_answers([*texts, *notebook_texts(), *example_texts()])
     over = {f"{ch}.{task}": sorted(seen) for (ch, task), (seen, answer) in shown.items()
             if len(seen) > 1 or 3 * len(seen) > len(answer)}
     assert not over, tr("These tasks' answers can be read in the book before they are written: {over}", over=over)
+    titles = [tr("Hint {level}: {name}", language=lang, level=1, name=tr("a nudge", language=lang)) for lang in ("zh", "en")]
+    assert not any(title in text for _, text in texts for title in titles), "the learner's book folds a hint under a task"
     monkeypatch.setenv("MINISGL_DOCS_SOLUTIONS", "1")
     instructor = "\n".join(hook.code_block("solutions/stage1/core.py", "Req.extend_len", language="en"))
     assert "self.device_len - self.cached_len" in instructor, instructor

@@ -12,8 +12,9 @@ A directive is a whole line (it may be indented, e.g. inside an admonition) of t
                                                            tools/record_outputs.py
     [[task complete_one]]                                  a task of this page's chapter: heading with the
                                                            anchor used in the skeleton's NotImplementedError,
-                                                           the goal, the skeleton's code, the hint levels
-                                                           folded, and the reference solution only when the
+                                                           the goal, the skeleton's code and the hint command
+                                                           (asking in the terminal is counted); the hint levels
+                                                           folded and the reference solution only when the
                                                            instructor builds with MINISGL_DOCS_SOLUTIONS=1
     [[practice]]                                           this chapter's files, notebook and check commands
     [[chapters]]                                           the chapter graph read from the sources (teacher page)
@@ -168,6 +169,7 @@ def code_block(path: str, symbol: str | None, *, signature: bool = False, title:
         source = "\n".join(lines) + "\n"
         if (chapter := solution_chapter(path)) is not None and not instructor_build():
             source = make_skeleton(source, chapter)  # the learner's book: a task's goal stands in place of its body
+            path = chapter.relpath  # and names the file the learner has
     source = for_language(source, language)
     lines, tree = source.splitlines(), ast.parse(source)
     if symbol is None:
@@ -256,7 +258,11 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
         "",
         f"    `` TaskNotDone: {message} ``",
     ]
-    for level in (1, 2):  # folded: a learner opens the next one only when stuck
+    if not instructor_build():  # the hints live in the terminal, where asking for one is counted
+        return out + ["", tr("Stuck? `python -m minisgl.course hint {id} {task}` gives the next hint (1 a nudge, 2 the "
+                             "walkthrough, 3 where the reference is); it remembers what you asked for.",
+                             language=language, id=chapter.id, task=name)]  # fmt: skip
+    for level in (1, 2):  # the instructor's book: every level folded under the task
         title = tr("Hint {level}: {name}", language=language, level=level,
                    name=tr("a nudge", language=language) if level == 1 else tr("the walkthrough", language=language))
         out += ["", "??? tip " + json.dumps(title, ensure_ascii=False), "",
@@ -265,10 +271,9 @@ def task_block(chapter: Chapter, name: str, language: str) -> list[str]:
             "    " + tr("`solutions/{path}`, lines {start}–{end} (`{symbol}`); in the terminal: `python -m minisgl.course hint "
                         "{id} {task}`", language=language, path=chapter.relpath, start=task.code, end=task.end - 1,
                         symbol=symbol, id=chapter.id, task=name)]  # fmt: skip
-    if instructor_build():  # the reference solution on the page
-        out += ["", "??? success " + json.dumps(tr("Reference solution (write yours first, then expand to compare)",
-                                                   language=language), ensure_ascii=False), "",
-                *["    " + line if line else "" for line in code_block(sol_path, symbol, language=language)]]
+    out += ["", "??? success " + json.dumps(tr("Reference solution (write yours first, then expand to compare)",
+                                               language=language), ensure_ascii=False), "",
+            *["    " + line if line else "" for line in code_block(sol_path, symbol, language=language)]]
     return out
 
 
@@ -276,7 +281,8 @@ def practice_block(ch: Chapter, language: str) -> list[str]:
     notebook = notebook_edition(ch.notebook, language)
     items = [
         tr("Your file: `{path}` (the skeleton, start here); reference solution: `solutions/{path}`", language=language,
-           path=ch.relpath),
+           path=ch.relpath) if instructor_build() else
+        tr("Your file: `{path}` (the skeleton, start here)", language=language, path=ch.relpath),
         tr("Notebook: `{notebook}`, open it with `jupyter lab {notebook}`", language=language, notebook=notebook),
         tr("Run this chapter's checks: `pytest {checks}`, or `python -m minisgl.course check {id}`",
            language=language, checks=ch.check_file, id=ch.id),

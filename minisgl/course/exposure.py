@@ -2,8 +2,9 @@
 
 - 一个任务的**答案行**：参考解答里任务区段的代码行，去掉注释；在学员手里已有的代码里（各章骨架、``minisgl/`` 的给定
   模块）出现过的不算，不足三个名字或数字的（``return out``）也不算——它们说明不了什么；
-- 一行答案**被看到**：它（空白归一以后）出现在学员做这一章之前或之时读的页面上——前面各章和本章的页面、各阶段的
-  开篇、阶段之外的页面（老师页除外）——而且不在学员自己选择展开的提示块里。
+- 一行答案**被看到**：它（空白归一以后）出现在学员做这一章之前或之时读的材料里——前面各章和本章的页面、各阶段的
+  开篇、阶段之外的页面（老师页除外），这些章的笔记本（两种语言的代码格和输出），这些章的示例和之前各阶段的里程碑
+  脚本。页面上折叠着的块也算：学员的书里不放提示，提示只在终端里按级给出（要过几级都记着）。
 
 en: How much of a task's answer the book lets a learner read before writing it: a ruler; the bound lives in the check
 (``checks/docs/test_book.py``).
@@ -11,9 +12,11 @@ en: How much of a task's answer the book lets a learner read before writing it: 
 - A task's **answer lines**: the code lines of the task's region in the reference solution, comments left out; lines
   that occur in code the learner already has (every chapter's skeleton, the given modules under ``minisgl/``) do not
   count, and neither do lines with fewer than three names or numbers (``return out``): they tell nothing;
-- an answer line is **shown** when it (whitespace normalised) occurs on a page the learner reads before or while doing
-  the chapter (the pages of earlier chapters and of this one, each stage's opening page, the pages outside the stages
-  but the teacher's), outside the hint blocks the learner chooses to open.
+- an answer line is **shown** when it (whitespace normalised) occurs in what the learner reads before or while doing
+  the chapter: the pages of earlier chapters and of this one, each stage's opening page, the pages outside the stages
+  but the teacher's; those chapters' notebooks (code cells and outputs, both editions); those chapters' examples and
+  the milestone scripts of earlier stages. Folded blocks on a page count too: the learner's book carries no hints,
+  the terminal gives them one level at a time (and counts what was asked for).
 """
 
 from __future__ import annotations
@@ -26,34 +29,11 @@ from minisgl.course.registry import CHAPTERS, Chapter
 from minisgl.course.skeleton import make_skeleton, parse_tasks
 from minisgl.paths import REPO_ROOT
 
-#: 学员自己选择展开的折叠块（提示、参考解答的位置、老师构建里的参考解答）。
-#: en: The folded blocks a learner chooses to open (hints, where the reference is, the instructor build's reference).
-ON_REQUEST = re.compile(r"^(\s*)\?\?\? (tip|note|success)\b")
 TOKEN = re.compile(r"[A-Za-z_]\w*|\d+")
 
 
 def normalise(line: str) -> str:
     return re.sub(r"\s+", " ", line.strip())
-
-
-def without_requested(markdown: str) -> list[str]:
-    """页面上不展开也看得到的行：去掉学员按需展开的折叠块（缩进在块标题之下的行）。
-
-    en: The lines of a page one sees without opening anything: the folded blocks a learner opens on request (the lines
-    indented under the block's title) are left out.
-    """
-    out: list[str] = []
-    fold: int | None = None
-    for line in markdown.splitlines():
-        indent = len(line) - len(line.lstrip())
-        if fold is not None and (not line.strip() or indent > fold):
-            continue
-        fold = None
-        if m := ON_REQUEST.match(line):
-            fold = len(m[1])
-            continue
-        out.append(line)
-    return out
 
 
 def known_code() -> set[str]:
@@ -106,17 +86,56 @@ def page_order(page: str) -> float | None:
     return None if stem == "teacher" else -1.0
 
 
-def shown_answers(pages: Iterable[str], render: Callable[[str], str]) -> dict[tuple[str, str], tuple[set[str], set[str]]]:
-    """(章, 任务) → (被看到的答案行, 全部答案行)。``pages`` 是 ``docs/`` 下的页面路径，``render(page)`` 给出学员构建里
-    那一页展开之后的 Markdown。
+def notebook_texts() -> list[tuple[float, str]]:
+    """(学习顺序里的位置, 文字)：每章的笔记本（两种语言），代码格和输出。
 
-    en: (chapter, task) → (answer lines shown, all answer lines). ``pages`` are page paths under ``docs/``, and
-    ``render(page)`` gives the page's expanded Markdown in the learner's build.
+    en: (place in the order of learning, text): every chapter's notebook (both editions), code cells and outputs."""
+    import json
+
+    from minisgl.course.registry import notebook_edition
+
+    out = []
+    for i, ch in enumerate(CHAPTERS):
+        for language in ("zh", "en"):
+            path = REPO_ROOT / notebook_edition(ch.notebook, language)
+            if not path.is_file():
+                continue
+            for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+                texts = ["".join(cell["source"])]
+                for output in cell.get("outputs", []):
+                    texts += ["".join(output.get("text", []))]
+                    texts += ["".join(v) if isinstance(v, list) else str(v) for v in output.get("data", {}).values()]
+                out.append((float(i), "\n".join(texts)))
+    return out
+
+
+def example_texts() -> list[tuple[float, str]]:
+    """(学习顺序里的位置, 文字)：每章的示例 ``examples/chapters/<章>.py``，和各阶段的里程碑脚本（在该阶段之后）。
+
+    en: (place in the order of learning, text): each chapter's example ``examples/chapters/<chapter>.py``, and each
+    stage's milestone script (after that stage)."""
+    out = []
+    for i, ch in enumerate(CHAPTERS):
+        path = REPO_ROOT / "examples" / "chapters" / f"{ch.id}.py"
+        if path.is_file():
+            out.append((float(i), path.read_text(encoding="utf-8")))
+    for path in sorted((REPO_ROOT / "examples").glob("stage*_milestone.py")):
+        stage = path.name.removeprefix("stage").split("_")[0]
+        in_stage = [i for i, ch in enumerate(CHAPTERS) if ch.relpath.startswith(f"stage{stage}/")]
+        if in_stage:
+            out.append((max(in_stage) + 0.5, path.read_text(encoding="utf-8")))
+    return out
+
+
+def shown_answers(texts: Iterable[tuple[float, str]]) -> dict[tuple[str, str], tuple[set[str], set[str]]]:
+    """(章, 任务) → (被看到的答案行, 全部答案行)。``texts`` 是学员读的材料：(学习顺序里的位置, 文字)——页面在学员
+    构建里展开之后的 Markdown（位置见 :func:`page_order`）、:func:`notebook_texts`、:func:`example_texts`。
+
+    en: (chapter, task) → (answer lines shown, all answer lines). ``texts`` is what the learner reads: (place in the
+    order of learning, text) — pages as expanded in the learner's build (placed by :func:`page_order`),
+    :func:`notebook_texts`, :func:`example_texts`.
     """
-    visible: list[tuple[float, set[str]]] = []
-    for page in pages:
-        if (order := page_order(page)) is not None:
-            visible.append((order, {normalise(l) for l in without_requested(render(page))}))
+    visible = [(order, {normalise(l) for l in text.splitlines()}) for order, text in texts]
     known = known_code()
     out: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
     for i, ch in enumerate(CHAPTERS):

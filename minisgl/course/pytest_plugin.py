@@ -28,11 +28,12 @@ from pathlib import Path
 import pytest
 
 from minisgl.course import integrity, select
-from minisgl.course.registry import CHAPTERS, Chapter, chapter_for_check_file, get_chapter, milestone_stage
+from minisgl.course.registry import CHAPTERS, COURSE_ROOT, Chapter, chapter_for_check_file, get_chapter, milestone_stage
 from minisgl.i18n import lang, tr
 
 IMPL_NAMES = select.IMPL_NAMES
 _PLAN = pytest.StashKey["Plan"]()
+_HIDDEN = pytest.StashKey[bool]()  # a failure's traceback lost reference frames
 
 
 @dataclass
@@ -258,6 +259,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason = plan.for_file(item.path).skip_reason
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+        if plan.impl != "solution":
+            _hide_reference_frames(item)
+
+
+def _is_reference(path: str) -> bool:
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(root) for root in {select.solutions_root(), COURSE_ROOT / "solutions"})
+
+
+def _hide_reference_frames(item: pytest.Item) -> None:
+    """学员跑检查时，失败的调用栈里不印参考解答（``solutions/``）的源码：那是别的章的答案。学员的代码调用了参考解答、
+    错在那里时，仍看得到自己那一行和异常本身；``--impl solution``（教师、CI）照常全印。
+
+    en: When a learner runs the checks, a failure's traceback prints no reference solution source (``solutions/``): it
+    is other chapters' answers. When the learner's code called a reference solution and the error surfaced there, their
+    own line and the exception itself still show; ``--impl solution`` (instructors, CI) prints everything as usual.
+    """
+    original = getattr(item, "_traceback_filter", None)
+    if original is None:  # pytest's private hook moved: print as pytest does
+        return
+
+    def without_reference(excinfo: pytest.ExceptionInfo) -> object:
+        traceback = original(excinfo)
+        kept = traceback.filter(lambda entry: not _is_reference(str(entry.path)))
+        if len(kept) < len(traceback):
+            item.stash[_HIDDEN] = True
+        return kept
+
+    item._traceback_filter = without_reference  # type: ignore[method-assign]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -293,6 +323,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
                 "This check passed on the untouched skeleton: it does not test this chapter's code (a vacuous check); "
                 "make it call this chapter's tasks."
             )  # fmt: skip
+    if report.failed and item.stash.get(_HIDDEN, False):
+        report.sections.append(("minisgl", tr(
+            "The traceback above leaves out the frames in the reference solutions (solutions/, other chapters' "
+            "answers); what it shows is your code, the checks and the given modules.")))  # fmt: skip
     _record(plan, item.path, report)
 
 

@@ -19,23 +19,15 @@ def _chapter(chapter_id: str):
     return get_chapter(chapter_id)
 
 
-def _folded(tasks: list) -> str:  # noqa: ANN001 - list[Task]
-    """每个任务的第 1、2 级提示，各折叠在一个按钮（HTML ``<details>``）后面。"""
-    from html import escape
-
-    from minisgl.course.hints import level_name
-
-    parts = []
-    for t in tasks:
-        for level in (1, 2):
-            body = escape(t.level_for(level)).replace("\n", "<br>")
-            parts.append(f"<details><summary>{escape(t.name)} · {escape(level_name(level))}</summary><p>{body}</p></details>")
-    return "\n".join(parts)
-
-
 def show_tasks(chapter_id: str) -> None:
-    """列出本章要写的任务和各自的目标（与骨架里的 TODO 一一对应），把两级提示折叠在按钮后面，并说明笔记本现在用的是
-    哪份实现。"""
+    """列出本章要写的任务和各自的目标（与骨架里的 TODO 一一对应），说明笔记本现在用的是哪份实现、卡住了怎么要提示。
+
+    提示不在笔记本里：在终端里要一级才看一级，要过的都记下来（``course hint``），笔记本不替学员提前展开。
+
+    en: Lists the chapter's tasks and their goals (one per TODO of the skeleton), which implementation the notebook uses,
+    and how to ask for a hint. The hints are not in the notebook: in the terminal a learner sees one level when asking
+    for it, and what was asked is counted (``course hint``); the notebook does not open them ahead.
+    """
     from minisgl.course import select
     from minisgl.course.hints import enclosing
     from minisgl.course.skeleton import parse_tasks
@@ -53,15 +45,8 @@ def show_tasks(chapter_id: str) -> None:
     choice = select.choose(ch)
     impl = select.IMPL_NAMES[choice.impl]
     print(tr("In this notebook {module} is: {impl} ({reason})", module=ch.public_module, impl=impl, reason=choice.reason))
-    print(tr("Stuck? Open a hint below, or in a terminal: python -m minisgl.course hint {id} <task> (it remembers the level).",
+    print(tr("Stuck? In a terminal: python -m minisgl.course hint {id} <task> gives the next hint (it remembers the level).",
              id=ch.id))
-    try:
-        from IPython import get_ipython
-        from IPython.display import HTML, display
-    except ImportError:
-        return
-    if get_ipython() is not None:
-        display(HTML(_folded(tasks)))
 
 
 def _run(cmd: list[str], tail: int) -> tuple[int, str]:

@@ -122,8 +122,8 @@ class MHAKVCache:
         """
         # >>> TASK store_kv: 把 k、v 原地写进第 layer_id 层里 out_loc 指定的槽位，别的槽位、别的层一个也不动；out_loc 是 int32。给定：这个类按层给出的 K、V 视图
         # en: write k and v in place into the slots out_loc names in layer layer_id, leaving every other slot and every other layer untouched; out_loc is int32. Given: this class's per-layer K and V views
-        # hint1: 写进视图就是写进池子。按下标原地拷贝的张量方法（和下标赋值）要 int64 的下标。
-        # en1: Writing into a view writes the pool. The tensor method that copies in place by index (and index assignment) wants int64 indices.
+        # hint1: 写进视图就是写进池子。按下标原地拷贝的张量方法要 int64 的下标（int32 它不收）。
+        # en1: Writing into a view writes the pool. The tensor method that copies in place by index wants int64 indices (it refuses int32).
         # hint2: 1. index = out_loc.long()；
         # hint2: 2. self.k_cache(layer_id).index_copy_(0, index, k)，v 对 v_cache 同样写（也可以写成 self.k_cache(layer_id)[index] = k）。
         # en2: 1. index = out_loc.long();

@@ -141,7 +141,8 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tens
     - 出现惩罚（OpenAI 的 ``presence_penalty``）：输出里出现过（``counts > 0``）就减去它；
     - 频率惩罚（OpenAI 的 ``frequency_penalty``）：减去它乘以在输出里出现的次数 ``counts``。
 
-    ``logits``、``counts``、``seen`` 都是 ``[B, vocab]``；每种惩罚是 ``[B]`` 或 None（整批都不用）。返回新的张量。
+    ``logits``、``counts``、``seen`` 都是 ``[B, vocab]``；每种惩罚是 ``[B]`` 或 None（整批都不用）。返回罚过的 logits，
+    参数一个也不原地改（三种都是 None 时原样返回 ``logits`` 也行）。
 
     en: The three penalties, row by row:
 
@@ -151,10 +152,11 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tens
     - frequency (OpenAI's ``frequency_penalty``): subtracted times the number of occurrences in the output, ``counts``.
 
     ``logits``, ``counts`` and ``seen`` are ``[B, vocab]``; each penalty is ``[B]`` or None (unused by the whole batch).
-    Returns a new tensor.
+    Returns the penalized logits and changes no argument in place (with all three None, returning ``logits`` as it is
+    will do).
     """
-    # >>> TASK apply_penalties: 返回按文档字符串罚过的 logits（新张量，不改参数）：第一种惩罚只作用在提示词或输出里出现过的 token 上，正的除、负的乘；另两种只看输出里出现的次数，不看提示词；没给的那种整批跳过；三种都取中性值的行不变
-    # en: return the logits penalised as the docstring says (a new tensor; the arguments stay unchanged): the first penalty acts only on tokens that occurred in the prompt or the output, dividing positive logits and multiplying the others; the other two look only at how often a token occurred in the output, never at the prompt; a kind that is not given is skipped for the whole batch; a row holding the neutral value of all three is unchanged
+    # >>> TASK apply_penalties: 返回按文档字符串罚过的 logits（参数一个也不原地改）：第一种惩罚只作用在提示词或输出里出现过的 token 上，正的除、负的乘；另两种只看输出里出现的次数，不看提示词；没给的那种整批跳过；三种都取中性值的行不变
+    # en: return the logits penalised as the docstring says (no argument changed in place): the first penalty acts only on tokens that occurred in the prompt or the output, dividing positive logits and multiplying the others; the other two look only at how often a token occurred in the output, never at the prompt; a kind that is not given is skipped for the whole batch; a row holding the neutral value of all three is unchanged
     # hint1: 每种惩罚是每行一个数，要和 [B, vocab] 的张量逐元素运算，先把它变成 [B, 1]。“正的除、负的乘”可以用 torch.where 一次写完；counts 是整数，参与运算前换成 logits 的 dtype。
     # en1: Each penalty is one number per row; to combine it with a [B, vocab] tensor element by element, make it [B, 1] first.
     # en1: "Divide the positive, multiply the others" is one torch.where; counts are integers, convert them to the logits' dtype before the arithmetic.
@@ -285,14 +287,14 @@ class Sampler(BaseSampler):
         # hint2: 3. 对每行 i, (r, p)：done = r.device_len - prompt_len(r)；r.can_decode 且这一行自己用到某种惩罚时 c.recorded.append(i)，
         # hint2:    done == 0 时再 c.fresh.append((i, r.input_ids))（还没有输出，input_ids 就是提示词）；
         # hint2:    done < p.min_tokens 时 c.no_eos.append(i)（提示词的中间块采到的 token 反正丢掉，屏蔽它也无妨）；p.logprobs 时 c.logprob_rows.append(i)、c.top_n.append(p.top_logprobs)；
-        # hint2:    p.logit_bias 里每个 (tok, v) 记下 (i, int(tok), float(v))；
+        # hint2:    p.logit_bias（没给时是 None）里每个 (tok, v) 记下 (i, int(tok), float(v))；
         # hint2: 4. 有偏置时 c.bias = 三个张量（int64、int64、float32）；有一行 min_p > 0 时 c.min_p = float32 张量；return c。
         # en2: 1. c = BatchControls(state_rows=torch.tensor([r.table_idx for r in reqs], dtype=torch.int64, device=self.device));
         # en2: 2. the three penalties: when a value in the list is not 1.0 (repetition) / 0.0 (the other two), build a float32 tensor for c.repetition / c.presence / c.frequency;
         # en2: 3. for each row i, (r, p): done = r.device_len - prompt_len(r); if r.can_decode and the row itself uses some penalty, c.recorded.append(i),
         # en2:    and when done == 0 also c.fresh.append((i, r.input_ids)) (nothing output yet: input_ids is the prompt);
         # en2:    if done < p.min_tokens, c.no_eos.append(i) (a chunk's token is dropped anyway, masking it does no harm); if p.logprobs, c.logprob_rows.append(i) and c.top_n.append(p.top_logprobs);
-        # en2:    note (i, int(tok), float(v)) for each (tok, v) in p.logit_bias;
+        # en2:    note (i, int(tok), float(v)) for each (tok, v) in p.logit_bias (None when not given);
         # en2: 4. with some bias, c.bias = three tensors (int64, int64, float32); with some row's min_p > 0, c.min_p = a float32 tensor; return c.
         c = BatchControls(state_rows=torch.tensor([r.table_idx for r in reqs], dtype=torch.int64, device=self.device))
         rep = [p.repetition_penalty for p in params]
@@ -335,11 +337,13 @@ class Sampler(BaseSampler):
         return self.counts, self.seen
 
     def reset_fresh(self, c: BatchControls) -> None:
-        """请求第一次出现：它那一行的状态清零，``seen`` 里标上提示词的 token（给定）。
+        """请求第一次出现：它那一行的状态清零，``seen`` 里标上提示词的 token（给定）。没有请求用惩罚时不分配状态。
 
         en: A request seen for the first time: its row of the state is cleared and ``seen`` marks the prompt's tokens
-        (given).
+        (given). The state is allocated only when some request uses a penalty.
         """
+        if not c.fresh:
+            return
         counts, seen = self._state()
         for i, prompt in c.fresh:
             row = c.state_rows[i]

@@ -153,54 +153,45 @@ print(tr("renormalised weights == softmax over the chosen logits only: {same}",
 # %% [markdown] tags=["lang-zh"]
 # ## 3. 按专家排好序
 #
-# 分组实现的第一步：把 `[T, k]` 的专家号拉平成 `T·k` 个，按专家号排序（这里用稳定排序，打印出来好读；分组实现不要求
-# 稳定）。拉平的下标是 `token·k + 第几个选择`，所以 `order // k` 就是每一对属于哪个 token。数一数每个专家几对
-# （`bincount`），就知道每一段有多长：
+# 分组实现要让每个专家的 (token, 选择) 对挨成连续一段。先看看拉平以后的 `T·k` 个专家号是什么样子、每个专家几对
+# （`bincount`，也就是 `fused_experts` 收到的 `counts`）。排好序以后，你要能回答：排在第 p 个的那一对，属于哪个
+# token？它的路由权重在哪儿？
 
 # %% [markdown] tags=["lang-en"]
 # ## 3. Sorted by expert
 #
-# The grouped path's first step: flatten the `[T, k]` expert ids into `T·k` and sort them by expert id (stably here, so
-# the printout reads easily; the grouped path does not need it). A flat index is `token·k + which choice`, so
-# `order // k` is the token each pair belongs to. Count each expert's pairs (`bincount`) and you know each stretch's
-# length:
+# The grouped path wants each expert's (token, choice) pairs next to each other, one stretch per expert. First look at
+# the `T·k` expert ids once flattened, and how many pairs each expert gets (`bincount`, which is the `counts` that
+# `fused_experts` receives). Once they are sorted you must be able to answer: the pair at sorted position p, which token
+# is it from, and where is its routing weight?
 
 # %%
 x = torch.randn(6, c.hidden_size, generator=torch.Generator().manual_seed(1))
 weights, ids = select_experts(block.gate.forward(x), c.num_experts_per_tok, c.norm_topk_prob)
-k = ids.shape[1]
 flat = ids.reshape(-1)
-order = torch.argsort(flat, stable=True)
-token = order // k
 counts = torch.bincount(flat, minlength=c.num_experts).tolist()
+print(tr("expert ids, [T, k] = {shape}: {ids}", shape=list(ids.shape), ids=ids.tolist()))
 print(tr("expert ids, flattened: {flat}", flat=flat.tolist()))
-print(tr("order (stable argsort): {order}", order=order.tolist()))
-print(tr("token = order // k: {token}", token=token.tolist()))
-print(tr("expert of each sorted pair: {experts}", experts=flat[order].tolist()))
-print(tr("counts per expert: {counts} (sum {total} = {t} tokens x {k})", counts=counts, total=sum(counts), t=6, k=k))
-start = 0
-for e, n in enumerate(counts):
-    print(tr("  expert {e}: rows {start}:{end}, tokens {tokens}", e=e, start=start, end=start + n,
-             tokens=token[start:start + n].tolist()))
-    start += n
+print(tr("counts per expert: {counts} (sum {total} = {t} tokens x {k})", counts=counts, total=sum(counts), t=6,
+         k=ids.shape[1]))
 
 # %% [markdown] tags=["lang-zh"]
 # ## 4. 参考实现与分组实现
 #
 # 两种算法对同样的输入应得到同样的结果。这里用第 1 层真实的专家权重（`w13 [E, 2I, H]`、`w2 [E, H, I]`）和 64 个随机
-# 的隐藏状态。然后故意犯一个常见的错：最后一步用赋值 `out[token] = ...` 代替 `index_add_`——一个 token 的 2 行只留下
-# 一行（留下哪一行都不对）：
+# 的隐藏状态。最后一步有个常见的坑：一个 token 的 k 行要加回它那一行，按下标赋值 `out[token] = rows` 在下标重复时只留下
+# 其中一行（留下哪一行都不对）——下面用三行数字看清楚：
 
 # %% [markdown] tags=["lang-en"]
 # ## 4. The reference and the grouped path
 #
 # Both algorithms should give the same result for the same input. Here with layer 1's real expert weights
-# (`w13 [E, 2I, H]`, `w2 [E, H, I]`) and 64 random hidden states. Then a common mistake on purpose: the last step
-# written as an assignment `out[token] = ...` instead of `index_add_` — each token's 2 rows leave only one behind
-# (whichever it is, it is wrong):
+# (`w13 [E, 2I, H]`, `w2 [E, H, I]`) and 64 random hidden states. The last step has a common trap: a token's k rows must
+# add up into its one row, and an indexed assignment `out[token] = rows` with repeated indices keeps only one of them
+# (whichever it is, it is wrong) — three rows of numbers make it plain:
 
 # %%
-from minisgl.moe import experts_reference, expert_mlp, fused_experts
+from minisgl.moe import experts_reference, fused_experts
 
 w13, w2 = block.experts.w13, block.experts.w2
 print(tr("w13: {a}, w2: {b}", a=list(w13.shape), b=list(w2.shape)))
@@ -212,22 +203,14 @@ grouped = fused_experts(x, w13, w2, weights, ids, counts)
 print(tr("64 tokens, rows per expert {counts}", counts=counts))
 print(tr("reference vs grouped: largest difference {diff:.1e}", diff=float((ref - grouped).abs().max())))
 
-# 错误的写法：赋值代替 index_add_
-# en: the mistake: assignment instead of index_add_
-order = torch.argsort(ids.reshape(-1), stable=True)
-token = order // ids.shape[1]
-rows, start = x[token], 0
-out_rows = torch.empty_like(rows)
-for e, n in enumerate(counts):
-    if n:
-        out_rows[start:start + n] = expert_mlp(rows[start:start + n], w13[e], w2[e])
-    start += n
-out_rows *= weights.reshape(-1)[order, None]
-wrong = torch.zeros_like(x)
-wrong[token] = out_rows  # 只留下最后写入的那一行 | en: each token's row gets one of its 2 rows, whichever is written last
-bad = int((~torch.isclose(wrong, ref, atol=1e-5)).any(-1).sum())
-print(tr("with out[token] = ... instead: equal to the reference {same}; tokens with a wrong row: {bad} of {n}",
-         same=torch.allclose(wrong, ref, atol=1e-5), bad=bad, n=x.shape[0]))
+# 同一个下标出现两次：赋值只留下一行，按下标累加才把两行都加进去
+# en: the same index twice: assignment keeps one row, an indexed add puts both in
+rows = torch.tensor([[1.0, 1.0], [10.0, 10.0], [100.0, 100.0]])
+to = torch.tensor([0, 0, 1])  # 前两行属于 token 0 | en: the first two rows belong to token 0
+assigned = torch.zeros(2, 2)
+assigned[to] = rows
+print(tr("out[token] = rows: {out}", out=assigned.tolist()))
+print(tr("zeros.index_add_(0, token, rows): {out}", out=torch.zeros(2, 2).index_add_(0, to, rows).tolist()))
 
 # %% [markdown] tags=["lang-zh"]
 # ## 5. 整个 tiny MoE 模型：贪心生成，与 Hugging Face 比
