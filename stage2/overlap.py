@@ -98,13 +98,6 @@ class OverlapLoop(NormalLoop):
 
     def __init__(self, scheduler: Scheduler) -> None:
         super().__init__(scheduler)
-        # 已发出、结果还没处理的一步
-        # en: the step launched whose results are not processed yet
-        self._last_data: InFlight | None = None
-        self._in_flight: set[Req] = set()  # 可能还在被设备使用的请求 | en: requests the device may still be using
-        # 已结束 / 取消、等在途批次算完才能归还资源的请求
-        # en: finished / cancelled requests whose resources wait until the batches in flight are computed
-        self._deferred: list[Req] = []
         if self.scheduler.device.type == "cuda":
             self.engine_stream = torch.cuda.Stream(self.scheduler.device)
         else:
@@ -112,6 +105,9 @@ class OverlapLoop(NormalLoop):
             # 主线程把核交给了后台线程时，它原来的线程数（None：核在主线程手里）
             # en: the main thread's own thread count while it has handed the cores to the worker (None: it holds them)
             self._handed_over: int | None = None
+        # TODO 任务 overlap_state：建好你的循环在两次迭代之间要记住的东西。接口只定了一个：self.pending 是已经发出、结果还没处理的那一步（起初没有，是 None；busy 和调度器读它）。其余由你决定：怎样知道设备可能还在用哪些请求，哪些已结束的请求在等着归还资源
+        # TODO task overlap_state: set up what your loop remembers between iterations. The interface fixes one thing only: self.pending is the step launched whose results are not processed yet (none at first, None; busy and the scheduler read it). The rest is yours to choose: how you know which requests the device may still be using, and which ended requests are waiting to get their resources back
+        raise TaskNotDone("overlap", "overlap_state")
 
     @property
     def overlap(self) -> bool:
@@ -119,7 +115,7 @@ class OverlapLoop(NormalLoop):
 
     @property
     def busy(self) -> bool:
-        return self._last_data is not None
+        return self.pending is not None
 
     # ------------------------------------------------------------------ 发出前向
     # en: ------------------------------------------------------------------ launching the forward
@@ -181,38 +177,28 @@ class OverlapLoop(NormalLoop):
 
         en: Launch step N+1, then process the results of step N: the host works while the device computes.
         """
-        # TODO 任务 overlap_loop：重叠的一次迭代：下一步（如果有）要在处理上一步的结果之前就发出；_in_flight 恰好是刚发出的那一步的请求（每次替换，不累加；没发出就为空）；上一步的结果处理完之后，已经不在途的延后请求归还资源；刚发出的这一步成为新的“上一步”；发出或处理了东西就返回 True。给定：_finish、_free_deferred
-        # TODO task overlap_loop: one overlapped iteration: the next step (if any) is launched before the previous step's results are processed; _in_flight is exactly the requests of the step just launched (replaced each time, never accumulated; empty when nothing was launched); after the previous step's results are processed, deferred requests no longer in flight get their resources back; the step just launched becomes the new previous step; return True if anything was launched or processed. Given: _finish, _free_deferred
-        raise TaskNotDone("overlap", "overlap_loop")
+        # TODO 任务 overlap_step：重叠的一次迭代。有下一步就发出它，而且一定在处理上一步的结果之前（重叠全靠这个先后）；处理完上一步之后，已结束、设备又不再用的请求归还资源（设备可能还在用的，是刚发出的这一步里的）；self.pending 换成刚发出的这一步（没发出就是 None）；发出了或处理了东西就返回 True。给定：调度器的 _schedule_next_batch、_forward（重叠时返回 launch 的 Future），本类的 _finish
+        # TODO task overlap_step: one overlapped iteration. If there is a next step, launch it, and always before processing the previous step's results (that order is the whole point of overlap); once the previous step is processed, ended requests the device no longer uses get their resources back (the device may still be using those in the step just launched); self.pending becomes the step just launched (None if nothing was launched); return True if anything was launched or processed. Given: the scheduler's _schedule_next_batch and _forward (with overlap it returns launch's Future), and this class's _finish
+        raise TaskNotDone("overlap", "overlap_step")
 
     def release(self, req: Req) -> None:
         """还在途的请求先记下来，等用到它的批次算完再归还资源。
 
         en: Note a request still in flight, and free its resources once the batches using it are computed.
         """
-        # TODO 任务 deferred_free：设备可能还在用的请求（在 _in_flight 里）先记下来、暂不归还，等它不在途了由 _free_deferred 归还；别的请求立刻归还资源
-        # TODO task deferred_free: a request the device may still be using (it is in _in_flight) is noted and not given back yet: _free_deferred gives it back once it is no longer in flight; any other request gets its resources back at once
+        # TODO 任务 deferred_free：一个已结束（生成完或被取消）的请求：设备可能还在用它时，先由你的循环留着，等它不再被用了再归还资源（在你的迭代里或 drain 里）；否则立刻归还。每个请求的资源恰好归还一次。给定：调度器的 _free_req_resources
+        # TODO task deferred_free: an ended request (done generating or cancelled): while the device may still be using it, your loop keeps it and gives its resources back once it is no longer used (in your iteration or in drain); otherwise they go back at once. Each request's resources go back exactly once. Given: the scheduler's _free_req_resources
         raise TaskNotDone("overlap", "deferred_free")
 
-    def _free_deferred(self) -> None:
-        still = []
-        for req in self._deferred:
-            if req in self._in_flight:
-                still.append(req)
-            else:
-                self.scheduler._free_req_resources(req)
-        self._deferred = still
-
     def drain(self) -> None:
-        """等在途的一步算完并处理它的结果，然后归还所有延后的资源；CPU 上再从后台线程把核拿回来。
+        """等在途的一步算完并处理它的结果，然后归还所有留着的资源；CPU 上再从后台线程把核拿回来。
 
-        en: Wait for the step in flight to finish and process its results, then free every deferred resource; on the
-        CPU, also take the cores back from the background thread.
+        en: Wait for the step in flight to finish and process its results, then give back every resource still held; on
+        the CPU, also take the cores back from the background thread.
         """
-        last, self._last_data = self._last_data, None
-        self._in_flight = set()
-        self._finish(last)
-        self._free_deferred()
+        # TODO 任务 drain_all：收尾：在途的那一步（如果有）等它算完、处理它的结果；之后设备什么也不用了，你留着的请求全部归还资源，循环回到刚建好时的样子（不忙、什么也不留）。给定：_finish
+        # TODO task drain_all: wind down: the step in flight (if any) is waited for and its results processed; after that the device uses nothing, so every request you kept gets its resources back, and the loop is as it was when built (not busy, holding nothing). Given: _finish
+        raise TaskNotDone("overlap", "drain_all")
         if self.scheduler.device.type != "cuda" and self._handed_over is not None:
             # 主线程（和用户自己的代码）又要用这些核了：后台线程的池退场，主线程恢复原来的线程数
             # en: the main thread (and the user's own code) gets the cores back: the worker's pool goes, the main thread's

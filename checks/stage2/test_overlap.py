@@ -125,11 +125,40 @@ def test_abort_while_prefill_in_flight(tiny, overlap_on) -> None:  # noqa: ANN00
     a = tiny.add_request([5, 6, 7, 8, 9], sp)
     b = tiny.add_request([15, 16, 17], sp)
     assert tiny.step(), tr("step() must launch the prefill")
-    assert tiny.loop._last_data is not None, tr("The prefill is still in flight (results not processed)")
+    assert tiny.loop.busy, tr("The prefill is still in flight (results not processed)")
     tiny.abort(a)
     tiny.run_until_idle()
     assert res.ends(a) == ["abort"] and res.tokens(a) == [], tr("A request aborted in flight outputs nothing")
     assert len(res.tokens(b)) == 5, tr("The other requests in the batch are not affected")
+    assert tiny.status == {}, tr("Settled requests leave scheduler.status")
+    assert_idle(tiny)
+
+
+def test_drain_processes_the_step_in_flight_and_holds_nothing(tiny, overlap_on) -> None:  # noqa: ANN001
+    """``drain``（关掉重叠、服务停下时）：在途的一步等它算完、结果照样处理，之后什么也不留。
+
+    en: ``drain`` (when overlap is switched off, when the server stops): the step in flight is waited for and its results
+    processed as usual, and nothing is held afterwards.
+    """
+    sp = SamplingParams(max_tokens=1, ignore_eos=True)
+    res = results(tiny)
+    a = tiny.add_request([5, 6, 7, 8, 9], sp)
+    assert tiny.step() and tiny.loop.busy, tr("step() must launch the prefill")
+    tiny.loop.drain()
+    assert not tiny.loop.busy, tr("After drain no step is in flight (busy is False)")
+    assert res.tokens(a) and len(res.tokens(a)) == 1 and res.ends(a) == ["length"], (
+        tr("drain processes the results of the step in flight: the request's one token arrives and it ends, got tokens "
+           "{tokens} and ends {ends}", tokens=res.tokens(a), ends=res.ends(a)))  # fmt: skip
+    assert tiny.status == {}, tr("Settled requests leave scheduler.status")
+    assert_idle(tiny)
+    # 一个请求在在途的那一步里被取消：它的资源留到那一步算完；drain 之后也要归还
+    # en: a request cancelled while in the step in flight: its resources wait until that step is computed; after drain
+    # en: they must be back too
+    b = tiny.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert tiny.step() and tiny.step() and tiny.loop.busy, tr("step() must launch the prefill")
+    tiny.abort(b)
+    tiny.loop.drain()
+    assert res.ends(b) == ["abort"] and not tiny.loop.busy, tr("A request aborted in flight outputs nothing")
     assert tiny.status == {}, tr("Settled requests leave scheduler.status")
     assert_idle(tiny)
 

@@ -92,13 +92,6 @@ class OverlapLoop(NormalLoop):
 
     def __init__(self, scheduler: Scheduler) -> None:
         super().__init__(scheduler)
-        # 已发出、结果还没处理的一步
-        # en: the step launched whose results are not processed yet
-        self._last_data: InFlight | None = None
-        self._in_flight: set[Req] = set()  # 可能还在被设备使用的请求 | en: requests the device may still be using
-        # 已结束 / 取消、等在途批次算完才能归还资源的请求
-        # en: finished / cancelled requests whose resources wait until the batches in flight are computed
-        self._deferred: list[Req] = []
         if self.scheduler.device.type == "cuda":
             self.engine_stream = torch.cuda.Stream(self.scheduler.device)
         else:
@@ -106,6 +99,17 @@ class OverlapLoop(NormalLoop):
             # 主线程把核交给了后台线程时，它原来的线程数（None：核在主线程手里）
             # en: the main thread's own thread count while it has handed the cores to the worker (None: it holds them)
             self._handed_over: int | None = None
+        # >>> TASK overlap_state: 建好你的循环在两次迭代之间要记住的东西。接口只定了一个：self.pending 是已经发出、结果还没处理的那一步（起初没有，是 None；busy 和调度器读它）。其余由你决定：怎样知道设备可能还在用哪些请求，哪些已结束的请求在等着归还资源
+        # en: set up what your loop remembers between iterations. The interface fixes one thing only: self.pending is the step launched whose results are not processed yet (none at first, None; busy and the scheduler read it). The rest is yours to choose: how you know which requests the device may still be using, and which ended requests are waiting to get their resources back
+        # hint1: 设备还在用的，就是最近发出的那一步里的请求；等着归还的是一张名单，每次处理完一步之后看一遍。两样都用最简单的容器就够了。
+        # en1: The requests the device may still use are those of the step launched last; the ones waiting are a list you look through after each processed step.
+        # en1: The simplest containers do.
+        # hint2: self.pending = None；self._in_flight: set[Req] = set()（最近发出的那一步的请求）；self._deferred: list[Req] = []（等着归还的）。
+        # en2: self.pending = None; self._in_flight: set[Req] = set() (the requests of the step launched last); self._deferred: list[Req] = [] (those waiting).
+        self.pending: InFlight | None = None
+        self._in_flight: set[Req] = set()  # 最近发出的那一步的请求 | en: the requests of the step launched last
+        self._deferred: list[Req] = []  # 已结束、等着归还资源的请求 | en: ended requests waiting for their resources back
+        # <<< TASK
 
     @property
     def overlap(self) -> bool:
@@ -113,7 +117,7 @@ class OverlapLoop(NormalLoop):
 
     @property
     def busy(self) -> bool:
-        return self._last_data is not None
+        return self.pending is not None
 
     # ------------------------------------------------------------------ 发出前向
     # en: ------------------------------------------------------------------ launching the forward
@@ -189,25 +193,33 @@ class OverlapLoop(NormalLoop):
 
         en: Launch step N+1, then process the results of step N: the host works while the device computes.
         """
-        # >>> TASK overlap_loop: 重叠的一次迭代：下一步（如果有）要在处理上一步的结果之前就发出；_in_flight 恰好是刚发出的那一步的请求（每次替换，不累加；没发出就为空）；上一步的结果处理完之后，已经不在途的延后请求归还资源；刚发出的这一步成为新的“上一步”；发出或处理了东西就返回 True。给定：_finish、_free_deferred
-        # en: one overlapped iteration: the next step (if any) is launched before the previous step's results are processed; _in_flight is exactly the requests of the step just launched (replaced each time, never accumulated; empty when nothing was launched); after the previous step's results are processed, deferred requests no longer in flight get their resources back; the step just launched becomes the new previous step; return True if anything was launched or processed. Given: _finish, _free_deferred
-        # hint1: “上一步”存在 self._last_data 里：先把它取到局部变量，再放进这一步——不然处理的就是刚发出的那一步。这里调度器的 _forward 返回的是 Future（它调用本类的 launch），和 fi 配成一对存起来。
-        # en1: The previous step lives in self._last_data: take it into a local first, then store this step there; otherwise you would process the step just launched.
-        # en1: Here the scheduler's _forward returns a Future (it calls this class's launch); store it paired with fi.
+        # >>> TASK overlap_step: 重叠的一次迭代。有下一步就发出它，而且一定在处理上一步的结果之前（重叠全靠这个先后）；处理完上一步之后，已结束、设备又不再用的请求归还资源（设备可能还在用的，是刚发出的这一步里的）；self.pending 换成刚发出的这一步（没发出就是 None）；发出了或处理了东西就返回 True。给定：调度器的 _schedule_next_batch、_forward（重叠时返回 launch 的 Future），本类的 _finish
+        # en: one overlapped iteration. If there is a next step, launch it, and always before processing the previous step's results (that order is the whole point of overlap); once the previous step is processed, ended requests the device no longer uses get their resources back (the device may still be using those in the step just launched); self.pending becomes the step just launched (None if nothing was launched); return True if anything was launched or processed. Given: the scheduler's _schedule_next_batch and _forward (with overlap it returns launch's Future), and this class's _finish
+        # hint1: 上一步在 self.pending 里：先把它取到局部变量，再放进这一步——不然处理的就是刚发出的那一步。_forward 给的 Future 和 fi 配成一对，就是 _finish 要的样子。
+        # en1: The previous step is in self.pending: take it into a local first, then store this step there; otherwise you would process the step just launched.
+        # en1: The Future from _forward paired with fi is what _finish takes.
         # hint2: 1. fi = self.scheduler._schedule_next_batch()；ongoing = (fi, self.scheduler._forward(fi)) if fi is not None else None；
         # hint2: 2. self._in_flight = set(fi.batch.reqs) if fi is not None else set()；
-        # hint2: 3. last, self._last_data = self._last_data, ongoing；self._finish(last)；self._free_deferred()；
-        # hint2: 4. return ongoing is not None or last is not None。
+        # hint2: 3. last, self.pending = self.pending, ongoing；self._finish(last)；
+        # hint2: 4. 名单里不在 _in_flight 的，self.scheduler._free_req_resources(req)，其余留在名单上；
+        # hint2: 5. return ongoing is not None or last is not None。
         # en2: 1. fi = self.scheduler._schedule_next_batch(); ongoing = (fi, self.scheduler._forward(fi)) if fi is not None else None;
         # en2: 2. self._in_flight = set(fi.batch.reqs) if fi is not None else set();
-        # en2: 3. last, self._last_data = self._last_data, ongoing; self._finish(last); self._free_deferred();
-        # en2: 4. return ongoing is not None or last is not None.
+        # en2: 3. last, self.pending = self.pending, ongoing; self._finish(last);
+        # en2: 4. for those on the list not in _in_flight, self.scheduler._free_req_resources(req); keep the others on the list;
+        # en2: 5. return ongoing is not None or last is not None.
         fi = self.scheduler._schedule_next_batch()
         ongoing = (fi, self.scheduler._forward(fi)) if fi is not None else None
         self._in_flight = set(fi.batch.reqs) if fi is not None else set()
-        last, self._last_data = self._last_data, ongoing
+        last, self.pending = self.pending, ongoing
         self._finish(last)
-        self._free_deferred()
+        still = []
+        for req in self._deferred:
+            if req in self._in_flight:
+                still.append(req)
+            else:
+                self.scheduler._free_req_resources(req)
+        self._deferred = still
         return ongoing is not None or last is not None
         # <<< TASK
 
@@ -216,10 +228,10 @@ class OverlapLoop(NormalLoop):
 
         en: Note a request still in flight, and free its resources once the batches using it are computed.
         """
-        # >>> TASK deferred_free: 设备可能还在用的请求（在 _in_flight 里）先记下来、暂不归还，等它不在途了由 _free_deferred 归还；别的请求立刻归还资源
-        # en: a request the device may still be using (it is in _in_flight) is noted and not given back yet: _free_deferred gives it back once it is no longer in flight; any other request gets its resources back at once
-        # hint1: “记下来”的名单就是 self._deferred（_free_deferred 遍历的那一个）；“立刻归还”就是调度器的 _free_req_resources。
-        # en1: The list for "noted" is self._deferred (the one _free_deferred goes through); "at once" is the scheduler's _free_req_resources.
+        # >>> TASK deferred_free: 一个已结束（生成完或被取消）的请求：设备可能还在用它时，先由你的循环留着，等它不再被用了再归还资源（在你的迭代里或 drain 里）；否则立刻归还。每个请求的资源恰好归还一次。给定：调度器的 _free_req_resources
+        # en: an ended request (done generating or cancelled): while the device may still be using it, your loop keeps it and gives its resources back once it is no longer used (in your iteration or in drain); otherwise they go back at once. Each request's resources go back exactly once. Given: the scheduler's _free_req_resources
+        # hint1: “设备可能还在用”就是你在 overlap_state 里选的那样东西；留着的，放进你每次处理完一步之后会看一遍的那张名单。
+        # en1: "The device may still be using it" is whatever you chose in overlap_state; the ones kept go on the list you look through after each processed step.
         # hint2: req in self._in_flight 时 self._deferred.append(req)；否则 self.scheduler._free_req_resources(req)。
         # en2: if req in self._in_flight: self._deferred.append(req); else: self.scheduler._free_req_resources(req).
         if req in self._in_flight:
@@ -228,25 +240,27 @@ class OverlapLoop(NormalLoop):
             self.scheduler._free_req_resources(req)
         # <<< TASK
 
-    def _free_deferred(self) -> None:
-        still = []
-        for req in self._deferred:
-            if req in self._in_flight:
-                still.append(req)
-            else:
-                self.scheduler._free_req_resources(req)
-        self._deferred = still
-
     def drain(self) -> None:
-        """等在途的一步算完并处理它的结果，然后归还所有延后的资源；CPU 上再从后台线程把核拿回来。
+        """等在途的一步算完并处理它的结果，然后归还所有留着的资源；CPU 上再从后台线程把核拿回来。
 
-        en: Wait for the step in flight to finish and process its results, then free every deferred resource; on the
-        CPU, also take the cores back from the background thread.
+        en: Wait for the step in flight to finish and process its results, then give back every resource still held; on
+        the CPU, also take the cores back from the background thread.
         """
-        last, self._last_data = self._last_data, None
+        # >>> TASK drain_all: 收尾：在途的那一步（如果有）等它算完、处理它的结果；之后设备什么也不用了，你留着的请求全部归还资源，循环回到刚建好时的样子（不忙、什么也不留）。给定：_finish
+        # en: wind down: the step in flight (if any) is waited for and its results processed; after that the device uses nothing, so every request you kept gets its resources back, and the loop is as it was when built (not busy, holding nothing). Given: _finish
+        # hint1: 和你的迭代后半段一样，只是不发出新的一步：先把在途的那一步从 pending 取走再处理它。
+        # en1: Like the second half of your iteration, without launching a new step: take the step in flight out of pending before processing it.
+        # hint2: 1. last, self.pending = self.pending, None；self._in_flight = set()；self._finish(last)；
+        # hint2: 2. for req in self._deferred: self.scheduler._free_req_resources(req)；self._deferred = []。
+        # en2: 1. last, self.pending = self.pending, None; self._in_flight = set(); self._finish(last);
+        # en2: 2. for req in self._deferred: self.scheduler._free_req_resources(req); self._deferred = [].
+        last, self.pending = self.pending, None
         self._in_flight = set()
         self._finish(last)
-        self._free_deferred()
+        for req in self._deferred:
+            self.scheduler._free_req_resources(req)
+        self._deferred = []
+        # <<< TASK
         if self.scheduler.device.type != "cuda" and self._handed_over is not None:
             # 主线程（和用户自己的代码）又要用这些核了：后台线程的池退场，主线程恢复原来的线程数
             # en: the main thread (and the user's own code) gets the cores back: the worker's pool goes, the main thread's
