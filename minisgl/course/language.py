@@ -27,7 +27,6 @@ from pathlib import Path
 
 from minisgl.course import select
 from minisgl.course.registry import CHAPTERS, Chapter
-from minisgl.course.select import renderings
 from minisgl.i18n import LANGS, LANGUAGE_FILE, tr
 
 
@@ -76,7 +75,7 @@ def render(ch: Chapter, text: str, language: str | None) -> str:
     """学员文件 ``text`` 换成 ``language``（None：双语）之后的样子。
 
     en: The learner file ``text`` rendered in ``language`` (None: bilingual)."""
-    shapes = renderings(ch)
+    shapes = select.renderings(ch)
     if text in shapes.values():
         return shapes[language]
     return switch(text, _closest(text, shapes), shapes[language])
