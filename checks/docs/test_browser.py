@@ -168,7 +168,7 @@ def test_search_finds_radix(driver, site_url: str) -> None:  # noqa: ANN001
 
 
 def test_english_chapter_page_and_switcher(driver, site_url: str) -> None:  # noqa: ANN001
-    """英文版：页眉的语言切换从中文页跳到同一章的英文页；英文页有引用的代码、任务和英文提示。"""
+    """英文版：页眉的语言切换从中文页跳到同一章的英文页；英文页有引用的代码、任务和英文的提示命令。"""
     from selenium.webdriver.common.by import By
 
     _open(driver, site_url + "/stage1/core/")
@@ -181,7 +181,8 @@ def test_english_chapter_page_and_switcher(driver, site_url: str) -> None:  # no
     assert _count(driver, "div.included-code") >= 2, "英文的第 1.1 章页面上没有从解答引用的代码块"
     assert _count(driver, "h3.task") >= 1, "英文的第 1.1 章页面上没有任务标题"
     text = driver.execute_script("return document.querySelector('article').innerText")
-    assert "Goal" in text and "Hint 1" in text and "Hands on" in text, "英文页上的任务（目标、折叠的提示）和“动手”块不是英文"
+    assert "Goal" in text and "Stuck?" in text and "Hands on" in text, "英文页上的任务（目标、要提示的命令）和“动手”块不是英文"
+    assert "Hint 1" not in text, "学员的书里不放提示：提示在终端里按级给出"
     errors = _errors(driver)
     _screenshot(driver, "en_stage1_core")
     assert not errors, "英文的第 1.1 章页面的浏览器控制台有错误：\n" + "\n".join(errors)
