@@ -207,9 +207,11 @@ def execute(pair: Pair, timeout: int = 900):
     return nb
 
 
-#: A line the CPU kernel prints the first time it measures a weight shape (minisgl/kernel): whether it shows depends on
-#: what this machine's kernel cache already holds, not on the lesson, so recorded outputs drop it.
-CALIBRATION_LINE = re.compile(r"^(线性层 .*量过一次|Linear layer .*measured once on this CPU).*$")
+#: A line the CPU kernel prints the first time it measures a weight shape (minisgl/kernel), and the line it adds when
+#: other processes kept the cores busy meanwhile: whether they show depends on what this machine's kernel cache already
+#: holds and on its load, not on the lesson, so recorded outputs drop them.
+CALIBRATION_LINE = re.compile(r"^(线性层 .*量过一次|Linear layer .*measured once on this CPU"
+                              r"|\s*量的时候别的进程占着 .*重量|\s*other processes kept .* measured again after ).*$")
 
 
 def drop_calibration(nb) -> None:

@@ -144,3 +144,22 @@ def test_notebook_shape(pair):
 def test_committed_notebooks_are_built_by_the_tool():
     problems = build.check(ALL_PAIRS)
     assert not problems, "笔记本与源文件不一致（请运行 python tools/build_notebooks.py 重新生成，不要手改 .ipynb）：\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("language", ["zh", "en"])
+def test_recorded_outputs_drop_the_kernels_calibration_lines(language: str) -> None:
+    """The CPU kernel's first-measurement line, and the line it adds when the machine was busy meanwhile, depend on this
+    machine's cache and load, not on the lesson: a recorded notebook drops both and keeps everything else."""
+    from minisgl.i18n import tr
+
+    first = tr("Linear layer {k}→{n} ({dtype}): {how} (measured once on this CPU with {threads} threads, saved in {path})",
+               language=language, k=64, n=96, dtype="torch.float32", how="F.linear", threads=2, path="/tmp/plan.json")
+    busy = tr("  other processes kept {busy:.1f} cores busy while measuring: this choice is measured again after {hours:g} h",
+              language=language, busy=1.5, hours=1)
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("pass")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=f"{first}\n{busy}\nkept\n"),
+                    nbformat.v4.new_output("stream", name="stderr", text=f"{busy}\n")]
+    nb.cells = [cell]
+    build.drop_calibration(nb)
+    assert [out["text"] for out in nb.cells[0].outputs] == ["kept\n"], nb.cells[0].outputs
