@@ -20,6 +20,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from minisgl.paths import workspace_root
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -34,17 +36,29 @@ LANGUAGE_FILE = Path(".minisgl") / "language"
 
 
 def saved_language(workspace: Path | None = None) -> str | None:
-    """工作区选定的语言（``MINISGL_WORKSPACE``，默认课程根目录，即本仓库），没选过或写坏了是 None。
+    """工作区（默认 :func:`minisgl.paths.workspace_root`）选定的语言，没选过或写坏了是 None。每个进程每个工作区只读
+    一次文件（``tr`` 每次都问）；``course lang`` 改了选择之后调 :func:`forget_saved_language`。
 
-    en: The language chosen for the workspace (``MINISGL_WORKSPACE``, default the course root, this repository); None
-    when none was chosen or the file is garbled."""
-    env = os.environ
-    root = workspace or Path(env.get("MINISGL_WORKSPACE") or env.get("MINISGL_COURSE_ROOT") or Path(__file__).parents[1])
+    en: The language chosen for the workspace (default :func:`minisgl.paths.workspace_root`); None when none was chosen
+    or the file is garbled. The file is read once per process and workspace (``tr`` asks every time); ``course lang``
+    calls :func:`forget_saved_language` after changing the choice."""
+    return _language_in(workspace or os.environ.get("MINISGL_WORKSPACE"))
+
+
+@lru_cache(maxsize=8)
+def _language_in(workspace: Path | str | None) -> str | None:
+    """``workspace`` as given (None: the environment's), so a cached answer costs no path resolution."""
+    root = Path(workspace) if workspace else workspace_root()
     try:
         value = (root / LANGUAGE_FILE).read_text(encoding="utf-8").strip().lower()
     except (OSError, UnicodeDecodeError):
         return None
     return value if value in LANGS else None
+
+
+def forget_saved_language() -> None:
+    """选择刚改过：下次再读文件。 | en: The choice just changed: read the file again next time."""
+    _language_in.cache_clear()
 
 
 def lang() -> str:

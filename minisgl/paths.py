@@ -7,13 +7,26 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["REPO_ROOT", "load_script"]
+__all__ = ["COURSE_ROOT", "REPO_ROOT", "load_script", "workspace_root"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: 课程根目录：随课程发布的解答所在处。测试课程机制时可指向一个只有演示章节的小课程，
+#: 它的 ``chapters.json`` 代替内置的章节表。
+#: en: The course root, where the shipped solutions are. Tests of the course machinery may point it at a small course
+#: of demo chapters, whose ``chapters.json`` replaces the built-in chapter table.
+COURSE_ROOT = Path(os.environ.get("MINISGL_COURSE_ROOT") or REPO_ROOT).resolve()
+
+
+def workspace_root() -> Path:
+    """学员工作区：含 stage1/、stage2/ 的目录（``MINISGL_WORKSPACE``）；默认就是课程根目录。
+
+    en: The learner's workspace, the folder holding stage1/, stage2/ (``MINISGL_WORKSPACE``); the course root by default."""
+    return Path(os.environ.get("MINISGL_WORKSPACE") or COURSE_ROOT).resolve()
 
 
 def load_script(relpath: str, name: str) -> ModuleType:

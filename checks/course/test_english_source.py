@@ -102,9 +102,13 @@ def _code_only(source: str) -> str:
     return ast.dump(tree)
 
 
+def _comments(source: str) -> list[str]:
+    return [tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT]
+
+
 def _prose(source: str) -> list[str]:
     """Comments and docstrings of ``source``."""
-    out = [tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT]
+    out = _comments(source)
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
@@ -193,10 +197,6 @@ def test_notebook_code_comments_in_both_languages(path: str) -> None:
         english = for_language(source, "en")
         found += [f"{path} (cell at line {first}): the English edition shows {c!r}" for c in _comments(english) if CJK.search(c)]
     assert not found, "\n".join(found)
-
-
-def _comments(source: str) -> list[str]:
-    return [tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT]
 
 
 # ---------------------------------------------------------------- one language in the learner's files

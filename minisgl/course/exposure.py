@@ -21,11 +21,12 @@ en: How much of a task's answer the book lets a learner read before writing it: 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
-from minisgl.course.registry import CHAPTERS, Chapter
+from minisgl.course.registry import CHAPTERS, Chapter, notebook_edition
 from minisgl.course.skeleton import make_skeleton, parse_tasks
 from minisgl.paths import REPO_ROOT
 
@@ -90,10 +91,6 @@ def notebook_texts() -> list[tuple[float, str]]:
     """(学习顺序里的位置, 文字)：每章的笔记本（两种语言），代码格和输出。
 
     en: (place in the order of learning, text): every chapter's notebook (both editions), code cells and outputs."""
-    import json
-
-    from minisgl.course.registry import notebook_edition
-
     out = []
     for i, ch in enumerate(CHAPTERS):
         for language in ("zh", "en"):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from minisgl.course import select
 from minisgl.course.registry import CHAPTERS, Chapter
-from minisgl.i18n import LANGS, LANGUAGE_FILE, tr
+from minisgl.i18n import LANGS, LANGUAGE_FILE, forget_saved_language, tr
 
 
 def _lines(text: str) -> list[str]:
@@ -95,6 +95,7 @@ def choose(language: str | None, workspace: Path | None = None) -> list[str]:
         path.unlink(missing_ok=True)
     else:
         path.write_text(language + "\n", encoding="utf-8")
+    forget_saved_language()
     done = []
     for ch in CHAPTERS:
         file = ws / ch.relpath

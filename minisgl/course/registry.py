@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from minisgl.i18n import lang, tr
-from minisgl.paths import REPO_ROOT
-
-#: 课程根目录：随课程发布的解答所在处。测试课程机制时可指向一个只有演示章节的小课程，
-#: 它的 ``chapters.json`` 代替下面的内置章节表。
-COURSE_ROOT = Path(os.environ.get("MINISGL_COURSE_ROOT") or REPO_ROOT).resolve()
+from minisgl.paths import COURSE_ROOT, REPO_ROOT
 
 
 @dataclass(frozen=True)

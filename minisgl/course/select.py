@@ -34,6 +34,7 @@ from minisgl.course.registry import known_chapters
 from minisgl.course.bilingual import for_language
 from minisgl.course.skeleton import make_skeleton
 from minisgl.i18n import LANGS, tr
+from minisgl.paths import workspace_root
 
 IMPLS = ("learner", "solution", "skeleton")
 
@@ -86,11 +87,6 @@ class ImplSpecError(ValueError):
 def grading() -> bool:
     """本进程是不是 ``course grade`` 的评分子进程：只认学员代码，拒绝引用参考解答的文件。"""
     return os.environ.get(ENV_GRADING) == "1"
-
-
-def workspace_root() -> Path:
-    """学员工作区：含 stage1/、stage2/ 的目录；默认就是本仓库。"""
-    return Path(os.environ.get(ENV_WORKSPACE) or COURSE_ROOT).resolve()
 
 
 def solutions_root() -> Path:
