@@ -111,13 +111,15 @@ class ChunkInterleave(PrefillFirst):
     """
 
     def __init__(self) -> None:
-        self._yield_to_decode = False  # 上一步算了一个中途的分块 | en: the previous step computed an unfinished chunk
+        # TODO 任务 interleave_state：建好这个策略在两步之间要记住的东西（起初什么都还没算过）。记什么、怎么记由你决定：它要能让下一步知道该不该先让解码走
+        # TODO task interleave_state: set up what this policy remembers between two steps (nothing has been computed at first). What to remember and how is yours to choose: it must let the next step know whether decoding goes first
+        raise TaskNotDone("chunked_prefill", "interleave_state")
 
     def next_batch(
         self, prefill_manager: PrefillManager, decode_manager: DecodeManager, make_adder: Callable[[], PrefillAdder]
     ) -> Batch | None:
-        # TODO 任务 interleave：上一步算的是中途的分块、而且有请求在解码时，这一步先让它们解码一步；否则照常（预填充优先）。每一步都要记下它含不含中途的分块，供下一步判断；返回这一步的 Batch（或 None）。给定：self._yield_to_decode
-        # TODO task interleave: if the previous step computed an unfinished chunk and some request is decoding, this step lets them decode once; otherwise as usual (prefill first). Every step notes whether it holds an unfinished chunk, for the next step to decide; return that step's Batch (or None). Given: self._yield_to_decode
+        # TODO 任务 interleave：返回这一步的 Batch（没有可做的就是 None）。约定：一个长提示词的两块之间，正在解码的请求恰好走一步（不是零步，也不是一直解码到完）；没有请求在解码时，分块一块接一块地算，不插空步；别的时候照常（预填充优先）。用你在 interleave_state 里建的状态
+        # TODO task interleave: return this step's Batch (None when there is nothing to do). Contract: between two chunks of a long prompt, the decoding requests take exactly one step (not zero, and not decoding on to the end); with nothing decoding, chunks follow one another with no empty step in between; otherwise as usual (prefill first). Use the state you set up in interleave_state
         raise TaskNotDone("chunked_prefill", "interleave")
 
 

@@ -76,8 +76,12 @@ def test_graph_on_off_identical(page_size: int, overlap: bool) -> None:
         # 补齐的行只能写进多出来的那一页：真实页面上的 K/V 与不开图时一致
         pages = llm_off.engine.num_pages
         assert llm_on.engine.num_pages == pages and llm_on.engine.kv_cache.num_pages == pages + 1
-        real = llm_on.engine.kv_cache._kv_buffer[:, :, :pages].cpu()
-        torch.testing.assert_close(real, llm_off.engine.kv_cache._kv_buffer.cpu(), atol=1e-4, rtol=1e-4)
+        on, off = llm_on.engine.kv_cache, llm_off.engine.kv_cache
+        slots = pages * off.page_size
+        for layer in range(off.num_layers):
+            for view in ("k_cache", "v_cache"):
+                real = getattr(on, view)(layer)[:slots].cpu()
+                torch.testing.assert_close(real, getattr(off, view)(layer).cpu(), atol=1e-4, rtol=1e-4)
     finally:
         llm_off.shutdown()
         llm_on.shutdown()

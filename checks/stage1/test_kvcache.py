@@ -24,7 +24,7 @@ def test_init_keeps_sizes_and_allocates_the_pool() -> None:
                        dtype=torch.bfloat16, device="cpu")  # fmt: skip
     sizes = (cache.num_kv_heads, cache.num_layers, cache.head_dim, cache.num_pages, cache.page_size)
     expect(sizes, (2, 3, 8, 5, 4), tr("MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=5, page_size=4): (num_kv_heads, num_layers, head_dim, num_pages, page_size), the arguments kept as attributes"))
-    expect(tuple(cache._kv_buffer.shape), (2, 3, 5, 4, 2, 8), tr("The shape of _kv_buffer: [2 (K, V), layers, num_pages, page_size, KV heads, head_dim]"))
+    expect(cache._kv_buffer.numel(), 2 * 3 * 5 * 4 * 2 * 8, tr("The elements of _kv_buffer: K and V of 3 layers, 5 pages of 4 slots, 2 KV heads of 8 (one allocation for the whole pool, nothing more)"))
     expect((cache.dtype, cache.device), (torch.bfloat16, torch.device("cpu")), tr("(dtype, device) of the pool: those of the arguments"))
 
 
@@ -45,9 +45,22 @@ def test_pool_is_not_filled() -> None:
 
 def test_buffer_and_views() -> None:
     cache = make_cache()
+    pool = cache._kv_buffer
+    start, end = pool.data_ptr(), pool.data_ptr() + pool.numel() * pool.element_size()
+    blocks = []
     for layer in range(3):
         k, v = cache.k_cache(layer), cache.v_cache(layer)
         assert k.shape == v.shape == (24, 2, 8), tr("Each layer's K/V must be flattened to [num_pages * page_size, KV heads, head_dim]")
+        for name, view in (("K", k), ("V", v)):
+            assert view.is_contiguous(), tr("Layer {layer}: the {name} view must be contiguous in memory (kernels read a layer's {name} as one block); its strides are {strides}", layer=layer, name=name, strides=view.stride())
+            first = view.data_ptr()
+            assert start <= first and first + view.numel() * view.element_size() <= end, tr("Layer {layer}: the {name} view must lie inside _kv_buffer (a view of the pool, not a tensor of its own)", layer=layer, name=name)
+            blocks.append((first, first + view.numel() * view.element_size(), f"{name}{layer}"))
+    blocks.sort()
+    overlaps = [(a[2], b[2]) for a, b in zip(blocks, blocks[1:]) if b[0] < a[1]]
+    assert not overlaps, tr("The per-layer K and V views must not overlap in memory: {pairs}", pairs=overlaps)
+    for layer in range(3):
+        k, v = cache.k_cache(layer), cache.v_cache(layer)
         v.fill_(-1)  # 池子用 torch.empty 分配，先写上已知的值 | en: the pool comes from torch.empty; write known values first
         k.fill_(layer + 1)  # 是视图：写它就是写池子
     assert cache.k_cache(1)[0, 0, 0] == 2 and cache.k_cache(2)[-1, -1, -1] == 3, tr("k_cache must return a view of the pool, not a copy")
@@ -107,20 +120,20 @@ def test_engine_writes_kv_only_at_out_loc(tiny_path: str, hand, page_size: int) 
     for phase in ("prefill", "decode", "decode"):
         batch = Batch(reqs, phase)
         hand.fill_batch(engine, batch)
-        before = engine.kv_cache._kv_buffer.clone()
+        views = [(kv, layer, (engine.kv_cache.k_cache, engine.kv_cache.v_cache)[kv](layer))
+                 for layer in range(engine.model_config.num_layers) for kv in (0, 1)]
+        before = [view.clone() for *_, view in views]
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
         for req, token in zip(reqs, out.next_tokens_cpu):
             req.complete_one()
             req.append_host(token.reshape(1))
-        after = engine.kv_cache._kv_buffer
-        for layer in range(engine.model_config.num_layers):
-            for kv in (0, 1):
-                # 比较位模式：没写过的槽位（torch.empty）里可能有 NaN，而 NaN != NaN
-                # en: compare bit patterns: an unwritten slot (torch.empty) may hold NaN, and NaN != NaN
-                changed = (after[kv, layer].view(torch.int32) != before[kv, layer].view(torch.int32)).flatten(2).any(-1).flatten()
-                assert set(changed.nonzero().flatten().tolist()) == set(batch.out_loc.tolist()), (
-                    tr("{phase}: the changed slots of the {value} pool in layer {layer} must be exactly out_loc", phase=phase, layer=layer, value='KV'[kv])
-                )
+        for (kv, layer, after), old in zip(views, before):
+            # 比较位模式：没写过的槽位（torch.empty）里可能有 NaN，而 NaN != NaN
+            # en: compare bit patterns: an unwritten slot (torch.empty) may hold NaN, and NaN != NaN
+            changed = (after.view(torch.int32) != old.view(torch.int32)).flatten(1).any(-1)
+            assert set(changed.nonzero().flatten().tolist()) == set(batch.out_loc.tolist()), (
+                tr("{phase}: the changed slots of the {value} pool in layer {layer} must be exactly out_loc", phase=phase, layer=layer, value='KV'[kv])
+            )
     engine.shutdown()
 
 

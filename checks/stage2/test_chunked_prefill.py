@@ -28,6 +28,8 @@ def test_302_token_prompt_in_4_chunks(tiny_path: str, qwen_tokenizer, make_llm) 
     out = llm.generate([LONG_PROMPT], SamplingParams(max_tokens=4, ignore_eos=True))
     assert rec.prefill_steps() == [96, 96, 96, 14], tr("302 tokens with at most 96 per step: 4 steps [96, 96, 96, 14], got {value}", value=rec.prefill_steps())
     assert len(out[0]["token_ids"]) == 4, tr("No tokens are output mid-chunk: generation starts after the last chunk")
+    phases = [s.phase for s in rec.steps]
+    assert phases == ["prefill"] * 4 + ["decode"] * 3, tr("With nothing decoding, the chunks follow one another with no other step in between; steps: {phases}", phases=phases)
     assert_idle(llm)
 
 

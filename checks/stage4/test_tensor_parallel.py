@@ -309,6 +309,18 @@ def test_with_one_rank_every_layer_is_the_plain_layer() -> None:
 # ----------------------------------------------------------------------------- 切开的模型 | en: the split model
 
 
+def test_with_one_rank_the_split_model_is_the_plain_model(tiny_path: str) -> None:
+    """一个秩时，切开的模型就是第 1.3 章的模型：同样的 token。
+
+    en: With one rank the split model is chapter 1.3's model: the same tokens.
+    """
+    out: dict[str, Any] = {}
+    engine_steps(tiny_path, LATER_PROMPTS, out)
+    got = step([out], "generate")[0]
+    expect(got["tokens"], greedy_reference(tiny_path, LATER_PROMPTS, LATER_TOKENS),
+           tr("One rank: greedy tokens of qwen3-tiny through TPEngine equal Hugging Face's"))
+
+
 @pytest.mark.every_path
 def test_tp2_generates_hugging_faces_tokens(ranks: list[dict[str, Any]], tiny_path: str) -> None:
     reference = greedy_reference(tiny_path, LATER_PROMPTS, LATER_TOKENS)

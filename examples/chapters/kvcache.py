@@ -28,7 +28,7 @@ cache = MHAKVCache(num_kv_heads=1, num_layers=2, head_dim=2, num_pages=8, page_s
 cache._kv_buffer.zero_()
 print(tr("Small pool: {num_pages} pages × {page_size} = {num_slots} slots; k_cache(0) has shape {shape}, shares memory with the big tensor: {shared}",
          num_pages=cache.num_pages, page_size=cache.page_size, num_slots=cache.num_slots,
-         shape=tuple(cache.k_cache(0).shape), shared=cache.k_cache(0).data_ptr() == cache._kv_buffer[0, 0].data_ptr()))
+         shape=tuple(cache.k_cache(0).shape), shared=cache.k_cache(0).untyped_storage().data_ptr() == cache._kv_buffer.untyped_storage().data_ptr()))
 
 print(f"pages_to_slots([3, 1], page_size=2) = {pages_to_slots(torch.tensor([3, 1]), 2).tolist()}")
 

@@ -33,14 +33,22 @@ import torch
 
 
 class MHAKVCache:
-    """多头注意力的 KV 池：一个 ``[2, 层数, num_pages, page_size, KV 头数, head_dim]`` 的大张量。
+    """多头注意力的 KV 池：一整块预先分配的张量 ``_kv_buffer``，每层的 K 和 V 各是其中的一块
+``[num_pages × page_size, KV 头数, head_dim]``（第 s 行是第 s 个槽位），由 ``k_cache`` / ``v_cache`` 以视图交出。
+这块张量里怎么摆（K 和 V、各层、各页谁在外谁在里）由实现决定；约定只有：一次分配；每层的 K、V 视图各自在内存里
+连续（融合解码和注意力核把一层的 K 当一整块读），互不重叠，写视图就是写池子。
 
     用 ``torch.empty`` 分配、不填 0：填 0 要把整块内存逐页碰一遍，启动变慢，CPU 上整个池子立刻计入进程内存；
     不填则只有真正写过的页才占物理内存。没写过的槽位里可能是任何值（包括 NaN），所以注意力只读写过的槽位：
     参考后端只取前 ``seq_len`` 个；SDPA 后端把补齐的 key 指向本请求的第一个槽位（被掩掉的 key 权重是 0，
     但 ``0 × NaN`` 仍是 NaN）。CUDA 上（以及 CUDA 图路径）引擎另行把池子清零，见 ``Engine``。
 
-    en: The KV pool for multi-head attention: one big ``[2, layers, num_pages, page_size, KV heads, head_dim]`` tensor.
+    en: The KV pool for multi-head attention: one preallocated tensor ``_kv_buffer``; each layer's K and V is a block of
+    it, ``[num_pages × page_size, KV heads, head_dim]`` (row s is slot s), handed out as views by ``k_cache`` /
+    ``v_cache``. How the tensor is laid out (which of K and V, layers and pages is outer, which inner) is the
+    implementation's choice; the contract is only: one allocation; each layer's K view and V view contiguous in memory
+    (the fused decode and attention kernels read a layer's K as one block), never overlapping, and writing a view writes
+    the pool.
 
     Allocated with ``torch.empty``, not filled with 0: filling touches the whole block page by page, which slows the
     start and, on the CPU, makes the whole pool count in the process's memory at once; unfilled, only pages actually
@@ -60,20 +68,22 @@ class MHAKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        """分配整个 KV 池（只分配、不初始化内容），并把五个尺寸参数存成同名属性。
+        """分配整个 KV 池（只分配、不初始化内容），备好每层的 K、V 视图，并把五个尺寸参数存成同名属性。
 
-        en: Allocate the whole KV pool (allocation only, the contents are not initialised) and keep the five size
-        arguments as attributes of the same names.
+        en: Allocate the whole KV pool (allocation only, the contents are not initialised), prepare every layer's K and
+        V views, and keep the five size arguments as attributes of the same names.
         """
-        # >>> TASK kv_pool_init: 建起这个 KV 池：五个尺寸参数原样存成同名属性（本类的其余方法、引擎和后面的章节都读它们）；整块池子分配成 self._kv_buffer：形状见类文档（第 0 维先 K 后 V），元素类型和设备按参数给的；不要填 0（类文档写了为什么）
-        # en: set up this KV pool: keep the five size arguments as attributes of the same names (the rest of the class, the engine and later chapters read them); allocate the whole pool as self._kv_buffer: shape as in the class docstring (dim 0: K first, then V), element type and device as the arguments say; do not fill it with zeros (the class docstring says why)
-        # hint1: 类里的其余部分（K、V 两个视图，num_slots、dtype、device 几个属性）都从这些属性和这一个张量读，不另存别的东西；torch 有个只分配、不初始化内容的函数。
-        # en1: The rest of the class (the K and V views, the num_slots, dtype and device properties) reads from these attributes and this one tensor,
-        # en1: and keeps nothing else; torch has a function that allocates without initialising the contents.
+        # >>> TASK kv_pool_init: 建起这个 KV 池：五个尺寸参数原样存成同名属性（本类的其余方法、引擎和后面的章节都读它们）；整块池子一次分配成 self._kv_buffer（元素类型和设备按参数给的，不填 0，类文档写了为什么），并备好每层的 K 视图列表 self._k_views 和 V 视图列表 self._v_views（k_cache、v_cache 从这里取）。怎么摆由你设计，约定见类文档：每个视图 [槽位总数, KV 头数, 每头维度]、在内存里连续、与池子共用内存、彼此不重叠
+        # en: set up this KV pool: keep the five size arguments as attributes of the same names (the rest of the class, the engine and later chapters read them); allocate the whole pool at once as self._kv_buffer (element type and device as the arguments say, not filled with zeros: the class docstring says why), and prepare the per-layer lists of K views self._k_views and V views self._v_views (k_cache and v_cache take from them). The layout is your design, the contract is in the class docstring: each view [all slots, KV heads, head size], contiguous in memory, sharing memory with the pool, none overlapping another
+        # hint1: 先决定哪一维在最外面：一层的 K 要是一整块连续的内存，把 [页, 页内偏移] 摊平成槽位就不用拷贝。torch 有个只分配、不初始化内容的函数；view 只在内存连续时才成功，正好替你检查。
+        # en1: First decide which dimension is outermost: when one layer's K is one contiguous block, flattening [page, offset] into slots needs no copy.
+        # en1: torch has a function that allocates without initialising; view succeeds only on contiguous memory, which checks it for you.
         # hint2: 1. self.num_kv_heads = num_kv_heads，num_layers、head_dim、num_pages、page_size 同样；
-        # hint2: 2. self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device)（第 0 维：0 是 K，1 是 V）。
+        # hint2: 2. self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device)（第 0 维：0 是 K，1 是 V）；
+        # hint2: 3. self._k_views、self._v_views：对每层 i，self._kv_buffer[0, i]（或 [1, i]）.view(num_pages * page_size, num_kv_heads, head_dim)。
         # en2: 1. self.num_kv_heads = num_kv_heads, and the same for num_layers, head_dim, num_pages and page_size;
-        # en2: 2. self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device) (dim 0: 0 is K, 1 is V).
+        # en2: 2. self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device) (dim 0: 0 is K, 1 is V);
+        # en2: 3. self._k_views, self._v_views: for each layer i, self._kv_buffer[0, i] (or [1, i]).view(num_pages * page_size, num_kv_heads, head_dim).
         self.num_kv_heads = num_kv_heads
         self.num_layers = num_layers
         self.head_dim = head_dim
@@ -81,6 +91,10 @@ class MHAKVCache:
         self.page_size = page_size
         self._kv_buffer = torch.empty(
             (2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
+        )
+        self._k_views, self._v_views = (
+            [self._kv_buffer[kv, i].view(num_pages * page_size, num_kv_heads, head_dim) for i in range(num_layers)]
+            for kv in (0, 1)
         )
         # <<< TASK
 
@@ -101,18 +115,10 @@ class MHAKVCache:
 
         en: The K of layer ``layer_id``, as a view flattened by slot: ``[num_pages * page_size, KV heads, head_dim]``.
         """
-        # >>> TASK kv_views: 返回第 layer_id 层的 K，按槽位摊平成 [槽位总数, KV 头数, 每头维度]；必须与池子共用内存（写它就是写池子），不能拷贝
-        # en: return the K of layer layer_id, flattened by slot into [all slots, KV heads, head size]; it must share memory with the pool (writing into it writes the pool), never a copy
-        # hint1: 用下标取出 K 那一半里的这一层，剩下四维里前两维（页、页内偏移）在内存里连续，可以直接合成一维而不拷贝；类里已经有槽位总数。
-        # en1: Indexing picks this layer out of the K half; of the four dimensions left, the first two (page,
-        # en1: offset in the page) are contiguous in memory and merge into one without a copy; the class already knows the slot count.
-        # hint2: return self._kv_buffer[0, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)（下面的 v_cache 是同一回事，只是下标 1）
-        # en2: return self._kv_buffer[0, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim) (v_cache below is the same with index 1)
-        return self._kv_buffer[0, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)
-        # <<< TASK
+        return self._k_views[layer_id]
 
     def v_cache(self, layer_id: int) -> torch.Tensor:
-        return self._kv_buffer[1, layer_id].view(self.num_slots, self.num_kv_heads, self.head_dim)
+        return self._v_views[layer_id]
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
         """把本轮算出的 K/V（``[T, KV 头数, head_dim]``）写进第 ``layer_id`` 层的 ``out_loc`` 槽位，别处一个也不碰。

@@ -128,13 +128,20 @@ class ChunkInterleave(PrefillFirst):
     """
 
     def __init__(self) -> None:
+        # >>> TASK interleave_state: 建好这个策略在两步之间要记住的东西（起初什么都还没算过）。记什么、怎么记由你决定：它要能让下一步知道该不该先让解码走
+        # en: set up what this policy remembers between two steps (nothing has been computed at first). What to remember and how is yours to choose: it must let the next step know whether decoding goes first
+        # hint1: 下一步要问的只是一件事：上一步有没有算一个没算完的分块。一个布尔值就够。
+        # en1: The next step asks one thing only: did the previous step compute an unfinished chunk? One boolean does.
+        # hint2: self._yield_to_decode = False
+        # en2: self._yield_to_decode = False
         self._yield_to_decode = False  # 上一步算了一个中途的分块 | en: the previous step computed an unfinished chunk
+        # <<< TASK
 
     def next_batch(
         self, prefill_manager: PrefillManager, decode_manager: DecodeManager, make_adder: Callable[[], PrefillAdder]
     ) -> Batch | None:
-        # >>> TASK interleave: 上一步算的是中途的分块、而且有请求在解码时，这一步先让它们解码一步；否则照常（预填充优先）。每一步都要记下它含不含中途的分块，供下一步判断；返回这一步的 Batch（或 None）。给定：self._yield_to_decode
-        # en: if the previous step computed an unfinished chunk and some request is decoding, this step lets them decode once; otherwise as usual (prefill first). Every step notes whether it holds an unfinished chunk, for the next step to decide; return that step's Batch (or None). Given: self._yield_to_decode
+        # >>> TASK interleave: 返回这一步的 Batch（没有可做的就是 None）。约定：一个长提示词的两块之间，正在解码的请求恰好走一步（不是零步，也不是一直解码到完）；没有请求在解码时，分块一块接一块地算，不插空步；别的时候照常（预填充优先）。用你在 interleave_state 里建的状态
+        # en: return this step's Batch (None when there is nothing to do). Contract: between two chunks of a long prompt, the decoding requests take exactly one step (not zero, and not decoding on to the end); with nothing decoding, chunks follow one another with no empty step in between; otherwise as usual (prefill first). Use the state you set up in interleave_state
         # hint1: “照常”就是父类的 next_batch；中途的分块就是这一步里的 ChunkedReq。让解码先走的那一步本身不含分块：别忘了把标记放下。
         # en1: "As usual" is the parent's next_batch; an unfinished chunk is a ChunkedReq in the step.
         # en1: The decode step you let through holds no chunk itself: remember to lower the flag.

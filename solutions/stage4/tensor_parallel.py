@@ -8,7 +8,7 @@
   部分和，一次 ``all_reduce`` 加起来。偏置只能加一次：加在求和之后；
 - **词表切开**：嵌入（:class:`VocabParallelEmbedding`）每个秩只存一段词表，不归它管的 id 查出 0，再 ``all_reduce``；
   LM head（:class:`ParallelLMHead`）每个秩算它那段词表的 logits，``all_gather`` 拼成整个词表；
-- **KV 头比秩少**时（``tp > num_kv_heads``）KV 头不能再切，只能复制：秩 r 用第 ``r * num_kv_heads // tp`` 个。
+- **KV 头比秩少**时（``tp > num_kv_heads``）KV 头不能再切，只能复制：每个秩存一个完整的 KV 头，几个秩共用同一个。
 
 所以每层正好两次 ``all_reduce``，整个前向再加嵌入一次、LM head 一次 ``all_gather``。
 
@@ -29,8 +29,8 @@ down). Megatron's cut makes each pair communicate once:
 - **the vocabulary cut**: the embedding (:class:`VocabParallelEmbedding`) keeps one stretch of the vocabulary per rank,
   ids it does not own look up 0, then ``all_reduce``; the LM head (:class:`ParallelLMHead`) computes the logits of its
   stretch on each rank, and ``all_gather`` joins the whole vocabulary;
-- **fewer KV heads than ranks** (``tp > num_kv_heads``): a KV head cannot be cut further, only copied: rank r uses head
-  ``r * num_kv_heads // tp``.
+- **fewer KV heads than ranks** (``tp > num_kv_heads``): a KV head cannot be cut further, only copied: each rank stores
+  one whole KV head, and a few ranks share the same one.
 
 So each layer makes exactly two ``all_reduce``, and the whole forward one more for the embedding and one ``all_gather``
 for the LM head.
@@ -63,8 +63,8 @@ def split_problems(config: ModelConfig, tp: int) -> list[str]:
 
     en: Where ``config`` cannot be split over ``tp`` ranks, one sentence each; an empty list when it can.
     """
-    # >>> TASK split_problems: 返回切不开的每一处，各一句话、带上数字（都切得开就是空列表）；要一次列全，不能碰到第一处就停。query 头数、中间维、词表都要能被 tp 整除；KV 头数能被 tp 整除或者能整除 tp（复制）都行。tp < 1 只返回一句，不许抛 ZeroDivisionError
-    # en: return every place where it does not split, one sentence each with the numbers in it (an empty list when it splits); list them all, do not stop at the first. Query heads, intermediate size and vocabulary must each be divisible by tp; the KV heads may either be divisible by tp or divide tp (copied). tp < 1 gives just one sentence, never a ZeroDivisionError
+    # >>> TASK split_problems: 返回切不开的每一处，各一句话、带上数字（都切得开就是空列表）；要一次列全，不能碰到第一处就停。每个秩要拿到同样多的整 query 头、同样长的一段中间维和一段词表；KV 头从不切开：要么每个秩分到同样多的整 KV 头，要么每个 KV 头复制给同样多的秩。tp < 1 只返回一句，不许抛异常
+    # en: return every place where it does not split, one sentence each with the numbers in it (an empty list when it splits); list them all, do not stop at the first. Every rank must get the same number of whole query heads, an equal stretch of the intermediate size and of the vocabulary; a KV head is never cut: either every rank gets the same number of whole KV heads, or every KV head is copied to the same number of ranks. tp < 1 gives just one sentence, never an exception
     # hint1: tp < 1 要先单独处理：之后的每个整除判断都会拿 tp 去取余。KV 头那一条是“或”：两样都不成立才算切不开
     # en1: Handle tp < 1 on its own first: every later divisibility test takes a remainder by tp. The KV-head rule is an 'or': it fails only when neither holds
     # hint2: 1. tp < 1：return [一句话]；
@@ -141,17 +141,8 @@ class ColumnParallelLinear(Linear):
 
         en: The rows of part ``shard`` in the checkpoint tensor that belong to this rank: ``(first row, row count)``.
         """
-        # >>> TASK column_rows: 返回这一段在检查点张量里属于本秩的行：(起始行, 行数)。每段的整段行数平均分成秩数那么多份，秩号是几就拿第几份（是检查点里的行号，不是本地合并权重里的）
-        # en: return the rows of this part in the checkpoint tensor that belong to this rank, as (first row, row count): each part's whole row count is cut evenly into as many pieces as there are ranks, and rank r takes piece r (rows of the checkpoint tensor, not of the local merged weight)
-        # hint1: 需要的三样都在 self 上：这一段的整段行数，以及本秩的 DistributedInfo（秩号和秩数）
-        # en1: All three numbers you need are on self: the part's whole row count, and this rank's DistributedInfo (its rank and the rank count)
-        # hint2: 1. n = self.full_sizes[shard] // self.tp.size；
-        # hint2: 2. return self.tp.rank * n, n。
-        # en2: 1. n = self.full_sizes[shard] // self.tp.size;
-        # en2: 2. return self.tp.rank * n, n.
         n = self.full_sizes[shard] // self.tp.size
         return self.tp.rank * n, n
-        # <<< TASK
 
     def load_weight(self, attr: str, tensor: torch.Tensor, shard: int = 0) -> None:
         start, n = self.rows(shard)
@@ -159,10 +150,10 @@ class ColumnParallelLinear(Linear):
 
 
 class QKVParallelLinear(ColumnParallelLinear):
-    """合并的 q/k/v，按头切。KV 头比秩少时，k、v 段不切而是复制：秩 r 用第 ``r * num_kv_heads // tp`` 个 KV 头。
+    """合并的 q/k/v，按头切。KV 头比秩少时，k、v 段不切而是复制：几个秩存同一个完整的 KV 头。
 
-    en: The merged q/k/v, split by heads. With fewer KV heads than ranks the k and v parts are copied, not cut: rank r
-    uses KV head ``r * num_kv_heads // tp``.
+    en: The merged q/k/v, split by heads. With fewer KV heads than ranks the k and v parts are copied, not cut: a few
+    ranks store the same whole KV head.
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
@@ -172,10 +163,11 @@ class QKVParallelLinear(ColumnParallelLinear):
                          shard_names=["q_proj", "k_proj", "v_proj"], dtype=dtype, device=device)
 
     def rows(self, shard: int) -> tuple[int, int]:
-        # >>> TASK kv_heads_copied: 返回 (起始行, 行数)，和父类一样。q 段、以及 KV 头不比秩少时的 k/v 段，都照父类切；KV 头比秩少时 k、v 不切而复制：秩 r 拿第 ⌊r × KV 头数 ÷ 秩数⌋ 个 KV 头的全部行
-        # en: return (first row, row count) like the parent. The q part, and the k/v parts when there are at least as many KV heads as ranks, split as the parent does; with fewer KV heads than ranks, k and v are copied, not cut: rank r takes all the lines of KV head number ⌊r × KV heads ÷ ranks⌋
-        # hint1: 只有“k/v 段且 KV 头不够分”这一种情形要自己算，其余交给父类。一个 KV 头在 k（或 v）张量里占连续的一个头宽那么多行
+        # >>> TASK kv_heads_copied: 返回 (起始行, 行数)，和父类一样。q 段照父类切；KV 头至少和秩一样多时 k、v 段也照父类切；KV 头比秩少时一个 KV 头不能再切，只能复制：本秩拿一个完整的 KV 头，正是本秩那几个 query 头在没切的模型里读的那一个
+        # en: return (first row, row count) like the parent. The q part splits as the parent does, and so do the k and v parts when there are at least as many KV heads as ranks; with fewer KV heads than ranks a KV head cannot be cut further, only copied: this rank takes one whole KV head, the very one its query heads read in the unsplit model
+        # hint1: 只有“k/v 段且 KV 头不够分”这一种情形要自己算，其余交给父类。分组查询注意力里连续的一组 query 头共用一个 KV 头：本秩的 query 头从第几个开始，它落在哪一组？一个 KV 头在 k（或 v）张量里占连续的一个头宽那么多行
         # en1: Only the case 'a k/v part with too few KV heads' is yours to compute; leave the rest to the parent.
+        # en1: In grouped-query attention a run of consecutive query heads shares one KV head: which query head does this rank start at, and which group is it in?
         # en1: One KV head occupies one head-width of consecutive lines in the k (or v) tensor
         # hint2: 1. shard == 0 或 self.num_kv_heads >= self.tp.size：return super().rows(shard)；
         # hint2: 2. head = self.tp.rank * self.num_kv_heads // self.tp.size；
@@ -314,6 +306,19 @@ def create_tp_model(config: ModelConfig, dtype: torch.dtype, device: torch.devic
     backend are sized from it). Refused before any weight is allocated when it cannot be split.
     """
     tp = get_tp_info().size
+    # >>> TASK tp_model: 搭出本秩的模型 model：前向和没切的模型给出同样的 token；每个解码层正好通信两次，嵌入一次、LM head 一次；每个秩只存大约 1/tp 的权重，整份大小的形状一次也不分配；model.config 是本秩的形状（KV 池和注意力后端按它分配）；共享权重的模型切开后仍然共享；切不开时在分配任何权重之前就报错。一个秩时就是普通的模型。手边的零件：本章切开的各层、local_config、check_tp_split，第 1.3 章的 create_model
+    # en: build this rank's model, model: its forward gives the unsplit model's tokens; each decoder layer communicates exactly twice, plus once for the embedding and once for the LM head; each rank stores about 1/tp of the weights and never allocates a whole-size shape; model.config is this rank's shapes (the KV pool and attention backend are sized from it); a model with tied weights stays tied once split; what cannot be split is refused before any weight is allocated. With one rank it is the plain model. Parts at hand: this chapter's split layers, local_config, check_tp_split, chapter 1.3's create_model
+    # hint1: 每一对矩阵乘法（q/k/v 与 o_proj，gate/up 与 down）里，哪个按输出切、哪个按输入切，通信才只在一对的末尾发生一次？切开的层要的是检查点里的整份大小，本秩的模型要的是本秩的形状：从按本秩形状搭好的普通解码器出发，只换掉要切的零件
+    # en1: In each pair of matrix multiplications (q/k/v and o_proj, gate/up and down), which one splits by output and which by input, so that the pair communicates once, at its end?
+    # en1: The split layers want the checkpoint's whole sizes, this rank's model wants this rank's shapes: start from a plain decoder built at this rank's shapes and swap only the parts that are split
+    # hint2: 1. check_tp_split(config, tp)；model = create_model(local_config(config, tp), dtype, device)；
+    # hint2: 2. 每一层：self_attn.qkv_proj = QKVParallelLinear(config, ...)，self_attn.o_proj = RowParallelLinear(头数 × 头宽, hidden, bias=config.attention_bias, ...)；
+    # hint2:    mlp.gate_up_proj = ColumnParallelLinear(hidden, [intermediate] * 2, shard_names=["gate_proj", "up_proj"], bias=config.mlp_bias, ...)，mlp.down_proj = RowParallelLinear(intermediate, hidden, ...)；
+    # hint2: 3. model.model.embed_tokens = VocabParallelEmbedding(整个词表, hidden, ...)；model.lm_head = ParallelLMHead(..., tie_to=嵌入（共享权重时）或 None)。
+    # en2: 1. check_tp_split(config, tp); model = create_model(local_config(config, tp), dtype, device);
+    # en2: 2. every layer: self_attn.qkv_proj = QKVParallelLinear(config, ...), self_attn.o_proj = RowParallelLinear(heads × head_dim, hidden, bias=config.attention_bias, ...);
+    # en2:    mlp.gate_up_proj = ColumnParallelLinear(hidden, [intermediate] * 2, shard_names=["gate_proj", "up_proj"], bias=config.mlp_bias, ...), mlp.down_proj = RowParallelLinear(intermediate, hidden, ...);
+    # en2: 3. model.model.embed_tokens = VocabParallelEmbedding(the whole vocabulary, hidden, ...); model.lm_head = ParallelLMHead(..., tie_to=the embedding (tied weights) or None).
     check_tp_split(config, tp)
     kw = {"dtype": dtype, "device": device}
     model = create_model(local_config(config, tp), dtype, device)
@@ -328,6 +333,9 @@ def create_tp_model(config: ModelConfig, dtype: torch.dtype, device: torch.devic
     model.model.embed_tokens = embed = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **kw)
     model.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
                                    tie_to=embed if config.tie_word_embeddings else None, **kw)
+    # <<< TASK
+    # 融合解码按这个数拒绝切开的模型（第 1.3 章的模型是 1）
+    # en: the fused decode refuses a split model by this number (chapter 1.3's model says 1)
     model.tp_size = tp
     return model
 

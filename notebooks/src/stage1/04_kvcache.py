@@ -76,7 +76,7 @@ for name, layers, kv_heads, head_dim in rows:
 # %% [markdown] tags=["lang-zh"]
 # ## 2. 池子、视图和写入
 #
-# 整个池子是一个 `[2, 层数, num_pages, page_size, KV 头数, head_dim]` 的大张量，用 `torch.empty` 分配、不填 0
+# 整个池子是一次分配的一个大张量（里面怎么摆是你在 `kv_pool_init` 里的设计），用 `torch.empty` 分配、不填 0
 # （填 0 要把整块内存碰一遍：CPU 上整个池子立刻计入进程内存；不填则只有写过的页才占物理内存）。
 # 所以没写过的槽位里可能是任何值，注意力只能读写过的槽位。下面先把这个小池子清零，写入的位置才看得出来。
 # `k_cache(layer)` 是摊平成 `[槽位数, KV 头数, head_dim]` 的 **视图**，不拷贝。
@@ -85,8 +85,8 @@ for name, layers, kv_heads, head_dim in rows:
 # %% [markdown] tags=["lang-en"]
 # ## 2. The pool, views and writes
 #
-# The whole pool is one large `[2, layers, num_pages, page_size, KV heads, head_dim]` tensor, allocated with `torch.empty`,
-# not filled with 0 (filling touches the whole block: on the CPU the whole pool would count in the process's memory at once;
+# The whole pool is one large tensor allocated once (how it is laid out is your design in `kv_pool_init`), allocated with
+# `torch.empty`, not filled with 0 (filling touches the whole block: on the CPU the whole pool would count in the process's memory at once;
 # unfilled, only pages written take physical memory). So an unwritten slot may hold anything, and attention must read
 # written slots only. Below, the small pool is zeroed first so that the written slots show.
 # `k_cache(layer)` is a **view** flattened to `[slots, KV heads, head_dim]`, no copy.
@@ -95,10 +95,11 @@ for name, layers, kv_heads, head_dim in rows:
 # %%
 cache = MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=4, num_pages=6, page_size=4, dtype=torch.float32, device="cpu")
 cache._kv_buffer.zero_()
-print(tr("KV pool shape: {shape} ; slots: {num_slots}", shape=tuple(cache._kv_buffer.shape), num_slots=cache.num_slots))
+print(tr("KV pool: {numel} numbers; slots: {num_slots}", numel=cache._kv_buffer.numel(), num_slots=cache.num_slots))
 k0 = cache.k_cache(0)
-shared = k0.data_ptr() == cache._kv_buffer[0, 0].data_ptr()
-print(tr("layer 0 K view: {shape} ; shares memory with the pool: {shared}", shape=tuple(k0.shape), shared=shared))
+shared = k0.untyped_storage().data_ptr() == cache._kv_buffer.untyped_storage().data_ptr()
+print(tr("layer 0 K view: {shape}, contiguous: {contiguous} ; shares memory with the pool: {shared}", shape=tuple(k0.shape),
+         contiguous=k0.is_contiguous(), shared=shared))
 out_loc = torch.tensor([5, 6, 17], dtype=torch.int32)
 k, v = torch.ones(3, 2, 4), torch.full((3, 2, 4), 2.0)
 cache.store_kv(k, v, out_loc, layer_id=1)

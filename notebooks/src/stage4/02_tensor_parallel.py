@@ -6,7 +6,7 @@
 # - **按列切**：q/k/v 和 gate/up 的**输出**切开，每个秩算它那几个头、那一段中间维，不通信；合并层的每一段各切各的；
 # - **按行切**：o_proj 和 down 的**输入**切开，正好接住上一步；各秩的部分和用一次 `all_reduce` 加起来，偏置在求和之后只加一次；
 # - **词表切开**：嵌入里不归本秩管的 id 查出 0，再 `all_reduce`；LM head 按秩号 `all_gather`，拼回整个词表；
-# - **KV 头比秩少**时只能复制：秩 r 用第 `r * num_kv_heads // tp` 个。
+# - **KV 头比秩少**时只能复制：几个秩存同一个完整的 KV 头。
 #
 # 所以每层两次 `all_reduce`，整个前向再加嵌入一次、LM head 一次 `all_gather`。切不开的在加载之前就拒绝。
 
@@ -22,7 +22,7 @@
 #   the ranks' partial sums, and the bias is added once, after the sum;
 # - **the vocabulary cut**: in the embedding, ids a rank does not own look up 0, then `all_reduce`; the LM head's
 #   `all_gather` in rank order joins the whole vocabulary again;
-# - **fewer KV heads than ranks**: they can only be copied, rank r uses head `r * num_kv_heads // tp`.
+# - **fewer KV heads than ranks**: they can only be copied, a few ranks store the same whole KV head.
 #
 # So each layer makes two `all_reduce`, and the whole forward one more for the embedding and one `all_gather` for the LM
 # head. What cannot be split is refused before loading.
@@ -84,15 +84,15 @@ except ValueError as err:
 # %% [markdown] tags=["lang-zh"]
 # ## 2. 按行切：部分和相加，偏置只加一次
 #
-# 这一步不用起秩，在本进程里用几行 torch 把两个秩的计算摆出来。按输入切，`x Wᵀ` 正好是各秩部分和的和；
-# 偏置要是每个秩都加，求和以后就多了 `(tp − 1)` 份：
+# 这一步不用起秩，在本进程里用几行 torch 把两个秩的计算摆出来。按输入切，`x Wᵀ`（不带偏置）正好是各秩部分和的和；
+# 偏置要是每个秩都加，求和以后就多了 `(tp − 1)` 份。偏置该在哪里加，是 `row_forward` 要你定的：
 
 # %% [markdown] tags=["lang-en"]
 # ## 2. Row-parallel: partial sums add up, the bias is added once
 #
 # No ranks for this step either: a few lines of torch in this process lay out what two ranks compute. Split by input,
-# `x Wᵀ` is exactly the sum of the ranks' partial sums; if every rank added the bias, the sum would hold `(tp − 1)`
-# extra copies of it:
+# `x Wᵀ` (without the bias) is exactly the sum of the ranks' partial sums; if every rank added the bias, the sum would
+# hold `(tp − 1)` extra copies of it. Where the bias does go is for `row_forward` to decide:
 
 # %%
 import torch
@@ -105,10 +105,9 @@ n = x.shape[1] // tp
 # 秩 r 手里是 x 和 W 的第 r 段列
 # en: rank r holds columns r*n:(r+1)*n of x (the previous step's output) and of W
 partials = [F.linear(x[:, r * n:(r + 1) * n], W[:, r * n:(r + 1) * n]) for r in range(tp)]
-once = sum(partials) + b  # 先 all_reduce，再加一次偏置 | en: all_reduce, then the bias once
 every = sum(p + b for p in partials)  # 每个秩在 all_reduce 之前都加了偏置 | en: every rank adds the bias before all_reduce
 print(tr("each rank's partial sum has shape {shape}; {tp} of them", shape=list(partials[0].shape), tp=tp))
-print(tr("sum of partials + bias once equals the unsplit layer: {same}", same=torch.allclose(once, whole, atol=1e-6)))
+print(tr("sum of partials equals x Wᵀ without the bias: {same}", same=torch.allclose(sum(partials), x @ W.T, atol=1e-6)))
 print(tr("bias added on every rank equals the unsplit layer: {same}", same=torch.allclose(every, whole, atol=1e-6)))
 print(tr("bias added on every rank equals the unsplit layer + (tp - 1) x bias: {same}",
          same=torch.allclose(every, whole + (tp - 1) * b, atol=1e-6)))
@@ -143,33 +142,36 @@ for r in range(tp):
              bad=torch.allclose(swiglu(one_block), want[:, r * half:(r + 1) * half])))
 
 # %% [markdown] tags=["lang-zh"]
-# ## 3. 词表切开的嵌入
+# ## 3. 词表切开的嵌入：问题在哪
 #
-# 词表 10 个词、两个秩：秩 0 管 0–4，秩 1 管 5–9。每个秩把不归它管的 id 换成 0 再查（免得越界），查完把这些行清零；
-# 两个秩的结果相加（这就是 `all_reduce`），正好是整张表查出来的：
+# 词表 10 个词、两个秩：秩 0 只存 0–4 行，秩 1 只存 5–9 行。每个 id 只归一个秩管，可每个秩拿到的是**全部** id。
+# 先看一个秩要是把 `id - start` 直接拿去查自己那张小表，会查到什么下标；再看 `all_reduce`（逐位置相加）之后要得到整张表
+# 的那一行，每个秩在每个位置**该交出**什么——下面用整张表算出这个目标（秩手里并没有整张表，怎么做到是
+# `vocab_embedding_forward` 的事）：
 
 # %% [markdown] tags=["lang-en"]
-# ## 3. The vocabulary-split embedding
+# ## 3. The vocabulary-split embedding: where the problem is
 #
-# A vocabulary of 10 words over two ranks: rank 0 owns 0–4, rank 1 owns 5–9. Each rank replaces the ids it does not own
-# by 0 before the lookup (so nothing is out of range) and zeroes those rows afterwards; adding up the two ranks' results
-# (which is what `all_reduce` does) gives exactly the lookup in the whole table:
+# A vocabulary of 10 words over two ranks: rank 0 stores rows 0–4 only, rank 1 rows 5–9. Each id belongs to one rank,
+# yet every rank receives **all** the ids. First see which indices a rank would look up in its small table if it used
+# `id - start` as it is; then what each rank **must hand over** at each position so that the `all_reduce` (a sum
+# position by position) gives the whole table's row — the target is computed below from the whole table (no rank has
+# the whole table; how to get there is `vocab_embedding_forward`'s job):
 
 # %%
 table = torch.arange(10.0).unsqueeze(-1) * torch.tensor([1.0, 0.1])  # 第 i 行是 [i, i / 10] | en: row i = [i, i / 10]
 ids = torch.tensor([0, 4, 5, 9, 7, 2])
 local_n = 10 // tp
-looked_up = []
+print(tr("ids: {ids}", ids=ids.tolist()))
 for r in range(tp):
     start = r * local_n
-    mine = (ids >= start) & (ids < start + local_n)
-    out = F.embedding(torch.where(mine, ids - start, 0), table[start:start + local_n])
-    looked_up.append(out.masked_fill(~mine.unsqueeze(-1), 0))
-    print(tr("rank {rank} (owns {first}-{last}): first column {values}", rank=r, first=start, last=start + local_n - 1,
-             values=looked_up[-1][:, 0].tolist()))
-print(tr("sum (all_reduce) equals the whole table's lookup: {same}",
-         same=torch.equal(sum(looked_up), F.embedding(ids, table))))
-
+    owned = [start <= i < start + local_n for i in ids.tolist()]
+    # 目标：归本秩的位置是那一行，其余位置全是 0（用整张表算，只为看清要交出什么）
+    # en: the target: the row at the positions this rank owns, zeros elsewhere (computed from the whole table, only to see it)
+    target = [table[i].tolist() if mine else [0.0, 0.0] for i, mine in zip(ids.tolist(), owned)]
+    print(tr("rank {rank} (rows {first}-{last}): id - start = {local}; valid indices are 0..{top}", rank=r, first=start,
+             last=start + local_n - 1, local=(ids - start).tolist(), top=local_n - 1))
+    print(tr("  must hand over, first column: {values}", values=[row[0] for row in target]))
 # %% [markdown] tags=["lang-zh"]
 # ## 4. qwen3-tiny 切给两个秩
 #
@@ -265,11 +267,13 @@ def show_split(model: str, tp: int) -> None:
             print("  -", problem)
         return
     heads, inter, vocab = c.num_qo_heads // tp, c.intermediate_size // tp, c.vocab_size // tp
-    copied = c.num_kv_heads < tp
+    if c.num_kv_heads < tp:
+        kv = tr("1 whole KV head, each one stored on {n} ranks (copied)", n=tp // c.num_kv_heads)
+    else:
+        kv = tr("KV heads split, {n} per rank", n=c.num_kv_heads // tp)
     for r in range(tp):
-        kv = [r * c.num_kv_heads // tp] if copied else list(range(r * c.num_kv_heads // tp, (r + 1) * c.num_kv_heads // tp))
-        print(tr("rank {rank}: q heads {q}, KV heads {kv} ({how}), intermediate {i0}:{i1}, vocabulary {v0}:{v1}",
-                 rank=r, q=list(range(r * heads, (r + 1) * heads)), kv=kv, how=tr("copied") if copied else tr("split"),
+        print(tr("rank {rank}: q heads {q}, {kv}, intermediate {i0}:{i1}, vocabulary {v0}:{v1}",
+                 rank=r, q=list(range(r * heads, (r + 1) * heads)), kv=kv,
                  i0=r * inter, i1=(r + 1) * inter, v0=r * vocab, v1=(r + 1) * vocab))
     print(tr("each forward step: {reduce} all_reduce, 1 all_gather", reduce=2 * c.num_layers + 1))
 
