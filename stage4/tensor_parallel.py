@@ -223,12 +223,12 @@ class ParallelLMHead(LMHead):
 
 
 def create_tp_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
-    """本秩的模型：第 1.3 章的解码器按 :func:`local_config` 的形状搭起来，再把线性层、嵌入和 LM head 换成切开的。
-    ``model.config`` 是本秩的形状（KV 池和注意力后端按它分配）。切不开时在分配任何权重之前报错。
+    """本秩的模型：它只存、只算本秩那一份，前向给出的 token 与没切的模型相同。``model.config`` 是本秩的形状（KV 池和
+    注意力后端按它分配）。切不开时在分配任何权重之前报错。
 
-    en: This rank's model: chapter 1.3's decoder built at the shapes of :func:`local_config`, then its linear layers,
-    embedding and LM head swapped for split ones. ``model.config`` is this rank's shapes (the KV pool and attention
-    backend are sized from it). Refused before any weight is allocated when it cannot be split.
+    en: This rank's model: it stores and computes only this rank's share, and its forward gives the unsplit model's
+    tokens. ``model.config`` is this rank's shapes (the KV pool and attention backend are sized from it). Refused before
+    any weight is allocated when it cannot be split.
     """
     tp = get_tp_info().size
     # TODO 任务 tp_model：搭出本秩的模型 model：前向和没切的模型给出同样的 token；每个解码层正好通信两次，嵌入一次、LM head 一次；每个秩只存大约 1/tp 的权重，整份大小的形状一次也不分配；model.config 是本秩的形状（KV 池和注意力后端按它分配）；共享权重的模型切开后仍然共享；切不开时在分配任何权重之前就报错。一个秩时就是普通的模型。手边的零件：本章切开的各层、local_config、check_tp_split，第 1.3 章的 create_model
