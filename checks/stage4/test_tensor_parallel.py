@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from checks.common import expect
 from checks.hf_reference import greedy_reference
@@ -228,6 +229,48 @@ def test_which_sizes_split(tiny_path: str, smollm2_path: str) -> None:
         check_tp_split(smol, 2)
     expect("1, 3" in str(err.value) and "9" in str(err.value), True,
            tr("The refusal names the 9 heads and the sizes that work (1, 3), got: {message}", message=err.value))
+
+
+class _Allocations(TorchDispatchMode):
+    """记下每一次新分配的张量（工厂函数），不算视图和计算的结果。
+
+    en: Records every newly allocated tensor (factory functions), not views or the results of computations.
+    """
+
+    FACTORIES = {"empty", "empty_strided", "zeros", "ones", "full", "rand", "randn", "empty_like", "zeros_like"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in self.FACTORIES and isinstance(out, torch.Tensor) and out.numel() > 0:
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def test_the_refusal_comes_before_any_weight_is_allocated(smollm2_path: str) -> None:
+    """SmolLM2 在 2 个秩上切不开：create_tp_model 要在分配任何权重之前就抛 ValueError（本进程假装是 2 个秩里的秩 0，
+    报错之前不通信）。
+
+    en: SmolLM2 does not split over 2 ranks: create_tp_model must raise ValueError before allocating any weight (this
+    process pretends to be rank 0 of 2; nothing is communicated before the refusal).
+    """
+    from minisgl.distributed import Communicator, DistributedInfo, get_tp_comm, set_tp_comm
+    from minisgl.models import ModelConfig
+    from minisgl.tensor_parallel import create_tp_model
+
+    config = ModelConfig.from_hf(smollm2_path)
+    before = get_tp_comm()
+    set_tp_comm(Communicator(DistributedInfo(0, 2)))
+    try:
+        with _Allocations() as allocated, pytest.raises(ValueError):
+            create_tp_model(config, torch.float32, "cpu")
+    finally:
+        set_tp_comm(before)
+    expect(allocated.shapes[:6], [], tr("SmolLM2 at tp 2: create_tp_model must refuse before allocating anything, but it "
+                                    "allocated tensors of these shapes first: {shapes}", shapes=allocated.shapes[:6]))
 
 
 def test_a_model_that_does_not_split_is_refused_on_every_rank(ranks: list[dict[str, Any]]) -> None:
