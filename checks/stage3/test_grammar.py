@@ -103,16 +103,34 @@ def make_req(prompt_len: int, sp: SamplingParams, table_idx: int, generated: int
     return req
 
 
-def test_prepare_grammar(make_sampler: Any) -> None:
+def test_prepare_grammar(make_sampler: Any, smol_tok: Any) -> None:
+    """哪些行受约束、谁拿到新的匹配器，只看行为：prepare 不碰任何匹配器；一步之后，第一次出现的行的槽里是一个新的
+    匹配器（槽里上一个请求留下的被换掉），接着输出的行仍用它自己的那个，普通请求和提示词的中间块没有匹配器。
+
+    en: Which rows are constrained and who gets a new matcher, judged by behaviour only: prepare touches no matcher;
+    after one step, the slot of a row appearing for the first time holds a new matcher (the previous request's is
+    replaced), a row that goes on keeps its own, and neither a plain request nor a chunk of a prompt has one.
+    """
     sampler = make_sampler()
     js = SamplingParams(json_schema=json.dumps(PERSON))
     rx = SamplingParams(regex="(yes|no)")
     reqs = [make_req(4, SamplingParams(), 0), make_req(5, js, 1), make_req(6, rx, 2, generated=2), make_req(7, js, 3, chunked=True)]
-    g = sampler.prepare_grammar(Batch(reqs, "prefill"))
+    regex = sampler.backend.compiler.compile_regex("(yes|no)")
+    stale, own = xgr.GrammarMatcher(regex), xgr.GrammarMatcher(regex)
+    sampler.matchers.update({1: stale, 2: own})
+    args = sampler.prepare(Batch(reqs, "prefill"))
+    g = args.controls.grammar
     assert g is not None, tr("A batch with grammar rows gets a GrammarStep")
     expect(g.rows, [1, 2], tr("Only output rows with a grammar are constrained (not a plain request, not a chunk of a prompt)"))
-    expect([i for i, _ in g.fresh], [1], tr("Only a grammar row with no output yet gets a new matcher"))
-    expect(isinstance(g.fresh[0][1], xgr.GrammarMatcher), True, tr("The new matcher is an xgrammar GrammarMatcher"))
+    expect(sampler.matchers, {1: stale, 2: own}, tr("prepare runs on the scheduling thread and must not touch the request slots' matchers"))
+    yes = smol_tok.encode("yes", add_special_tokens=False)[0]
+    logits = torch.zeros(4, 49152)
+    logits[:, yes] = 50.0
+    sampler.sample(logits, args)
+    got = {slot: ("own" if m is own else "stale" if m is stale else "new") for slot, m in sampler.matchers.items()}
+    expect(got, {1: "new", 2: "own"}, tr("After one step: slot 1 (first output of its request) holds a new matcher in place "
+                                          "of the previous request's, slot 2 (going on) keeps its own, and the plain request "
+                                          "(slot 0) and the chunk (slot 3) get none"))
     expect(sampler.prepare_grammar(Batch([make_req(4, SamplingParams(), 0)], "prefill")), None, tr("No grammar row: None"))
 
 

@@ -47,7 +47,7 @@ matcher either.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -97,15 +97,16 @@ class GrammarBackend:
 
 @dataclass
 class GrammarStep:
-    """一步的语法约束：调度线程里建好，算的线程里使用。
+    """一步的语法约束：调度线程里建好，算的线程里使用。``rows`` 是接口（``prepare_controls`` 读它）；算的线程还要从
+    调度线程带过去什么，放进 ``carry``，由你设计。
 
-    en: One step's grammar constraints: built on the scheduling thread, used on the computing thread.
+    en: One step's grammar constraints: built on the scheduling thread, used on the computing thread. ``rows`` is the
+    interface (``prepare_controls`` reads it); whatever else the computing thread needs from the scheduling thread goes
+    into ``carry``, of your design.
     """
 
     rows: list[int]  # 批次里要加掩码、要推进的行（用语法的输出行） | en: rows of the batch to mask and advance (output rows with a grammar)
-    # 第一次出现的行：（批次里的行号，新的匹配器）；sample 里装进 Sampler.matchers
-    # en: rows seen for the first time: (row of the batch, a new matcher); sample puts them into Sampler.matchers
-    fresh: list[tuple[int, xgr.GrammarMatcher]] = field(default_factory=list)
+    carry: Any = None  # 你的设计 | en: your design
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -184,16 +185,17 @@ class Sampler(ControlSampler):
         en: Called on the scheduling thread before the forward: which rows of this step are constrained by a grammar,
         and which appear for the first time and need a new matcher.
         """
-        # >>> TASK prepare_grammar: 返回这一步的 GrammarStep；没有一行要语法约束时返回 None。要约束的只有采到的 token 是输出、又带语法的行（提示词的中间块不算）；其中一个 token 都还没输出的是第一次出现，给它一个新的匹配器（语法后端按请求的参数给）。这里不能碰各请求槽现有的匹配器：上一步可能还在另一个线程里推进它们
-        # en: return this step's GrammarStep, or None when nothing in the batch needs a grammar. Only requests whose sampled token is output and that carry a grammar are constrained (a chunk of a prompt is not); among them, one with no output yet appears for the first time and gets a new matcher, made for its parameters. Do not touch the request slots' current matchers here: the previous step may still be advancing them on another thread
-        # hint1: 和第 3.5 章的 prepare_controls 一样，“是不是输出”看 can_decode，“输出过几个”用长度记账算（prompt_len 给了提示词长度）。
+        # >>> TASK prepare_grammar: 返回这一步的 GrammarStep；没有一行要语法约束时返回 None。rows 是要约束的行：采到的 token 是输出、又带语法的行（提示词的中间块不算）。其中一个 token 都还没输出的是第一次出现：它要一个新的匹配器（语法后端按请求的参数给），而它的请求槽里可能还留着上一个请求的匹配器。算的线程凭什么知道这些，由你放进 carry。这里不能碰各请求槽现有的匹配器：上一步可能还在另一个线程里推进它们
+        # en: return this step's GrammarStep, or None when nothing in the batch needs a grammar. rows are the constrained rows: those whose sampled token is output and that carry a grammar (a chunk of a prompt is not). Among them, one with no output yet appears for the first time: it needs a new matcher (the grammar backend makes one for its parameters), while its request slot may still hold the previous request's matcher. What the computing thread needs to know about that is yours to put into carry. Do not touch the request slots' current matchers here: the previous step may still be advancing them on another thread
+        # hint1: 和第 3.5 章的 prepare_controls 一样，“是不是输出”看 can_decode，“输出过几个”用长度记账算（prompt_len 给了提示词长度）。新的匹配器可以在这里就建好（编译语法的时间不落在算的线程上），交给算的线程去装。
         # en1: As in chapter 3.5's prepare_controls, "is it output" is can_decode and "how many so far" comes from the length bookkeeping (prompt_len gives the prompt's length).
+        # en1: The new matchers can be made right here (compiling a grammar then costs the computing thread nothing) and handed over for the computing thread to install.
         # hint2: rows = [i for i, r in enumerate(batch.reqs) if r.can_decode and grammar_of(r.sampling_params) is not None]；没有就 return None；
         # hint2: fresh = [(i, self.backend.matcher(batch.reqs[i].sampling_params)) for i in rows if batch.reqs[i].device_len == prompt_len(batch.reqs[i])]；
-        # hint2: return GrammarStep(rows, fresh)。
+        # hint2: return GrammarStep(rows, fresh)（carry 就是这份 (行, 新匹配器) 的列表）。
         # en2: rows = [i for i, r in enumerate(batch.reqs) if r.can_decode and grammar_of(r.sampling_params) is not None]; None if empty;
         # en2: fresh = [(i, self.backend.matcher(batch.reqs[i].sampling_params)) for i in rows if batch.reqs[i].device_len == prompt_len(batch.reqs[i])];
-        # en2: return GrammarStep(rows, fresh).
+        # en2: return GrammarStep(rows, fresh) (carry is that list of (row, new matcher)).
         rows = [i for i, r in enumerate(batch.reqs) if r.can_decode and grammar_of(r.sampling_params) is not None]
         if not rows:
             return None
@@ -214,21 +216,21 @@ class Sampler(ControlSampler):
         terminated. Returns ``logits`` (changed in place).
         """
         g: GrammarStep = c.grammar
-        for i, matcher in g.fresh:
+        # >>> TASK mask_grammar: 先让第一次出现的行各用上它的新匹配器（按 prepare_grammar 放进 g.carry 的东西；匹配器按请求槽 c.state_rows[行] 存在 self.matchers 里，槽里上一个请求留下的要换掉），再给这一步的语法行里、匹配器还没结束的那些加上位掩码（每行一份，由它自己的匹配器填），返回加过掩码的 logits；匹配器已经结束的行（结束之后还在途的那一步）不加，也不报错。给定：xgrammar 分配位掩码的函数、apply_bitmask
+        # en: first give every row appearing for the first time its new matcher (from what prepare_grammar put into g.carry; matchers live in self.matchers by request slot c.state_rows[row], and what the slot's previous request left there is replaced), then mask the grammar rows of this step whose matcher has not terminated (one bitmask row each, filled by its own matcher) and return the masked logits; a row whose matcher has terminated (the step still in flight after its end) gets no mask and raises nothing. Given: xgrammar's function that allocates a bitmask, apply_bitmask
+        # hint1: 装匹配器必须在这里（算的线程），不能在 prepare_grammar：上一步的 sample 可能还在用这个槽。掩码只给还在走的行：位掩码的第 k 行对应这些行里的第 k 个。
+        # en1: Installing belongs here (the computing thread), not in prepare_grammar: the previous step's sample may still be using that slot.
+        # en1: Mask only the rows still going: row k of the bitmask belongs to the k-th of those rows.
+        # hint2: 1. for i, matcher in g.carry: self.matchers[int(c.state_rows[i])] = matcher；
+        # hint2: 2. live = [i for i in g.rows if not self.matchers[int(c.state_rows[i])].is_terminated()]；没有就 return logits；
+        # hint2: 3. bitmask = xgr.allocate_token_bitmask(len(live), self.vocab_size)；对 enumerate(live) 里的 k, i：self.matchers[...].fill_next_token_bitmask(bitmask, k)；
+        # hint2: 4. return apply_bitmask(logits, bitmask, live)。
+        # en2: 1. for i, matcher in g.carry: self.matchers[int(c.state_rows[i])] = matcher;
+        # en2: 2. live = [i for i in g.rows if not self.matchers[int(c.state_rows[i])].is_terminated()]; return logits if empty;
+        # en2: 3. bitmask = xgr.allocate_token_bitmask(len(live), self.vocab_size); for k, i in enumerate(live): self.matchers[...].fill_next_token_bitmask(bitmask, k);
+        # en2: 4. return apply_bitmask(logits, bitmask, live).
+        for i, matcher in g.carry:
             self.matchers[int(c.state_rows[i])] = matcher
-        # >>> TASK mask_grammar: 给这一步的语法行里、匹配器还没结束的那些加上位掩码（每行一份，由它自己的匹配器填），返回加过掩码的 logits；匹配器已经结束的行（结束之后还在途的那一步）不加，也不报错。给定：每个请求槽的匹配器、xgrammar 分配位掩码的函数、apply_bitmask
-        # en: mask the grammar rows of this step whose matcher has not terminated (one bitmask row each, filled by its own matcher) and return the masked logits; a row whose matcher has terminated (the step still in flight after its end) gets no mask and raises nothing. Given: each request slot's matcher, xgrammar's function that allocates a bitmask, apply_bitmask
-        # hint1: 位掩码（xgr.allocate_token_bitmask 分配）只为要加的那几行分配，第 k 行给第 k 个要加的批次行；匹配器往位掩码的哪一行填，由 fill_next_token_bitmask 的第二个参数决定。
-        # en1: Allocate the bitmask (xgr.allocate_token_bitmask) only for the rows to mask, row k for the k-th of them;
-        # en1: which row of the bitmask a matcher fills is the second argument of fill_next_token_bitmask.
-        # hint2: live = [i for i in g.rows if not self.matchers[int(c.state_rows[i])].is_terminated()]；没有就 return logits；
-        # hint2: bitmask = xgr.allocate_token_bitmask(len(live), self.vocab_size)；
-        # hint2: for k, i in enumerate(live): self.matchers[int(c.state_rows[i])].fill_next_token_bitmask(bitmask, k)；
-        # hint2: return apply_bitmask(logits, bitmask, live)。
-        # en2: live = [i for i in g.rows if not self.matchers[int(c.state_rows[i])].is_terminated()]; return logits if empty;
-        # en2: bitmask = xgr.allocate_token_bitmask(len(live), self.vocab_size);
-        # en2: for k, i in enumerate(live): self.matchers[int(c.state_rows[i])].fill_next_token_bitmask(bitmask, k);
-        # en2: return apply_bitmask(logits, bitmask, live).
         live = [i for i in g.rows if not self.matchers[int(c.state_rows[i])].is_terminated()]
         if not live:
             return logits
