@@ -372,7 +372,7 @@ class Engine:
         # en: FlashAttention read masked slots past a request's length, and zeroing GPU memory is fast and takes no host
         # en: memory; likewise for the CUDA-graph check path (eager) on the CPU
         if self.device.type == "cuda" or self.graph_mode != "off":
-            self.kv_cache._kv_buffer.zero_()
+            self.kv_cache.zero_()
         max_seq_len = config.max_seq_len_override or c.max_position_embeddings
         self.max_seq_len = min(max_seq_len, self.num_pages * config.page_size)
         self.ctx.page_table = self.page_table = create_page_table(config.max_running_req, self.max_seq_len, self.device)

@@ -39,7 +39,7 @@ def run(path: str, mode: str, page_size: int = 1, overlap: bool = True, max_bs: 
     llm = LLM(path, page_size=page_size, cuda_graph=mode, cuda_graph_max_bs=max_bs, **KW)
     # 池子用 torch.empty 分配：清零后，两边没写过的槽位才可比
     # en: the pool is allocated with torch.empty: zeroed, the slots neither run writes compare equal
-    llm.engine.kv_cache._kv_buffer.zero_()
+    llm.engine.kv_cache.zero_()
     saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
     ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
     try:

@@ -148,7 +148,12 @@ def test_forward_batch_cleared_after_error() -> None:
     with pytest.raises(KeyError):
         with ctx.forward_batch(Batch([make_req()], "prefill")):
             raise KeyError(tr("Error in the forward pass"))
-    assert ctx._batch is None, tr("After an exception inside the with block, _batch must be reset to None (use try/finally), otherwise the next batch cannot enter")
+    again = Batch([make_req()], "decode")
+    try:
+        with ctx.forward_batch(again):
+            expect(ctx.batch is again, True, tr("Inside ctx.forward_batch(batch), ctx.batch is that batch"))
+    except RuntimeError:
+        pytest.fail(tr("After an exception inside the with block the next batch must be able to enter: the current batch is cleared on the way out however the block ends (try/finally)"))
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,14 @@ from minisgl.kvcache import MHAKVCache, create_page_table, pages_to_slots
 from .conftest import assert_close_zh, engine_matches_hf, expect
 
 
+def pool_bytes(cache: MHAKVCache) -> int:
+    """池子那一次分配的字节数（各层的视图都落在同一块存储上）。
+
+    en: The bytes of the pool's one allocation (every layer's views lie on the same storage).
+    """
+    return cache.k_cache(0).untyped_storage().nbytes()
+
+
 def make_cache(page_size: int = 4, num_pages: int = 6) -> MHAKVCache:
     return MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=num_pages, page_size=page_size,
                       dtype=torch.float32, device="cpu")  # fmt: skip
@@ -24,7 +32,9 @@ def test_init_keeps_sizes_and_allocates_the_pool() -> None:
                        dtype=torch.bfloat16, device="cpu")  # fmt: skip
     sizes = (cache.num_kv_heads, cache.num_layers, cache.head_dim, cache.num_pages, cache.page_size)
     expect(sizes, (2, 3, 8, 5, 4), tr("MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=5, page_size=4): (num_kv_heads, num_layers, head_dim, num_pages, page_size), the arguments kept as attributes"))
-    expect(cache._kv_buffer.numel(), 2 * 3 * 5 * 4 * 2 * 8, tr("The elements of _kv_buffer: K and V of 3 layers, 5 pages of 4 slots, 2 KV heads of 8 (one allocation for the whole pool, nothing more)"))
+    storages = {view.untyped_storage().data_ptr() for layer in range(3) for view in (cache.k_cache(layer), cache.v_cache(layer))}
+    expect(len(storages), 1, tr("Every layer's K and V view is a view of one and the same allocation (the whole pool is allocated once)"))
+    expect(pool_bytes(cache), 2 * 3 * 5 * 4 * 2 * 8 * 2, tr("The bytes of the pool's allocation: K and V of 3 layers, 5 pages of 4 slots, 2 KV heads of 8, bfloat16 (nothing more)"))
     expect((cache.dtype, cache.device), (torch.bfloat16, torch.device("cpu")), tr("(dtype, device) of the pool: those of the arguments"))
 
 
@@ -39,14 +49,14 @@ def test_pool_is_not_filled() -> None:
     cache = MHAKVCache(num_kv_heads=8, num_layers=4, head_dim=128, num_pages=128, page_size=16,
                        dtype=torch.float32, device="cpu")  # fmt: skip
     grown = proc.memory_info().rss - before
-    size = cache._kv_buffer.numel() * cache._kv_buffer.element_size()
+    size = pool_bytes(cache)
     assert grown < size // 4, tr("Building a {size} MiB KV pool made the process's resident memory grow by {grown} MiB: allocate it without filling it (torch.zeros, fill_ and zero_ touch every page)", size=size >> 20, grown=grown >> 20)
 
 
 def test_buffer_and_views() -> None:
     cache = make_cache()
-    pool = cache._kv_buffer
-    start, end = pool.data_ptr(), pool.data_ptr() + pool.numel() * pool.element_size()
+    storage = cache.k_cache(0).untyped_storage()
+    start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
     blocks = []
     for layer in range(3):
         k, v = cache.k_cache(layer), cache.v_cache(layer)
@@ -54,7 +64,7 @@ def test_buffer_and_views() -> None:
         for name, view in (("K", k), ("V", v)):
             assert view.is_contiguous(), tr("Layer {layer}: the {name} view must be contiguous in memory (kernels read a layer's {name} as one block); its strides are {strides}", layer=layer, name=name, strides=view.stride())
             first = view.data_ptr()
-            assert start <= first and first + view.numel() * view.element_size() <= end, tr("Layer {layer}: the {name} view must lie inside _kv_buffer (a view of the pool, not a tensor of its own)", layer=layer, name=name)
+            assert start <= first and first + view.numel() * view.element_size() <= end, tr("Layer {layer}: the {name} view must lie inside the pool's one allocation (a view of the pool, not a tensor of its own)", layer=layer, name=name)
             blocks.append((first, first + view.numel() * view.element_size(), f"{name}{layer}"))
     blocks.sort()
     overlaps = [(a[2], b[2]) for a, b in zip(blocks, blocks[1:]) if b[0] < a[1]]
@@ -100,7 +110,7 @@ def test_pages_to_slots() -> None:
 def test_bytes_per_page() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         cache = MHAKVCache(2, 3, 8, num_pages=5, page_size=4, dtype=dtype, device="cpu")
-        total = cache._kv_buffer.numel() * cache._kv_buffer.element_size()
+        total = pool_bytes(cache)
         got = MHAKVCache.bytes_per_page(2, 3, 8, 4, dtype)
         assert got * 5 == total, tr("{dtype}: bytes per page × pages must equal the size of the whole KV pool {total}, got {got} × 5 = {value}", dtype=dtype, total=total, got=got, value=got * 5)
     expect(MHAKVCache.bytes_per_page(8, 28, 128, 1, torch.float32), 2 * 28 * 8 * 128 * 4, tr("bytes_per_page(8 kv heads, 28 layers, head_dim 128, page_size 1, fp32) = 2 (K and V) x 28 x 8 x 128 x 4 bytes"))

@@ -25,10 +25,10 @@ for dtype in (torch.float32, torch.bfloat16):
 cache = MHAKVCache(num_kv_heads=1, num_layers=2, head_dim=2, num_pages=8, page_size=2, dtype=torch.float32, device="cpu")
 # 池子用 torch.empty 分配（里面可能是任何值）：清零后写入的槽位才看得出来
 # en: the pool is allocated with torch.empty (it may hold anything): zeroed, the written slots show
-cache._kv_buffer.zero_()
+cache.zero_()
 print(tr("Small pool: {num_pages} pages × {page_size} = {num_slots} slots; k_cache(0) has shape {shape}, shares memory with the big tensor: {shared}",
          num_pages=cache.num_pages, page_size=cache.page_size, num_slots=cache.num_slots,
-         shape=tuple(cache.k_cache(0).shape), shared=cache.k_cache(0).untyped_storage().data_ptr() == cache._kv_buffer.untyped_storage().data_ptr()))
+         shape=tuple(cache.k_cache(0).shape), shared=cache.k_cache(0).untyped_storage().data_ptr() == cache.v_cache(1).untyped_storage().data_ptr()))
 
 print(f"pages_to_slots([3, 1], page_size=2) = {pages_to_slots(torch.tensor([3, 1]), 2).tolist()}")
 

@@ -33,7 +33,7 @@ import torch
 
 
 class MHAKVCache:
-    """多头注意力的 KV 池：一整块预先分配的张量 ``_kv_buffer``，每层的 K 和 V 各是其中的一块
+    """多头注意力的 KV 池：一整块预先分配的张量，每层的 K 和 V 各是其中的一块
 ``[num_pages × page_size, KV 头数, head_dim]``（第 s 行是第 s 个槽位），由 ``k_cache`` / ``v_cache`` 以视图交出。
 这块张量里怎么摆（K 和 V、各层、各页谁在外谁在里）由实现决定；约定只有：一次分配；每层的 K、V 视图各自在内存里
 连续（融合解码和注意力核把一层的 K 当一整块读），互不重叠，写视图就是写池子。
@@ -43,8 +43,7 @@ class MHAKVCache:
     参考后端只取前 ``seq_len`` 个；SDPA 后端把补齐的 key 指向本请求的第一个槽位（被掩掉的 key 权重是 0，
     但 ``0 × NaN`` 仍是 NaN）。CUDA 上（以及 CUDA 图路径）引擎另行把池子清零，见 ``Engine``。
 
-    en: The KV pool for multi-head attention: one preallocated tensor ``_kv_buffer``; each layer's K and V is a block of
-    it, ``[num_pages × page_size, KV heads, head_dim]`` (row s is slot s), handed out as views by ``k_cache`` /
+    en: The KV pool for multi-head attention: one preallocated tensor; each layer's K and V is a block of it, ``[num_pages × page_size, KV heads, head_dim]`` (row s is slot s), handed out as views by ``k_cache`` /
     ``v_cache``. How the tensor is laid out (which of K and V, layers and pages is outer, which inner) is the
     implementation's choice; the contract is only: one allocation; each layer's K view and V view contiguous in memory
     (the fused decode and attention kernels read a layer's K as one block), never overlapping, and writing a view writes
@@ -73,8 +72,8 @@ class MHAKVCache:
         en: Allocate the whole KV pool (allocation only, the contents are not initialised), prepare every layer's K and
         V views, and keep the five size arguments as attributes of the same names.
         """
-        # >>> TASK kv_pool_init: 建起这个 KV 池：五个尺寸参数原样存成同名属性（本类的其余方法、引擎和后面的章节都读它们）；整块池子一次分配成 self._kv_buffer（元素类型和设备按参数给的，不填 0，类文档写了为什么），并备好每层的 K 视图列表 self._k_views 和 V 视图列表 self._v_views（k_cache、v_cache 从这里取）。怎么摆由你设计，约定见类文档：每个视图 [槽位总数, KV 头数, 每头维度]、在内存里连续、与池子共用内存、彼此不重叠
-        # en: set up this KV pool: keep the five size arguments as attributes of the same names (the rest of the class, the engine and later chapters read them); allocate the whole pool at once as self._kv_buffer (element type and device as the arguments say, not filled with zeros: the class docstring says why), and prepare the per-layer lists of K views self._k_views and V views self._v_views (k_cache and v_cache take from them). The layout is your design, the contract is in the class docstring: each view [all slots, KV heads, head size], contiguous in memory, sharing memory with the pool, none overlapping another
+        # >>> TASK kv_pool_init: 建起这个 KV 池：五个尺寸参数原样存成同名属性（本类的其余方法、引擎和后面的章节都读它们）；整块池子一次分配（元素类型和设备按参数给的，不填 0，类文档写了为什么），并备好每层的 K 视图列表 self._k_views 和 V 视图列表 self._v_views（k_cache、v_cache 从这里取）。怎么摆由你设计，约定见类文档：每个视图 [槽位总数, KV 头数, 每头维度]、在内存里连续、与池子共用内存、彼此不重叠
+        # en: set up this KV pool: keep the five size arguments as attributes of the same names (the rest of the class, the engine and later chapters read them); allocate the whole pool at once (element type and device as the arguments say, not filled with zeros: the class docstring says why), and prepare the per-layer lists of K views self._k_views and V views self._v_views (k_cache and v_cache take from them). The layout is your design, the contract is in the class docstring: each view [all slots, KV heads, head size], contiguous in memory, sharing memory with the pool, none overlapping another
         # hint1: 先决定哪一维在最外面：一层的 K 要是一整块连续的内存，把 [页, 页内偏移] 摊平成槽位就不用拷贝。torch 有个只分配、不初始化内容的函数；view 只在内存连续时才成功，正好替你检查。
         # en1: First decide which dimension is outermost: when one layer's K is one contiguous block, flattening [page, offset] into slots needs no copy.
         # en1: torch has a function that allocates without initialising; view succeeds only on contiguous memory, which checks it for you.
@@ -104,11 +103,11 @@ class MHAKVCache:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._kv_buffer.dtype
+        return self._k_views[0].dtype
 
     @property
     def device(self) -> torch.device:
-        return self._kv_buffer.device
+        return self._k_views[0].device
 
     def k_cache(self, layer_id: int) -> torch.Tensor:
         """第 ``layer_id`` 层的 K，按槽位摊平成 ``[num_pages * page_size, KV 头数, head_dim]`` 的视图。
@@ -119,6 +118,16 @@ class MHAKVCache:
 
     def v_cache(self, layer_id: int) -> torch.Tensor:
         return self._v_views[layer_id]
+
+    def zero_(self) -> None:
+        """把整个池子清零：各层的 K、V 视图合起来正好是整个池子（CUDA 上引擎启动时用，见 ``Engine``）。
+
+        en: Zero the whole pool: the layers' K and V views together are exactly the whole pool (the engine uses it at
+        start on CUDA, see ``Engine``).
+        """
+        for views in (self._k_views, self._v_views):
+            for view in views:
+                view.zero_()
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
         """把本轮算出的 K/V（``[T, KV 头数, head_dim]``）写进第 ``layer_id`` 层的 ``out_loc`` 槽位，别处一个也不碰。
@@ -150,8 +159,8 @@ class MHAKVCache:
         """
         # >>> TASK bytes_per_page: 返回一页在所有层里、K 和 V 合起来占的字节数：页数乘它正好等于整个 KV 池的大小，fp32 和 bf16 都一样成立
         # en: return the bytes one page takes across all layers, K and V together: times the number of pages it equals the size of the whole KV pool, for fp32 and bf16 alike
-        # hint1: 数一数 _kv_buffer 里固定一个页号之后剩几个元素，再乘每个元素的字节数；torch 的 dtype 自己知道后者。
-        # en1: Count the elements left in _kv_buffer once the page number is fixed, then multiply by the bytes per element; a torch dtype knows the latter.
+        # hint1: 数一数一页在所有层里、K 和 V 合起来装几个数，再乘每个数的字节数；torch 的 dtype 自己知道后者。
+        # en1: Count the numbers one page holds across all layers, K and V together, then multiply by the bytes per number; a torch dtype knows the latter.
         # hint2: return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize（2 是 K 和 V）
         # en2: return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize (the 2 is K and V)
         return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
