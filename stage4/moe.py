@@ -166,8 +166,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     matrix multiplication per expert. ``counts[e]`` is the number of (token, choice) pairs that chose expert ``e``
     (counted by the caller, on the host).
     """
-    # TODO 任务 fused_experts：返回与 experts_reference 相同的结果（[T, H]，x 的类型），但每个专家只调用一次 expert_mlp：T × k 个 (token, 选择) 对按专家号从小到大排好，同一个专家的挨成连续一段，各段的长度就是 counts。counts 已在主机上数好，切段时不要再去碰设备上的数
-    # TODO task fused_experts: return the same as experts_reference ([T, H], x's dtype) but with a single expert_mlp call per expert: the T × k (token, choice) pairs sorted by expert id, smallest first, each expert's pairs forming one contiguous stretch whose length is given by counts. counts is already on the host; cut the stretches without touching numbers on the device
+    # TODO 任务 fused_experts：返回与 experts_reference 相同的结果（[T, H]，x 的类型），但每个被选中的专家只调用一次 expert_mlp，一次算完它的全部 (token, 选择) 对；没人选的专家不调用。怎么把各专家的对凑到一起由你设计。counts（每个专家被选了几次）已在主机上数好：整个过程不要从设备上读回任何数（那会让 CPU 等 GPU）
+    # TODO task fused_experts: return the same as experts_reference ([T, H], x's dtype), but call expert_mlp once per chosen expert, over all of its (token, choice) pairs at once; an expert nobody chose is not called. How the pairs of each expert are brought together is yours to design. counts (how often each expert was chosen) is already on the host: read no number back from the device at any point (that would make the CPU wait for the GPU)
     raise TaskNotDone("moe", "fused_experts")
 
 

@@ -213,8 +213,12 @@ def test_padded_metadata_matches_brute_force(case: str, page_size: int) -> None:
     ext = [r.extend_len for r in batch.reqs]
     cu, bs, max_q, max_k = base.cu_seqlens_q_cpu, batch.size, max(ext), max(base.seq_lens)
     expect(tuple(md.q_index.shape), (bs, max_q), tr("q_index: shape [B, max_q]"))
-    want_q = [[cu[b] + min(i, ext[b] - 1) for i in range(max_q)] for b in range(bs)]
-    expect(md.q_index.tolist(), want_q, tr("q_index: row b holds the indices of request b's queries in the concatenated tensor, padding repeating its last one"))
+    got_q = md.q_index.tolist()
+    expect([row[:ext[b]] for b, row in enumerate(got_q)], [list(range(cu[b], cu[b] + ext[b])) for b in range(bs)],
+           tr("q_index: row b starts with the indices of request b's queries in the concatenated tensor"))
+    total = int(cu[-1])
+    stray_q = [(b, i, row[i]) for b, row in enumerate(got_q) for i in range(ext[b], max_q) if not 0 <= row[i] < total]
+    assert not stray_q, tr("q_index: padded positions (request, position, index) {stray} point outside the {total} queries of the batch; any valid index will do, its result is never used", stray=stray_q[:6], total=total)
     want_out = [b * max_q + i for b in range(bs) for i in range(ext[b])]
     expect(md.out_index.tolist(), want_out, tr("out_index: where each query of the concatenated tensor sits in the padded result flattened to B * max_q"))
     assert tuple(md.kv_slots.shape) == (bs, max_k), tr("kv_slots must be [B, max_k] = {value}, got {value2}", value=(bs, max_k), value2=tuple(md.kv_slots.shape))

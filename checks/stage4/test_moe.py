@@ -202,6 +202,29 @@ def test_grouped_equals_reference(tokens: int, top_k: int, only: list[int] | Non
         )
 
 
+def test_grouped_calls_each_chosen_expert_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """分组的意义：每个被选中的专家只算一次，一次算完它的全部 (token, 选择) 对；没人选的专家不算。
+
+    en: The point of grouping: each chosen expert is computed once, over all of its (token, choice) pairs at once; an
+    expert nobody chose is not computed at all.
+    """
+    import minisgl.moe as moe
+
+    x, w13, w2, weights, ids = case(12, 2, seed=7, only=[0, 2, 5])
+    counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS).tolist()
+    calls: list[tuple[int, int]] = []
+    plain = moe.expert_mlp
+
+    def counting(rows: torch.Tensor, w13_e: torch.Tensor, w2_e: torch.Tensor) -> torch.Tensor:
+        calls.append((next(e for e in range(EXPERTS) if w13_e.data_ptr() == w13[e].data_ptr()), rows.shape[0]))
+        return plain(rows, w13_e, w2_e)
+
+    monkeypatch.setattr(moe, "expert_mlp", counting)
+    moe.fused_experts(x, w13, w2, weights, ids, counts)
+    expect(sorted(calls), [(e, n) for e, n in enumerate(counts) if n],
+           tr("fused_experts: one expert_mlp call per chosen expert, over all of its pairs (expert, rows); got {calls}", calls=calls))
+
+
 def test_tokens_per_expert_add_up() -> None:
     from minisgl.moe import FusedMoE
 
