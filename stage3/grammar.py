@@ -174,7 +174,7 @@ class Sampler(ControlSampler):
         and which appear for the first time and need a new matcher.
         """
         # TODO 任务 prepare_grammar：返回这一步的 GrammarStep；没有一行要语法约束时返回 None。rows 是要约束的行：采到的 token 是输出、又带语法的行（提示词的中间块不算）。其中一个 token 都还没输出的是第一次出现：它要一个新的匹配器（语法后端按请求的参数给），而它的请求槽里可能还留着上一个请求的匹配器。算的线程凭什么知道这些，由你放进 carry。这里不能碰各请求槽现有的匹配器：上一步可能还在另一个线程里推进它们
-        # TODO task prepare_grammar: return this step's GrammarStep, or None when nothing in the batch needs a grammar. rows are the constrained rows: those whose sampled token is output and that carry a grammar (a chunk of a prompt is not). Among them, one with no output yet appears for the first time: it needs a new matcher (the grammar backend makes one for its parameters), while its request slot may still hold the previous request's matcher. What the computing thread needs to know about that is yours to put into carry. Do not touch the request slots' current matchers here: the previous step may still be advancing them on another thread
+        # TODO task prepare_grammar: return this step's GrammarStep, or None when nothing in this step needs a grammar. rows are the constrained rows: those whose sampled token is output and that carry a grammar (a chunk of a prompt is not). Among them, one with no output yet appears for the first time: it needs a new matcher made for its own parameters, while its request slot may still hold the previous request's. What the computing thread needs to know about that is yours to put into carry. Do not touch the slots' current matchers here: the previous step may still be advancing them on another thread
         raise TaskNotDone("grammar", "prepare_grammar")
 
     def adjust(self, logits: torch.Tensor, c: BatchControls) -> torch.Tensor:
@@ -189,8 +189,8 @@ class Sampler(ControlSampler):
         terminated. Returns ``logits`` (changed in place).
         """
         g: GrammarStep = c.grammar
-        # TODO 任务 mask_grammar：先让第一次出现的行各用上它的新匹配器（按 prepare_grammar 放进 g.carry 的东西；匹配器按请求槽 c.state_rows[行] 存在 self.matchers 里，槽里上一个请求留下的要换掉），再给这一步的语法行里、匹配器还没结束的那些加上位掩码（每行一份，由它自己的匹配器填），返回加过掩码的 logits；匹配器已经结束的行（结束之后还在途的那一步）不加，也不报错。给定：xgrammar 分配位掩码的函数、apply_bitmask
-        # TODO task mask_grammar: first give every row appearing for the first time its new matcher (from what prepare_grammar put into g.carry; matchers live in self.matchers by request slot c.state_rows[row], and what the slot's previous request left there is replaced), then mask the grammar rows of this step whose matcher has not terminated (one bitmask row each, filled by its own matcher) and return the masked logits; a row whose matcher has terminated (the step still in flight after its end) gets no mask and raises nothing. Given: xgrammar's function that allocates a bitmask, apply_bitmask
+        # TODO 任务 mask_grammar：先让第一次出现的行各用上它的新匹配器（凭 prepare_grammar 放进记录里的东西；匹配器按请求槽存放，槽里上一个请求留下的要换掉），再给这一步的语法行里、匹配器还没结束的那些加上位掩码（每行一份，由它自己的匹配器填），返回加过掩码的 logits；匹配器已经结束的行（结束之后还在途的那一步）不加，也不报错。给定：xgrammar 分配位掩码的函数、apply_bitmask
+        # TODO task mask_grammar: first give every row appearing for the first time its new matcher (from what prepare_grammar put into the record; matchers are kept by request slot, and what the slot's previous request left there is replaced), then mask the grammar rows of this step whose matcher has not terminated (one mask row each, filled by its own matcher) and return the scores so masked; a row whose matcher has terminated (the step still in flight after its end) gets no mask and raises nothing. Given: xgrammar's function that allocates a token mask, apply_bitmask
         raise TaskNotDone("grammar", "mask_grammar")
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
