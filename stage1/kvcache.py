@@ -39,17 +39,18 @@ import torch
 
 
 class MHAKVCache:
-    """多头注意力的 KV 池：一整块预先分配的张量，每层的 K 和 V 各是其中的一块
-``[num_pages × page_size, KV 头数, head_dim]``（第 s 行是第 s 个槽位），由 ``k_cache`` / ``v_cache`` 以视图交出。
-这块张量里怎么摆（K 和 V、各层、各页谁在外谁在里）由实现决定；约定只有：一次分配；每层的 K、V 视图各自在内存里
-连续（融合解码和注意力核把一层的 K 当一整块读），互不重叠，写视图就是写池子。
+    """多头注意力的 KV 池：一整块预先分配的张量，每层的 K 和 V 各是其中的一块 ``[num_pages × page_size, KV 头数,
+    head_dim]``（第 s 行是第 s 个槽位），由 ``k_cache`` / ``v_cache`` 以视图交出。这块张量里怎么摆（K 和 V、各层、
+    各页谁在外谁在里）由实现决定；约定只有：一次分配；每层的 K、V 视图各自在内存里连续（融合解码和注意力核把一层的
+    K 当一整块读），互不重叠，写视图就是写池子。
 
     用 ``torch.empty`` 分配、不填 0：填 0 要把整块内存逐页碰一遍，启动变慢，CPU 上整个池子立刻计入进程内存；
     不填则只有真正写过的页才占物理内存。没写过的槽位里可能是任何值（包括 NaN），所以注意力只读写过的槽位：
     参考后端只取前 ``seq_len`` 个；SDPA 后端把补齐的 key 指向本请求的第一个槽位（被掩掉的 key 权重是 0，
     但 ``0 × NaN`` 仍是 NaN）。CUDA 上（以及 CUDA 图路径）引擎另行把池子清零，见 ``Engine``。
 
-    en: The KV pool for multi-head attention: one preallocated tensor; each layer's K and V is a block of it, ``[num_pages × page_size, KV heads, head_dim]`` (row s is slot s), handed out as views by ``k_cache`` /
+    en: The KV pool for multi-head attention: one preallocated tensor; each layer's K and V is a block of it,
+    ``[num_pages × page_size, KV heads, head_dim]`` (row s is slot s), handed out as views by ``k_cache`` /
     ``v_cache``. How the tensor is laid out (which of K and V, layers and pages is outer, which inner) is the
     implementation's choice; the contract is only: one allocation; each layer's K view and V view contiguous in memory
     (the fused decode and attention kernels read a layer's K as one block), never overlapping, and writing a view writes
