@@ -1,12 +1,12 @@
 """第 4.2 章 tensor_parallel 的检查：先在本进程里看哪些 ``tp`` 切得开（切不开时在加载之前报错，并说出行得通的大小）；
-再起两个真的秩（gloo，整个模块一次）：每种切开的层都等于没切的那层（按列切的合并层、KV 头切开和复制的 q/k/v、
+再起两个真的秩（gloo，整个模块一次）：每种切开的层都等于没切的那层（KV 头切开和复制的 q/k/v、
 按行切的层只加一次偏置、词表切开的嵌入），整个模型在 TP=2 上贪心生成的 token 与 Hugging Face 逐个相同，每步正好
 ``2 × 层数 + 1`` 次 all_reduce 和 1 次 all_gather，每个秩只存大约一半的权重，各秩看到的内存不同时 KV 页数取最小值；
 最后 SmolLM2（9 个头）在 TP=3 上也与 Hugging Face 相同。
 
 en: Checks of chapter 4.2 tensor_parallel: first, in this process, which ``tp`` split (refused before loading when one
 does not, naming the sizes that work); then two real ranks (gloo, once for the module): every split layer equals the
-unsplit one (the merged column-parallel layer, q/k/v with KV heads split and copied, the row-parallel layer adding its
+unsplit one (q/k/v with KV heads split and copied, the row-parallel layer adding its
 bias once, the vocabulary-split embedding), the whole model at TP=2 generates greedily exactly Hugging Face's tokens,
 each step makes exactly ``2 × layers + 1`` all_reduce and 1 all_gather, each rank stores about half of the weights,
 ranks that see different memory take the smallest KV page count; last, SmolLM2 (9 heads) at TP=3 matches Hugging Face
@@ -281,15 +281,6 @@ def test_a_model_that_does_not_split_is_refused_on_every_rank(ranks: list[dict[s
 
 
 # ----------------------------------------------------------------------------- 切开的层 | en: the split layers
-
-
-def test_column_parallel_takes_its_part_of_each_merged_part(ranks: list[dict[str, Any]]) -> None:
-    x = full(1, 5, IN)
-    whole = [F.linear(x, full(seed, rows, IN), full(seed + 1, rows)) for rows, seed in ((OUT_A, 10), (OUT_B, 20))]
-    for rank, got in enumerate(step(ranks, "column")):
-        want = torch.cat([w.chunk(WORLD, dim=-1)[rank] for w in whole], dim=-1)
-        assert_close_zh(torch.tensor(got), want, tr("Rank {rank}: the merged column-parallel layer gives its half of each part's output",
-                                                    rank=rank), **TOL)
 
 
 @pytest.mark.parametrize(("kv", "name"), [(4, "qkv_split_more"), (2, "qkv_split"), (1, "qkv_copied")],
