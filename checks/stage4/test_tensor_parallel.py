@@ -348,14 +348,14 @@ def test_with_one_rank_the_split_model_is_the_plain_model(tiny_path: str) -> Non
 
     en: With one rank the split model is chapter 1.3's model: the same tokens.
     """
+    from minisgl.models import ModelConfig
+    from minisgl.tensor_parallel import create_tp_model
+
     out: dict[str, Any] = {}
     engine_steps(tiny_path, LATER_PROMPTS, out)
     got = step([out], "generate")[0]
     expect(got["tokens"], greedy_reference(tiny_path, LATER_PROMPTS, LATER_TOKENS),
            tr("One rank: greedy tokens of qwen3-tiny through TPEngine equal Hugging Face's"))
-    from minisgl.models import ModelConfig
-    from minisgl.tensor_parallel import create_tp_model
-
     untied = dataclasses.replace(ModelConfig.from_hf(tiny_path), tie_word_embeddings=False)
     model = create_tp_model(untied, torch.float32, "meta")  # 只看形状，不分配内存 | en: shapes only, nothing allocated
     head, embed = model.lm_head.weight, model.model.embed_tokens.weight

@@ -95,7 +95,7 @@ for name, layers, kv_heads, head_dim in rows:
 # %%
 cache = MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=4, num_pages=6, page_size=4, dtype=torch.float32, device="cpu")
 cache.zero_()
-print(tr("KV pool: {numel} numbers; slots: {num_slots}", numel=cache.k_cache(0).untyped_storage().nbytes() // 4, num_slots=cache.num_slots))
+print(tr("KV pool: {numel} numbers; slots: {num_slots}", numel=cache.k_cache(0).untyped_storage().nbytes() // cache.dtype.itemsize, num_slots=cache.num_slots))
 k0 = cache.k_cache(0)
 shared = all(view.untyped_storage().data_ptr() == k0.untyped_storage().data_ptr() for view in (cache.v_cache(0), cache.k_cache(2)))
 print(tr("layer 0 K view: {shape}, contiguous: {contiguous} ; shares memory with the pool: {shared}", shape=tuple(k0.shape),
