@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import torch
 
 from minisgl.attention import PaddedMetadata, SDPAAttnBackend
-from minisgl.core import Batch
+from minisgl.core import Batch, Context, get_global_ctx, set_global_ctx
 from minisgl.env import ENV
 from minisgl.i18n import tr
 
@@ -147,13 +147,22 @@ class GraphRunner:
 
     @contextmanager
     def _as_current(self, batch: Batch) -> Iterator[None]:
-        """让模型把 ``batch`` 当作当前批次、用图里的 SDPA 后端；结束时原样换回（回放时外面还有真正的批次）。"""
-        saved = self.ctx._batch, self.ctx.attn_backend
-        self.ctx._batch, self.ctx.attn_backend = batch, self.backend
+        """让模型把 ``batch`` 当作当前批次、用图里的 SDPA 后端：回放时引擎的上下文里还有真正的批次（不能嵌套），
+        所以这段时间换上一个替身上下文（同一个页表和 KV 池），结束时换回。
+
+        en: Make the model take ``batch`` as the current batch with the graph's SDPA backend: during a replay the engine's
+        context still holds the real batch (no nesting), so a stand-in context (same page table and KV pool) is global
+        meanwhile, and the engine's comes back afterwards.
+        """
+        stand_in = Context(page_size=self.ctx.page_size)
+        stand_in.page_table, stand_in.kv_cache, stand_in.attn_backend = self.ctx.page_table, self.ctx.kv_cache, self.backend
+        outer = get_global_ctx()
+        set_global_ctx(stand_in)
         try:
-            yield
+            with stand_in.forward_batch(batch):
+                yield
         finally:
-            self.ctx._batch, self.ctx.attn_backend = saved
+            set_global_ctx(outer)
 
     def _run_static(self, batch: Batch) -> torch.Tensor:
         with self._as_current(batch):

@@ -276,15 +276,17 @@ class Context:
     page_table: torch.Tensor = field(init=False)
     attn_backend: BaseAttnBackend = field(init=False)
     kv_cache: MHAKVCache = field(init=False)
-    _batch: Batch | None = field(default=None, init=False)
 
     @property
     def batch(self) -> Batch:
-        if self._batch is None:
-            raise RuntimeError(tr(
-                "No batch is being forwarded right now: call the model inside `with ctx.forward_batch(batch):`",
-            ))
-        return self._batch
+        """当前批次：只在 ``with ctx.forward_batch(batch):`` 块里有；块外读它是调用方的错误。
+
+        en: The current batch: there is one only inside a ``with ctx.forward_batch(batch):`` block; reading it outside is
+        the caller's mistake.
+        """
+        # TODO 任务 ctx_batch：返回当前批次；没有当前批次时（从没进过 with 块，或已经离开）抛 RuntimeError，告诉调用方要在 with ctx.forward_batch(batch): 里调用模型。当前批次存在哪里、怎么存，由你和 ctx_forward_batch 一起决定
+        # TODO task ctx_batch: return the current batch; with none current (no with block entered yet, or already left) raise RuntimeError telling the caller to call the model inside with ctx.forward_batch(batch):. Where and how the current batch is kept is yours to decide, together with ctx_forward_batch
+        raise TaskNotDone("core", "ctx_batch")
 
     @contextmanager
     def forward_batch(self, batch: Batch) -> Iterator[None]:
@@ -293,8 +295,8 @@ class Context:
         en: Make ``batch`` the current batch inside the with block; it is always cleared on the way out (errors
         included).
         """
-        # TODO 任务 ctx_forward_batch：在 with 块里，参数给的批次就是当前批次；离开时（块里抛了异常也一样）一定清掉。已经有当前批次时再进入（嵌套）就抛 RuntimeError
-        # TODO task ctx_forward_batch: inside the with block the given batch is the current one; on the way out (also when the block raises) it is always cleared. Entering while a batch is already current (nesting) raises RuntimeError
+        # TODO 任务 ctx_forward_batch：在 with 块里，参数给的批次就是当前批次；离开时（块里抛了异常也一样）一定清掉，之后同一个上下文能再进入。已经有当前批次时再进入（嵌套）就抛 RuntimeError，外面那个批次仍是当前批次。两个上下文互不相干：一个在块里，另一个照样没有当前批次、照样能进入
+        # TODO task ctx_forward_batch: inside the with block the given batch is the current one; on the way out (also when the block raises) it is always cleared, and the same context can be entered again. Entering while a batch is already current (nesting) raises RuntimeError and the outer batch stays current. Two contexts are independent: while one is inside a block the other still has no current batch and can still be entered
         raise TaskNotDone("core", "ctx_forward_batch")
 
 

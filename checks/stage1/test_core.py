@@ -109,7 +109,7 @@ def test_context_forward_batch() -> None:
                 pass
             pytest.fail(tr("Nested forward_batch must raise RuntimeError"))
     with pytest.raises(RuntimeError):
-        _ = ctx.batch  # 离开 with 之后没有当前批次
+        _ = ctx.batch  # 离开 with 之后没有当前批次 | en: no current batch after the with block
     with pytest.raises(KeyError):
         with ctx.forward_batch(batch):
             raise KeyError(tr("Error in the forward pass"))
@@ -118,6 +118,42 @@ def test_context_forward_batch() -> None:
     set_global_ctx(ctx)
     expect(get_global_ctx() is ctx, True, tr("get_global_ctx() returns the context given to set_global_ctx"))
     set_global_ctx(None)
+
+
+def test_nested_entry_keeps_the_outer_batch() -> None:
+    ctx = Context(page_size=4)
+    with pytest.raises(RuntimeError):
+        _ = ctx.batch  # 还没进过 with 块 | en: no with block entered yet
+    outer, inner = Batch([make_req()], "prefill"), Batch([make_req()], "decode")
+    with ctx.forward_batch(outer):
+        with pytest.raises(RuntimeError):
+            with ctx.forward_batch(inner):
+                pass
+        current = ctx.batch
+        expect(current is outer, True, tr("After a nested forward_batch was refused, ctx.batch is still the outer batch (got the {phase} batch)", phase=current.phase))
+
+
+def test_two_contexts_are_independent() -> None:
+    """一个进程里可以有两个上下文（两个引擎，或 CUDA 图回放时的替身）：当前批次属于各自的上下文。
+
+    en: A process may hold two contexts (two engines, or the stand-in a CUDA graph replays with): the current batch belongs
+    to each context on its own.
+    """
+    first, second = Context(page_size=4), Context(page_size=4)
+    a, b = Batch([make_req()], "prefill"), Batch([make_req()], "decode")
+    with first.forward_batch(a):
+        try:
+            leaked = second.batch
+        except RuntimeError:
+            leaked = None
+        expect(leaked, None, tr("While the first context is inside its block, the second context has no current batch"))
+        try:
+            with second.forward_batch(b):
+                expect((first.batch is a, second.batch is b), (True, True),
+                       tr("Inside both blocks each context's batch is its own (first is a, second is b)"))
+        except RuntimeError as e:
+            pytest.fail(tr("Entering a second context while the first is inside its block raised {e!r}: the current batch must belong to the context, not to the class or the module", e=e))
+        expect(first.batch is a, True, tr("Leaving the second context's block leaves the first context's batch current"))
 
 
 def test_batch_repr_before_fields_are_filled() -> None:

@@ -339,15 +339,32 @@ class Context:
     page_table: torch.Tensor = field(init=False)
     attn_backend: BaseAttnBackend = field(init=False)
     kv_cache: MHAKVCache = field(init=False)
-    _batch: Batch | None = field(default=None, init=False)
 
     @property
     def batch(self) -> Batch:
-        if self._batch is None:
+        """当前批次：只在 ``with ctx.forward_batch(batch):`` 块里有；块外读它是调用方的错误。
+
+        en: The current batch: there is one only inside a ``with ctx.forward_batch(batch):`` block; reading it outside is
+        the caller's mistake.
+        """
+        # >>> TASK ctx_batch: 返回当前批次；没有当前批次时（从没进过 with 块，或已经离开）抛 RuntimeError，告诉调用方要在 with ctx.forward_batch(batch): 里调用模型。当前批次存在哪里、怎么存，由你和 ctx_forward_batch 一起决定
+        # en: return the current batch; with none current (no with block entered yet, or already left) raise RuntimeError telling the caller to call the model inside with ctx.forward_batch(batch):. Where and how the current batch is kept is yours to decide, together with ctx_forward_batch
+        # hint1: 存在实例上（不是类上，也不是模块里：两个上下文互不相干）；一个属性、初值“没有”就够了。这个数据类的字段是给定的，你可以在 forward_batch 里第一次设它，读的时候允许它还不存在。
+        # en1: Keep it on the instance (not on the class, nor in the module: two contexts are independent); one attribute whose initial value is "none" is enough.
+        # en1: The dataclass's fields are given: you may set it for the first time in forward_batch, and read it allowing that it does not exist yet.
+        # hint2: 1. current = getattr(self, "_batch", None)；
+        # hint2: 2. current is None → raise RuntimeError(tr("No batch is being forwarded right now: …"))；
+        # hint2: 3. return current。
+        # en2: 1. current = getattr(self, "_batch", None);
+        # en2: 2. current is None → raise RuntimeError(tr("No batch is being forwarded right now: ..."));
+        # en2: 3. return current.
+        current = getattr(self, "_batch", None)
+        if current is None:
             raise RuntimeError(tr(
                 "No batch is being forwarded right now: call the model inside `with ctx.forward_batch(batch):`",
             ))
-        return self._batch
+        return current
+        # <<< TASK
 
     @contextmanager
     def forward_batch(self, batch: Batch) -> Iterator[None]:
@@ -356,18 +373,18 @@ class Context:
         en: Make ``batch`` the current batch inside the with block; it is always cleared on the way out (errors
         included).
         """
-        # >>> TASK ctx_forward_batch: 在 with 块里，参数给的批次就是当前批次；离开时（块里抛了异常也一样）一定清掉。已经有当前批次时再进入（嵌套）就抛 RuntimeError
-        # en: inside the with block the given batch is the current one; on the way out (also when the block raises) it is always cleared. Entering while a batch is already current (nesting) raises RuntimeError
-        # hint1: 这是用生成器写的上下文管理器：yield 之前是进入 with，之后是离开。“出错也要清掉”只有 try/finally 做得到；当前批次存在下划线开头的那个字段里。
+        # >>> TASK ctx_forward_batch: 在 with 块里，参数给的批次就是当前批次；离开时（块里抛了异常也一样）一定清掉，之后同一个上下文能再进入。已经有当前批次时再进入（嵌套）就抛 RuntimeError，外面那个批次仍是当前批次。两个上下文互不相干：一个在块里，另一个照样没有当前批次、照样能进入
+        # en: inside the with block the given batch is the current one; on the way out (also when the block raises) it is always cleared, and the same context can be entered again. Entering while a batch is already current (nesting) raises RuntimeError and the outer batch stays current. Two contexts are independent: while one is inside a block the other still has no current batch and can still be entered
+        # hint1: 这是用生成器写的上下文管理器：yield 之前是进入 with，之后是离开。“出错也要清掉”只有 try/finally 做得到；嵌套的检查要放在 try 之前，否则 finally 会把外面那个批次也清掉。
         # en1: This is a context manager written as a generator: the code before the yield runs on entering the with block, the code after it on leaving.
-        # en1: "Cleared even on an error" takes try/finally; the current batch lives in the field whose name starts with an underscore.
-        # hint2: 1. self._batch is not None → raise RuntimeError(…)；
+        # en1: "Cleared even on an error" takes try/finally; the nesting check goes before the try, or the finally would clear the outer batch too.
+        # hint2: 1. getattr(self, "_batch", None) is not None → raise RuntimeError(…)；
         # hint2: 2. self._batch = batch；
         # hint2: 3. try: yield；finally: self._batch = None。
-        # en2: 1. self._batch is not None → raise RuntimeError(...);
+        # en2: 1. getattr(self, "_batch", None) is not None → raise RuntimeError(...);
         # en2: 2. self._batch = batch;
         # en2: 3. try: yield; finally: self._batch = None.
-        if self._batch is not None:
+        if getattr(self, "_batch", None) is not None:
             raise RuntimeError(tr("forward_batch cannot be nested: the previous batch has not finished"))
         self._batch = batch
         try:

@@ -213,7 +213,10 @@ try:
         raise ValueError(tr("error in the forward pass"))
 except ValueError:
     pass
-print(tr("is _batch cleared after the error?"), ctx._batch is None)
+try:
+    ctx.batch
+except RuntimeError:
+    print(tr("after the error the batch is cleared: ctx.batch raises RuntimeError"))
 try:
     with ctx.forward_batch(batch):
         with ctx.forward_batch(batch):
