@@ -181,7 +181,8 @@ class FusedDecoder:
         rotary = model.model.layers[0].self_attn.attn._rotary
         # bf16 时与参考实现的 apply_rotary 一样先把表舍入成 bf16（仍以 fp32 交给 C）
         # en: in bf16 the tables are rounded to bf16 first, as the reference apply_rotary does (still handed to C as fp32)
-        self.cos, self.sin = (t.to(self.dtype).float().contiguous() for t in (rotary._cos, rotary._sin))
+        tables = rotary.cos_sin(torch.arange(rotary.max_position))
+        self.cos, self.sin = (t.to(self.dtype).float().contiguous() for t in tables)
         self.decode_steps = 0
         self._model_forward = model.forward
         model.forward = self.forward

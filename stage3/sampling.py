@@ -14,8 +14,8 @@
     logits → 惩罚（用到这一步之前的输出）→ 偏置 → 没到 min_tokens 时屏蔽 EOS → ÷ 温度
            → 对数概率（就从这里取）→ min-p → 第 1.6 章的 top-k / top-p / 抽样 → 把采到的 token 记进状态
 
-每个请求的状态（输出里每个 token 出现了几次、提示词和输出里出现过哪些 token）放在采样器自己的两个
-``[行数, 词表]`` 张量里，行号就是请求在页表里的那一行（``table_idx``），像 token 池一样。
+惩罚要每个请求的历史：输出里每个 token 出现了几次、提示词和输出里出现过哪些 token。它怎么存、新请求接手一个
+旧请求的槽位时怎么清、每步怎么记，是本章要你设计的（``token_stats`` 和 ``record`` 的文档字符串写明了要什么）。
 
 **重叠调度的坑**：``prepare`` 在调度线程里、上一步还没算完时就调用，``sample`` 在算的线程里按步的顺序执行。
 所以 ``prepare`` 只能看调度线程知道的东西（长度记账），状态只在 ``sample`` 里读写——这样第 N+1 步的惩罚一定
@@ -35,9 +35,9 @@ This chapter's :class:`Sampler` extends chapter 1.6's with a stage before and af
     logits → penalties (over the output before this step) → bias → EOS masked until min_tokens → ÷ temperature
            → log-probabilities (taken right here) → min-p → chapter 1.6's top-k / top-p / draw → record the token
 
-Each request's state (how often each token occurred in its output, which tokens occurred in its prompt or output)
-lives in two ``[rows, vocab]`` tensors of the sampler, indexed by the request's row of the page table
-(``table_idx``), like the token pool.
+The penalties need each request's history: how often each token occurred in its output, which tokens occurred in its
+prompt or output. How it is kept, how it is cleared when a new request takes over an old one's slot, and how each step
+is noted is this chapter's design for you (the docstrings of ``token_stats`` and ``record`` say what is required).
 
 **The overlap trap**: ``prepare`` runs on the scheduling thread, while the previous step may still be computing;
 ``sample`` runs on the computing thread, in step order. So ``prepare`` may only use what the scheduling thread knows
@@ -100,14 +100,11 @@ class BatchControls:
     # [B] int64：每个请求的状态在第几行（它的 table_idx）
     # en: [B] int64: the row of each request's state (its table_idx)
     state_rows: torch.Tensor
-    # 批次里采到的 token 是输出、且要记进状态的行（用到惩罚的请求，提示词的中间块除外）
-    # en: rows of the batch whose sampled token is output and goes into the state (requests using a penalty, chunks of
-    # en: a prompt excluded)
-    recorded: list[int] = field(default_factory=list)
-    # 第一次出现、状态要先重置的行：（批次里的行号，提示词的 token id，主机上）
-    # en: rows seen for the first time, whose state is reset first: (row of the batch, the prompt's token ids, on the
-    # en: host)
-    fresh: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    # 惩罚要记住的历史里，prepare 交给 sample 的那一份（哪些行的输出要记、哪些行是新请求……）：内容由你设计，
+    # 给定的代码从不看它里面
+    # en: the part of the penalties' history that prepare hands to sample (which rows' outputs to note, which rows are
+    # en: new requests, ...): its content is your design, and the given code never looks inside
+    history: Any = None
     repetition: torch.Tensor | None = None  # [B] float32，1 = 不罚 | en: [B] float32, 1 = none
     presence: torch.Tensor | None = None  # [B] float32，0 = 不罚 | en: [B] float32, 0 = none
     frequency: torch.Tensor | None = None  # [B] float32，0 = 不罚 | en: [B] float32, 0 = none
@@ -211,10 +208,9 @@ class Sampler(BaseSampler):
         super().__init__(device, vocab_size, seed)
         self.rows = rows
         self.eos_token_id = eos_token_id
-        # 状态，第一次有请求用到惩罚时才分配
-        # en: the state, allocated when a request first uses a penalty
-        self.counts: torch.Tensor | None = None  # [rows, vocab] int32：输出里的次数 | en: occurrences in the output
-        self.seen: torch.Tensor | None = None  # [rows, vocab] bool：提示词或输出里出现过 | en: seen in prompt or output
+        # TODO 任务 history_init：准备好惩罚要的历史（token_stats 和 record 要什么，见它们的文档字符串）。槽位有 rows 个，一个槽位会先后服务好几个请求；词表很大（十几万），没有请求用到惩罚之前，不要分配随槽位数乘词表长大的内存
+        # TODO task history_init: set up the history the penalties need (what token_stats and record require is in their docstrings). There are rows slots, and one slot serves several requests in turn; the vocabulary is large (over a hundred thousand), so before some request uses a penalty allocate nothing that grows with slots times vocabulary
+        raise TaskNotDone("sampling", "history_init")
 
     def uses_controls(self, req: Req) -> bool:
         """这个请求用到本章的任何一项没有（都没用的批次走第 1.6 章的原路，一点不多花）。
@@ -241,30 +237,38 @@ class Sampler(BaseSampler):
         """
         reqs = batch.reqs
         params = [r.sampling_params for r in reqs]
-        # TODO 任务 prepare_controls：返回这一批的 BatchControls（字段见它的定义，张量放在 self.device 上，没有一行用到的项留 None 或空列表）。要点：采到的 token 是不是输出只看 req.can_decode（提示词的中间块不能解码）；已经输出了几个要用调度线程知道的长度算（提示词长度见 prompt_len），不能读状态；用到任何一种惩罚的输出行才记进状态，其中还一个都没输出的是第一次出现，带上它的提示词；min_tokens 只屏蔽还差几个没输出够的行；要对数概率的行记下各要几个 top_logprobs（提示词中间块的行采到的 token 反正丢掉，屏蔽不屏蔽、要不要对数概率都无妨）
-        # TODO task prepare_controls: return this batch's BatchControls (fields as in its definition, tensors on self.device, an item no row uses left None or empty). Points: whether the sampled token is output depends only on req.can_decode (a chunk of a prompt cannot decode); how many tokens a request has output so far must come from lengths the scheduling thread knows (prompt_len gives the prompt's), never from the state; only output rows of requests using some penalty are recorded into the state, and among them one with no output yet is seen for the first time and brings its prompt; min_tokens masks only rows still short of it; rows asking for log-probabilities note how many top_logprobs each wants (what a chunk's row draws is thrown away, so whether it is masked or gets log-probabilities makes no difference)
+        # TODO 任务 prepare_controls：返回这一批的 BatchControls（字段见它的定义，张量放在 self.device 上，没有一行用到的项留 None 或空列表），history 放 sample 那边的 token_stats 和 record 需要、又只有这里知道的东西。要点：采到的 token 是不是输出只看 req.can_decode（提示词的中间块不能解码）；已经输出了几个要用调度线程知道的长度算（提示词长度见 prompt_len），不能读历史（重叠调度时上一步还没算完）；min_tokens 只屏蔽还差几个没输出够的行；要对数概率的行记下各要几个 top_logprobs（提示词中间块的行采到的 token 反正丢掉，屏蔽不屏蔽、要不要对数概率都无妨）
+        # TODO task prepare_controls: return this batch's BatchControls (fields as in its definition, tensors on self.device, an item no row uses left None or empty), with in history what sample's token_stats and record need and only this side knows. Points: whether the sampled token is output depends only on req.can_decode (a chunk of a prompt cannot decode); how many tokens a request has output so far must come from lengths the scheduling thread knows (prompt_len gives the prompt's), never from the history (with overlap the previous step is still computing); min_tokens masks only rows still short of it; rows asking for log-probabilities note how many top_logprobs each wants (what a chunk's row draws is thrown away, so whether it is masked or gets log-probabilities makes no difference)
         raise TaskNotDone("sampling", "prepare_controls")
 
-    def _state(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.counts is None or self.seen is None:
-            self.counts = torch.zeros(self.rows, self.vocab_size, dtype=torch.int32, device=self.device)
-            self.seen = torch.zeros(self.rows, self.vocab_size, dtype=torch.bool, device=self.device)
-        return self.counts, self.seen
+    def token_stats(self, c: BatchControls) -> tuple[torch.Tensor, torch.Tensor]:
+        """在算的线程里、每步采样之前调用一次（只在有行用到惩罚时）：这一批每行的请求在**这一步之前**的历史。
 
-    def reset_fresh(self, c: BatchControls) -> None:
-        """请求第一次出现：它那一行的状态清零，``seen`` 里标上提示词的 token（给定）。没有请求用惩罚时不分配状态。
+        返回 ``(counts, seen)``，都是 ``[B, vocab]``、在 ``self.device`` 上：``counts`` 是每个 token 在这个请求的输出里
+        出现的次数（整数），``seen`` 是它在提示词或输出里出现过没有（bool）。不用惩罚的行随便是什么（那一行的惩罚是
+        中性的）。第一次出现的请求只有它的提示词，哪怕它的槽位之前服务过别的请求。
 
-        en: A request seen for the first time: its row of the state is cleared and ``seen`` marks the prompt's tokens
-        (given). The state is allocated only when some request uses a penalty.
+        en: Called once per step on the computing thread, before sampling (only when some row uses a penalty): the history
+        of each row's request **before this step**.
+
+        Returns ``(counts, seen)``, both ``[B, vocab]`` on ``self.device``: ``counts`` how often each token occurred in
+        the request's output (integers), ``seen`` whether it occurred in the prompt or the output (bool). Rows using no
+        penalty may hold anything (their penalties are neutral). A request seen for the first time has its prompt only,
+        even when its slot served another request before.
         """
-        if not c.fresh:
-            return
-        counts, seen = self._state()
-        for i, prompt in c.fresh:
-            row = c.state_rows[i]
-            counts[row] = 0
-            seen[row] = False
-            seen[row, prompt.to(self.device, dtype=torch.int64)] = True
+        # TODO 任务 token_stats：返回这一批每行的请求在这一步之前的 (counts, seen)，都是 [B, vocab]：输出里每个 token 的次数，提示词或输出里出现过没有。新请求只有它的提示词（它的槽位可能刚服务过别的请求）；不用惩罚的行不论；每步调用一次，这时这一步的 token 还不知道
+        # TODO task token_stats: return (counts, seen) of each row's request before this step, both [B, vocab]: how often each token occurred in the output, and whether it occurred in the prompt or the output. A new request has its prompt only (its slot may just have served another request); rows using no penalty do not matter; called once per step, when this step's token is not known yet
+        raise TaskNotDone("sampling", "token_stats")
+
+    def record(self, c: BatchControls, tokens: torch.Tensor) -> None:
+        """在算的线程里、每步采样之后调用一次（只在有行用到惩罚时）：``tokens``（``[B]``，设备上）是这一步采到的。
+
+        en: Called once per step on the computing thread, after sampling (only when some row uses a penalty): ``tokens``
+        (``[B]``, on the device) are what this step drew.
+        """
+        # TODO 任务 record：把这一步采到的 token 记进历史，让下一步的 token_stats 看得到：只记用到惩罚、而且采到的是输出的行（提示词的中间块采到的不是输出）。不要把 token 拷回主机：GPU 上那会让算的线程停下来等
+        # TODO task record: note this step's sampled tokens in the history so that the next step's token_stats sees them: only rows that use a penalty and whose sampled token is output (what a chunk of a prompt draws is not). Do not copy the tokens to the host: on a GPU that makes the computing thread stop and wait
+        raise TaskNotDone("sampling", "record")
 
     def adjust(self, logits: torch.Tensor, c: BatchControls) -> torch.Tensor:
         """惩罚 → 偏置 → 没到 ``min_tokens`` 的行屏蔽 EOS（给定）。``logits`` 是这一步的 fp32 张量，可以原地改。
@@ -273,9 +277,8 @@ class Sampler(BaseSampler):
         tensor and may be changed in place.
         """
         if c.penalized:
-            counts, seen = self._state()
-            logits = apply_penalties(logits, counts[c.state_rows], seen[c.state_rows], c.repetition, c.presence,
-                                     c.frequency)
+            counts, seen = self.token_stats(c)
+            logits = apply_penalties(logits, counts, seen, c.repetition, c.presence, c.frequency)
         if c.bias is not None:
             rows, ids, values = c.bias
             logits = logits.index_put((rows, ids), values, accumulate=True)
@@ -302,6 +305,6 @@ class Sampler(BaseSampler):
         c: BatchControls | None = args.controls
         if c is None:
             return super().sample(logits, args)
-        # TODO 任务 sample_with_controls：按模块文档里的顺序采样并返回 token（[B]，int64）：先重置第一次出现的行，再调整 logits（调整的是 fp32 的 logits：模型给的可能是 bf16；惩罚用的是这一步之前的状态），除以温度后算好对数概率（贪心的行按温度 1 算；采到的是哪个要等抽完才知道），然后 min-p，再交给第 1.6 章的采样器；对数概率放进 c.logprobs（拷到主机，各行按要的个数取 top，k 取这批里最大的）；最后把采到的 token 记进 recorded 那几行的状态——每步恰好一次。给定：reset_fresh、adjust、min_p_filter、token_logprobs、copy_to_host、super().sample
-        # TODO task sample_with_controls: sample in the order of the module docstring and return the tokens ([B], int64): first reset the rows seen for the first time, then adjust the logits (in fp32: the model may hand bf16; penalties use the state from before this step), compute the log-probabilities after dividing by the temperature (greedy rows count as temperature 1; which token was drawn is known only after the draw), then min-p, then hand over to chapter 1.6's sampler; put the log-probabilities in c.logprobs (copied to the host, top entries as many as each row asked, k being the batch's largest); last, record the sampled tokens into the state of the recorded rows, exactly once per step. Given: reset_fresh, adjust, min_p_filter, token_logprobs, copy_to_host, super().sample
+        # TODO 任务 sample_with_controls：返回从这些控制定义的分布里抽出的 token（[B]，int64）：logits 先调整（adjust，在 fp32 里调：模型给的可能是 bf16），再除以温度（贪心的行按 1 算），再按 min-p 截掉尾巴，交给第 1.6 章的采样器；c.logprobs 报的是截尾之前的那个分布（拷到主机，各行按要的个数取 top，k 取这批里最大的）；有行用到惩罚时，采到的 token 交给 record 记下——每步恰好一次。给定：adjust、record、min_p_filter、token_logprobs、copy_to_host、super().sample
+        # TODO task sample_with_controls: return the tokens ([B], int64) drawn from the distribution these controls define: the logits adjusted (adjust, in fp32: the model may hand bf16), divided by the temperature (greedy rows count as 1), cut by min-p, and handed to chapter 1.6's sampler; c.logprobs reports the distribution before the cut (copied to the host, top entries as many as each row asked, k being the batch's largest); when some row uses a penalty, the drawn tokens go to record, exactly once per step. Given: adjust, record, min_p_filter, token_logprobs, copy_to_host, super().sample
         raise TaskNotDone("sampling", "sample_with_controls")

@@ -302,8 +302,8 @@ def init_distributed(info: DistributedInfo, addr: str, device: torch.device | No
     device = device or torch.device("cpu")
     wait = timedelta(seconds=RENDEZVOUS_TIMEOUT_S if rendezvous_timeout is None else rendezvous_timeout)
     timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    # TODO 任务 init_distributed：返回这个秩的 Communicator，并把它设为本进程的张量并行通信器（之后 get_tp_comm 拿到的就是它）。一个秩：不建任何组，也不碰那个地址。多个秩：在集合点会合，建数据组（CPU 上 gloo，GPU 上 NCCL），再建一个全部秩都在的 gloo 控制组。两个上限分开：会合最多等 wait（短），两个组的集合通信都最多等 timeout（COLLECTIVE_TIMEOUT_S 秒，长）。给定：rendezvous、default_backend、wait、timeout
-    # TODO task init_distributed: return this rank's Communicator and make it this process's tensor-parallel communicator (what get_tp_comm gives afterwards). One rank: make no group and never touch the address. Several ranks: meet at the rendezvous, a data group (gloo on the CPU, NCCL on a GPU) plus a gloo control group of all ranks. Two separate limits: meeting waits at most wait (short), collectives of both groups at most timeout (COLLECTIVE_TIMEOUT_S seconds, long). Given: rendezvous, default_backend, wait, timeout
+    # TODO 任务 init_distributed：返回这个秩的 Communicator，并把它设为本进程的张量并行通信器（之后 get_tp_comm 拿到的就是它）。一个秩：什么都不通信，也不碰那个地址。多个秩：全体在集合点会合，人到齐之前最多等 wait；会合之后，任何一次集合通信最多等 timeout——秩之间差几秒是常事，人没到齐却要尽早知道。通信器的张量通信走设备的后端；控制通信（CPU 上的小整数）在张量后端是 NCCL（只搬 GPU 上的张量）时也得能用。给定：rendezvous、default_backend、wait、timeout
+    # TODO task init_distributed: return this rank's Communicator and make it this process's tensor-parallel communicator (what get_tp_comm gives afterwards). One rank: communicate nothing and never touch the address. Several ranks: all meet at the rendezvous, waiting at most wait for everyone to arrive; once met, any collective waits at most timeout — ranks a few seconds apart are normal, while a rank that never arrives should be known early. The communicator's tensor collectives use the device's backend; its control collectives (small integers on the CPU) must work even when the tensor backend is NCCL (which moves GPU tensors only). Given: rendezvous, default_backend, wait, timeout
     raise TaskNotDone("distributed", "init_distributed")
 
 

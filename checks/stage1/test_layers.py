@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
 import torch
 import torch.nn.functional as F
 from transformers import Qwen3Config
@@ -74,6 +75,42 @@ def test_rotary_matches_hf() -> None:
     assert_close_zh(gq, hq[0].transpose(0, 1), tr("RoPE (q) differs from HF"), atol=1e-5, rtol=1e-5)
     assert_close_zh(gk, hk[0].transpose(0, 1), tr("RoPE (k) differs from HF"), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(apply_rotary(q, cos[0], sin[0]), hq[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+class _CountOps(TorchDispatchMode):
+    """记下这段时间里跑过的每个 aten 算子的名字。
+
+    en: Records the name of every aten operator run meanwhile.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN201
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_rotary_tables_match_hf_and_cost_a_lookup() -> None:
+    head_dim, theta, max_pos = 32, 1_000_000.0, 512
+    cfg = Qwen3Config(head_dim=head_dim, hidden_size=64, num_attention_heads=4, rope_theta=theta, max_position_embeddings=max_pos)
+    rope = RotaryEmbedding(head_dim, theta, max_pos, device=CPU)
+    positions = torch.tensor([300, 0, 7, 7, max_pos - 1, 1], dtype=torch.int32)  # 乱序、重复、最后一个位置 | en: unordered, repeated, the last position
+    with _CountOps() as ops:
+        cos, sin = rope.cos_sin(positions)
+    hf_cos, hf_sin = Qwen3RotaryEmbedding(cfg)(torch.zeros(1, dtype=torch.float32), positions[None].long())
+    expect((tuple(cos.shape), cos.dtype, tuple(sin.shape), sin.dtype), ((6, head_dim), torch.float32, (6, head_dim), torch.float32),
+           tr("cos_sin(positions) gives two [T, D] fp32 tables"))
+    assert_close_zh(cos, hf_cos[0], tr("cos_sin's cos table differs from HF's (rows: positions {positions})", positions=positions.tolist()), atol=0, rtol=0)
+    assert_close_zh(sin, hf_sin[0], tr("cos_sin's sin table differs from HF's (rows: positions {positions})", positions=positions.tolist()), atol=0, rtol=0)
+    costly = sorted({name for name in ops.names if name in {"cos", "sin", "pow", "exp", "outer", "polar"}})
+    expect(costly, [], tr("cos_sin runs in every layer of every step: it must only look the angles up, yet it computed with {ops}", ops=costly))
+    try:
+        rope.cos_sin(torch.tensor([max_pos]))
+    except (IndexError, ValueError, RuntimeError):
+        return
+    pytest.fail(tr("cos_sin({position}) with max_position={max_position} must raise: a position past the end is an error", position=max_pos, max_position=max_pos))
 
 
 def make_qkv(bias: bool = False) -> tuple[Linear, list[torch.Tensor], list[torch.Tensor]]:

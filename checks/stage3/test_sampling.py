@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
 
 from checks.common import expect
@@ -137,9 +138,6 @@ def test_prepare_controls() -> None:
     c = sampler.prepare(Batch(reqs, "prefill")).controls
     assert c is not None, tr("A batch where some request uses a control gets BatchControls")
     expect(c.state_rows.tolist(), [0, 1, 2, 3, 4], tr("state_rows holds each request's table_idx"))
-    expect(c.recorded, [1, 2, 3], tr("Only output rows of requests using a penalty are recorded (not a plain request, not a chunk of a prompt)"))
-    expect([(i, p.tolist()) for i, p in c.fresh], [(1, list(range(10, 15)))],
-           tr("Only a recorded row with no output yet is fresh, and it brings its prompt (not the tokens after it)"))
     expect(c.no_eos, [1], tr("min_tokens masks EOS only in rows still short of it (the request with 2 outputs already has its 2)"))
     expect((c.logprob_rows, c.top_n), ([1, 3], [3, 3]), tr("Rows asking for log-probabilities, with how many top entries each"))
     expect((c.repetition.tolist(), c.presence.tolist(), c.frequency),
@@ -152,8 +150,8 @@ def test_prepare_controls() -> None:
     expect(sampler.prepare(Batch([make_req(4, plain, 0)], "prefill")).controls, None,
            tr("A batch without any control gets no BatchControls (chapter 1.6's path, at no extra cost)"))
     only = sampler.prepare(Batch([make_req(4, plain, 0), make_req(4, SamplingParams(logprobs=True), 1)], "prefill")).controls
-    expect((only.repetition, only.presence, only.frequency, only.bias, only.min_p, only.recorded, only.fresh, only.no_eos),
-           (None, None, None, None, None, [], [], []), tr("A batch that only asks for log-probabilities: every other item is None or empty"))
+    expect((only.repetition, only.presence, only.frequency, only.bias, only.min_p, only.no_eos),
+           (None, None, None, None, None, []), tr("A batch that only asks for log-probabilities: every other item is None or empty"))
 
 
 def step(sampler: Any, reqs: list[Req], logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -170,38 +168,129 @@ def step(sampler: Any, reqs: list[Req], logits: torch.Tensor) -> tuple[torch.Ten
     return tokens, args.controls
 
 
-def test_state_is_recorded_once_per_step_and_penalises_the_next() -> None:
+def observed(sampler: Any, reqs: list[Req], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """一步（像 :func:`step`），再从对数概率里读回每行在采样前看到的分布（请求要的 top_logprobs 是整个词表）。
+
+    en: One step (as :func:`step`), then read back from the log-probabilities the distribution each row saw before the
+    draw (the requests ask for the whole vocabulary as top_logprobs).
+    """
+    tokens, c = step(sampler, reqs, logits)
+    rows = []
+    for i in range(len(reqs)):
+        lp = c.logprobs.of(i)
+        row = torch.full((VOCAB,), float("nan"))
+        row[torch.tensor(lp.top_ids)] = torch.tensor(lp.top_logprobs)
+        rows.append(row)
+    return tokens, torch.stack(rows)
+
+
+def watched(**penalty: float) -> SamplingParams:
+    return SamplingParams(logprobs=True, top_logprobs=VOCAB, **penalty)
+
+
+def test_history_is_noted_once_per_step_and_penalises_the_next() -> None:
     sampler = make_sampler()
-    sp = SamplingParams(frequency_penalty=2.0)
-    req = make_req(2, sp, 5)
+    req = make_req(2, watched(frequency_penalty=2.0), 5)
     logits = torch.zeros(1, VOCAB)
     logits[0, 20] = 5.0
     logits[0, 21] = 4.0
-    seen_tokens = []
-    for _ in range(4):
-        tokens, _ = step(sampler, [req], logits)
-        seen_tokens.append(int(tokens[0]))
-    counts = sampler.counts[5]
-    expect((int(counts[20]), int(counts[21]), int(counts.sum())), (seen_tokens.count(20), seen_tokens.count(21), 4),
-           tr("After 4 steps the request's row counts each sampled token once per step"))
-    expect(seen_tokens, [20, 21, 20, 21], tr("Frequency penalty 2 over the counts from before each step: 20 (5 > 4), 21 (4 > 5-2), 20 (5-2 > 4-2), 21 (4-2 > 5-4)"))
+    drawn = [int(step(sampler, [req], logits)[0][0]) for _ in range(4)]
+    expect(drawn, [20, 21, 20, 21], tr("Frequency penalty 2 over the counts from before each step: 20 (5 > 4), 21 (4 > 5-2), 20 (5-2 > 4-2), 21 (4-2 > 5-4)"))
+    _, seen = observed(sampler, [req], logits)
+    want = logits.clone()
+    want[0, 20] -= 2.0 * 2
+    want[0, 21] -= 2.0 * 2
+    close(seen, want.log_softmax(-1), tr("After 4 steps (20, 21, 20, 21) the 5th step's logits carry frequency penalty 2 × 2 occurrences on tokens 20 and 21: each step is noted exactly once"))
 
 
-def test_chunks_are_not_recorded_and_new_requests_start_clean() -> None:
+def test_a_new_request_starts_from_its_prompt_alone() -> None:
     sampler = make_sampler()
-    sp = SamplingParams(presence_penalty=1.0)
-    first = make_req(3, sp, 2)
-    logits = torch.zeros(1, VOCAB)
+    logits = torch.ones(1, VOCAB)
     logits[0, 30] = 3.0
-    step(sampler, [first], logits)
-    expect(int(sampler.counts[2, 30]), 1, tr("The first request's token is recorded in its row"))
-    chunk = make_req(6, sp, 2, chunked=True)
-    step(sampler, [chunk], logits)
-    expect(int(sampler.counts[2].sum()), 1, tr("A chunk of a prompt samples no output: nothing is recorded"))
-    again = make_req(4, SamplingParams(repetition_penalty=2.0), 2)
-    step(sampler, [again], logits)
-    expect((int(sampler.counts[2, 30]), sorted(sampler.seen[2].nonzero().flatten().tolist())), (1, [10, 11, 12, 13, 30]),
-           tr("A new request in a reused row starts from zero: seen = its prompt, then its own first token"))
+    step(sampler, [make_req(3, watched(presence_penalty=1.0), 2)], logits)  # 在槽位 2 输出 30 | en: outputs 30 in slot 2
+    chunk = make_req(6, watched(repetition_penalty=2.0), 2, chunked=True)
+    step(sampler, [chunk], logits)  # 提示词的中间块也抽到 30，但那不是输出 | en: a chunk of a prompt draws 30 too, not an output
+    again = make_req(4, watched(repetition_penalty=2.0), 2)
+    tokens, seen = observed(sampler, [again], logits)
+    want = logits.clone()
+    want[0, 10:14] = 0.5  # 它的提示词 10..13：1 / 2 | en: its prompt 10..13: 1 / 2
+    close(seen, want.log_softmax(-1), tr("A new request in a reused slot sees only its own prompt (tokens 10..13 penalised): not the previous request's output 30, not what a chunk of a prompt drew"))
+    expect(int(tokens[0]), 30, tr("Token 30 (logit 3) is drawn"))
+    _, seen = observed(sampler, [again], logits)
+    want[0, 30] = 1.5
+    close(seen, want.log_softmax(-1), tr("Its next step sees its prompt and its own first token 30 (3 / 2)"))
+
+
+def test_history_follows_the_overlap_order() -> None:
+    """重叠调度：第 N+1 步在调度线程里准备时，第 N 步还没采样；它的惩罚照样要看到第 N 步的 token。
+
+    en: Overlap scheduling: step N+1 is prepared on the scheduling thread before step N has sampled; its penalties must
+    still see step N's token.
+    """
+    sampler = make_sampler()
+    req = make_req(2, SamplingParams(frequency_penalty=2.0), 5)
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 20] = 5.0
+    logits[0, 21] = 4.0
+    first = sampler.prepare(Batch([req], "decode"))
+    req.complete_one()
+    second = sampler.prepare(Batch([req], "decode"))
+    a = int(sampler.sample(logits.clone(), first)[0])
+    req.append_host(torch.tensor(a))
+    b = int(sampler.sample(logits.clone(), second)[0])
+    expect((a, b), (20, 21), tr("Step 2 was prepared before step 1 drew 20; its penalty must still count that 20 (5 - 2 < 4): read the history on the computing side, not in prepare"))
+
+
+class _HostCopy(torch.Tensor):
+    """设备上的 token：拷回主机（tolist、item、int、numpy、cpu）就报错。
+
+    en: Tokens on the device: copying them to the host (tolist, item, int, numpy, cpu) raises.
+    """
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        name = getattr(func, "__name__", "")
+        if name in ("tolist", "item", "numpy", "cpu", "__int__", "__index__", "__float__", "__bool__"):
+            raise AssertionError(tr("record copied the sampled tokens to the host ({name}): on a GPU the computing thread would stop and wait", name=name))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_record_keeps_the_tokens_on_the_device() -> None:
+    sampler = make_sampler()
+    reqs = [make_req(3, watched(frequency_penalty=1.0), 1), make_req(3, watched(presence_penalty=1.0), 4)]
+    c = sampler.prepare(Batch(reqs, "decode")).controls
+    sampler.token_stats(c)
+    sampler.record(c, torch.tensor([25, 26]).as_subclass(_HostCopy))
+    for r in reqs:
+        r.complete_one()
+        r.append_host(torch.tensor(0))
+    _, seen = observed(sampler, reqs, torch.zeros(2, VOCAB))
+    want = torch.zeros(2, VOCAB)
+    want[0, 25] = want[1, 26] = -1.0
+    close(seen, want.log_softmax(-1), tr("The tokens handed to record (25 and 26) are penalised in the next step"))
+
+
+class _Sizes(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN201
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_no_history_memory_before_a_penalty() -> None:
+    from minisgl.sampling import Sampler
+
+    rows = 64
+    with _Sizes() as sizes:
+        sampler = Sampler(torch.device("cpu"), VOCAB, 0, rows=rows, eos_token_id=EOS)
+        step(sampler, [make_req(3, SamplingParams(logprobs=True, min_tokens=2), 0)], torch.zeros(1, VOCAB))
+    expect(sizes.largest < rows * VOCAB, True, tr("Before any request uses a penalty nothing of slots × vocabulary ({n} elements) is allocated; the largest tensor had {m}", n=rows * VOCAB, m=sizes.largest))
 
 
 def test_sample_order_logprobs_min_tokens_and_bias() -> None:

@@ -49,13 +49,12 @@ def main() -> None:
         for name in ("all_reduce", "all_gather", "agree_min", "calls"):
             print(f"  {name:<11} {seen[name]}")
 
-    # 底下的集合通信沿第 0 维接：(2 个秩, 2 行, 2 列)。沿最后一维拼，要先把秩这一维挪到列之前
-    # en: the collective underneath joins along dimension 0: (2 ranks, 2 rows, 2 columns). To join along the last
-    # en: dimension, move the rank dimension before the columns first
-    stacked = torch.stack([torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * 10 ** r for r in range(2)])
-    print(tr("plain reshape (a row holds one rank's whole piece): {value}", value=stacked.reshape(2, 4).tolist()))
-    print(tr("movedim(0, -2), then reshape:                      {value}", value=stacked.movedim(0, -2).reshape(2, 4).tolist()))
-
+    # 底下的集合通信沿第 0 维接：(2 个秩, 2 行, 2 列)。直接 reshape 形状对、数不对；上面 all_gather 那一行才是要的
+    # en: the collective underneath joins along dimension 0: (2 ranks, 2 rows, 2 columns). A plain reshape has the right
+    # en: shape and the wrong numbers; the all_gather line above is what is wanted
+    pieces = [torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * 10 ** r for r in range(2)]
+    print(tr("plain reshape (a row holds one rank's whole piece): {value}", value=torch.cat(pieces).reshape(2, 4).tolist()))
+    print(tr("wanted, torch.cat along the last dimension:         {value}", value=torch.cat(pieces, dim=-1).tolist()))
 
 if __name__ == "__main__":
     main()

@@ -60,7 +60,7 @@ rope = RotaryEmbedding(head_dim, 1_000_000.0, 4096, device="cpu")
 positions = torch.tensor([0, 1, 2, 7, 100])
 q, k = torch.randn(5, heads, head_dim), torch.randn(5, kv_heads, head_dim)
 q_rot, k_rot = rope.forward(positions, q, k)
-cos, sin = rope._cos[positions], rope._sin[positions]
+cos, sin = rope.cos_sin(positions)
 q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
 print(tr("RoPE matches HF: q {q_same}, k {k_same}",
          q_same=torch.allclose(q_rot, q_ref[0].transpose(0, 1), atol=1e-5),

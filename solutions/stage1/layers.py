@@ -428,21 +428,52 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class RotaryEmbedding(BaseOP):
-    """预先算好每个位置的 cos/sin 表（fp32），前向时按 ``positions`` 查表。全模型共用一个。
+    """RoPE 的角度：位置 ``p`` 上第 ``i`` 个二维点（``0 <= i < D/2``，见 :func:`apply_rotary`）转过
+    ``p · base^(-2i/D)``。全模型共用一个：每一步的每一层都要这一步各个 token 位置上的 cos/sin。
 
-    en: Precomputed cos/sin tables for every position (fp32), looked up by ``positions`` in the forward. One for the
-    whole model.
+    en: RoPE's angles: at position ``p`` the ``i``-th 2-D point (``0 <= i < D/2``, see :func:`apply_rotary`) turns by
+    ``p · base^(-2i/D)``. One for the whole model: every layer of every step needs the cos/sin at the step's token
+    positions.
     """
 
     def __init__(self, head_dim: int, base: float, max_position: int, *, device: torch.device | str) -> None:
+        self.head_dim, self.base, self.max_position = head_dim, base, max_position
+        # >>> TASK rotary_init: 准备好 cos_sin 要用的一切（形状、dtype、设备由你定）。之后每一步的每一层都会调用 cos_sin，而它不能再做三角函数或幂运算——那是每层每步都付一次的代价；位置最大到 max_position - 1
+        # en: prepare whatever cos_sin needs (shapes, dtypes, device are yours). Every layer of every later step calls cos_sin, which may no longer compute any trigonometric function or power: that cost would be paid by every layer at every step; positions go up to max_position - 1
+        # hint1: 角度只取决于位置和 i，而位置只有 max_position 个：全部算一次、存成表，之后只查表。要与 HF 逐位一致，就照它的算法和 dtype：频率先在 int64 上排好 2i 再转 fp32，位置也是 fp32，外积之后把同一组角度并排放两遍（前一半和后一半配对）。
+        # en1: The angles depend only on the position and i, and there are only max_position positions: compute them all once into a table and only look it up later.
+        # en1: To match HF bit for bit follow its arithmetic and dtypes: lay out 2i in int64 then turn it into fp32, positions in fp32 too,
+        # en1: and after the outer product put the same angles side by side twice (the first half pairs with the second).
+        # hint2: 1. inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))；
+        # hint2: 2. freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)；emb = torch.cat((freqs, freqs), dim=-1)；
+        # hint2: 3. self._cos = emb.cos().to(device)；self._sin = emb.sin().to(device)。
+        # en2: 1. inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim));
+        # en2: 2. freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq); emb = torch.cat((freqs, freqs), dim=-1);
+        # en2: 3. self._cos = emb.cos().to(device); self._sin = emb.sin().to(device).
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self._cos = emb.cos().to(device)
         self._sin = emb.sin().to(device)
+        # <<< TASK
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions``: [T]（任意顺序、可以重复）→ 两张 [T, D] 的 fp32 表，与 HF 的 ``Qwen3RotaryEmbedding`` 逐位相同。
+
+        en: ``positions``: [T] (any order, repeats allowed) -> two [T, D] fp32 tables, bit-identical to HF's
+        ``Qwen3RotaryEmbedding``.
+        """
+        # >>> TASK rotary_cos_sin: 返回 (cos, sin)，都是 [T, D] 的 fp32、在 positions 所在的设备上：第 t 行是位置 positions[t] 的角度，第 i 列和第 i + D/2 列是同一个角度（apply_rotary 的前后两半配对）；与 HF 逐位相同。这里不做三角函数或幂运算；位置到了 max_position 或更大要报错，不能悄悄给出一行
+        # en: return (cos, sin), both [T, D] fp32 on the device of positions: row t holds the angles of position positions[t], columns i and i + D/2 the same angle (apply_rotary's first/second-half pairing); bit-identical to HF. No trigonometric function or power here; a position of max_position or more is an error, never a row made up quietly
+        # hint1: 表按位置排好了，查表就是用 positions 当下标取行；越界的下标本身就会报错。
+        # en1: The table is ordered by position, so a lookup takes rows with positions as the index; an out-of-range index raises by itself.
+        # hint2: return self._cos[positions], self._sin[positions]
+        # en2: return self._cos[positions], self._sin[positions]
+        return self._cos[positions], self._sin[positions]
+        # <<< TASK
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self._cos[positions], self._sin[positions]
+        cos, sin = self.cos_sin(positions)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 

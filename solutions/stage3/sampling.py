@@ -10,8 +10,8 @@
     logits → 惩罚（用到这一步之前的输出）→ 偏置 → 没到 min_tokens 时屏蔽 EOS → ÷ 温度
            → 对数概率（就从这里取）→ min-p → 第 1.6 章的 top-k / top-p / 抽样 → 把采到的 token 记进状态
 
-每个请求的状态（输出里每个 token 出现了几次、提示词和输出里出现过哪些 token）放在采样器自己的两个
-``[行数, 词表]`` 张量里，行号就是请求在页表里的那一行（``table_idx``），像 token 池一样。
+惩罚要每个请求的历史：输出里每个 token 出现了几次、提示词和输出里出现过哪些 token。它怎么存、新请求接手一个
+旧请求的槽位时怎么清、每步怎么记，是本章要你设计的（``token_stats`` 和 ``record`` 的文档字符串写明了要什么）。
 
 **重叠调度的坑**：``prepare`` 在调度线程里、上一步还没算完时就调用，``sample`` 在算的线程里按步的顺序执行。
 所以 ``prepare`` 只能看调度线程知道的东西（长度记账），状态只在 ``sample`` 里读写——这样第 N+1 步的惩罚一定
@@ -31,9 +31,9 @@ This chapter's :class:`Sampler` extends chapter 1.6's with a stage before and af
     logits → penalties (over the output before this step) → bias → EOS masked until min_tokens → ÷ temperature
            → log-probabilities (taken right here) → min-p → chapter 1.6's top-k / top-p / draw → record the token
 
-Each request's state (how often each token occurred in its output, which tokens occurred in its prompt or output)
-lives in two ``[rows, vocab]`` tensors of the sampler, indexed by the request's row of the page table
-(``table_idx``), like the token pool.
+The penalties need each request's history: how often each token occurred in its output, which tokens occurred in its
+prompt or output. How it is kept, how it is cleared when a new request takes over an old one's slot, and how each step
+is noted is this chapter's design for you (the docstrings of ``token_stats`` and ``record`` say what is required).
 
 **The overlap trap**: ``prepare`` runs on the scheduling thread, while the previous step may still be computing;
 ``sample`` runs on the computing thread, in step order. So ``prepare`` may only use what the scheduling thread knows
@@ -94,14 +94,11 @@ class BatchControls:
     # [B] int64：每个请求的状态在第几行（它的 table_idx）
     # en: [B] int64: the row of each request's state (its table_idx)
     state_rows: torch.Tensor
-    # 批次里采到的 token 是输出、且要记进状态的行（用到惩罚的请求，提示词的中间块除外）
-    # en: rows of the batch whose sampled token is output and goes into the state (requests using a penalty, chunks of
-    # en: a prompt excluded)
-    recorded: list[int] = field(default_factory=list)
-    # 第一次出现、状态要先重置的行：（批次里的行号，提示词的 token id，主机上）
-    # en: rows seen for the first time, whose state is reset first: (row of the batch, the prompt's token ids, on the
-    # en: host)
-    fresh: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    # 惩罚要记住的历史里，prepare 交给 sample 的那一份（哪些行的输出要记、哪些行是新请求……）：内容由你设计，
+    # 给定的代码从不看它里面
+    # en: the part of the penalties' history that prepare hands to sample (which rows' outputs to note, which rows are
+    # en: new requests, ...): its content is your design, and the given code never looks inside
+    history: Any = None
     repetition: torch.Tensor | None = None  # [B] float32，1 = 不罚 | en: [B] float32, 1 = none
     presence: torch.Tensor | None = None  # [B] float32，0 = 不罚 | en: [B] float32, 0 = none
     frequency: torch.Tensor | None = None  # [B] float32，0 = 不罚 | en: [B] float32, 0 = none
@@ -247,10 +244,15 @@ class Sampler(BaseSampler):
         super().__init__(device, vocab_size, seed)
         self.rows = rows
         self.eos_token_id = eos_token_id
-        # 状态，第一次有请求用到惩罚时才分配
-        # en: the state, allocated when a request first uses a penalty
-        self.counts: torch.Tensor | None = None  # [rows, vocab] int32：输出里的次数 | en: occurrences in the output
-        self.seen: torch.Tensor | None = None  # [rows, vocab] bool：提示词或输出里出现过 | en: seen in prompt or output
+        # >>> TASK history_init: 准备好惩罚要的历史（token_stats 和 record 要什么，见它们的文档字符串）。槽位有 rows 个，一个槽位会先后服务好几个请求；词表很大（十几万），没有请求用到惩罚之前，不要分配随槽位数乘词表长大的内存
+        # en: set up the history the penalties need (what token_stats and record require is in their docstrings). There are rows slots, and one slot serves several requests in turn; the vocabulary is large (over a hundred thousand), so before some request uses a penalty allocate nothing that grows with slots times vocabulary
+        # hint1: 参考实现用两张 [rows, vocab] 的表（次数、出现过没有），行号就是请求的 table_idx，像 token 池那样；这里先只记下“还没有”，第一次要用时再分配。
+        # en1: The reference keeps two [rows, vocab] tables (counts, and whether seen), indexed by the request's table_idx like the token pool;
+        # en1: here it only notes "none yet" and allocates on first use.
+        # hint2: self.history: tuple[torch.Tensor, torch.Tensor] | None = None（之后是 int32 的次数表和 bool 的出现表）。
+        # en2: self.history: tuple[torch.Tensor, torch.Tensor] | None = None (later an int32 table of counts and a bool table of seen).
+        self.history: tuple[torch.Tensor, torch.Tensor] | None = None
+        # <<< TASK
 
     def uses_controls(self, req: Req) -> bool:
         """这个请求用到本章的任何一项没有（都没用的批次走第 1.6 章的原路，一点不多花）。
@@ -277,25 +279,25 @@ class Sampler(BaseSampler):
         """
         reqs = batch.reqs
         params = [r.sampling_params for r in reqs]
-        # >>> TASK prepare_controls: 返回这一批的 BatchControls（字段见它的定义，张量放在 self.device 上，没有一行用到的项留 None 或空列表）。要点：采到的 token 是不是输出只看 req.can_decode（提示词的中间块不能解码）；已经输出了几个要用调度线程知道的长度算（提示词长度见 prompt_len），不能读状态；用到任何一种惩罚的输出行才记进状态，其中还一个都没输出的是第一次出现，带上它的提示词；min_tokens 只屏蔽还差几个没输出够的行；要对数概率的行记下各要几个 top_logprobs（提示词中间块的行采到的 token 反正丢掉，屏蔽不屏蔽、要不要对数概率都无妨）
-        # en: return this batch's BatchControls (fields as in its definition, tensors on self.device, an item no row uses left None or empty). Points: whether the sampled token is output depends only on req.can_decode (a chunk of a prompt cannot decode); how many tokens a request has output so far must come from lengths the scheduling thread knows (prompt_len gives the prompt's), never from the state; only output rows of requests using some penalty are recorded into the state, and among them one with no output yet is seen for the first time and brings its prompt; min_tokens masks only rows still short of it; rows asking for log-probabilities note how many top_logprobs each wants (what a chunk's row draws is thrown away, so whether it is masked or gets log-probabilities makes no difference)
+        # >>> TASK prepare_controls: 返回这一批的 BatchControls（字段见它的定义，张量放在 self.device 上，没有一行用到的项留 None 或空列表），history 放 sample 那边的 token_stats 和 record 需要、又只有这里知道的东西。要点：采到的 token 是不是输出只看 req.can_decode（提示词的中间块不能解码）；已经输出了几个要用调度线程知道的长度算（提示词长度见 prompt_len），不能读历史（重叠调度时上一步还没算完）；min_tokens 只屏蔽还差几个没输出够的行；要对数概率的行记下各要几个 top_logprobs（提示词中间块的行采到的 token 反正丢掉，屏蔽不屏蔽、要不要对数概率都无妨）
+        # en: return this batch's BatchControls (fields as in its definition, tensors on self.device, an item no row uses left None or empty), with in history what sample's token_stats and record need and only this side knows. Points: whether the sampled token is output depends only on req.can_decode (a chunk of a prompt cannot decode); how many tokens a request has output so far must come from lengths the scheduling thread knows (prompt_len gives the prompt's), never from the history (with overlap the previous step is still computing); min_tokens masks only rows still short of it; rows asking for log-probabilities note how many top_logprobs each wants (what a chunk's row draws is thrown away, so whether it is masked or gets log-probabilities makes no difference)
         # hint1: 这一步之前已经输出的 token 数是 req.device_len - prompt_len(req)：device_len 已经把还在路上的那一步算进去了。三种惩罚各自一个 [B] 张量，整批都是“不罚”的值时留 None。
         # en1: The tokens output before this step are req.device_len - prompt_len(req): device_len already counts the step still on its way.
         # en1: Each penalty is one [B] tensor, left None when every row holds the "no penalty" value.
         # hint2: 1. c = BatchControls(state_rows=torch.tensor([r.table_idx for r in reqs], dtype=torch.int64, device=self.device))；
         # hint2: 2. 三种惩罚：值的列表里有一个不是 1.0（重复）/ 0.0（另两种）时，就建成 float32 张量放进 c.repetition / c.presence / c.frequency；
-        # hint2: 3. 对每行 i, (r, p)：done = r.device_len - prompt_len(r)；r.can_decode 且这一行自己用到某种惩罚时 c.recorded.append(i)，
-        # hint2:    done == 0 时再 c.fresh.append((i, r.input_ids))（还没有输出，input_ids 就是提示词）；
+        # hint2: 3. recorded, fresh = [], []；对每行 i, (r, p)：done = r.device_len - prompt_len(r)；r.can_decode 且这一行自己用到某种惩罚时 recorded.append(i)，
+        # hint2:    done == 0 时再 fresh.append((i, r.input_ids))（还没有输出，input_ids 就是提示词）；
         # hint2:    done < p.min_tokens 时 c.no_eos.append(i)（提示词的中间块采到的 token 反正丢掉，屏蔽它也无妨）；p.logprobs 时 c.logprob_rows.append(i)、c.top_n.append(p.top_logprobs)；
         # hint2:    p.logit_bias（没给时是 None）里每个 (tok, v) 记下 (i, int(tok), float(v))；
-        # hint2: 4. 有偏置时 c.bias = 三个张量（int64、int64、float32）；有一行 min_p > 0 时 c.min_p = float32 张量；return c。
+        # hint2: 4. c.history = (recorded, fresh)；有偏置时 c.bias = 三个张量（int64、int64、float32）；有一行 min_p > 0 时 c.min_p = float32 张量；return c。
         # en2: 1. c = BatchControls(state_rows=torch.tensor([r.table_idx for r in reqs], dtype=torch.int64, device=self.device));
         # en2: 2. the three penalties: when a value in the list is not 1.0 (repetition) / 0.0 (the other two), build a float32 tensor for c.repetition / c.presence / c.frequency;
-        # en2: 3. for each row i, (r, p): done = r.device_len - prompt_len(r); if r.can_decode and the row itself uses some penalty, c.recorded.append(i),
-        # en2:    and when done == 0 also c.fresh.append((i, r.input_ids)) (nothing output yet: input_ids is the prompt);
+        # en2: 3. recorded, fresh = [], []; for each row i, (r, p): done = r.device_len - prompt_len(r); if r.can_decode and the row itself uses some penalty, recorded.append(i),
+        # en2:    and when done == 0 also fresh.append((i, r.input_ids)) (nothing output yet: input_ids is the prompt);
         # en2:    if done < p.min_tokens, c.no_eos.append(i) (a chunk's token is dropped anyway, masking it does no harm); if p.logprobs, c.logprob_rows.append(i) and c.top_n.append(p.top_logprobs);
         # en2:    note (i, int(tok), float(v)) for each (tok, v) in p.logit_bias (None when not given);
-        # en2: 4. with some bias, c.bias = three tensors (int64, int64, float32); with some row's min_p > 0, c.min_p = a float32 tensor; return c.
+        # en2: 4. c.history = (recorded, fresh); with some bias, c.bias = three tensors (int64, int64, float32); with some row's min_p > 0, c.min_p = a float32 tensor; return c.
         c = BatchControls(state_rows=torch.tensor([r.table_idx for r in reqs], dtype=torch.int64, device=self.device))
         rep = [p.repetition_penalty for p in params]
         pres = [p.presence_penalty for p in params]
@@ -307,19 +309,22 @@ class Sampler(BaseSampler):
         if any(v != 0.0 for v in freq):
             c.frequency = torch.tensor(freq, dtype=torch.float32, device=self.device)
         bias: list[tuple[int, int, float]] = []
+        recorded: list[int] = []
+        fresh: list[tuple[int, torch.Tensor]] = []
         for i, (r, p) in enumerate(zip(reqs, params)):
             done = r.device_len - prompt_len(r)
             penalized = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
             if r.can_decode and penalized:
-                c.recorded.append(i)
+                recorded.append(i)
                 if done == 0:
-                    c.fresh.append((i, r.input_ids))
+                    fresh.append((i, r.input_ids))
             if done < p.min_tokens:
                 c.no_eos.append(i)
             if p.logprobs:
                 c.logprob_rows.append(i)
                 c.top_n.append(p.top_logprobs)
             bias.extend((i, int(tok), float(v)) for tok, v in (p.logit_bias or {}).items())
+        c.history = (recorded, fresh)
         if bias:
             rows, ids, values = zip(*bias)
             c.bias = (torch.tensor(rows, dtype=torch.int64, device=self.device),
@@ -330,26 +335,64 @@ class Sampler(BaseSampler):
         return c
         # <<< TASK
 
-    def _state(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.counts is None or self.seen is None:
-            self.counts = torch.zeros(self.rows, self.vocab_size, dtype=torch.int32, device=self.device)
-            self.seen = torch.zeros(self.rows, self.vocab_size, dtype=torch.bool, device=self.device)
-        return self.counts, self.seen
+    def token_stats(self, c: BatchControls) -> tuple[torch.Tensor, torch.Tensor]:
+        """在算的线程里、每步采样之前调用一次（只在有行用到惩罚时）：这一批每行的请求在**这一步之前**的历史。
 
-    def reset_fresh(self, c: BatchControls) -> None:
-        """请求第一次出现：它那一行的状态清零，``seen`` 里标上提示词的 token（给定）。没有请求用惩罚时不分配状态。
+        返回 ``(counts, seen)``，都是 ``[B, vocab]``、在 ``self.device`` 上：``counts`` 是每个 token 在这个请求的输出里
+        出现的次数（整数），``seen`` 是它在提示词或输出里出现过没有（bool）。不用惩罚的行随便是什么（那一行的惩罚是
+        中性的）。第一次出现的请求只有它的提示词，哪怕它的槽位之前服务过别的请求。
 
-        en: A request seen for the first time: its row of the state is cleared and ``seen`` marks the prompt's tokens
-        (given). The state is allocated only when some request uses a penalty.
+        en: Called once per step on the computing thread, before sampling (only when some row uses a penalty): the history
+        of each row's request **before this step**.
+
+        Returns ``(counts, seen)``, both ``[B, vocab]`` on ``self.device``: ``counts`` how often each token occurred in
+        the request's output (integers), ``seen`` whether it occurred in the prompt or the output (bool). Rows using no
+        penalty may hold anything (their penalties are neutral). A request seen for the first time has its prompt only,
+        even when its slot served another request before.
         """
-        if not c.fresh:
-            return
-        counts, seen = self._state()
-        for i, prompt in c.fresh:
+        # >>> TASK token_stats: 返回这一批每行的请求在这一步之前的 (counts, seen)，都是 [B, vocab]：输出里每个 token 的次数，提示词或输出里出现过没有。新请求只有它的提示词（它的槽位可能刚服务过别的请求）；不用惩罚的行不论；每步调用一次，这时这一步的 token 还不知道
+        # en: return (counts, seen) of each row's request before this step, both [B, vocab]: how often each token occurred in the output, and whether it occurred in the prompt or the output. A new request has its prompt only (its slot may just have served another request); rows using no penalty do not matter; called once per step, when this step's token is not known yet
+        # hint1: 新请求是 prepare 在 history 里标出来的（它知道长度）：先把它的槽位清掉、标上提示词，再按 state_rows 取出这一批的行。第一次用到时才分配两张表。
+        # en1: New requests are the ones prepare marked in history (it knows the lengths): clear their slots and mark their prompts first,
+        # en1: then take this batch's rows by state_rows. Allocate the two tables on first use.
+        # hint2: 1. self.history 是 None 时：self.history = (torch.zeros(self.rows, self.vocab_size, dtype=torch.int32, device=self.device), 同形状的 bool 零表)；counts, seen = self.history；
+        # hint2: 2. for i, prompt in c.history[1]：row = c.state_rows[i]；counts[row] = 0；seen[row] = False；seen[row, prompt.to(self.device, dtype=torch.int64)] = True；
+        # hint2: 3. return counts[c.state_rows], seen[c.state_rows]。
+        # en2: 1. if self.history is None: self.history = (torch.zeros(self.rows, self.vocab_size, dtype=torch.int32, device=self.device), a bool zero table of the same shape); counts, seen = self.history;
+        # en2: 2. for i, prompt in c.history[1]: row = c.state_rows[i]; counts[row] = 0; seen[row] = False; seen[row, prompt.to(self.device, dtype=torch.int64)] = True;
+        # en2: 3. return counts[c.state_rows], seen[c.state_rows].
+        if self.history is None:
+            shape = (self.rows, self.vocab_size)
+            self.history = (torch.zeros(shape, dtype=torch.int32, device=self.device),
+                            torch.zeros(shape, dtype=torch.bool, device=self.device))
+        counts, seen = self.history
+        for i, prompt in c.history[1]:
             row = c.state_rows[i]
             counts[row] = 0
             seen[row] = False
             seen[row, prompt.to(self.device, dtype=torch.int64)] = True
+        return counts[c.state_rows], seen[c.state_rows]
+        # <<< TASK
+
+    def record(self, c: BatchControls, tokens: torch.Tensor) -> None:
+        """在算的线程里、每步采样之后调用一次（只在有行用到惩罚时）：``tokens``（``[B]``，设备上）是这一步采到的。
+
+        en: Called once per step on the computing thread, after sampling (only when some row uses a penalty): ``tokens``
+        (``[B]``, on the device) are what this step drew.
+        """
+        # >>> TASK record: 把这一步采到的 token 记进历史，让下一步的 token_stats 看得到：只记用到惩罚、而且采到的是输出的行（提示词的中间块采到的不是输出）。不要把 token 拷回主机：GPU 上那会让算的线程停下来等
+        # en: note this step's sampled tokens in the history so that the next step's token_stats sees them: only rows that use a penalty and whose sampled token is output (what a chunk of a prompt draws is not). Do not copy the tokens to the host: on a GPU that makes the computing thread stop and wait
+        # hint1: 要记的行是 prepare 放在 history 里的那份；用张量下标一次写完（高级索引），不要逐行取 int。
+        # en1: The rows to note are the ones prepare put in history; write them in one go with tensor indexing, not row by row through int.
+        # hint2: recorded = c.history[0]；非空时 counts, seen = self.history；rows = c.state_rows[recorded]；toks = tokens[recorded]；counts[rows, toks] += 1；seen[rows, toks] = True。
+        # en2: recorded = c.history[0]; when non-empty counts, seen = self.history; rows = c.state_rows[recorded]; toks = tokens[recorded]; counts[rows, toks] += 1; seen[rows, toks] = True.
+        recorded = c.history[0]
+        if recorded:
+            counts, seen = self.history
+            rows, toks = c.state_rows[recorded], tokens[recorded]
+            counts[rows, toks] += 1
+            seen[rows, toks] = True
+        # <<< TASK
 
     def adjust(self, logits: torch.Tensor, c: BatchControls) -> torch.Tensor:
         """惩罚 → 偏置 → 没到 ``min_tokens`` 的行屏蔽 EOS（给定）。``logits`` 是这一步的 fp32 张量，可以原地改。
@@ -358,9 +401,8 @@ class Sampler(BaseSampler):
         tensor and may be changed in place.
         """
         if c.penalized:
-            counts, seen = self._state()
-            logits = apply_penalties(logits, counts[c.state_rows], seen[c.state_rows], c.repetition, c.presence,
-                                     c.frequency)
+            counts, seen = self.token_stats(c)
+            logits = apply_penalties(logits, counts, seen, c.repetition, c.presence, c.frequency)
         if c.bias is not None:
             rows, ids, values = c.bias
             logits = logits.index_put((rows, ids), values, accumulate=True)
@@ -387,29 +429,26 @@ class Sampler(BaseSampler):
         c: BatchControls | None = args.controls
         if c is None:
             return super().sample(logits, args)
-        # >>> TASK sample_with_controls: 按模块文档里的顺序采样并返回 token（[B]，int64）：先重置第一次出现的行，再调整 logits（调整的是 fp32 的 logits：模型给的可能是 bf16；惩罚用的是这一步之前的状态），除以温度后算好对数概率（贪心的行按温度 1 算；采到的是哪个要等抽完才知道），然后 min-p，再交给第 1.6 章的采样器；对数概率放进 c.logprobs（拷到主机，各行按要的个数取 top，k 取这批里最大的）；最后把采到的 token 记进 recorded 那几行的状态——每步恰好一次。给定：reset_fresh、adjust、min_p_filter、token_logprobs、copy_to_host、super().sample
-        # en: sample in the order of the module docstring and return the tokens ([B], int64): first reset the rows seen for the first time, then adjust the logits (in fp32: the model may hand bf16; penalties use the state from before this step), compute the log-probabilities after dividing by the temperature (greedy rows count as temperature 1; which token was drawn is known only after the draw), then min-p, then hand over to chapter 1.6's sampler; put the log-probabilities in c.logprobs (copied to the host, top entries as many as each row asked, k being the batch's largest); last, record the sampled tokens into the state of the recorded rows, exactly once per step. Given: reset_fresh, adjust, min_p_filter, token_logprobs, copy_to_host, super().sample
-        # hint1: 温度在 args.temperatures 里，整批贪心时它是 None（这时都按 1 算）。对数概率要在 min-p 之前取：它报告的是抽样用的分布，而不是截掉尾巴之后的。记进状态的是 counts 加一、seen 置真，只对 c.recorded 那几行。
+        # >>> TASK sample_with_controls: 返回从这些控制定义的分布里抽出的 token（[B]，int64）：logits 先调整（adjust，在 fp32 里调：模型给的可能是 bf16），再除以温度（贪心的行按 1 算），再按 min-p 截掉尾巴，交给第 1.6 章的采样器；c.logprobs 报的是截尾之前的那个分布（拷到主机，各行按要的个数取 top，k 取这批里最大的）；有行用到惩罚时，采到的 token 交给 record 记下——每步恰好一次。给定：adjust、record、min_p_filter、token_logprobs、copy_to_host、super().sample
+        # en: return the tokens ([B], int64) drawn from the distribution these controls define: the logits adjusted (adjust, in fp32: the model may hand bf16), divided by the temperature (greedy rows count as 1), cut by min-p, and handed to chapter 1.6's sampler; c.logprobs reports the distribution before the cut (copied to the host, top entries as many as each row asked, k being the batch's largest); when some row uses a penalty, the drawn tokens go to record, exactly once per step. Given: adjust, record, min_p_filter, token_logprobs, copy_to_host, super().sample
+        # hint1: 温度在 args.temperatures 里，整批贪心时它是 None（这时都按 1 算）。对数概率要在 min-p 之前取：它报告的是抽样用的分布，而不是截掉尾巴之后的；采到的是哪个要等抽完才知道。
         # en1: The temperatures are in args.temperatures, which is None when the whole batch is greedy (then they all count as 1).
         # en1: Take the log-probabilities before min-p: they report the distribution drawn from, not what is left after cutting the tail.
-        # en1: Recording means counts plus one and seen set to true, for the rows in c.recorded only.
-        # hint2: 1. self.reset_fresh(c)；logits = self.adjust(logits.float(), c)；
+        # en1: Which token was drawn is known only after the draw.
+        # hint2: 1. logits = self.adjust(logits.float(), c)；
         # hint2: 2. temps = args.temperatures，None 时换成 torch.ones(logits.shape[0], device=logits.device)；
         # hint2: 3. c.logprob_rows 非空：lp = (logits[c.logprob_rows] / temps[c.logprob_rows, None]).log_softmax(-1)，先留着；
         # hint2: 4. c.min_p 不是 None：logits = min_p_filter(logits, c.min_p, temps)；tokens = super().sample(logits, args)；
         # hint2: 5. 有 lp 时：chosen, ids, values = token_logprobs(lp, tokens[c.logprob_rows], max(c.top_n))，
         # hint2:    c.logprobs = StepLogprobs(c.logprob_rows, copy_to_host(chosen)[0], copy_to_host(ids)[0], copy_to_host(values)[0], c.top_n)；
-        # hint2: 6. c.recorded 非空：rows = c.state_rows[c.recorded]；toks = tokens[c.recorded]；counts[rows, toks] += 1；seen[rows, toks] = True
-        # hint2:    （counts, seen = self._state()）；return tokens。
-        # en2: 1. self.reset_fresh(c); logits = self.adjust(logits.float(), c);
+        # hint2: 6. c.penalized 时 self.record(c, tokens)；return tokens。
+        # en2: 1. logits = self.adjust(logits.float(), c);
         # en2: 2. temps = args.temperatures, replaced by torch.ones(logits.shape[0], device=logits.device) when None;
         # en2: 3. with c.logprob_rows non-empty: lp = (logits[c.logprob_rows] / temps[c.logprob_rows, None]).log_softmax(-1), kept for later;
         # en2: 4. if c.min_p is not None: logits = min_p_filter(logits, c.min_p, temps); tokens = super().sample(logits, args);
         # en2: 5. with lp: chosen, ids, values = token_logprobs(lp, tokens[c.logprob_rows], max(c.top_n)),
         # en2:    c.logprobs = StepLogprobs(c.logprob_rows, copy_to_host(chosen)[0], copy_to_host(ids)[0], copy_to_host(values)[0], c.top_n);
-        # en2: 6. with c.recorded non-empty: rows = c.state_rows[c.recorded]; toks = tokens[c.recorded]; counts[rows, toks] += 1; seen[rows, toks] = True
-        # en2:    (counts, seen = self._state()); return tokens.
-        self.reset_fresh(c)
+        # en2: 6. if c.penalized: self.record(c, tokens); return tokens.
         logits = self.adjust(logits.float(), c)
         temps = args.temperatures if args.temperatures is not None else torch.ones(logits.shape[0], device=logits.device)
         lp = None
@@ -422,11 +461,7 @@ class Sampler(BaseSampler):
             chosen, ids, values = token_logprobs(lp, tokens[c.logprob_rows], max(c.top_n))
             c.logprobs = StepLogprobs(c.logprob_rows, copy_to_host(chosen)[0], copy_to_host(ids)[0],
                                       copy_to_host(values)[0], c.top_n)
-        if c.recorded:
-            counts, seen = self._state()
-            rows = c.state_rows[c.recorded]
-            toks = tokens[c.recorded]
-            counts[rows, toks] += 1
-            seen[rows, toks] = True
+        if c.penalized:
+            self.record(c, tokens)
         return tokens
         # <<< TASK

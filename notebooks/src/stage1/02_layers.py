@@ -102,7 +102,7 @@ rope = RotaryEmbedding(head_dim, 1_000_000.0, 4096, device="cpu")
 positions = torch.tensor([0, 1, 2, 7, 100])
 q, k = torch.randn(5, heads, head_dim), torch.randn(5, kv_heads, head_dim)
 q_rot, k_rot = rope.forward(positions, q, k)
-cos, sin = rope._cos[positions], rope._sin[positions]
+cos, sin = rope.cos_sin(positions)
 q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
 print(tr("RoPE matches HF:"), torch.allclose(q_rot, q_ref[0].transpose(0, 1), atol=1e-5), torch.allclose(k_rot, k_ref[0].transpose(0, 1), atol=1e-5))
 same_norm = torch.allclose(q_rot.norm(dim=-1), q.norm(dim=-1), atol=1e-5)
@@ -129,7 +129,7 @@ import matplotlib.pyplot as plt
 def draw_rope(base: float, head_dim: int, max_pos: int = 64) -> None:
     rope = RotaryEmbedding(head_dim, base, max_pos + 8, device="cpu")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
-    ax1.imshow(rope._cos[:max_pos, : head_dim // 2].T, aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
+    ax1.imshow(rope.cos_sin(torch.arange(max_pos))[0][:, : head_dim // 2].T, aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
     ax1.set_xlabel(tr("position"))
     ax1.set_ylabel(tr("index i of the 2D point"))
     ax1.set_title(tr("cos(position × θ_i), base={base:g}", base=base))

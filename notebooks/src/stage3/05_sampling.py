@@ -7,9 +7,8 @@
 #
 #     logits → 惩罚 → 偏置 → 没到 min_tokens 时屏蔽 EOS → ÷ 温度 → 取对数概率 → min-p → 第 1.6 章的 top-k / top-p / 抽样 → 记进状态
 #
-# 惩罚要记住每个请求之前采过什么：采样器里有两个 `[行数, 词表]` 的张量（出现次数 `counts`、出现过没有 `seen`），
-# 行号是请求在页表里的那一行。难点在重叠调度：`prepare` 在调度线程里、上一步还没算完时就调用，所以它只能用长度记账，
-# 状态只在 `sample` 里读写。
+# 惩罚要记住每个请求之前采过什么；这份历史怎么存由你设计。难点在重叠调度：`prepare` 在调度线程里、上一步还没算完
+# 时就调用，它手里可靠的只有长度记账。
 #
 # 这个笔记本先把你写的两个纯函数和 Hugging Face 的 logits 处理器对照，再在真实权重的 SmolLM2 上跑 `LLM.generate`，
 # 和 Hugging Face 的 `generate(repetition_penalty=...)` 逐 token 对照，最后看对数概率。
@@ -23,10 +22,9 @@
 #
 #     logits → penalties → bias → EOS masked until min_tokens → ÷ temperature → log-probabilities → min-p → chapter 1.6's top-k / top-p / draw → record
 #
-# The penalties must remember what each request sampled before: the sampler holds two `[rows, vocab]` tensors
-# (occurrence `counts` and `seen`), indexed by the request's row of the page table. The hard part is overlap scheduling:
-# `prepare` runs on the scheduling thread while the previous step may still be computing, so it may use only the length
-# bookkeeping, and the state is read and written only in `sample`.
+# The penalties must remember what each request sampled before; how that history is kept is your design. The hard part
+# is overlap scheduling: `prepare` runs on the scheduling thread while the previous step may still be computing, and all
+# it can rely on is the length bookkeeping.
 #
 # This notebook first compares the two pure functions you write with Hugging Face's logits processors, then runs
 # `LLM.generate` on the real-weight SmolLM2 and matches Hugging Face's `generate(repetition_penalty=...)` token by token,
@@ -249,17 +247,16 @@ for t, e in list(zip(ours["token_ids"], ours["logprobs"]))[:4]:
 # %% [markdown] tags=["lang-zh"]
 # ## 5. 重叠调度与分块预填充都不改变结果
 #
-# 状态只在 `sample` 里读写、按步的顺序执行，所以第 N+1 步的惩罚一定看得到第 N 步采到的 token——哪怕那个 token 在
-# `prepare` 的时候还没回到主机。提示词的中间块（`can_decode` 为假）采到的不是输出，不记进状态：上面的引擎一直是
+# 第 N+1 步的惩罚要看得到第 N 步采到的 token——哪怕那个 token 在 `prepare` 的时候还没回到主机。提示词的中间块
+# （`can_decode` 为假）采到的不是输出，不进历史：上面的引擎一直是
 # 4 个 token 一块地预填充 11 个 token 的提示词，结果仍和 Hugging Face 一样。下面再把重叠调度关掉，带惩罚的输出一个
 # token 都不变。
 
 # %% [markdown] tags=["lang-en"]
 # ## 5. Neither overlap scheduling nor chunked prefill changes the result
 #
-# The state is read and written only in `sample`, in step order, so step N+1's penalties always see the token of step N,
-# even when that token has not reached the host at `prepare` time. What a chunk of a prompt samples (`can_decode` false)
-# is not output and is not recorded: the engine above prefilled the 11-token prompt in chunks of 4 tokens all along, and
+# Step N+1's penalties must see the token of step N, even when that token has not reached the host at `prepare` time.
+# What a chunk of a prompt samples (`can_decode` false) is not output and does not enter the history: the engine above prefilled the 11-token prompt in chunks of 4 tokens all along, and
 # still matched Hugging Face. Below, overlap scheduling is switched off as well, and the penalised output does not
 # change by a token.
 
@@ -321,11 +318,11 @@ explorer.run(min_p=0.1, temperature=2.0)
 # （报出去是 -9999），`top_logprobs` 看不出它们差多少；采到的那个的数也要随 top-k / top-p / min-p 的设置变。
 # </details>
 #
-# 3. `prepare` 里能不能读 `counts` 来判断请求已经输出了几个 token？
+# 3. `prepare` 里能不能读历史来判断请求已经输出了几个 token？
 #
 # <details><summary>答案</summary>
 #
-# 不能。重叠调度下 `prepare` 在调度线程里运行，上一步可能还在算，它采到的 token 还没记进 `counts`。已经输出的个数
+# 不能。重叠调度下 `prepare` 在调度线程里运行，上一步可能还在算，它采到的 token 还没进历史。已经输出的个数
 # 要用长度算：`device_len - prompt_len`，`device_len` 已经把还在路上的那一步算进去了。
 # </details>
 
@@ -350,12 +347,12 @@ explorer.run(min_p=0.1, temperature=2.0)
 # tell how far behind they were, and the sampled token's value would move with the top-k / top-p / min-p settings.
 # </details>
 #
-# 3. May `prepare` read `counts` to learn how many tokens a request has output?
+# 3. May `prepare` read the history to learn how many tokens a request has output?
 #
 # <details><summary>Answer</summary>
 #
 # No. With overlap scheduling `prepare` runs on the scheduling thread while the previous step may still be computing, and
-# the token it samples is not in `counts` yet. The number output so far comes from lengths: `device_len - prompt_len`,
+# the token it samples is not in the history yet. The number output so far comes from lengths: `device_len - prompt_len`,
 # where `device_len` already counts the step still on its way.
 # </details>
 

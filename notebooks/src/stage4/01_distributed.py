@@ -136,33 +136,34 @@ x1 = x0 + 10  # 秩 1 的一份 | en: rank 1's piece
 out = torch.cat([x0, x1])  # 通信收到的：形状 (6, 2) | en: what the collective delivers: shape (6, 2)
 print(tr("what the collective delivers (joined along dimension 0): {value}", value=out.tolist()))
 print(tr("plain reshape: {value}", value=out.reshape(3, 4).tolist()))
-print(tr("movedim(0, -2), then reshape: {value}", value=out.view(2, 3, 2).movedim(0, -2).reshape(3, 4).tolist()))
 print(tr("wanted (torch.cat along the last dimension): {value}", value=torch.cat([x0, x1], dim=-1).tolist()))
 
 # %% [markdown] tags=["lang-zh"]
 # 直接 `reshape` 只是把内存里的数重新分行：第 0 行全是秩 0 的，第 1 行一半秩 0、一半秩 1——形状对，数全错，也不报错。
-# `view(2, 3, 2)` 是（秩, 行, 列），`movedim(0, -2)` 变成（行, 秩, 列），再合并后两维：每一行里先是秩 0 的两列，
-# 再是秩 1 的两列。
+# 通信收到的数在内存里是（秩, 行, 列）的次序，要的结果每一行里先是秩 0 的几列、再是秩 1 的：怎么从前一种次序
+# 走到后一种，正是任务 `all_gather` 要想清楚的（三维的 `(batch, seq, d)` 也要对）。
 
 # %% [markdown] tags=["lang-en"]
 # A plain `reshape` only cuts the numbers in memory into new rows: row 0 is all rank 0's, row 1 half rank 0's and half
-# rank 1's — the shape is right, the numbers are all wrong, and nothing raises. `view(2, 3, 2)` is (rank, row, column),
-# `movedim(0, -2)` makes it (row, rank, column), and merging the last two gives every row rank 0's two columns, then
-# rank 1's two.
+# rank 1's — the shape is right, the numbers are all wrong, and nothing raises. What the collective delivers lies in memory
+# in (rank, row, column) order, while every row of the result wants rank 0's columns first, then rank 1's: how to get from
+# the first order to the second is what task `all_gather` has to work out (a 3-D `(batch, seq, d)` must come out right
+# too).
 
 # %% [markdown] tags=["lang-zh"]
 # ## 4. 动手调：几个秩、几行、几列
 #
-# 改秩数和每个秩的 `x` 的形状，看三种重排哪种等于沿最后一维的 `torch.cat`。秩 `r` 的数都在 `100 * r` 这一段里，
-# 一眼就能看出每个数来自哪个秩。只有一行时直接 `reshape` 碰巧是对的——这正是它难发现的原因。
+# 改秩数和每个秩的 `x` 的形状，看直接 `reshape` 什么时候碰巧等于沿最后一维的 `torch.cat`。秩 `r` 的数都在
+# `100 * r` 这一段里，一眼就能看出每个数来自哪个秩。只有一行时直接 `reshape` 碰巧是对的——这正是它难发现的原因：
+# 你的检查要用好几行。
 
 # %% [markdown] tags=["lang-en"]
 # ## 4. Try it: how many ranks, rows and columns
 #
-# Change the number of ranks and the shape of each rank's `x`, and see which of three rearrangements equals `torch.cat`
+# Change the number of ranks and the shape of each rank's `x`, and see when a plain `reshape` happens to equal `torch.cat`
 # along the last dimension. Rank `r`'s numbers all sit in the range of `100 * r`, so you can tell at a glance which rank
 # each number came from. With a single row the plain `reshape` happens to be right — which is exactly why the mistake is
-# hard to spot.
+# hard to spot: your checks need several rows.
 
 # %%
 import ipywidgets as widgets
@@ -174,19 +175,16 @@ def gather_layouts(ranks: int, rows: int, cols: int) -> None:
     pieces = [torch.arange(rows * cols).reshape(rows, cols) + 100 * r for r in range(ranks)]
     out = torch.cat(pieces)  # 通信收到的 | en: what the collective delivers
     want = torch.cat(pieces, dim=-1)
-    stacked = out.view(ranks, rows, cols)
+    got = out.reshape(rows, ranks * cols)
     print(tr("{ranks} ranks, each x of shape ({rows}, {cols})", ranks=ranks, rows=rows, cols=cols))
-    for how, got in (("reshape", out.reshape(rows, ranks * cols)),
-                     ("movedim(0, -2) + reshape", stacked.movedim(0, -2).reshape(rows, ranks * cols)),
-                     ("movedim(0, -1) + reshape", stacked.movedim(0, -1).reshape(rows, ranks * cols))):
-        print(tr("{how}: equals torch.cat along the last dimension: {same}", how=how, same=torch.equal(got, want)))
-        for row in got.tolist():
-            print("   ", row)
+    print(tr("{how}: equals torch.cat along the last dimension: {same}", how="reshape", same=torch.equal(got, want)))
+    for mine, wanted in zip(got.tolist(), want.tolist()):
+        print("   ", mine, "  ←→  ", wanted)
 
 
 explorer = Explorer(
     gather_layouts,
-    title=tr("all_gather: plain reshape or movedim"),
+    title=tr("all_gather: what a plain reshape gives"),
     ranks=widgets.IntSlider(value=2, min=1, max=4, description=tr("ranks")),
     rows=widgets.IntSlider(value=3, min=1, max=4, description=tr("rows")),
     cols=widgets.IntSlider(value=2, min=1, max=3, description=tr("columns")),
