@@ -249,8 +249,8 @@ class Sampler(BaseSampler):
         # hint1: 参考实现用两张 [rows, vocab] 的表（次数、出现过没有），行号就是请求的 table_idx，像 token 池那样；这里先只记下“还没有”，第一次要用时再分配。
         # en1: The reference keeps two [rows, vocab] tables (counts, and whether seen), indexed by the request's table_idx like the token pool;
         # en1: here it only notes "none yet" and allocates on first use.
-        # hint2: self.history: tuple[torch.Tensor, torch.Tensor] | None = None（之后是 int32 的次数表和 bool 的出现表）。
-        # en2: self.history: tuple[torch.Tensor, torch.Tensor] | None = None (later an int32 table of counts and a bool table of seen).
+        # hint2: self.history = None（之后换成一对表：int32 的次数表和 bool 的出现表）。
+        # en2: self.history = None (later a pair of tables: an int32 table of counts and a bool table of seen).
         self.history: tuple[torch.Tensor, torch.Tensor] | None = None
         # <<< TASK
 

@@ -5,9 +5,9 @@
 SGLang 和上游 mini-sglang 的做法：**每个秩都跑完整的调度器**，只要输入一样、决定规则是确定的，大家就做出一样的决定，
 不必在每一步互相商量批次。要一样的是：
 
-- **输入**：只有秩 0 从分词进程收消息，再把**收到的原字节**经 XPUB 转发给其余的秩（第 3.1 章的订阅握手，订阅端没到齐
-  之前不发，免得第一条消息丢掉），并在 gloo 控制组上广播“这次收了几条”：其余的秩正好取这么多条，同一次迭代看到同一批
-  消息——ZMQ 本身不保证“什么时候到”，计数把它钉在某一次迭代上；
+- **输入**：只有秩 0 从分词进程收消息，再经 XPUB 转给其余的秩（第 3.1 章的订阅握手，订阅端没到齐之前不发，免得第一条
+  消息丢掉）。每个秩要在同一次迭代看到同一批消息——ZMQ 本身不保证“什么时候到”，各秩得就“这次迭代的消息到哪一条为止”
+  达成一致：每次迭代的代价有上限，空闲的秩也不能在集合通信里等；
 - **规则**：解码批次按 uid 排（不按内存地址决定的集合顺序：上游的一个问题就是 ``set`` 的顺序在各秩上不同），采样器
   各秩同一个种子，KV 页数各秩取最小值（第 4.2 章 ``TPEngine`` 的 ``agree_min``）；
 - **输出**：只有秩 0 有去往分词进程和 API 服务器的套接字；其余的秩照样做出每个决定（取消、结束、拒绝），只是没有地方
@@ -25,11 +25,11 @@ wrong numbers). SGLang and upstream mini-sglang do it like this: **every rank ru
 same input and deterministic rules all of them make the same decisions, without agreeing on each batch at each step.
 What must be the same:
 
-- **the input**: only rank 0 receives from the tokenizer; it forwards **the bytes it received** to the other ranks over
-  XPUB (chapter 3.1's subscriber handshake: nothing is sent before every subscriber is there, so the first message is not
-  lost) and broadcasts "how many this time" on the gloo control group: the other ranks take exactly that many, and every
-  rank sees the same messages in the same iteration — ZMQ alone does not say *when* a message arrives, the count pins it
-  to one iteration;
+- **the input**: only rank 0 receives from the tokenizer, and passes the messages on to the other ranks over XPUB
+  (chapter 3.1's subscriber handshake: nothing is sent before every subscriber is there, so the first message is not
+  lost). Every rank must see the same messages in the same iteration — ZMQ alone does not say *when* a message arrives,
+  so the ranks must agree on where each iteration's messages end: at a bounded cost per iteration, and with no idle rank
+  waiting inside a collective;
 - **the rules**: the decode batch is ordered by uid (not by a set's order, which follows memory addresses: one of
   upstream's issues was a ``set`` ordered differently on each rank), one sampler seed on every rank, and every rank
   takes the smallest KV page count (``agree_min`` in chapter 4.2's ``TPEngine``);
@@ -115,7 +115,7 @@ class TPScheduler(SchedulerIO):
         super().__init__(model_path, dtype, **kwargs)
         self.tp_info = get_tp_info()
         self.comm = get_tp_comm()
-        self.pub: ZmqPubQueue | None = None  # 秩 0：把收到的字节转给其余的秩 | en: rank 0: passes the bytes on to the others
+        self.pub: ZmqPubQueue | None = None  # 秩 0：把收到的消息转给其余的秩 | en: rank 0: passes the messages on to the others
         self.sub: ZmqSubQueue | None = None  # 其余的秩：从秩 0 收 | en: the other ranks: receive from rank 0
 
     def connect(self, addrs: ServerAddrs, host: str = "127.0.0.1") -> None:
@@ -184,27 +184,28 @@ class TPScheduler(SchedulerIO):
         """
         if self.tp_info.size == 1:
             return super().receive_msg(blocking)
-        # >>> TASK fan_out: 返回这次迭代的消息，每个秩上都是同一批、同样的顺序。秩 0 从分词进程那边的队列收原始字节（不反序列化），原样经 self.pub 转给其余的秩，并在控制组上广播这次收了几条——哪怕 0 条，每次迭代都广播一次，每个秩在 calls["broadcast"] 里记一笔；其余的秩从 self.sub 正好取这么多条。blocking 时要等到至少有一条，但空闲的秩不能在集合通信里干等（会超时）。给定：deserialize、unwrap
-        # en: return this iteration's messages, the same ones in the same order on every rank. Rank 0 takes raw bytes from the tokenizer's queue (not deserialized), passes them on unchanged through self.pub, and broadcasts how many it took on the control group — every iteration, even zero, each rank noting it in calls["broadcast"]; the other ranks take exactly that many from self.sub. With blocking, wait until at least a message is there, but an idle rank must not wait inside a collective (it times out). Given: deserialize, unwrap
-        # hint1: 两个坑：秩 0 要绕开队列自己的取法（它会反序列化），直接从底下的套接字收字节；其余的秩在 blocking 时要先在自己的套接字上等到数据，再进广播
-        # en1: Two pitfalls: rank 0 must bypass the queue's own getter (it deserializes) and read bytes from the socket underneath; with blocking,
-        # en1: the other ranks first wait on their own socket for data, and only then join the broadcast
+        # >>> TASK fan_out: 返回这次迭代的消息（批量消息拆成一条一条）：每个秩上都是同一批、同样的顺序，也就是分词进程发出的顺序。只有秩 0 读分词进程那边的队列；其余的秩经 connect 接好的套接字（self.pub → self.sub）从秩 0 拿到消息。blocking 时至少返回一条（没有就等），否则不等新消息（可以返回空列表）。代价有上限：不论这次有几条，每次迭代至多一次集合通信（任何组上、任何 torch.distributed 的集合通信都算；别用数据组，重叠调度的前向可能正同时在上面通信）；空闲的秩不能在集合通信里等下一条消息（集合通信会超时，空闲却可以很久）。给定：deserialize、unwrap
+        # en: return this iteration's messages (batch messages split into single ones): on every rank the same ones in the same order, the order the tokenizer sent them in. Only rank 0 reads the tokenizer's queue; the other ranks get the messages from it through the sockets connect set up (self.pub → self.sub). With blocking, return at least one message (wait for it); without, do not wait for new messages (an empty list is fine). A bounded cost: at most one collective per iteration however many messages there are (any torch.distributed collective counts, on any group; keep off the data group, which the overlapped forward may be using at that very moment), and an idle rank must not wait for the next message inside a collective (collectives time out, idle spells may last hours). Given: deserialize, unwrap
+        # hint1: ZMQ 只保证顺序，不保证什么时候到：秩 1 自己看不出秩 0 这次迭代收到哪一条为止，得由秩 0 每次迭代告诉它——最省事的是每次迭代在控制组上对一个数达成一致（一次集合通信，0 条也要做）。
+        # hint1: 秩 0 可以绕开队列自己的取法（它会反序列化），直接从底下的套接字收字节、原样转发。空闲时其余的秩先在自己的套接字上等到数据，再进集合通信：秩 0 先发消息、再进集合通信
+        # en1: ZMQ keeps the order but not the timing: rank 1 cannot tell by itself where rank 0's iteration ends, so rank 0 must tell it every iteration —
+        # en1: the simplest way is to agree on one number on the control group each iteration (one collective, even for 0 messages).
+        # en1: Rank 0 can bypass the queue's own getter (it deserializes), read the bytes from the socket underneath and pass them on unchanged.
+        # en1: When idle, the other ranks first wait on their own socket for data, then join the collective: rank 0 sends the messages before it joins
         # hint2: 1. count = torch.zeros(1, dtype=torch.int64)；
         # hint2: 2. 秩 0：frames = [self.recv_queue.socket.recv()] if blocking else []；
         # hint2:    再循环 frames.append(self.recv_queue.socket.recv(zmq.NOBLOCK))，直到抛 zmq.Again；
         # hint2:    每帧 self.pub.socket.send(frame)；count[0] = len(frames)；dist.broadcast(count, src=0, group=self.comm.control)；
         # hint2: 3. 其余的秩：blocking 时 self.sub.socket.poll()；dist.broadcast(count, src=0, group=self.comm.control)；
         # hint2:    frames = [self.sub.socket.recv() for _ in range(int(count.item()))]；
-        # hint2: 4. self.comm.calls["broadcast"] += 1；
-        # hint2: 5. return [one for frame in frames for one in unwrap(deserialize(frame))]。
+        # hint2: 4. return [one for frame in frames for one in unwrap(deserialize(frame))]。
         # en2: 1. count = torch.zeros(1, dtype=torch.int64);
         # en2: 2. rank 0: frames = [self.recv_queue.socket.recv()] if blocking else [];
         # en2:    then loop frames.append(self.recv_queue.socket.recv(zmq.NOBLOCK)) until it raises zmq.Again;
         # en2:    self.pub.socket.send(frame) for each; count[0] = len(frames); dist.broadcast(count, src=0, group=self.comm.control);
         # en2: 3. the other ranks: if blocking, self.sub.socket.poll(); dist.broadcast(count, src=0, group=self.comm.control);
         # en2:    frames = [self.sub.socket.recv() for _ in range(int(count.item()))];
-        # en2: 4. self.comm.calls["broadcast"] += 1;
-        # en2: 5. return [one for frame in frames for one in unwrap(deserialize(frame))].
+        # en2: 4. return [one for frame in frames for one in unwrap(deserialize(frame))].
         count = torch.zeros(1, dtype=torch.int64)
         if self.tp_info.is_primary:
             frames = [self.recv_queue.socket.recv()] if blocking else []
@@ -222,7 +223,6 @@ class TPScheduler(SchedulerIO):
                 self.sub.socket.poll()
             dist.broadcast(count, src=0, group=self.comm.control)
             frames = [self.sub.socket.recv() for _ in range(int(count.item()))]
-        self.comm.calls["broadcast"] += 1
         return [one for frame in frames for one in unwrap(deserialize(frame))]
         # <<< TASK
 

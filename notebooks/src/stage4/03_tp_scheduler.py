@@ -7,12 +7,13 @@
 # 办法是**每个秩都跑完整的调度器**：输入一样、决定的规则是确定的，大家就做出一样的决定，不必每一步互相商量批次。
 # 要一样的有三样：
 #
-# - **输入**：只有秩 0 从分词进程收消息，把**收到的原字节**经 XPUB 转给其余的秩，并在 gloo 控制组上广播“这次收了几条”；
-#   其余的秩正好取这么多条，同一次迭代看到同一批消息；
+# - **输入**：只有秩 0 从分词进程收消息，经 XPUB 转给其余的秩；每个秩要在同一次迭代看到同一批消息——ZMQ 不管消息
+#   什么时候到，空闲的秩又不能在集合通信里等，所以得有个小小的协议，每次迭代至多一次集合通信；
 # - **规则**：解码批次按 uid 排，采样器各秩同一个种子，KV 页数各秩取最小值（第 4.2 章 `TPEngine` 的 `agree_min`）；
 # - **输出**：只有秩 0 有去往分词进程和 API 服务器的套接字；其余的秩照样做出每个决定（取消、结束、拒绝），只是没有地方可说。
 #
-# 本章要写的是按 uid 排的解码批次（`decode_order`）、接上套接字（`connect`）和把消息转给每个秩（`fan_out`）。
+# 本章要写的是按 uid 排的解码批次（`decode_order`）、接上套接字（`connect`），以及把消息转给每个秩的协议（`fan_out`，
+# 由你设计）。
 
 # %% [markdown] tags=["lang-en"]
 # # Chapter 4.3 tp_scheduler: ranks that agree
@@ -25,16 +26,16 @@
 # The way out: **every rank runs the complete scheduler**. With the same input and deterministic rules they all make the
 # same decisions, without agreeing on the batch at every step. Three things must be the same:
 #
-# - **the input**: only rank 0 receives from the tokenizer; it passes **the bytes it received** on to the other ranks over
-#   XPUB and broadcasts "how many this time" on the gloo control group; the other ranks take exactly that many, so every
-#   rank sees the same messages in the same iteration;
+# - **the input**: only rank 0 receives from the tokenizer and passes the messages on to the other ranks over XPUB; every
+#   rank must see the same messages in the same iteration — ZMQ does not say when a message arrives, and an idle rank
+#   cannot wait inside a collective, so it takes a small protocol, with at most one collective per iteration;
 # - **the rules**: the decode batch is ordered by uid, one sampler seed on every rank, and every rank takes the smallest
 #   KV page count (`agree_min` in chapter 4.2's `TPEngine`);
 # - **the output**: only rank 0 has sockets to the tokenizer and the API server; the other ranks make every decision all
 #   the same (abort, finish, reject), they just have no one to tell.
 #
-# This chapter's tasks are the decode batch in uid order (`decode_order`), attaching the sockets (`connect`) and passing
-# the messages on to every rank (`fan_out`).
+# This chapter's tasks are the decode batch in uid order (`decode_order`), attaching the sockets (`connect`), and the
+# protocol that passes the messages on to every rank (`fan_out`, of your design).
 
 # %%
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
@@ -160,7 +161,58 @@ explorer.run(joined="40, 10, 30, 20")
 explorer.run(joined="3, 3")
 
 # %% [markdown] tags=["lang-zh"]
-# ## 2. 两个秩，步调一致
+# ## 2. 消息什么时候到
+#
+# 秩 0 把消息转给秩 1 之后，秩 1 什么时候收得到？ZMQ 只保证按顺序、不丢，不管什么时候。下面在一个进程里开一对
+# XPUB/SUB（和 `connect` 接的一样，先握手），一口气发 3 条，马上数一数 SUB 上此刻到了几条，过 50 ms 再数一次。
+# 第一次数出来的每次运行都可能不同——这正是要说明的：秩 1 要是“此刻到了几条就取几条”，同一条消息在两个秩上就可能
+# 落进不同的迭代。怎样让每个秩在同一次迭代拿到同样的消息，又不让空闲的秩在集合通信里等，是 `fan_out` 要你设计的。
+
+# %% [markdown] tags=["lang-en"]
+# ## 2. When does a message arrive?
+#
+# Once rank 0 has passed a message on to rank 1, when does rank 1 get it? ZMQ promises order and no loss, not timing.
+# Below, one process opens an XPUB/SUB pair (as `connect` does, handshake first), sends 3 messages in a row, counts at
+# once how many are on the SUB right now, and counts again 50 ms later. The first count may differ on every run — which
+# is exactly the point: if rank 1 "took whatever is there right now", one message could land in different iterations on
+# the two ranks. How every rank gets the same messages in the same iteration, without an idle rank waiting inside a
+# collective, is what `fan_out` asks you to design.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import time
+
+import zmq
+
+from minisgl.message import AbortBackendMsg, ZmqPubQueue, ZmqSubQueue
+
+pub = ZmqPubQueue("tcp://127.0.0.1:*")
+sub = ZmqSubQueue(pub.socket.last_endpoint.decode())
+pub.wait_for_subscribers(1, 10)
+
+
+def there_now() -> int:  # SUB 上此刻已经到了几条（不等，取走） | en: how many are on the SUB right now (no waiting; taken)
+    n = 0
+    while True:
+        try:
+            sub.socket.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return n
+        n += 1
+
+
+for burst in range(4):
+    for uid in range(3):
+        pub.put(AbortBackendMsg(uid))
+    now = there_now()
+    time.sleep(0.05)
+    print(tr("burst {burst}: 3 sent; there at once: {now}; 50 ms later: {later} more", burst=burst, now=now,
+             later=there_now()))
+pub.close()
+sub.close()
+
+# %% [markdown] tags=["lang-zh"]
+# ## 3. 两个秩，步调一致
 #
 # 现在真的起两个秩。spawn 出的秩要按**名字**导入它跑的函数，所以它写在示例 `examples/chapters/tp_scheduler.py`
 # 的模块顶层，这里导入它：每个秩加入进程组、建一个 `TPScheduler` 并接上套接字；秩 0 这边还扮演分词进程：
@@ -169,7 +221,7 @@ explorer.run(joined="3, 3")
 # 只把它处理消息的方法包一层来记录）。
 
 # %% [markdown] tags=["lang-en"]
-# ## 2. Two ranks in step
+# ## 3. Two ranks in step
 #
 # Now two real ranks. A spawned rank imports the function it runs **by name**, so that function sits at the top level of
 # the example `examples/chapters/tp_scheduler.py`, and we import it from there: each rank joins the process group, builds
@@ -220,13 +272,13 @@ print(tr("both ranks saw the same in every iteration: {same}", same=ranks[0]["li
 # page is back; iteration 5 receives the exit.
 
 # %% [markdown] tags=["lang-zh"]
-# ## 3. 只有秩 0 回话
+# ## 4. 只有秩 0 回话
 #
 # 两个秩都做出了每个决定，可分词进程只该听到一次。2 号和 5 号各 4 个 token，9 号在取消之前只拿到预填充的那 1 个，
 # 取消本身不回话：一共 9 条 `DetokenizeMsg`（结束跟着最后一个 token 一起报）。要是秩 1 也回话，就会是两倍：
 
 # %% [markdown] tags=["lang-en"]
-# ## 3. Only rank 0 replies
+# ## 4. Only rank 0 replies
 #
 # Both ranks made every decision, yet the tokenizer must hear each one once. Numbers 2 and 5 get 4 tokens each, number 9
 # only the prefill's 1 before its abort, and the abort itself gets no reply: 9 `DetokenizeMsg` in all (the finish comes
@@ -242,7 +294,7 @@ print(tr("expected: {tokens} tokens for each of the {n} requests that finish, pl
          same=counts == {"DetokenizeMsg": expected}))
 
 # %% [markdown] tags=["lang-zh"]
-# ## 4. 真的服务器
+# ## 5. 真的服务器
 #
 # 服务器里每个秩是一个调度器进程，跑的就是这个 `TPScheduler`；秩 0 的进程旁边还有分词进程和 API 服务器。一台机器两个秩：
 #
@@ -257,7 +309,7 @@ print(tr("expected: {tokens} tokens for each of the {n} requests that finish, pl
 # 凑不起来的组合在启动任何进程之前就被拒绝（`--tp` 是所有节点合计的秩数）：
 
 # %% [markdown] tags=["lang-en"]
-# ## 4. The real server
+# ## 5. The real server
 #
 # In the server each rank is a scheduler process running this very `TPScheduler`; next to rank 0's process are the
 # tokenizer and the API server. Two ranks on one machine:
@@ -284,20 +336,20 @@ for tp, nnodes, node_rank, addr in [(2, 2, 1, "10.0.0.1:29500"), (2, 2, 0, None)
 # %% [markdown] tags=["lang-zh"]
 # ## 自测
 #
-# 1. 秩 0 已经把消息原样转给了秩 1，为什么还要在控制组上广播“这次收了几条”？
+# 1. 秩 0 已经把消息原样转给了秩 1，为什么秩 1 不能只收“此刻已经到了的”？
 #
 # <details><summary>答案</summary>
 #
-# ZMQ 只保证消息按顺序、不丢，不保证**什么时候**到。秩 1 要是只收“此刻已经到了的”，一条消息可能秩 0 在第 2 次迭代
-# 处理、秩 1 在第 3 次才处理，两个秩的批次就不一样了。条数把每条消息钉在同一次迭代上：秩 1 正好收这么多条，没到就等。
+# ZMQ 只保证消息按顺序、不丢，不保证**什么时候**到（第 2 节）。秩 1 要是只收“此刻已经到了的”，一条消息可能秩 0 在第 2 次
+# 迭代处理、秩 1 在第 3 次才处理，两个秩的批次就不一样了。秩 1 得从秩 0 那里知道这次迭代到哪一条为止，连“这次没有”也得知道。
 # </details>
 #
-# 2. 空闲的秩 1 为什么先在 `sub.socket.poll()` 上等第一帧，而不是直接进 `broadcast`？
+# 2. 服务器空闲了几分钟。空闲的秩 1 为什么不能在集合通信里等下一条消息？
 #
 # <details><summary>答案</summary>
 #
-# 空闲的时候，下一条消息可能几分钟以后才来。秩 0 阻塞在接收上，秩 1 要是在集合通信里等，就会等到集合通信超时、出错。
-# 在自己的套接字上等，来多久都行；第一帧到了，秩 0 也已经收到并马上广播条数。
+# 集合通信有时限（`COLLECTIVE_TIMEOUT_S`）。秩 0 阻塞在接收上，不在集合通信里；秩 1 要是在集合通信里等，就会等到超时、
+# 出错。它得在没有时限的地方等（比如自己的套接字），等到秩 0 也马上就到的时候，再进集合通信。
 # </details>
 #
 # 3. 秩 1 没有去往分词进程的套接字，它还要处理取消吗？
@@ -311,25 +363,24 @@ for tp, nnodes, node_rank, addr in [(2, 2, 1, "10.0.0.1:29500"), (2, 2, 0, None)
 # %% [markdown] tags=["lang-en"]
 # ## Self-check
 #
-# 1. Rank 0 already passes every message on to rank 1 unchanged. Why broadcast "how many this time" on the control group
-#    as well?
+# 1. Rank 0 already passes every message on to rank 1 unchanged. Why can rank 1 not just take "what has arrived so far"?
 #
 # <details><summary>Answer</summary>
 #
-# ZMQ only promises that messages arrive in order and are not lost, not **when** they arrive. If rank 1 took only "what
-# has arrived so far", a message might be handled by rank 0 in iteration 2 and by rank 1 in iteration 3, and the two
-# ranks' batches would differ. The count pins each message to one iteration: rank 1 takes exactly that many, waiting for
-# any that are not there yet.
+# ZMQ only promises that messages arrive in order and are not lost, not **when** they arrive (section 2). If rank 1 took
+# only "what has arrived so far", a message might be handled by rank 0 in iteration 2 and by rank 1 in iteration 3, and
+# the two ranks' batches would differ. Rank 1 must learn from rank 0 where this iteration ends, "none this time"
+# included.
 # </details>
 #
-# 2. Why does an idle rank 1 first wait for the first frame on `sub.socket.poll()`, instead of going straight into the
-#    `broadcast`?
+# 2. The server has been idle for a few minutes. Why can an idle rank 1 not wait for the next message inside a
+#    collective?
 #
 # <details><summary>Answer</summary>
 #
-# When idle, the next message may come minutes later. Rank 0 blocks on its receive; if rank 1 waited inside the
-# collective, it would wait until the collective timed out and failed. Waiting on its own socket can last as long as it
-# needs; once the first frame is there, rank 0 has received it too and broadcasts the count right away.
+# A collective has a time limit (`COLLECTIVE_TIMEOUT_S`). Rank 0 blocks on its receive, which is not a collective; if
+# rank 1 waited inside a collective, it would wait until it timed out and failed. It must wait somewhere without a time
+# limit (its own socket, say), and join a collective only once rank 0 is about to join too.
 # </details>
 #
 # 3. Rank 1 has no socket to the tokenizer. Does it still have to handle aborts?
