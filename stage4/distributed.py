@@ -111,11 +111,13 @@ def _all_gather_flat(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGrou
 
 class Communicator:
     """一组秩之间的集合通信。``group`` 传张量（gloo 或 NCCL），``control`` 传控制信息（总是 gloo，CPU 上的张量）；
-    只有一个秩时两者都是 None，什么都不通信。``calls`` 数真的发生过的通信：名字 → 次数。
+    只有一个秩时两者都是 None，什么都不通信。``calls`` 数真的发生过的通信：名字 → 次数；``sent_elsewhere`` 累计
+    ``all_to_all`` 发给别的秩的字节（发给自己的不出进程，不算）。
 
     en: Collectives among a group of ranks. ``group`` carries tensors (gloo or NCCL), ``control`` control data (always
     gloo, CPU tensors); with one rank both are None and nothing is communicated. ``calls`` counts the communications that
-    really happened: name → count.
+    really happened: name → count; ``sent_elsewhere`` adds up the bytes ``all_to_all`` sent to other ranks (rows a rank
+    sends itself never leave the process and do not count).
     """
 
     def __init__(self, info: DistributedInfo, group: dist.ProcessGroup | None = None,
@@ -124,6 +126,7 @@ class Communicator:
         self.group = group
         self.control = control
         self.calls: Counter[str] = Counter()
+        self.sent_elsewhere = 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """各秩的 ``x`` 逐元素相加，结果**就地**写回每个秩的 ``x`` 并返回它。一个秩时原样返回、不记数。
@@ -192,6 +195,7 @@ class Communicator:
         out = x.new_empty((sum(recv_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), recv_splits, list(send_splits), group=self.group)
         self.calls["all_to_all"] += 1
+        self.sent_elsewhere += (sum(send_splits) - send_splits[self.info.rank]) * x[:1].numel() * x.element_size()
         return out, recv_splits
 
 

@@ -47,10 +47,13 @@ def demo_rank(rank: int, world_size: int, addr: str, model_path: str, ep_size: i
     if ep_size > 1:
         dispatch = experts.dispatch
 
-        def noted(*args: Any) -> Any:
-            result = dispatch(*args)
-            sends.append(result[2].send_splits)
-            return result
+        def noted(x: torch.Tensor, topk_ids: torch.Tensor) -> Any:
+            # 这段 token 的 (token, 选择) 对各归哪个秩（由路由定，与派发的协议无关）
+            # en: which rank each (token, choice) pair of this stretch belongs to (the routing decides, not the
+            # en: dispatch protocol)
+            owners = topk_ids.reshape(-1) // len(experts.local)
+            sends.append(torch.bincount(owners, minlength=world_size).tolist())
+            return dispatch(x, topk_ids)
 
         experts.dispatch = noted
     get_tp_comm().calls.clear()

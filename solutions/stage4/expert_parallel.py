@@ -6,10 +6,11 @@
   down 按列切，和第 4.2 章的 MLP 一样；每个秩算出部分和，一次 ``all_reduce``。每层通信 ``T × H``，与路由无关；
   可每个专家的矩阵都变窄了，专家本来就小（Qwen3-30B-A3B 的每个专家中间维只有 768），切 8 份就只剩 96；
 - **专家并行**（:class:`EPMoE`，``ep_size = n``）：秩 ``r`` 持有一段连续的专家（:func:`expert_range`），每个都是整的。
-  token 得**去**持有它的专家的秩那里：每个秩负责 ``T`` 个 token 里的一段（:func:`token_range`），把它们的
-  ``(token, 选择)`` 对按目的秩排好，用 ``all_to_all`` 发出去（**派发**，各秩条数不等，可以是 0）；收到的行按本地专家
-  分组算完，再用一次 ``all_to_all`` 原路送回（**合并**：回程的条数就是去程的反过来，不用再交换），乘上路由权重、
-  按 token 加起来。最后各段拼回整份 ``[T, H]``（这里用一次 ``all_reduce``：注意力按第 4.2 章切，每个秩都要全部 token）。
+  token 得**去**持有它的专家的秩那里：每个秩负责 ``T`` 个 token 里的一段（:func:`token_range`），把这段的每个
+  ``(token, 选择)`` 对送到持有那个专家的秩（**派发**，各秩之间的条数由路由决定、不等，可以是 0），那边按本地专家
+  分组算完，结果再回到来的秩（**合并**），乘上路由权重、按 token 加起来。派发和合并之间怎么通信、记下什么，是你设计的
+  协议，预算是两者一共最多 3 次 ``all_to_all``。最后各段拼回整份 ``[T, H]``（这里用一次 ``all_reduce``：注意力按
+  第 4.2 章切，每个秩都要全部 token）。
 
 哪个划算看计数：专家并行每个 token 发 ``k`` 行（发到别的秩的那部分）再收回来，外加拼回；张量并行每层一次 ``T × H``。
 专家并行的负载还取决于路由：热门专家所在的秩要算的行多，别的秩等它（``tokens_per_expert`` 看得出来）。
@@ -26,12 +27,12 @@ are two ways:
   experts are small to begin with (each of Qwen3-30B-A3B's has an intermediate size of 768: 96 once cut 8 ways);
 - **expert parallel** (:class:`EPMoE`, ``ep_size = n``): rank ``r`` holds a contiguous block of experts
   (:func:`expert_range`), each whole. Tokens must *travel* to the rank holding their expert: each rank takes charge of
-  one stretch of the ``T`` tokens (:func:`token_range`), sorts their ``(token, choice)`` pairs by destination rank and
-  sends them with ``all_to_all`` (**dispatch**: uneven counts, possibly 0); the rows received are computed grouped by
-  local expert and sent back the same way with one more ``all_to_all`` (**combine**: the return counts are the outbound
-  ones reversed, no exchange needed), multiplied by the routing weights and added up per token. Last, the stretches are
-  joined into the whole ``[T, H]`` again (here one ``all_reduce``: attention is split as in chapter 4.2, so every rank
-  needs every token).
+  one stretch of the ``T`` tokens (:func:`token_range`) and gets each ``(token, choice)`` pair of it to the rank holding
+  that expert (**dispatch**: the counts between ranks follow the routing, uneven, possibly 0); there it is computed
+  grouped by local expert, and the result goes back to the rank it came from (**combine**), multiplied by the routing
+  weights and added up per token. How dispatch and combine communicate, and what they note, is a protocol you design,
+  within a budget of at most 3 ``all_to_all`` for the two together. Last, the stretches are joined into the whole
+  ``[T, H]`` again (here one ``all_reduce``: attention is split as in chapter 4.2, so every rank needs every token).
 
 Which one pays is a matter of counting: expert parallelism sends ``k`` rows per token (the part bound for other ranks)
 and gets them back, plus the join; tensor parallelism moves ``T × H`` once per layer. Expert parallelism's load also
@@ -41,7 +42,7 @@ depends on the routing: the rank holding a popular expert has more rows to compu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import torch
 
@@ -169,27 +170,21 @@ def token_range(num_tokens: int, rank: int, size: int) -> range:
     return range(start, start + base + (rank < extra))
 
 
-@dataclass
-class Dispatched:
-    """派发时记下、合并时要用的：``order`` 是本秩的 (token, 选择) 对发出的顺序（在 ``topk_ids.reshape(-1)`` 里的
-    下标），``send_splits`` / ``recv_splits`` 是发给、收自每个秩的行数。
-
-    en: What dispatch notes and combine needs: ``order`` is the order in which this rank's (token, choice) pairs were
-    sent (indices into ``topk_ids.reshape(-1)``), ``send_splits`` / ``recv_splits`` the rows sent to / received from each
-    rank.
-    """
-
-    order: torch.Tensor
-    send_splits: list[int]
-    recv_splits: list[int]
+#: 派发交给合并的记录：装什么、什么形状，由你设计（一个元组、一个字典、你自己定义的数据类都行）。给定的
+#: :meth:`EPMoE.forward` 只把它原样从 ``dispatch`` 递给 ``combine``，从不看里面。
+#: en: The record dispatch hands to combine: what it holds and in what shape is your design (a tuple, a dict, a
+#: en: dataclass of your own). The given :meth:`EPMoE.forward` only passes it from ``dispatch`` to ``combine`` untouched and
+#: en: never looks inside.
+Dispatched: TypeAlias = Any
 
 
 class EPMoE(FusedMoE):
     """本秩持有 :func:`expert_range` 那一段专家，每个都是整的；检查点里别的秩的专家装载时丢掉。``bytes_moved`` 累计
-    本秩交给集合通信的字节数（派发、合并、拼回）。
+    本秩交给集合通信的字节数：派发、合并真正发给别的秩的（通信器的 ``sent_elsewhere`` 量出），加上拼回的整份。
 
     en: This rank holds the block of experts of :func:`expert_range`, each whole; other ranks' experts in the checkpoint
-    are dropped while loading. ``bytes_moved`` counts the bytes this rank hands to collectives (dispatch, combine, join).
+    are dropped while loading. ``bytes_moved`` counts the bytes this rank hands to collectives: what dispatch and combine
+    really send to other ranks (measured by the communicator's ``sent_elsewhere``), plus the whole joined at the end.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype,
@@ -221,79 +216,92 @@ class EPMoE(FusedMoE):
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Dispatched]:
         """把本秩这段 token（``x``：``[t, H]``，``topk_ids``：``[t, k]``，专家号是全局的）的每个 (token, 选择) 对
-        发给持有那个专家的秩。返回收到的行、它们的**本地**专家号（``0 .. 本秩专家数 - 1``），以及合并要用的记录。
+        送到持有那个专家的秩。返回本秩收到的行（每行一对）、它们的**本地**专家号（``0 .. 本秩专家数 - 1``），以及
+        交给 :meth:`combine` 的记录（:data:`Dispatched`：由你设计）。
 
-        en: Send each (token, choice) pair of this rank's tokens (``x``: ``[t, H]``, ``topk_ids``: ``[t, k]``, global
-        expert numbers) to the rank holding that expert. Returns the rows received, their **local** expert numbers
-        (``0 .. this rank's expert count - 1``), and the record combine needs.
+        en: Get each (token, choice) pair of this rank's tokens (``x``: ``[t, H]``, ``topk_ids``: ``[t, k]``, global
+        expert numbers) to the rank holding that expert. Returns the rows this rank receives (one per pair), their
+        **local** expert numbers (``0 .. this rank's expert count - 1``), and the record handed to :meth:`combine`
+        (:data:`Dispatched`: your design).
         """
         comm, per_rank = get_tp_comm(), self.num_experts
-        # >>> TASK dispatch: 返回 (收到的行, 它们的本地专家号, Dispatched 记录)：本秩这段 token 的每个 (token, 选择) 对正好发一次，发给持有那个专家的秩（各秩条数不等，可以是 0）；Dispatched 记下这些对发出的顺序（拉平后的下标）和发给、收自每个秩的行数。用 comm 的 all_to_all 正好两次：发行、再发专家号，第二次不再交换条数
-        # en: return (rows received, their local expert numbers, a Dispatched record): each (token, choice) pair of this rank's tokens goes exactly once to the rank holding its expert (uneven counts, possibly 0); Dispatched notes the sequence the pairs were sent in (flattened indices) and the rows sent to and received from each rank. Exactly two all_to_all calls on comm: the rows, then the expert numbers, the second exchanging no counts
-        # hint1: 每个秩的专家是连续的一段，所以按专家号排好序，就同时按目的秩排好了；一个专家号整除每秩专家数就是它的目的秩。第二次发送时收的条数已经知道了
-        # en1: Each rank's experts form one contiguous block, so sorting by expert number also sorts by destination rank;
-        # en1: an expert number divided by the experts per rank is its destination. On the second send the receive counts are already known
-        # hint2: 1. flat = topk_ids.reshape(-1)；order = torch.argsort(flat)；第 i 对属于 token i // k（k = topk_ids.shape[1]）；
+        # >>> TASK dispatch: 返回 (收到的行, 它们的本地专家号, 交给合并的记录)：所有秩的 (token, 选择) 对里，专家归本秩的每一对在收到的行里正好一行（那个 token 的输入），同一位置上是它的专家在本秩的编号（0 到本秩专家数 − 1）；本秩这段 token 的每一对都正好送到持有它专家的那个秩一次，不去别的秩（各秩之间的条数不等，可以是 0）。记录里装什么由你设计，给定的 forward 原样把它递给 combine。t 可以是 0，这个秩照样参加通信。预算：派发加合并一共最多 3 次 comm.all_to_all，除此之外不做别的集合通信（最后的 all_reduce 是给定的 forward 做的）。给定：comm、per_rank
+        # en: return (rows received, their local expert numbers, a record for combine): among all ranks' (token, choice) pairs, each pair whose expert this rank holds appears exactly once in the rows received (that token's input), with its expert's number on this rank (0 to this rank's expert count − 1) at the same position; each pair of this rank's own tokens reaches the rank holding its expert exactly once and no other rank (uneven counts between ranks, possibly 0). What the record holds is your design: the given forward passes it to combine untouched. t may be 0, and the rank still joins the communication. Budget: dispatch and combine together make at most 3 comm.all_to_all calls and no other collective (the final all_reduce is the given forward's). Given: comm, per_rank
+        # hint1: 每个秩的专家是连续的一段：专家号整除每秩专家数就是持有它的秩。comm.all_to_all 要的是先放发给秩 0 的行、再放发给秩 1 的……，
+        # hint1: 每个秩几行都要给（包括 0）；按什么顺序发出，合并时就得按同样的顺序还原，所以把它记进记录。专家号可以再用一次 all_to_all 发，那时收几行已经知道了
+        # en1: Each rank's experts form one contiguous block: an expert number divided by the experts per rank is the rank holding it.
+        # en1: comm.all_to_all wants the rows for rank 0 first, then those for rank 1, ..., with a count for every rank (0 included);
+        # en1: whatever order you send in, combine must undo it, so keep it in the record. The expert numbers can follow in a second all_to_all, whose receive counts are already known
+        # hint2: 1. flat = topk_ids.reshape(-1)；order = torch.argsort(flat)（专家连续分给各秩，按专家号排好也就按目的秩排好了）；第 i 对属于 token i // k（k = topk_ids.shape[1]）；
         # hint2: 2. send_splits = torch.bincount(flat // per_rank, minlength=self.ep.size).tolist()；
         # hint2: 3. rows, recv_splits = comm.all_to_all(x[order // topk_ids.shape[1]], send_splits)；
-        # hint2: 4. ids, _ = comm.all_to_all(flat[order], send_splits, recv_splits)；
-        # hint2: 5. return rows, ids - self.local.start, Dispatched(order, send_splits, recv_splits)。
-        # en2: 1. flat = topk_ids.reshape(-1); order = torch.argsort(flat); pair i belongs to token i // k (k = topk_ids.shape[1]);
+        # hint2: 4. ids, _ = comm.all_to_all(flat[order], send_splits, recv_splits)（条数已知，不再交换）；
+        # hint2: 5. return rows, ids - self.local.start, (order, send_splits, recv_splits)。
+        # en2: 1. flat = topk_ids.reshape(-1); order = torch.argsort(flat) (the experts are dealt out in blocks, so sorted by expert is sorted by destination rank); pair i belongs to token i // k (k = topk_ids.shape[1]);
         # en2: 2. send_splits = torch.bincount(flat // per_rank, minlength=self.ep.size).tolist();
         # en2: 3. rows, recv_splits = comm.all_to_all(x[order // topk_ids.shape[1]], send_splits);
-        # en2: 4. ids, _ = comm.all_to_all(flat[order], send_splits, recv_splits);
-        # en2: 5. return rows, ids - self.local.start, Dispatched(order, send_splits, recv_splits).
+        # en2: 4. ids, _ = comm.all_to_all(flat[order], send_splits, recv_splits) (counts known, no exchange);
+        # en2: 5. return rows, ids - self.local.start, (order, send_splits, recv_splits).
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat)
         send_splits = torch.bincount(flat // per_rank, minlength=self.ep.size).tolist()
         rows, recv_splits = comm.all_to_all(x[order // topk_ids.shape[1]], send_splits)
         ids, _ = comm.all_to_all(flat[order], send_splits, recv_splits)
-        return rows, ids - self.local.start, Dispatched(order, send_splits, recv_splits)
+        return rows, ids - self.local.start, (order, send_splits, recv_splits)
         # <<< TASK
 
     def combine(self, out_rows: torch.Tensor, topk_weights: torch.Tensor, sent: Dispatched) -> torch.Tensor:
-        """把算好的行（与收到时同样的顺序）送回它们来的秩，乘上路由权重，按 token 加成本秩这段的输出 ``[t, H]``。
+        """``out_rows`` 是 :meth:`dispatch` 返回的那些行（同样的顺序）经专家算出的结果（每行权重 1）；把它们送回
+        各自那一对来的秩，乘上路由权重，按 token 加成本秩这段的输出 ``[t, H]``。``sent`` 是 :meth:`dispatch`
+        返回的记录。
 
-        en: Send the computed rows (in the order they were received) back to the ranks they came from, multiply by the
-        routing weights and add them up per token into this rank's stretch of the output, ``[t, H]``.
+        en: ``out_rows`` are the expert outputs (weight 1 per row) of the rows :meth:`dispatch` returned, in the same
+        order; get each back to the rank its pair came from, multiply by the routing weights and add them up per token
+        into this rank's stretch of the output, ``[t, H]``. ``sent`` is the record :meth:`dispatch` returned.
         """
-        # >>> TASK combine: 返回本秩这段 token 的输出 [t, H]：算好的行（与收到时同序）原路送回它们来的秩，回程条数就是去程的反过来、不再交换；送回来的每行乘上它那一对的路由权重（换成行的类型），一个 token 的 k 行加在一起。t 可以是 0，这时通信也照样要参加。给定：sent
-        # en: return this rank's stretch of the output, [t, H]: the computed rows (in the sequence they arrived) go back the way they came, the return counts being the outbound ones reversed, with no exchange; each row that comes back is multiplied by its pair's routing weight (cast into the rows' dtype), and a token's k rows add up. t may be 0, and then the communication must still be joined. Given: sent
-        # hint1: 回来的行和派发时记下的发出顺序一一对应：权重按那个顺序取，那个顺序除以 k 就是每行的 token。同一个 token 的几行要累加
-        # en1: The rows that come back match the sending sequence noted at dispatch one for one: take the weights in that sequence,
-        # en1: and that sequence divided by k gives each row's token. A token's rows must accumulate
-        # hint2: 1. back, _ = get_tp_comm().all_to_all(out_rows, sent.recv_splits, sent.send_splits)（发去程收的条数，收去程发的条数）；
-        # hint2: 2. k = topk_weights.shape[1]；back = back * topk_weights.reshape(-1)[sent.order, None].to(back.dtype)；
-        # hint2: 3. out = back.new_zeros((topk_weights.shape[0], back.shape[1]))；return out.index_add_(0, sent.order // k, back)。
-        # en2: 1. back, _ = get_tp_comm().all_to_all(out_rows, sent.recv_splits, sent.send_splits) (send the outbound receive counts, receive the outbound send counts);
-        # en2: 2. k = topk_weights.shape[1]; back = back * topk_weights.reshape(-1)[sent.order, None].to(back.dtype);
-        # en2: 3. out = back.new_zeros((topk_weights.shape[0], back.shape[1])); return out.index_add_(0, sent.order // k, back).
-        back, _ = get_tp_comm().all_to_all(out_rows, sent.recv_splits, sent.send_splits)
+        comm = get_tp_comm()
+        # >>> TASK combine: 返回本秩这段 token 的输出 [t, H]，等于没切的专家层在这些 token 上的结果：每一行算好的结果都要回到它那一对来的秩（不去别的秩）、只算一次，乘上那一对的路由权重（换成行的类型），一个 token 的 k 对加在一起。t 可以是 0，这个秩照样参加通信。不超出派发时说的预算（两者一共最多 3 次 all_to_all）。给定：comm、sent（你的 dispatch 返回的记录）
+        # en: return this rank's stretch of the output, [t, H], equal to the unsplit experts on these tokens: each computed row must get back to the rank its pair came from (and to no other) and count exactly once, multiplied by that pair's routing weight (cast to the rows' dtype), a token's k pairs adding up. t may be 0, and the rank still joins the communication. Within the budget stated at dispatch (at most 3 all_to_all for the two together). Given: comm, sent (the record your dispatch returned)
+        # hint1: 回程就是去程反过来：去程从每个秩收几行，回程就给它发几行，反之亦然，两组条数都已知。
+        # hint1: 回来的行按派发时发出的顺序排：权重按那个顺序取，那个顺序除以 k 就是每行的 token；同一个 token 的几行要累加，不是覆盖
+        # en1: The return trip is the way out reversed: as many rows go back to each rank as came from it, and the other way round; both sets of counts are known.
+        # en1: The rows come back in the order they were sent at dispatch: take the weights in that order, and that order divided by k gives each row's token;
+        # en1: a token's rows must accumulate, not overwrite
+        # hint2: 1. order, send_splits, recv_splits = sent；back, _ = comm.all_to_all(out_rows, recv_splits, send_splits)（发去程收的条数，收去程发的条数）；
+        # hint2: 2. k = topk_weights.shape[1]；back = back * topk_weights.reshape(-1)[order, None].to(back.dtype)；
+        # hint2: 3. out = back.new_zeros((topk_weights.shape[0], back.shape[1]))；return out.index_add_(0, order // k, back)。
+        # en2: 1. order, send_splits, recv_splits = sent; back, _ = comm.all_to_all(out_rows, recv_splits, send_splits) (send the outbound receive counts, receive the outbound send counts);
+        # en2: 2. k = topk_weights.shape[1]; back = back * topk_weights.reshape(-1)[order, None].to(back.dtype);
+        # en2: 3. out = back.new_zeros((topk_weights.shape[0], back.shape[1])); return out.index_add_(0, order // k, back).
+        order, send_splits, recv_splits = sent
+        back, _ = comm.all_to_all(out_rows, recv_splits, send_splits)
         k = topk_weights.shape[1]
-        back = back * topk_weights.reshape(-1)[sent.order, None].to(back.dtype)
+        back = back * topk_weights.reshape(-1)[order, None].to(back.dtype)
         out = back.new_zeros((topk_weights.shape[0], back.shape[1]))
-        return out.index_add_(0, sent.order // k, back)
+        return out.index_add_(0, order // k, back)
         # <<< TASK
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """派发本秩这段 token → 本地专家分组算（第 4.4 章的 :func:`fused_experts`，每行权重 1）→ 合并 → 拼回 ``[T, H]``。
+        派发、合并真正发给别的秩的字节由通信器的 ``sent_elsewhere`` 量出，与它们的协议、记录无关。
 
         en: Dispatch this rank's stretch of tokens → compute grouped by local expert (chapter 4.4's
-        :func:`fused_experts`, weight 1 per row) → combine → join back into ``[T, H]``.
+        :func:`fused_experts`, weight 1 per row) → combine → join back into ``[T, H]``. The bytes dispatch and combine
+        really send to other ranks are measured by the communicator's ``sent_elsewhere``, whatever their protocol and record.
         """
         mine = token_range(x.shape[0], self.ep.rank, self.ep.size)
+        comm = get_tp_comm()
+        before = comm.sent_elsewhere
         rows, local_ids, sent = self.dispatch(x[mine.start : mine.stop], topk_ids[mine.start : mine.stop])
         counts = self.count_tokens(local_ids)
         ones = torch.ones((rows.shape[0], 1), dtype=torch.float32, device=rows.device)
         out_rows = fused_experts(rows, self.w13, self.w2, ones, local_ids[:, None], counts)
         out = x.new_zeros(x.shape)
         out[mine.start : mine.stop] = self.combine(out_rows, topk_weights[mine.start : mine.stop], sent)
-        width = x.shape[1] * x.element_size()
-        elsewhere = sum(sent.send_splits) - sent.send_splits[self.ep.rank]
-        # 去程：行和 8 字节的专家号；回程：只有行；最后拼回的整份
-        # en: out: the rows and 8-byte expert numbers; back: the rows only; last, the whole joined again
-        self.bytes_moved += elsewhere * (2 * width + 8) + out.numel() * out.element_size() * (self.ep.size > 1)
-        return get_tp_comm().all_reduce(out)
+        # 派发、合并发给别的秩的，加上最后拼回的整份
+        # en: what dispatch and combine sent to other ranks, plus the whole joined at the end
+        self.bytes_moved += comm.sent_elsewhere - before + out.numel() * out.element_size() * (self.ep.size > 1)
+        return comm.all_reduce(out)
 
 
 # ----------------------------------------------------------------------------- 切开的 MoE 模型

@@ -6,10 +6,10 @@
 # - **张量并行的专家**（`TPFusedMoE`，`ep = 1`）：每个秩都有每个专家，但只有中间维的 `1/n`——gate/up 按行切、down 按列切，
 #   和第 4.2 章的 MLP 一样；每个秩算出部分和，每层一次 `T × H` 的 `all_reduce`，与路由无关；
 # - **专家并行**（`EPMoE`，`ep = n`）：秩 `r` 持有一段连续的**整个的**专家。每个秩负责 `T` 个 token 里的一段，把
-#   `(token, 选择)` 对按专家（也就是按目的秩）排好，用 `all_to_all` **派发**出去；收到的行按本地专家分组算完，再用一次
-#   `all_to_all` 原路**合并**回来，乘上路由权重、按 token 加起来；最后一次 `all_reduce` 把各段拼回整份 `[T, H]`。
+#   每个 `(token, 选择)` 对送到持有那个专家的秩（**派发**）；那边按本地专家分组算完，结果再回到来的秩（**合并**），
+#   乘上路由权重、按 token 加起来；最后一次 `all_reduce` 把各段拼回整份 `[T, H]`。
 #
-# 这个笔记本先在本进程里看哪些切法行得通、派发时行怎么排，再起两个真的秩比较两种切法：每个秩持有什么、派发了几行、
+# 这个笔记本先在本进程里看哪些切法行得通、派发要在各秩之间交多少对，再起两个真的秩比较两种切法：每个秩持有什么、派发了几行、
 # 每个专家收到多少、交给集合通信多少字节，以及生成的 token 是否与一个秩相同。
 
 # %% [markdown] tags=["lang-en"]
@@ -22,14 +22,14 @@
 #   intermediate dimension — gate/up cut by rows, down by columns, like chapter 4.2's MLP; each rank computes a partial
 #   sum, and each layer makes one `all_reduce` of `T × H`, whatever the routing;
 # - **expert parallelism** (`EPMoE`, `ep = n`): rank `r` holds a contiguous block of **whole** experts. Each rank takes
-#   charge of one stretch of the `T` tokens, sorts its `(token, choice)` pairs by expert (that is, by destination rank)
-#   and **dispatches** them with `all_to_all`; the rows it receives are computed grouped by local expert and sent back
-#   the same way with one more `all_to_all` (**combine**), multiplied by the routing weights and added up per token; a
-#   final `all_reduce` joins the stretches into the whole `[T, H]`.
+#   charge of one stretch of the `T` tokens and gets each `(token, choice)` pair of it to the rank holding that expert
+#   (**dispatch**); there it is computed grouped by local expert, and the result goes back to the rank it came from
+#   (**combine**), multiplied by the routing weights and added up per token; a final `all_reduce` joins the stretches
+#   into the whole `[T, H]`.
 #
-# This notebook first looks, in this process, at which splits work and how the rows are ordered for dispatch, then
-# starts two real ranks to compare the two splits: what each rank holds, how many rows it dispatches, how many each
-# expert receives, how many bytes go to collectives, and whether the tokens generated equal one rank's.
+# This notebook first looks, in this process, at which splits work and how many pairs dispatch must move between ranks,
+# then starts two real ranks to compare the two splits: what each rank holds, how many rows it dispatches, how many
+# each expert receives, how many bytes go to collectives, and whether the tokens generated equal one rank's.
 
 # %%
 # 准备：找到仓库根目录（保证导入的是这个仓库里的 minisgl）、关掉进度条、固定随机种子、配好画图
@@ -104,42 +104,43 @@ for tokens in (7, 5, 1):
     print(tr("{t} tokens over 2 ranks: {stretches}", t=tokens, stretches=[list(token_range(tokens, r, 2)) for r in range(2)]))
 
 # %% [markdown] tags=["lang-zh"]
-# ## 2. 派发：按专家排序，就是按目的秩排序
+# ## 2. 派发要解决的问题：每一对该去哪个秩、各秩之间几对
 #
-# 这一步也不用起秩，在本进程里用几行 torch 把两个秩要发的东西摆出来。5 个 token、每个选 2 个专家（8 个专家，秩 0 持有
-# 0–3，秩 1 持有 4–7）。每个秩把自己那段 token 的 `(token, 选择)` 对拉平、按专家号排序：因为每个秩的专家是连续的一段，
-# 排好以后发给秩 0 的对在前、发给秩 1 的在后，数一数就是 `send_splits`。`all_to_all` 之后，秩 `r` 从秩 `s` 收到的行数就是
-# 秩 `s` 发给秩 `r` 的行数——条数矩阵转置一下；回程（合并）正好反过来，不用再交换条数：
+# 这一步也不用起秩，在本进程里把两个秩面对的情形摆出来。5 个 token、每个选 2 个专家（8 个专家，秩 0 持有 0–3，秩 1
+# 持有 4–7）。每个秩只管自己那段 token；它那段的每个 `(token, 选择)` 对，都要由持有那个专家的秩来算——也许是自己，
+# 也许是别的秩。各秩之间要交的对数由路由决定：不对称，可能是 0。算完以后，每个结果都要回到它那个 token 所在的秩，
+# 乘上路由权重、按 token 加起来。怎么交、记下什么，是你在 `dispatch` / `combine` 里设计的协议：
 
 # %% [markdown] tags=["lang-en"]
-# ## 2. Dispatch: sorting by expert is sorting by destination rank
+# ## 2. The problem dispatch solves: where each pair must go, and how many between ranks
 #
-# No ranks needed here either: a few lines of torch lay out what two ranks send. 5 tokens, each choosing 2 experts (8
-# experts, rank 0 holds 0–3, rank 1 holds 4–7). Each rank flattens its stretch's `(token, choice)` pairs and sorts them
-# by expert number: since each rank's experts are one contiguous block, the pairs for rank 0 come first and those for
-# rank 1 after, and counting them gives `send_splits`. After `all_to_all`, the rows rank `r` receives from rank `s` are
-# the rows rank `s` sent to rank `r` — the count matrix transposed; the return trip (combine) is exactly the reverse, with
-# no count exchange:
+# No ranks needed here either: lay out, in this process, what two ranks face. 5 tokens, each choosing 2 experts (8
+# experts, rank 0 holds 0–3, rank 1 holds 4–7). Each rank is in charge of its own stretch of tokens only; each
+# `(token, choice)` pair of that stretch must be computed by the rank holding its expert — maybe itself, maybe another.
+# How many pairs go between ranks is up to the routing: not symmetric, possibly 0. Once computed, each result must come
+# back to the rank its token belongs to, be multiplied by the routing weight and added up per token. How to exchange
+# them and what to note is the protocol you design in `dispatch` / `combine`:
 
 # %%
 import torch
 
 topk_ids = torch.tensor([[5, 1], [2, 7], [4, 6], [0, 3], [6, 5]])  # 全局专家号 | en: [T=5, k=2], global expert numbers
 per_rank = 8 // 2
-splits = []
+between = [[0, 0], [0, 0]]  # between[s][r]：秩 s 的 token 里归秩 r 的专家算的对数 | en: pairs of rank s's tokens for rank r's experts
+for s in range(2):
+    for t in token_range(topk_ids.shape[0], s, 2):
+        experts = topk_ids[t].tolist()
+        owners = [e // per_rank for e in experts]
+        for r in owners:
+            between[s][r] += 1
+        print(tr("rank {rank} is in charge of token {t}: experts {experts}, held by ranks {owners}", rank=s, t=t,
+                 experts=experts, owners=owners))
+print(tr("(token, choice) pairs from each rank's tokens (rows) to the rank holding their expert (columns): {m}",
+         m=between))
 for r in range(2):
     mine = token_range(topk_ids.shape[0], r, 2)
-    flat = topk_ids[mine.start : mine.stop].reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    send = torch.bincount(flat // per_rank, minlength=2).tolist()
-    splits.append(send)
-    pairs = [(mine.start + int(i) // 2, int(flat[i])) for i in order]
-    print(tr("rank {rank}: tokens {tokens}; (token, expert) pairs sorted by expert {pairs}; send_splits {send}", rank=r,
-             tokens=list(mine), pairs=pairs, send=send))
-recv = [[splits[s][r] for s in range(2)] for r in range(2)]
-print(tr("outbound: rank r receives from rank s what s sent to r: recv_splits {recv}", recv=recv))
-print(tr("return trip: each rank sends recv_splits and receives send_splits, counts known: {back}",
-         back=[(recv[r], splits[r]) for r in range(2)]))
+    print(tr("rank {rank} computes {n} pairs; combine must give it back the {k} results of its own {t} tokens",
+             rank=r, n=between[0][r] + between[1][r], k=sum(between[r]), t=len(mine)))
 
 # %% [markdown] tags=["lang-zh"]
 # ## 3. tiny MoE 切给两个秩
@@ -372,12 +373,13 @@ explorer.run(model="tiny MoE", n=4)
 # 秩 1 的专家从 4 起，本地片号是 `11 − 2 × 4 = 3`，也就是本地专家 1 的 up。
 # </details>
 #
-# 2. 秩 0 派发的 `send_splits` 是 `[4, 6]`，秩 1 的是 `[7, 3]`。合并时秩 0 发出几行、收回几行？
+# 2. 预填充时秩 0 那段 token 的 `(token, 选择)` 对里，4 对归它自己的专家、6 对归秩 1 的；秩 1 那段的有 7 对归秩 0、
+#    3 对归自己。每个秩要算几对？合并之后秩 0 要拿回几个结果，其中几个要跨秩？
 #
 # <details><summary>答案</summary>
 #
-# 去程秩 0 收到 `4 + 7 = 11` 行（`recv_splits = [4, 7]`），算完原路送回：发出 11 行（`[4, 7]`），收回当初发出的 10 行
-# （`[4, 6]`）。这两组条数去程时都已经知道，回程不用再交换。
+# 秩 0 算 `4 + 7 = 11` 对，秩 1 算 `6 + 3 = 9` 对：算多少由路由决定，不由 token 的分法决定。秩 0 要拿回自己那段的全部
+# 10 个结果：4 个本来就在自己这里算，6 个从秩 1 回来。回程的对数正好是去程的反过来。
 # </details>
 #
 # 3. 一个秩这一段一个 token 也没有（`token_range` 是空的），它还要调用 `all_to_all` 吗？
@@ -400,14 +402,15 @@ explorer.run(model="tiny MoE", n=4)
 # expert 1.
 # </details>
 #
-# 2. Rank 0 dispatches with `send_splits` `[4, 6]`, rank 1 with `[7, 3]`. In the combine, how many rows does rank 0 send
-#    and how many does it get back?
+# 2. In the prefill, of the `(token, choice)` pairs of rank 0's stretch 4 belong to its own experts and 6 to rank 1's;
+#    of rank 1's, 7 belong to rank 0 and 3 to itself. How many pairs does each rank compute? After combine, how many
+#    results must rank 0 get back, and how many of them cross ranks?
 #
 # <details><summary>Answer</summary>
 #
-# On the way out rank 0 received `4 + 7 = 11` rows (`recv_splits = [4, 7]`) and sends them back the same way: 11 rows out
-# (`[4, 7]`), and the 10 rows it sent first come back (`[4, 6]`). Both sets of counts are known from the outbound trip,
-# so the return trip exchanges no counts.
+# Rank 0 computes `4 + 7 = 11` pairs, rank 1 `6 + 3 = 9`: the routing decides how many, not the way the tokens were
+# split. Rank 0 must get back all 10 results of its stretch: 4 computed right there, 6 coming back from rank 1. The
+# counts on the way back are those of the way out, reversed.
 # </details>
 #
 # 3. A rank's stretch has no token at all (`token_range` is empty). Does it still call `all_to_all`?
