@@ -40,6 +40,15 @@ SamplerFactory = Callable[[Engine, "int | None", Any], Sampler]
 #: pages are static, chapter 2.2's are allocated on demand, chapter 2.3 adds the radix prefix cache.
 CacheManagerFactory = Callable[[Engine, "SchedulerConfig", "TableManager"], Any]
 
+#: 等待队列策略的做法：``(配置, 缓存管理器) -> 策略``，策略每一步的 ``arrange(等待的请求, 正在算提示词的 uid)``
+#: 返回（按这个顺序接纳的, 这一步留下的）。缺省是给定的 :func:`minisgl.schedule_policy.make_queue_policy`（按
+#: ``schedule_policy`` 选，没有哪一章要你写）。
+#: en: How to make the waiting-queue policy: ``(config, cache manager) -> policy``, whose ``arrange(waiting requests,
+#: uids computing their prompt)`` returns, each step, (those to admit, in this order; those held back this step). The
+#: default is the given :func:`minisgl.schedule_policy.make_queue_policy` (chosen by ``schedule_policy``; no chapter has
+#: you write it).
+QueuePolicyFactory = Callable[["SchedulerConfig", Any], Any]
+
 
 @dataclass(frozen=True)
 class SchedulerParts:
@@ -50,7 +59,8 @@ class SchedulerParts:
     - ``prefill_adder``：一步预填充的准入员类（第 2.2 章要预留页面，第 2.4 章会切块）；
     - ``policy``：每一步选预填充还是解码的策略类（第 2.4 章让解码插在分块之间）；
     - ``loop``：主循环类，拿到调度器本身（第 2.5 章的重叠调度）；
-    - ``sampler``：采样器的做法（第 3.5、3.6 章的采样控制和语法）。
+    - ``sampler``：采样器的做法（第 3.5、3.6 章的采样控制和语法）；
+    - ``queue_policy``：等待队列的顺序（给定的零件，按 ``schedule_policy`` 选；见 :mod:`minisgl.schedule_policy`）。
 
     en: The parts a scheduler holds besides its engine. ``None`` means chapter 2.1's own; each later chapter delivers
     one of them, and the assembly (:mod:`minisgl.llm`) puts them together. The scheduler uses a part only through the
@@ -62,7 +72,9 @@ class SchedulerParts:
       cuts chunks);
     - ``policy``: the class that picks prefill or decode for each step (chapter 2.4 lets decodes run between chunks);
     - ``loop``: the main-loop class, given the scheduler itself (chapter 2.5's overlap scheduling);
-    - ``sampler``: how to make the sampler (chapters 3.5 and 3.6: sampling controls and grammars).
+    - ``sampler``: how to make the sampler (chapters 3.5 and 3.6: sampling controls and grammars);
+    - ``queue_policy``: the order of the waiting queue (a given part, chosen by ``schedule_policy``; see
+      :mod:`minisgl.schedule_policy`).
     """
 
     cache_manager: CacheManagerFactory | None = None
@@ -71,6 +83,7 @@ class SchedulerParts:
     policy: type | None = None
     loop: type | None = None
     sampler: SamplerFactory | None = None
+    queue_policy: QueuePolicyFactory | None = None
 
 
 class TokenLogprob(NamedTuple):
@@ -392,21 +405,26 @@ class TableManager:
 
 @dataclass
 class SchedulerConfig(EngineConfig):
-    """引擎配置再加上调度器的两个参数。
+    """引擎配置再加上调度器的三个参数。
 
     - ``cache_type``：前缀缓存的种类；``None`` 表示用本章能提供的最好的那种
       （第 2.1、2.2 章只有 ``"naive"``，第 2.3 章起默认 ``"radix"``）；
-    - ``max_extend_tokens``：一步预填充最多算多少个 token（预填充预算）。
+    - ``max_extend_tokens``：一步预填充最多算多少个 token（预填充预算）；
+    - ``schedule_policy``：等待队列的顺序，``"fcfs"``（缺省）、``"lpm"``、``"dfs-weight"`` 或 ``"random"``
+      （见 :mod:`minisgl.schedule_policy`）。
 
-    en: The engine configuration plus two scheduler parameters.
+    en: The engine configuration plus three scheduler parameters.
 
     - ``cache_type``: the kind of prefix cache; ``None`` means the best this chapter offers (only ``"naive"`` in
       chapters 2.1 and 2.2, ``"radix"`` by default from chapter 2.3 on);
-    - ``max_extend_tokens``: the most tokens one prefill step computes (the prefill budget).
+    - ``max_extend_tokens``: the most tokens one prefill step computes (the prefill budget);
+    - ``schedule_policy``: the order of the waiting queue, ``"fcfs"`` (the default), ``"lpm"``, ``"dfs-weight"`` or
+      ``"random"`` (see :mod:`minisgl.schedule_policy`).
     """
 
     cache_type: str | None = None
     max_extend_tokens: int = 8192
+    schedule_policy: str = "fcfs"
 
 
 class DecodeManager:

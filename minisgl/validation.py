@@ -24,6 +24,7 @@ import torch
 from minisgl.core import InvalidParam, SamplingParams
 from minisgl.graph import GRAPH_MODES
 from minisgl.i18n import tr
+from minisgl.schedule_policy import check_schedule_policy
 
 E = TypeVar("E", bound=Exception)
 
@@ -380,6 +381,8 @@ def validate_config(config: Any, cache_types: tuple[str, ...] = ("naive",)) -> N
             raise ValueError(tr("Unknown cache_type={cache_type!r}, or not supported in this chapter: this chapter's "
                                 "engine supports {known} (the radix prefix cache comes in chapter 2.3)",
                                 cache_type=config.cache_type, known=", ".join(repr(t) for t in cache_types)))
+    if hasattr(config, "schedule_policy"):
+        check_schedule_policy(config.schedule_policy)
     dtype = config.dtype
     if dtype is not None and not isinstance(dtype, torch.dtype) and dtype not in _DTYPES:
         raise ValueError(tr("Unsupported dtype={dtype!r}: choose None (automatic), {names}, or the matching torch.dtype",

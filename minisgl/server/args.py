@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from minisgl.i18n import tr
+from minisgl.schedule_policy import SCHEDULE_POLICIES
 
 #: Linux 上 Unix 域套接字路径的上限（``sun_path`` 108 字节，含结尾的 0）。
 #: en: The limit on a Unix domain socket path on Linux (``sun_path`` is 108 bytes, including the final 0).
@@ -85,6 +86,10 @@ class ServerArgs:
     # None：最后一章支持的第一种（radix）| en: None: the first kind the final chapter supports (radix)
     cache_type: str | None = option(None, "--cache-type", engine="cache_type", choices=["radix", "naive"],
                                     help=lambda: tr("the prefix cache (default radix)"))
+    # 等待队列的顺序（SGLang 的名字；第 2.3 章 radix 缓存那一页的“等待队列的顺序”）
+    # en: the waiting queue's order (SGLang's names; "the order of the waiting queue" on chapter 2.3's radix-cache page)
+    schedule_policy: str = option(SCHEDULE_POLICIES[0], "--schedule-policy", engine="schedule_policy", choices=SCHEDULE_POLICIES,
+                                  help=lambda: tr("the order of the waiting queue: fcfs (arrival order, the default), lpm (longest cached prefix first), dfs-weight (the radix tree's order), random"))
     page_size: int = option(1, "--page-size", engine="page_size", type=int, help=lambda: tr("tokens per KV page"))
     max_extend_tokens: int | None = option(None, "--max-extend-tokens", "--max-extend-length", "--max-prefill-length",
                                            engine="max_extend_tokens", type=int,

@@ -56,6 +56,7 @@ from minisgl.scheduling import (
     StaticCacheManager,
     TableManager,
 )
+from minisgl.schedule_policy import make_queue_policy
 from minisgl.trace import StepListener, StepTracer
 from minisgl.validation import validate_config, validate_requests
 
@@ -328,6 +329,9 @@ class Scheduler:
         self.cache_manager = (parts.cache_manager or static_cache_manager)(self.engine, config, self.table_manager)
         self.prefill_adder_cls: type[PrefillAdder] = parts.prefill_adder or PrefillAdder
         self.policy: PrefillFirst = (parts.policy or PrefillFirst)()
+        # 等待队列的顺序（给定的零件，缺省先来先服务）
+        # en: the waiting queue's order (a given part; first come, first served by default)
+        self.queue_policy = (parts.queue_policy or make_queue_policy)(config, self.cache_manager)
         self.prefill_manager = PrefillManager()
         self.decode_manager = self.decode_manager_cls()
         self.prefill_budget = config.max_extend_tokens
@@ -436,12 +440,26 @@ class Scheduler:
         self._end(status, None, "abort")
 
     def _schedule_next_batch(self) -> ForwardInput | None:
-        """让策略选出下一步（预填充还是解码），再准备它；两样都没有就返回 None。
+        """先让等待队列策略排好这一步的队（它留下的请求这一步不接纳，之后回到队尾），再让策略选出下一步（预填充还是
+        解码），准备它；两样都没有就返回 None。
 
-        en: Let the policy pick the next step (a prefill or a decode), then prepare it; None when there is neither.
+        en: First let the waiting-queue policy arrange this step's queue (the requests it holds back are not admitted this
+        step and go back to the tail afterwards), then let the policy pick the next step (a prefill or a decode) and
+        prepare it; None when there is neither.
         """
-        batch = self.policy.next_batch(self.prefill_manager, self.decode_manager, self._make_prefill_adder)
+        queue = self.prefill_manager
+        queue.pending_list, held = self.queue_policy.arrange(queue.pending_list, self._uids_computing_prompt)
+        batch = self.policy.next_batch(queue, self.decode_manager, self._make_prefill_adder)
+        queue.pending_list = queue.pending_list + held
         return self._prepare_batch(batch) if batch is not None else None
+
+    def _uids_computing_prompt(self) -> list[int]:
+        """已被接纳、提示词还没进前缀缓存的请求（还没交出第一个输出 token）的 uid：等待队列的去重要知道。
+
+        en: The uids of admitted requests whose prompt is not in the prefix cache yet (no first output token handed out
+        yet): the waiting queue's dedup needs them.
+        """
+        return [uid for uid, s in self.status.items() if s.req is not None and not s.output_ids and not s.finished]
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         """算出这一步的 positions、输入映射、``out_loc`` 和新 token 的写回位置，并准备注意力与采样。
