@@ -102,12 +102,16 @@ def fmt_ms(seconds: float) -> str:
 
 
 def show_source(obj: object) -> None:
-    """打印一个函数 / 类的源码，去掉它的文档字符串（正文已经讲了它做什么；这样两种语言的笔记本都只显示代码）。"""
+    """打印一个函数 / 类的源码，去掉它的文档字符串（正文已经讲了它做什么；这样两种语言的笔记本都只显示代码），
+    注释只留笔记本那种语言的。"""
     import ast
     import inspect
     import textwrap
 
-    source = textwrap.dedent(inspect.getsource(obj))
+    from minisgl.course.bilingual import for_language
+    from minisgl.i18n import lang
+
+    source = for_language(textwrap.dedent(inspect.getsource(obj)), lang())
     lines = source.splitlines()
     tree = ast.parse(source)
     node = tree.body[0]
