@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
+import itertools
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +41,7 @@ import torch
 
 from bench.common import Stats
 from bench.machine import machine_info
+from bench.workload import random_requests, shared_prefix_requests
 from minisgl.core import SamplingParams
 from minisgl.i18n import tr
 from minisgl.llm import LLM
@@ -50,22 +51,21 @@ from minisgl.schedule_policy import SCHEDULE_POLICIES
 
 def workload(groups: int, per_group: int, prefix: int, tail: int, unrelated: int, seed: int) -> list[list[int]]:
     """``groups`` 段 ``prefix`` 个 token 的系统提示词，每组 ``per_group`` 个请求（各接 ``tail`` 个 token），按组轮流
-    到达；每两个请求之后夹一个无关的请求（一共 ``unrelated`` 个，长度和组里的一样）。
+    到达（:func:`~bench.workload.shared_prefix_requests`）；每两个请求之后夹一个无关的请求（一共 ``unrelated`` 个，
+    长度和组里的一样）。
 
     en: ``groups`` system prompts of ``prefix`` tokens, ``per_group`` requests each (each with ``tail`` tokens of its
-    own), arriving group after group in turn; after every two requests one unrelated request (``unrelated`` in all, as
-    long as the grouped ones).
+    own), arriving group after group in turn (:func:`~bench.workload.shared_prefix_requests`); after every two requests
+    one unrelated request (``unrelated`` in all, as long as the grouped ones).
     """
-    rng = random.Random(seed)
-    word = lambda n: [rng.randrange(100, 20000) for _ in range(n)]  # noqa: E731
-    heads = [word(prefix) for _ in range(groups)]
+    ids = range(100, 20000)
+    grouped = shared_prefix_requests(groups * per_group, ids, prefix, (tail, tail), (1, 1), seed, groups)
+    others = iter(random_requests(unrelated, ids, (prefix + tail, prefix + tail), (1, 1), f"{seed}-unrelated"))
     prompts: list[list[int]] = []
-    for _ in range(per_group):
-        for head in heads:
-            prompts.append(head + word(tail))
-            if len(prompts) % 3 == 2 and unrelated > 0:
-                prompts.append(word(prefix + tail))
-                unrelated -= 1
+    for spec in grouped:
+        prompts.append(spec.prompt)
+        if len(prompts) % 3 == 2:
+            prompts.extend(r.prompt for r in itertools.islice(others, 1))
     return prompts
 
 
