@@ -40,7 +40,7 @@ from minisgl.i18n import tr
 from minisgl.model_zoo import default_model
 
 CONCURRENT = 8
-FLAGS = ("--dtype", "float32", "--num-pages", "2048", "--max-seq-len", "512")
+FLAGS = ("--dtype", "float32", "--num-pages", "2048", "--max-seq-len", "2048")
 
 
 def held_by_requests(server: ServerProcess) -> float:
@@ -142,7 +142,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         print(tr("\n4. A client leaves halfway through a stream"))
         idle_pages = held_by_requests(server)
-        stream = client.completions.create(model=name, prompt="Write a very long story.", max_tokens=400, temperature=0,
+        # 要得够长：客户端读到第 8 段、再问 /metrics 时，请求必须还在跑——忙的机器上客户端可能慢上一两秒，小模型这时早已写完 400 个 token
+        # en: long enough that the request is still running when the client has read 8 pieces and asks /metrics: on a busy
+        # en: machine the client can lag a second or two, by which time the tiny model has long written 400 tokens
+        stream = client.completions.create(model=name, prompt="Write a very long story.", max_tokens=1800, temperature=0,
                                            stream=True, extra_body={"ignore_eos": True})
         # 读到第 8 段以后，等 /metrics 数到这个请求占着的页再断开（忙的机器上调度器的统计会晚一点到）
         # en: from the 8th piece on, disconnect once /metrics counts the pages this request holds (on a busy machine the
