@@ -42,11 +42,12 @@ CacheManagerFactory = Callable[[Engine, "SchedulerConfig", "TableManager"], Any]
 
 #: 等待队列策略的做法：``(配置, 缓存管理器) -> 策略``，策略每一步的 ``arrange(等待的请求, 正在算提示词的 uid)``
 #: 返回（按这个顺序接纳的, 这一步留下的）。缺省是给定的 :func:`minisgl.schedule_policy.make_queue_policy`（按
-#: ``schedule_policy`` 选，没有哪一章要你写）。
+#: ``schedule_policy`` 选；按缓存排队要第 2.3 章的零件交进来的只读匹配和去重，没有就是先来先服务）。
 #: en: How to make the waiting-queue policy: ``(config, cache manager) -> policy``, whose ``arrange(waiting requests,
 #: uids computing their prompt)`` returns, each step, (those to admit, in this order; those held back this step). The
-#: default is the given :func:`minisgl.schedule_policy.make_queue_policy` (chosen by ``schedule_policy``; no chapter has
-#: you write it).
+#: default is the given :func:`minisgl.schedule_policy.make_queue_policy` (chosen by ``schedule_policy``; queueing by
+#: the cache needs the read-only match and the dedup chapter 2.3's part hands in, and is first come, first served
+#: without them).
 QueuePolicyFactory = Callable[["SchedulerConfig", Any], Any]
 
 
@@ -60,7 +61,7 @@ class SchedulerParts:
     - ``policy``：每一步选预填充还是解码的策略类（第 2.4 章让解码插在分块之间）；
     - ``loop``：主循环类，拿到调度器本身（第 2.5 章的重叠调度）；
     - ``sampler``：采样器的做法（第 3.5、3.6 章的采样控制和语法）；
-    - ``queue_policy``：等待队列的顺序（给定的零件，按 ``schedule_policy`` 选；见 :mod:`minisgl.schedule_policy`）。
+    - ``queue_policy``：等待队列的顺序（按 ``schedule_policy`` 选；第 2.3 章配上只读匹配和去重，见 :mod:`minisgl.schedule_policy`）。
 
     en: The parts a scheduler holds besides its engine. ``None`` means chapter 2.1's own; each later chapter delivers
     one of them, and the assembly (:mod:`minisgl.llm`) puts them together. The scheduler uses a part only through the
@@ -73,8 +74,8 @@ class SchedulerParts:
     - ``policy``: the class that picks prefill or decode for each step (chapter 2.4 lets decodes run between chunks);
     - ``loop``: the main-loop class, given the scheduler itself (chapter 2.5's overlap scheduling);
     - ``sampler``: how to make the sampler (chapters 3.5 and 3.6: sampling controls and grammars);
-    - ``queue_policy``: the order of the waiting queue (a given part, chosen by ``schedule_policy``; see
-      :mod:`minisgl.schedule_policy`).
+    - ``queue_policy``: the order of the waiting queue (chosen by ``schedule_policy``; chapter 2.3 adds the read-only
+      match and the dedup; see :mod:`minisgl.schedule_policy`).
     """
 
     cache_manager: CacheManagerFactory | None = None

@@ -13,7 +13,9 @@
 - **分裂**：只匹配了一个节点的前半段时，把节点一分为二；
 - **引用计数**：请求用着的前缀沿路径加锁（``ref_count``），锁着的节点不能驱逐；
 - **驱逐**：空间不够时按最近最少使用（LRU）驱逐没上锁的叶子，整页地还回去；
-- **完整性检查**：重新数一遍整棵树，核对可驱逐 / 受保护的 token 数。
+- **完整性检查**：重新数一遍整棵树，核对可驱逐 / 受保护的 token 数；
+- **排队看缓存**（``--schedule-policy lpm``）：等着的请求按能命中多长排队，排队时只看不动（``peek_prefix``）；
+  共享一段还没缓存的前缀的几个请求，一步只放一个去算（``hold_back_shared``），其余的等它进了缓存再命中。
 
 en: Chapter 2.3 radix_cache: reuse the K/V of shared prefixes with a radix tree.
 
@@ -29,7 +31,10 @@ straight into its own page table, and computes only the rest.
 - **reference counts**: the prefix a request uses is locked along its path (``ref_count``); locked nodes cannot be
   evicted;
 - **eviction**: when space runs out, unlocked leaves go back, whole pages at a time, least recently used first (LRU);
-- **integrity check**: count the whole tree again and compare the evictable / protected token counts.
+- **integrity check**: count the whole tree again and compare the evictable / protected token counts;
+- **queueing by the cache** (``--schedule-policy lpm``): waiting requests are queued by how much they hit, and queueing
+  looks without touching (``peek_prefix``); of several requests sharing a prefix not cached yet, one step lets only one
+  compute it (``hold_back_shared``), and the others hit it once it is in the cache.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from minisgl.course.skeleton import TaskNotDone
 import functools
 import heapq
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -47,6 +52,7 @@ from minisgl.i18n import tr
 from minisgl import cache_manager
 from minisgl.cache_manager import BaseCacheHandle, BasePrefixCache, CacheManager, InsertResult, NaivePrefixCache, SizeInfo
 from minisgl.engine import Engine
+from minisgl.schedule_policy import QueuePolicy, make_queue_policy
 from minisgl.scheduling import SchedulerConfig, TableManager
 
 
@@ -208,6 +214,18 @@ class RadixPrefixCache(BasePrefixCache):
         node, prefix_len = self._tree_walk(input_ids)
         return RadixCacheHandle(prefix_len, node)
 
+    def peek_prefix(self, input_ids: torch.Tensor) -> tuple[int, RadixTreeNode]:
+        """只看不动的匹配：``input_ids`` 能命中多长，以及匹配到的最深的节点。等待队列排队（``--schedule-policy lpm``）
+        每一步都要问一遍每个等着的请求；真正的匹配和加锁等到接纳时才做。
+
+        en: A match that looks without touching: how much of ``input_ids`` hits, and the deepest node the match reaches.
+        Queueing the waiting requests (``--schedule-policy lpm``) asks this of every waiting request each step; the
+        real match and lock wait until admission.
+        """
+        # TODO 任务 peek_prefix：回答“match_prefix 现在会命中多长”，但树上什么都不变：不分裂节点、不改任何时间、不动时钟、不加锁——排队的人只是看一眼，不该让缓存以为被用过（LRU 的顺序变了，驱逐的就不对了）。返回（命中的长度，和 match_prefix 给的完全相同；匹配到的最深的节点：匹配停在某个节点中间时就是那个节点本身，什么都没命中时是根）。给定：key_fn、_match_len
+        # TODO task peek_prefix: Answer "how much would match_prefix hit right now" while nothing in the tree changes: no node split, no time changed, the clock untouched, no lock: someone queueing only takes a look and must not make the cache believe it was used (the LRU order would change, and eviction would pick wrongly). Return (the hit length, exactly what match_prefix gives; the deepest node the match reaches: the node itself when the match stops inside it, the root when nothing hits). Given: key_fn, _match_len
+        raise TaskNotDone("radix_cache", "peek_prefix")
+
     # ---------------------------------------------------------------- 插入
     # en: ---------------------------------------------------------------- insertion
 
@@ -309,7 +327,50 @@ def radix_cache_manager(engine: Engine, config: SchedulerConfig, table_manager: 
     return CacheManager(engine.num_pages, config.page_size, engine.page_table, prefix_cache)
 
 
-#: 到本章为止的引擎：第 2.2 章的零件，缓存管理器换成带 radix 前缀缓存的（``cache_type="naive"`` 关掉复用）。
+def hold_back_shared(prompts: Sequence[torch.Tensor], hits: Sequence[int], ahead: Sequence[torch.Tensor],
+                     min_shared: int) -> list[bool]:
+    """队内去重：几个等着的请求共享一段缓存里还没有的长前缀时，一步只放一个去算它，其余的等它进了缓存再来命中。
+
+    ``prompts`` 按接纳的顺序排好，``hits[i]`` 是 ``prompts[i]`` 现在能命中多长；``ahead`` 是已经排在它们前面的提示词
+    （正在算的、这一步先接纳的）。返回每个提示词这一步留不留下。
+
+    en: In-queue dedup: when several waiting requests share a long prefix the cache does not hold yet, one step lets only
+    one of them compute it; the others wait until it is in the cache, and then hit it.
+
+    ``prompts`` are in the order of admission and ``hits[i]`` is how much of ``prompts[i]`` hits now; ``ahead`` are the
+    prompts already in front of them (those computing, those admitted first this step). Returns, for each prompt,
+    whether it is held back this step.
+    """
+    # TODO 任务 hold_back_shared：按顺序决定每个提示词留不留下：它和“走在它前面的”（ahead 里的，以及排在它前面、自己没被留下的）里任何一个共有的开头，比它已经命中的长度多出 min_shared 个 token 以上（恰好多 min_shared 个不算），它就留下——那段前缀已经有人在算，它再算一遍是白算。被留下的不算“走在前面”：它这一步不算任何东西。等着的请求可以有上百个、每个几千个 token，调度器每一步都要问一次：别让代价随请求数的平方和提示词长度的乘积一起涨。给定：prompts 的顺序、hits
+    # TODO task hold_back_shared: Decide in order, for each prompt, whether it is held back: it is held when the beginning it shares with anyone "walking ahead of it" (those in ahead, and those before it in prompts that were not held back themselves) is longer than its own hit by more than min_shared tokens (exactly min_shared more does not count): someone is already computing that prefix, and computing it again is wasted. A held-back prompt does not walk ahead of anyone: it computes nothing this step. Hundreds of requests of thousands of tokens may be waiting, and the scheduler asks every step: do not let the cost grow with the square of the request count times the prompt length. Given: the order of prompts, hits
+    raise TaskNotDone("radix_cache", "hold_back_shared")
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """两块 token 从头开始有多少个相同。
+
+    en: How many tokens two blocks share from the start.
+    """
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def radix_queue_policy(config: SchedulerConfig, cache_manager: CacheManager) -> QueuePolicy:
+    """本章的等待队列零件：给定的 :class:`~minisgl.schedule_policy.QueuePolicy`，用你的 ``peek_prefix`` 匹配、
+    你的 :func:`hold_back_shared` 去重（按 ``schedule_policy`` 选；``cache_type="naive"`` 时按缓存排队的策略退回先来先服务）。
+
+    en: This chapter's waiting-queue part: the given :class:`~minisgl.schedule_policy.QueuePolicy`, matching with your
+    ``peek_prefix`` and deduplicating with your :func:`hold_back_shared` (chosen by ``schedule_policy``; with
+    ``cache_type="naive"`` the cache-aware policies fall back to first come, first served).
+    """
+    return make_queue_policy(config, cache_manager, hold_back=hold_back_shared)
+
+
+#: 到本章为止的引擎：第 2.2 章的零件，缓存管理器换成带 radix 前缀缓存的（``cache_type="naive"`` 关掉复用），
+#: 等待队列能按缓存排（``schedule_policy``）。
 #: en: The engine up to this chapter: chapter 2.2's parts, with the cache manager that holds a radix prefix cache
-#: (``cache_type="naive"`` turns reuse off).
-PARTS = replace(cache_manager.PARTS, cache_manager=radix_cache_manager, cache_types=("radix", "naive"))
+#: (``cache_type="naive"`` turns reuse off), and a waiting queue that can be ordered by the cache (``schedule_policy``).
+PARTS = replace(cache_manager.PARTS, cache_manager=radix_cache_manager, cache_types=("radix", "naive"),
+                queue_policy=radix_queue_policy)

@@ -1,14 +1,12 @@
-"""等待队列的顺序（``--schedule-policy``，给定的零件 :mod:`minisgl.schedule_policy`，不属于哪一章）的检查：
-小队列上每种策略的顺序（一样长的保持到达顺序、空缓存、长队列退回先来先服务、队内去重、分块请求留在队首、饿死的上限），
-匹配不改变缓存；端到端：共享前缀和无关请求交错到达、请求比槽位多、KV 池小到要驱逐时，``lpm`` 算的预填充 token
-明显比 ``fcfs`` 少，每个请求的回答完全相同。
+"""等待队列的顺序（``--schedule-policy``，给定的零件 :mod:`minisgl.schedule_policy`，配上第 2.3 章的只读匹配和去重）
+的检查：小队列上每种策略的顺序（一样长的保持到达顺序、空缓存、长队列退回先来先服务、队内去重、分块请求留在队首、
+饿死的上限），排队不改变缓存。匹配、去重本身和端到端的效果由第 2.3 章的检查查。
 
-en: Checks of the waiting queue's order (``--schedule-policy``, the given part :mod:`minisgl.schedule_policy`, no
-chapter's): each policy's order on small queues (ties in arrival order, an empty cache, the long-queue fallback to
-first come, first served, the in-queue dedup, chunked requests at the head, the starvation bound), and matching that
-leaves the cache as it was; end to end: with shared prefixes arriving interleaved with unrelated requests, more requests
-than slots and a KV pool small enough to evict, ``lpm`` computes clearly fewer prefill tokens than ``fcfs``, with the
-same answer for every request.
+en: Checks of the waiting queue's order (``--schedule-policy``, the given part :mod:`minisgl.schedule_policy` with
+chapter 2.3's read-only match and dedup): each policy's order on small queues (ties in arrival order, an empty cache,
+the long-queue fallback to first come, first served, the in-queue dedup, chunked requests at the head, the starvation
+bound), and queueing that leaves the cache as it was. The match and the dedup themselves, and the effect end to end,
+are checked by chapter 2.3's checks.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from minisgl import model_zoo
 from minisgl.cache_manager import NaivePrefixCache
 from minisgl.core import SamplingParams
 from minisgl.i18n import tr
-from minisgl.radix_cache import RadixPrefixCache
+from minisgl.radix_cache import RadixPrefixCache, hold_back_shared
 from minisgl.schedule_policy import SCHEDULE_POLICIES, QueuePolicy
 from minisgl.scheduling import PendingReq
 
@@ -45,6 +43,14 @@ def cache_with(*prefixes: list[int], page_size: int = 1) -> RadixPrefixCache:
         cache.insert_prefix(torch.tensor(prefix, dtype=torch.int32), torch.arange(slot, slot + len(prefix), dtype=torch.int32))
         slot += len(prefix)
     return cache
+
+
+def policy_of(name: str, cache: Any, **kwargs: Any) -> QueuePolicy:
+    """引擎里的样子：给定的策略，配上第 2.3 章的去重。
+
+    en: As in the engine: the given policy with chapter 2.3's dedup.
+    """
+    return QueuePolicy(name, cache, hold_back=hold_back_shared, **kwargs)
 
 
 def uids(reqs: list[PendingReq]) -> list[int]:
@@ -72,7 +78,7 @@ B = list(range(200, 240))
 def test_fcfs_changes_nothing() -> None:
     cache = cache_with(A)
     queue = [pend(0, [1, 2, 3]), pend(1, A + [7]), pend(2, A + [8])]
-    order, held = QueuePolicy("fcfs", cache).arrange(list(queue))
+    order, held = policy_of("fcfs", cache).arrange(list(queue))
     expect((uids(order), uids(held)), ([0, 1, 2], []), tr("fcfs: (the order, the held-back requests) of a queue"))
 
 
@@ -80,7 +86,7 @@ def test_lpm_longest_match_first_ties_in_arrival_order() -> None:
     cache = cache_with(A, B[:8])
     queue = [pend(0, [1, 2, 3, 4]), pend(1, B[:8] + [5, 6]), pend(2, A + [7, 8]), pend(3, [9, 9, 9]),
              pend(4, B[:8] + [6, 5]), pend(5, A[:20] + [1, 1])]
-    order, held = QueuePolicy("lpm", cache).arrange(list(queue))
+    order, held = policy_of("lpm", cache).arrange(list(queue))
     # 命中：0, 8, 40, 0, 8, 20 | en: hits: 0, 8, 40, 0, 8, 20
     expect(uids(order), [2, 5, 1, 4, 0, 3],
            tr("lpm: the order of requests hitting 0, 8, 40, 0, 8, 20 cached tokens (longest first, ties in arrival order)"))
@@ -89,7 +95,7 @@ def test_lpm_longest_match_first_ties_in_arrival_order() -> None:
 
 def test_lpm_on_an_empty_cache_is_arrival_order() -> None:
     queue = [pend(i, [i + 1] * (5 + i)) for i in range(5)]
-    order, _ = QueuePolicy("lpm", RadixPrefixCache(1)).arrange(list(queue))
+    order, _ = policy_of("lpm", RadixPrefixCache(1)).arrange(list(queue))
     expect(uids(order), [0, 1, 2, 3, 4], tr("lpm on an empty cache: the order (nothing hits, so arrival order)"))
 
 
@@ -104,11 +110,11 @@ def test_matching_leaves_the_cache_as_it_was() -> None:
         before = tree_state(cache)
         queue = [pend(0, A[:12] + [1, 2, 3]), pend(1, B + [5]), pend(2, [7] * 9), pend(3, A[:24] + [9] * 6)]
         for name in ("lpm", "dfs-weight"):
-            order, _ = QueuePolicy(name, cache).arrange(list(queue))
+            order, _ = policy_of(name, cache).arrange(list(queue))
             expect(tree_state(cache), before,
                    tr("{name} (page_size={page_size}): the radix tree after queueing (nodes with their tokens, slots, reference counts and timestamps; the two totals and the clock): matching must not split, refresh or lock",
                       name=name, page_size=page_size))
-        expect(uids(QueuePolicy("lpm", cache).arrange(list(queue))[0]), [1, 3, 0, 2],
+        expect(uids(policy_of("lpm", cache).arrange(list(queue))[0]), [1, 3, 0, 2],
                tr("lpm (page_size={page_size}): the order of requests hitting 12, 40, 0, 24 tokens (rounded down to whole pages)",
                   page_size=page_size))
 
@@ -116,9 +122,9 @@ def test_matching_leaves_the_cache_as_it_was() -> None:
 def test_lpm_falls_back_to_fcfs_on_a_long_queue() -> None:
     cache = cache_with(A)
     queue = [pend(0, [1, 2, 3]), pend(1, [4, 5, 6]), pend(2, A + [7]), pend(3, A + [8])]
-    short = QueuePolicy("lpm", cache, fallback_above=4)
+    short = policy_of("lpm", cache, fallback_above=4)
     expect(uids(short.arrange(list(queue))[0]), [2, 3, 0, 1], tr("lpm with 4 waiting and the fallback above 4: the order (sorted)"))
-    long = QueuePolicy("lpm", cache, fallback_above=3)
+    long = policy_of("lpm", cache, fallback_above=3)
     expect(uids(long.arrange(list(queue))[0]), [0, 1, 2, 3],
            tr("lpm with 4 waiting and the fallback above 3: the order (first come, first served)"))
 
@@ -127,7 +133,7 @@ def test_dfs_weight_walks_the_tree_by_waiting_count() -> None:
     cache = cache_with(A, B, A[:10] + [55] * 10)
     queue = [pend(0, [3, 3, 3]), pend(1, B + [1]), pend(2, A + [1]), pend(3, A[:10] + [55] * 10 + [4]),
              pend(4, A[:10] + [6, 6]), pend(5, A + [2]), pend(6, A[:10] + [55] * 10 + [7])]
-    order, held = QueuePolicy("dfs-weight", cache).arrange(list(queue))
+    order, held = policy_of("dfs-weight", cache).arrange(list(queue))
     # A[:10] 下等着 4 个（A 的分支 2 个、[55] 的分支 2 个，一样多的按最早到的）外加停在 A[:10] 上的 1 个，B 下只有 1 个
     # （虽然它到得最早）；不命中的最后
     # en: 4 wait under A[:10] (2 on A's branch, 2 on the [55] branch, a tie broken by the earliest arrival) plus 1
@@ -141,8 +147,8 @@ def test_random_is_a_seeded_permutation() -> None:
     queue = [pend(0, [1], chunked=True)] + [pend(i, [i + 1, i + 2]) for i in range(1, 9)]
     orders = {}
     for seed in (0, 1, 2):
-        first = uids(QueuePolicy("random", RadixPrefixCache(1), seed=seed).arrange(list(queue))[0])
-        again = uids(QueuePolicy("random", RadixPrefixCache(1), seed=seed).arrange(list(queue))[0])
+        first = uids(policy_of("random", RadixPrefixCache(1), seed=seed).arrange(list(queue))[0])
+        again = uids(policy_of("random", RadixPrefixCache(1), seed=seed).arrange(list(queue))[0])
         expect(again, first, tr("random with seed {seed}: the order of a second policy with the same seed", seed=seed))
         expect(sorted(first), list(range(9)), tr("random with seed {seed}: the queue's requests, sorted", seed=seed))
         expect(first[0], 0, tr("random with seed {seed}: the first request (a half-computed chunk stays at the head)", seed=seed))
@@ -159,7 +165,7 @@ def test_a_chunked_request_stays_at_the_head(name: str) -> None:
     """
     cache = cache_with(A)
     chunk = pend(0, [1, 2, 3, 4, 5, 6], chunked=True)
-    policy = QueuePolicy(name, cache, seed=3, max_wait_steps=1)
+    policy = policy_of(name, cache, seed=3, max_wait_steps=1)
     for step in range(3):
         queue = [chunk, pend(1, A + [1]), pend(2, A + [2]), pend(3, [9, 9])] if step == 0 else order + held
         order, held = policy.arrange(list(queue))
@@ -180,7 +186,7 @@ def test_in_queue_dedup_admits_one_then_the_rest_hit(name: str) -> None:
     computing its prompt the others keep waiting; once the prefix is in the cache they are held no more and go first.
     """
     cache = RadixPrefixCache(1)
-    policy = QueuePolicy(name, cache, dedup_min_tokens=32)
+    policy = policy_of(name, cache, dedup_min_tokens=32)
     queue = [pend(0, A + [1]), pend(1, [5, 6, 7]), pend(2, A + [2]), pend(3, A + [3])]
     order, held = policy.arrange(list(queue))
     expect((sorted(uids(order)), uids(held)), ([0, 1], [2, 3]),
@@ -196,7 +202,7 @@ def test_in_queue_dedup_admits_one_then_the_rest_hit(name: str) -> None:
 
 
 def test_dedup_leaves_short_shared_prefixes_alone() -> None:
-    policy = QueuePolicy("lpm", RadixPrefixCache(1), dedup_min_tokens=32)
+    policy = policy_of("lpm", RadixPrefixCache(1), dedup_min_tokens=32)
     queue = [pend(0, A[:20] + [1]), pend(1, A[:20] + [2]), pend(2, A[:33] + [3]), pend(3, A[:33] + [4])]
     order, held = policy.arrange(list(queue))
     # 0、1 共享 20 个，2 与 0 共享 20 个；3 与 2 共享 33 个，多于 32
@@ -212,7 +218,7 @@ def test_starvation_is_bounded() -> None:
     the dedup cannot hold it back either.
     """
     cache = cache_with(A)
-    policy = QueuePolicy("lpm", cache, max_wait_steps=3, dedup_min_tokens=4)
+    policy = policy_of("lpm", cache, max_wait_steps=3, dedup_min_tokens=4)
     old = pend(0, B + [1])
     firsts = []
     for step in range(6):
@@ -221,7 +227,7 @@ def test_starvation_is_bounded() -> None:
         firsts.append(uids(order)[0])
     expect(firsts, [10, 11, 12, 13, 0, 0], tr("lpm, max_wait_steps=3: the first request of each of 6 steps (uid 0 hits nothing and waits throughout)"))
     twin = pend(1, B + [2])  # 与 0 共享 40 个没缓存的 token，但也等得太久了 | en: shares 40 uncached tokens with 0, but waited too long too
-    policy = QueuePolicy("lpm", cache, max_wait_steps=1, dedup_min_tokens=4)
+    policy = policy_of("lpm", cache, max_wait_steps=1, dedup_min_tokens=4)
     for _ in range(3):
         order, held = policy.arrange([old, twin])
     expect((uids(order), uids(held)), ([0, 1], []),
@@ -231,7 +237,7 @@ def test_starvation_is_bounded() -> None:
 def test_without_a_radix_tree_cache_aware_policies_fall_back() -> None:
     queue = [pend(0, [1, 2, 3]), pend(1, A + [1]), pend(2, A + [2])]
     for name in ("lpm", "dfs-weight"):
-        policy = QueuePolicy(name, NaivePrefixCache())
+        policy = policy_of(name, NaivePrefixCache())
         expect(policy.active, "fcfs", tr("{name} on the naive cache: the policy really used", name=name))
         order, held = policy.arrange(list(queue))
         expect((uids(order), uids(held)), ([0, 1, 2], []), tr("{name} on the naive cache: (the order, the held-back requests)", name=name))
@@ -249,70 +255,3 @@ def test_an_unknown_policy_is_refused_before_start() -> None:
            tr("the schedule_policy the server hands the scheduler without --schedule-policy"))
     expect(parse_args(["--model", "m", "--schedule-policy", "dfs-weight"]).scheduler_kwargs()["schedule_policy"], "dfs-weight",
            tr("the schedule_policy the server hands the scheduler with --schedule-policy dfs-weight"))
-
-
-# ----------------------------------------------------------------------------- 端到端
-# en: ----------------------------------------------------------------------------- end to end
-
-
-def shared_prefix_workload(seed: int = 0, groups: int = 3, per_group: int = 3, prefix: int = 64, suffix: int = 6,
-                           unrelated: int = 4) -> list[list[int]]:
-    """几组共享前缀的请求按组轮流到达，中间夹着无关的请求。
-
-    en: Groups of requests sharing a prefix arrive taking turns, with unrelated requests in between.
-    """
-    rng = random.Random(seed)
-    word = lambda n: [rng.randrange(10, 1000) for _ in range(n)]  # noqa: E731
-    heads = [word(prefix) for _ in range(groups)]
-    prompts: list[list[int]] = []
-    for i in range(per_group):
-        for head in heads:
-            prompts.append(head + word(suffix))
-            if len(prompts) % 2 == 0 and unrelated > 0:
-                prompts.append(word(prefix + suffix))
-                unrelated -= 1
-    return prompts
-
-
-@pytest.fixture(scope="module")
-def tiny_path() -> str:
-    try:
-        return str(model_zoo.tiny_qwen3())
-    except FileNotFoundError as e:
-        pytest.fail(str(e), pytrace=False)
-
-
-def run_policy(tiny_path: str, name: str, prompts: list[list[int]]) -> tuple[list[list[int]], int, int]:
-    from minisgl.llm import LLM
-
-    llm = LLM(tiny_path, dtype=torch.float32, device="cpu", max_running_req=2, num_page_override=300,
-              max_seq_len_override=128, schedule_policy=name)
-    counted = {"prefill": 0, "hit": 0}
-
-    def count(trace: Any) -> None:
-        if trace.is_prefill:
-            counted["prefill"] += trace.tokens
-            counted["hit"] += sum(trace.cached_lens)
-
-    llm.add_step_listener(count)
-    try:
-        out = llm.generate(prompts, GREEDY)
-    finally:
-        llm.shutdown()
-    return [o["token_ids"] for o in out], counted["prefill"], counted["hit"]
-
-
-def test_lpm_computes_fewer_prefill_tokens_with_the_same_answers(tiny_path: str) -> None:
-    prompts = shared_prefix_workload()
-    total = sum(len(p) for p in prompts)
-    runs = {name: run_policy(tiny_path, name, prompts) for name in ("fcfs", "lpm", "dfs-weight")}
-    for name, (answers, prefill, hit) in runs.items():
-        expect(answers, runs["fcfs"][0], tr("{name}: each request's greedy answer, compared with fcfs's", name=name))
-        expect(prefill + hit, total,
-               tr("{name}: prefill tokens computed + prefix-cache hits, against the {total} prompt tokens (what /metrics counts)",
-                  name=name, total=total))
-    fcfs = runs["fcfs"][1]
-    for name in ("lpm", "dfs-weight"):
-        expect(runs[name][1] <= 0.8 * fcfs, True,
-               tr("{name} computed {ours} prefill tokens, fcfs {fcfs}: at most 0.8 × fcfs's expected",
-                  name=name, ours=runs[name][1], fcfs=fcfs))

@@ -99,6 +99,13 @@ class Recorder:
     def prefill_steps(self) -> list[int]:
         return [s.tokens for s in self.steps if s.phase == "prefill"]
 
+    def cache_hits(self) -> int:
+        """预填充时从前缀缓存命中的 token 数。
+
+        en: The tokens prefill steps took from the prefix cache.
+        """
+        return sum(sum(s.cached_lens) for s in self.steps if s.phase == "prefill")
+
     def reset(self) -> None:
         self.steps.clear()
 

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import copy
+import random
 from functools import partial
+
 import pytest
 import torch
 
@@ -11,7 +14,7 @@ from .conftest import QUESTIONS, SMOL_KW, SMOLLM2_TOKENS, SYSTEM_PROMPT, TINY_KW
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.overlap import PARTS as FINAL_PARTS
-from minisgl.radix_cache import PARTS, RadixPrefixCache
+from minisgl.radix_cache import PARTS, RadixPrefixCache, hold_back_shared
 from minisgl.scheduler import Scheduler
 
 #: 本章的引擎：第 2.1 章的调度器握着到本章为止的零件。
@@ -386,6 +389,178 @@ def test_check_integrity_catches_each_condition_alone(case: str) -> None:
         tr("The radix tree's integrity check did not catch '{case}' (bookkeeping: {evictable_size} evictable, {protected_size} protected): check every condition listed in the hint and raise RuntimeError", case=case, evictable_size=cache.evictable_size, protected_size=cache.protected_size)
     ):
         cache.check_integrity()
+
+
+# ----------------------------------------------------------------------------- 排队看缓存：只看不动的匹配、队内去重
+# en: ----------------------------------------------------------------------------- queueing by the cache: a look-only match, in-queue dedup
+
+
+def tree_state(cache: RadixPrefixCache) -> list[tuple]:
+    """树的全部可见状态：每个节点的 token、槽位、引用计数、时间戳，加上两本账和时钟。
+
+    en: Everything visible of the tree: each node's tokens, slots, reference count and timestamp, plus both totals and
+    the clock.
+    """
+    nodes = sorted((n.key.tolist(), n.value.tolist(), n.ref_count, n.timestamp) for n in cache._all_nodes())
+    return [*nodes, (cache.evictable_size, cache.protected_size, cache._clock)]
+
+
+def _span(node) -> tuple[int, int]:  # noqa: ANN001
+    """节点在提示词里覆盖的 token 区间 [起点, 终点)。
+
+    en: The range of prompt positions [start, end) a node covers.
+    """
+    end, n = 0, node
+    while n.parent is not None:
+        end, n = end + n.length, n.parent
+    return end - node.length, end
+
+
+def _random_tree(rng: random.Random, page_size: int) -> tuple[RadixPrefixCache, list[list[int]]]:
+    """几段从同一小字母表里取的提示词插进树里（开头常有相同的几页），锁上其中一段，再随手匹配一次（时间各不相同）。
+
+    en: A few prompts over one small alphabet inserted in a tree (they often share their first pages), one of them
+    locked, and one match at random (so the times differ).
+    """
+    cache = RadixPrefixCache(page_size)
+    prompts = []
+    for i in range(6):
+        base = prompts[rng.randrange(len(prompts))][: rng.randrange(0, 24)] if prompts and rng.random() < 0.7 else []
+        prompt = base + [rng.randrange(3) for _ in range(rng.randrange(1, 20))]
+        prompts.append(prompt)
+        res = cache.insert_prefix(torch.tensor(prompt, dtype=torch.int32), slots(100 * i, len(prompt)))
+        if i == 2:
+            cache.lock_handle(res.handle)
+    cache.match_prefix(torch.tensor(prompts[0], dtype=torch.int32))
+    return cache, prompts
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_peek_prefix_hits_like_match_prefix_and_changes_nothing(page_size: int) -> None:
+    rng = random.Random(page_size)
+    for trial in range(40):
+        cache, prompts = _random_tree(rng, page_size)
+        base = prompts[rng.randrange(len(prompts))]
+        query = base[: rng.randrange(len(base) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 6))]
+        what = tr("page_size={ps}, a tree holding {prompts}, peek_prefix({query})", ps=page_size, prompts=prompts, query=query)
+        before = tree_state(cache)
+        ids_ = torch.tensor(query, dtype=torch.int32)
+        got, node = cache.peek_prefix(ids_)
+        expect(tree_state(cache), before, tr("{what}: the tree afterwards (tokens, slots, ref_count, timestamp of each node; both totals; the clock) must be as it was", what=what))
+        expect(got, copy.deepcopy(cache).match_prefix(ids_).cached_len,
+               tr("{what}: the hit length, against match_prefix on a copy of the tree", what=what))
+        start, end = _span(node)
+        reached = node is cache.root if got == 0 else start < got <= end
+        expect(reached, True, tr("{what}: the node returned covers positions [{start}, {end}) of the prompt; the match of {got} tokens must end inside it or at its end (the root when nothing hits)",
+                                 what=what, start=start, end=end, got=got))
+
+
+def test_peek_prefix_stops_inside_a_node_without_splitting_it() -> None:
+    cache = RadixPrefixCache(1)
+    cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), slots(100, 6))
+    (node,) = cache.root.children.values()
+    got, where = cache.peek_prefix(ids(1, 2, 3, 9))
+    what = tr("peek_prefix([1,2,3,9]) on a tree holding one node [1,2,3,4,5,6]")
+    expect(got, 3, tr("{what}: the hit length", what=what))
+    expect(where is node, True, tr("{what}: the node returned is that node itself, not split", what=what))
+    expect(_keys(node), [1, 2, 3, 4, 5, 6], tr("{what}: the node's tokens afterwards", what=what))
+
+
+def shares_held(prompts: list[list[int]], hits: list[int], ahead: list[list[int]], min_shared: int) -> list[bool]:
+    """去重的定义，最直接的写法（逐对比较）：检查拿它当标准答案。
+
+    en: The dedup's definition written the plainest way (pair by pair): the checks' reference.
+    """
+    def common(a: list[int], b: list[int]) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    walking, held = list(ahead), []
+    for prompt, hit in zip(prompts, hits):
+        held.append(max((common(prompt, w) for w in walking), default=0) - hit > min_shared)
+        if not held[-1]:
+            walking.append(prompt)
+    return held
+
+
+def call_hold_back(prompts: list[list[int]], hits: list[int], ahead: list[list[int]], min_shared: int) -> list[bool]:
+    as_ids = lambda ps: [torch.tensor(p, dtype=torch.int32) for p in ps]  # noqa: E731
+    return [bool(h) for h in hold_back_shared(as_ids(prompts), list(hits), as_ids(ahead), min_shared)]
+
+
+@pytest.mark.parametrize("case,prompts,hits,ahead,min_shared,want", [
+    ("one ahead of the others", [[1] * 40 + [2], [1] * 40 + [3], [1] * 40 + [4]], [0, 0, 0], [], 32, [False, True, True]),
+    ("exactly min_shared more", [[5] * 32 + [1], [5] * 32 + [2], [6] * 33 + [1], [6] * 33 + [2]], [0, 0, 0, 0], [], 32, [False, False, False, True]),
+    ("counted past the hit", [[7] * 50 + [1], [7] * 50 + [2]], [0, 20], [], 32, [False, False]),
+    ("a prompt ahead counts", [[9] * 40 + [1]], [0], [[9] * 40 + [8]], 32, [True]),
+    ("the held one walks ahead of no one", [[4] * 40, [4] * 40 + [6] * 40, [4] * 40 + [6] * 40 + [1]], [0, 0, 0], [], 32, [False, True, True]),
+    ("the held one walks ahead of no one, past the first", [[3] * 40, [3] * 40 + [6] * 40 + [1], [3] * 40 + [6] * 40 + [2]], [0, 40, 40], [], 32, [False, False, True]),
+    ("it goes on from where one ahead ends", [[2] * 32 + [5]], [0], [[2] * 32], 31, [True]),
+    ("nothing waiting", [], [], [[1] * 40], 32, []),
+])
+def test_hold_back_shared_cases(case: str, prompts, hits, ahead, min_shared: int, want: list[bool]) -> None:  # noqa: ANN001
+    what = tr("hold_back_shared, case '{case}': prompts {prompts}, hits {hits}, ahead {ahead}, min_shared={m}",
+              case=case, prompts=[f"{p[:3]}…({len(p)})" for p in prompts], hits=hits, ahead=[f"{p[:3]}…({len(p)})" for p in ahead], m=min_shared)
+    expect(call_hold_back(prompts, hits, ahead, min_shared), want, tr("{what}: which prompts are held back", what=what))
+
+
+def test_hold_back_shared_against_the_definition() -> None:
+    rng = random.Random(0)
+    for trial in range(200):
+        stems = [[rng.randrange(4) for _ in range(rng.randrange(0, 60))] for _ in range(3)]
+        make = lambda: rng.choice(stems)[: rng.randrange(61)] + [rng.randrange(4) for _ in range(rng.randrange(0, 8))]  # noqa: E731
+        prompts = [make() for _ in range(rng.randrange(1, 7))]
+        ahead = [make() for _ in range(rng.randrange(0, 3))]
+        hits = [rng.randrange(len(p) + 1) for p in prompts]
+        min_shared = rng.choice([0, 3, 16, 17])
+        expect(call_hold_back(prompts, hits, ahead, min_shared), shares_held(prompts, hits, ahead, min_shared),
+               tr("hold_back_shared(prompts={prompts}, hits={hits}, ahead={ahead}, min_shared={m}): which prompts are held back",
+                  prompts=prompts, hits=hits, ahead=ahead, m=min_shared))
+
+
+def shared_prefix_workload(seed: int = 0, groups: int = 3, per_group: int = 3, prefix: int = 64, suffix: int = 6,
+                           unrelated: int = 4) -> list[list[int]]:
+    """几组共享前缀的请求按组轮流到达，中间夹着无关的请求。
+
+    en: Groups of requests sharing a prefix arrive taking turns, with unrelated requests in between.
+    """
+    rng = random.Random(seed)
+    word = lambda n: [rng.randrange(10, 1000) for _ in range(n)]  # noqa: E731
+    heads = [word(prefix) for _ in range(groups)]
+    prompts: list[list[int]] = []
+    for i in range(per_group):
+        for head in heads:
+            prompts.append(head + word(suffix))
+            if len(prompts) % 2 == 0 and unrelated > 0:
+                prompts.append(word(prefix + suffix))
+                unrelated -= 1
+    return prompts
+
+
+def test_lpm_computes_fewer_prefill_tokens_with_the_same_answers(tiny_path: str, make_llm) -> None:  # noqa: ANN001
+    prompts = shared_prefix_workload()
+    total = sum(len(p) for p in prompts)
+    sp = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
+    runs = {}
+    for name in ("fcfs", "lpm", "dfs-weight"):
+        llm = make_llm(LLM, tiny_path, **{**TINY_KW, "max_running_req": 2, "num_page_override": 300,
+                                          "max_seq_len_override": 128, "schedule_policy": name})
+        rec = record(llm)
+        answers = [o["token_ids"] for o in llm.generate(prompts, sp)]
+        runs[name] = (answers, rec.prefill_tokens(), rec.cache_hits())
+        assert_idle(llm)
+    for name, (answers, prefill, hit) in runs.items():
+        expect(answers, runs["fcfs"][0], tr("{name}: each request's greedy answer, compared with fcfs's", name=name))
+        expect(prefill + hit, total,
+               tr("{name}: prefill tokens computed + prefix-cache hits, against the {total} prompt tokens (what /metrics counts)",
+                  name=name, total=total))
+    fcfs = runs["fcfs"][1]
+    for name in ("lpm", "dfs-weight"):
+        expect(runs[name][1] <= 0.8 * fcfs, True,
+               tr("{name} computed {ours} prefill tokens, fcfs {fcfs}: at most 0.8 × fcfs's expected",
+                  name=name, ours=runs[name][1], fcfs=fcfs))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@
 - **分裂**：只匹配了一个节点的前半段时，把节点一分为二；
 - **引用计数**：请求用着的前缀沿路径加锁（``ref_count``），锁着的节点不能驱逐；
 - **驱逐**：空间不够时按最近最少使用（LRU）驱逐没上锁的叶子，整页地还回去；
-- **完整性检查**：重新数一遍整棵树，核对可驱逐 / 受保护的 token 数。
+- **完整性检查**：重新数一遍整棵树，核对可驱逐 / 受保护的 token 数；
+- **排队看缓存**（``--schedule-policy lpm``）：等着的请求按能命中多长排队，排队时只看不动（``peek_prefix``）；
+  共享一段还没缓存的前缀的几个请求，一步只放一个去算（``hold_back_shared``），其余的等它进了缓存再命中。
 
 en: Chapter 2.3 radix_cache: reuse the K/V of shared prefixes with a radix tree.
 
@@ -25,7 +27,10 @@ straight into its own page table, and computes only the rest.
 - **reference counts**: the prefix a request uses is locked along its path (``ref_count``); locked nodes cannot be
   evicted;
 - **eviction**: when space runs out, unlocked leaves go back, whole pages at a time, least recently used first (LRU);
-- **integrity check**: count the whole tree again and compare the evictable / protected token counts.
+- **integrity check**: count the whole tree again and compare the evictable / protected token counts;
+- **queueing by the cache** (``--schedule-policy lpm``): waiting requests are queued by how much they hit, and queueing
+  looks without touching (``peek_prefix``); of several requests sharing a prefix not cached yet, one step lets only one
+  compute it (``hold_back_shared``), and the others hit it once it is in the cache.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from __future__ import annotations
 import functools
 import heapq
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -41,6 +46,7 @@ from minisgl.i18n import tr
 from minisgl import cache_manager
 from minisgl.cache_manager import BaseCacheHandle, BasePrefixCache, CacheManager, InsertResult, NaivePrefixCache, SizeInfo
 from minisgl.engine import Engine
+from minisgl.schedule_policy import QueuePolicy, make_queue_policy
 from minisgl.scheduling import SchedulerConfig, TableManager
 
 
@@ -252,6 +258,38 @@ class RadixPrefixCache(BasePrefixCache):
     def match_prefix(self, input_ids: torch.Tensor) -> RadixCacheHandle:
         node, prefix_len = self._tree_walk(input_ids)
         return RadixCacheHandle(prefix_len, node)
+
+    def peek_prefix(self, input_ids: torch.Tensor) -> tuple[int, RadixTreeNode]:
+        """只看不动的匹配：``input_ids`` 能命中多长，以及匹配到的最深的节点。等待队列排队（``--schedule-policy lpm``）
+        每一步都要问一遍每个等着的请求；真正的匹配和加锁等到接纳时才做。
+
+        en: A match that looks without touching: how much of ``input_ids`` hits, and the deepest node the match reaches.
+        Queueing the waiting requests (``--schedule-policy lpm``) asks this of every waiting request each step; the
+        real match and lock wait until admission.
+        """
+        # >>> TASK peek_prefix: 回答“match_prefix 现在会命中多长”，但树上什么都不变：不分裂节点、不改任何时间、不动时钟、不加锁——排队的人只是看一眼，不该让缓存以为被用过（LRU 的顺序变了，驱逐的就不对了）。返回（命中的长度，和 match_prefix 给的完全相同；匹配到的最深的节点：匹配停在某个节点中间时就是那个节点本身，什么都没命中时是根）。给定：key_fn、_match_len
+        # en: Answer "how much would match_prefix hit right now" while nothing in the tree changes: no node split, no time changed, the clock untouched, no lock: someone queueing only takes a look and must not make the cache believe it was used (the LRU order would change, and eviction would pick wrongly). Return (the hit length, exactly what match_prefix gives; the deepest node the match reaches: the node itself when the match stops inside it, the root when nothing hits). Given: key_fn, _match_len
+        # hint1: 和你的 tree_walk 走同一条路，区别只在停在节点中间时：那里不分裂，直接带着这个节点返回。长度照样按整页取整。
+        # en1: Take the same path as your tree_walk; the only difference is where the match stops inside a node: do not split there, return with that node.
+        # en1: Lengths are still rounded down to whole pages.
+        # hint2: node, matched, ps = self.root, 0, self.page_size；当 len(input_ids) - matched >= ps：
+        # hint2: child = node.children.get(self.key_fn(input_ids[matched:]))，None 就 break；same = _match_len(child.key, input_ids[matched:]) // ps * ps；
+        # hint2: matched += same；node = child；same < child.length 就 break；最后 return matched, node。
+        # en2: node, matched, ps = self.root, 0, self.page_size; while len(input_ids) - matched >= ps:
+        # en2: child = node.children.get(self.key_fn(input_ids[matched:])), break on None; same = _match_len(child.key, input_ids[matched:]) // ps * ps;
+        # en2: matched += same; node = child; break if same < child.length; finally return matched, node.
+        node, matched, ps = self.root, 0, self.page_size
+        while len(input_ids) - matched >= ps:
+            child = node.children.get(self.key_fn(input_ids[matched:]))
+            if child is None:
+                break
+            same = _match_len(child.key, input_ids[matched:]) // ps * ps
+            matched += same
+            node = child
+            if same < child.length:
+                break
+        return matched, node
+        # <<< TASK
 
     # ---------------------------------------------------------------- 插入
     # en: ---------------------------------------------------------------- insertion
@@ -487,7 +525,89 @@ def radix_cache_manager(engine: Engine, config: SchedulerConfig, table_manager: 
     return CacheManager(engine.num_pages, config.page_size, engine.page_table, prefix_cache)
 
 
-#: 到本章为止的引擎：第 2.2 章的零件，缓存管理器换成带 radix 前缀缓存的（``cache_type="naive"`` 关掉复用）。
+def hold_back_shared(prompts: Sequence[torch.Tensor], hits: Sequence[int], ahead: Sequence[torch.Tensor],
+                     min_shared: int) -> list[bool]:
+    """队内去重：几个等着的请求共享一段缓存里还没有的长前缀时，一步只放一个去算它，其余的等它进了缓存再来命中。
+
+    ``prompts`` 按接纳的顺序排好，``hits[i]`` 是 ``prompts[i]`` 现在能命中多长；``ahead`` 是已经排在它们前面的提示词
+    （正在算的、这一步先接纳的）。返回每个提示词这一步留不留下。
+
+    en: In-queue dedup: when several waiting requests share a long prefix the cache does not hold yet, one step lets only
+    one of them compute it; the others wait until it is in the cache, and then hit it.
+
+    ``prompts`` are in the order of admission and ``hits[i]`` is how much of ``prompts[i]`` hits now; ``ahead`` are the
+    prompts already in front of them (those computing, those admitted first this step). Returns, for each prompt,
+    whether it is held back this step.
+    """
+    # >>> TASK hold_back_shared: 按顺序决定每个提示词留不留下：它和“走在它前面的”（ahead 里的，以及排在它前面、自己没被留下的）里任何一个共有的开头，比它已经命中的长度多出 min_shared 个 token 以上（恰好多 min_shared 个不算），它就留下——那段前缀已经有人在算，它再算一遍是白算。被留下的不算“走在前面”：它这一步不算任何东西。等着的请求可以有上百个、每个几千个 token，调度器每一步都要问一次：别让代价随请求数的平方和提示词长度的乘积一起涨。给定：prompts 的顺序、hits
+    # en: Decide in order, for each prompt, whether it is held back: it is held when the beginning it shares with anyone "walking ahead of it" (those in ahead, and those before it in prompts that were not held back themselves) is longer than its own hit by more than min_shared tokens (exactly min_shared more does not count): someone is already computing that prefix, and computing it again is wasted. A held-back prompt does not walk ahead of anyone: it computes nothing this step. Hundreds of requests of thousands of tokens may be waiting, and the scheduler asks every step: do not let the cost grow with the square of the request count times the prompt length. Given: the order of prompts, hits
+    # hint1: 要的是“和已经放过去的任何一个最长共有多少”：把放过去的提示词存进一棵按 token 分支的前缀树（字典套字典），一个新提示词沿树往下走，走到哪一层就共有多少。
+    # hint1: 每层放一小块 token（比如 16 个）而不是一个，树就浅得多；块对不上时，再在那一层的兄弟块里逐个数开头有几个相同。
+    # en1: What you need is "the longest beginning shared with anyone already let through": keep those prompts in a prefix tree branching on tokens (nested dicts);
+    # en1: a new prompt walks down the tree, and the depth it reaches is what it shares. Putting a small block of tokens (say 16) on each level instead of one
+    # en1: makes the tree much shallower; where a block does not match, count the equal leading tokens against each sibling block on that level.
+    # hint2: root = {}；blocks(ids) 把 ids.tolist() 切成 16 个一块的元组；add(ids)：node = root，对每块 node = node.setdefault(块, {})；
+    # hint2: shared(ids)：沿块往下走，累计走过的 token 数，某块不在 node 里就加上它和 node 里各块开头相同个数的最大值，返回；
+    # hint2: 先 add 每个 ahead；然后对每个 (ids, hit)：held = shared(ids) - hit > min_shared；没留下就 add(ids)；收集 held。
+    # en2: root = {}; blocks(ids) cuts ids.tolist() into tuples of 16; add(ids): node = root, and for each block node = node.setdefault(block, {});
+    # en2: shared(ids): walk down block by block counting the tokens passed; when a block is not in node, add the largest count of equal leading tokens against the blocks in node and return;
+    # en2: add every ahead first; then for each (ids, hit): held = shared(ids) - hit > min_shared; add(ids) unless held; collect held.
+    block = 16
+    root: dict[tuple[int, ...], dict] = {}
+
+    def blocks(ids: torch.Tensor) -> list[tuple[int, ...]]:
+        flat = ids.tolist()
+        return [tuple(flat[i : i + block]) for i in range(0, len(flat), block)]
+
+    def add(ids: torch.Tensor) -> None:
+        node = root
+        for b in blocks(ids):
+            node = node.setdefault(b, {})
+
+    def shared(ids: torch.Tensor) -> int:
+        node, total = root, 0
+        for b in blocks(ids):
+            if b not in node:
+                return total + max((_common(b, other) for other in node), default=0)
+            node, total = node[b], total + len(b)
+        return total
+
+    for ids in ahead:
+        add(ids)
+    held = []
+    for ids, hit in zip(prompts, hits):
+        held.append(shared(ids) - hit > min_shared)
+        if not held[-1]:
+            add(ids)
+    return held
+    # <<< TASK
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """两块 token 从头开始有多少个相同。
+
+    en: How many tokens two blocks share from the start.
+    """
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def radix_queue_policy(config: SchedulerConfig, cache_manager: CacheManager) -> QueuePolicy:
+    """本章的等待队列零件：给定的 :class:`~minisgl.schedule_policy.QueuePolicy`，用你的 ``peek_prefix`` 匹配、
+    你的 :func:`hold_back_shared` 去重（按 ``schedule_policy`` 选；``cache_type="naive"`` 时按缓存排队的策略退回先来先服务）。
+
+    en: This chapter's waiting-queue part: the given :class:`~minisgl.schedule_policy.QueuePolicy`, matching with your
+    ``peek_prefix`` and deduplicating with your :func:`hold_back_shared` (chosen by ``schedule_policy``; with
+    ``cache_type="naive"`` the cache-aware policies fall back to first come, first served).
+    """
+    return make_queue_policy(config, cache_manager, hold_back=hold_back_shared)
+
+
+#: 到本章为止的引擎：第 2.2 章的零件，缓存管理器换成带 radix 前缀缓存的（``cache_type="naive"`` 关掉复用），
+#: 等待队列能按缓存排（``schedule_policy``）。
 #: en: The engine up to this chapter: chapter 2.2's parts, with the cache manager that holds a radix prefix cache
-#: (``cache_type="naive"`` turns reuse off).
-PARTS = replace(cache_manager.PARTS, cache_manager=radix_cache_manager, cache_types=("radix", "naive"))
+#: (``cache_type="naive"`` turns reuse off), and a waiting queue that can be ordered by the cache (``schedule_policy``).
+PARTS = replace(cache_manager.PARTS, cache_manager=radix_cache_manager, cache_types=("radix", "naive"),
+                queue_policy=radix_queue_policy)
