@@ -341,20 +341,9 @@ def hold_back_shared(prompts: Sequence[torch.Tensor], hits: Sequence[int], ahead
     prompts already in front of them (those computing, those admitted first this step). Returns, for each prompt,
     whether it is held back this step.
     """
-    # TODO 任务 hold_back_shared：按顺序决定每个提示词留不留下：它和“走在它前面的”（ahead 里的，以及排在它前面、自己没被留下的）里任何一个共有的开头，比它已经命中的长度多出 min_shared 个 token 以上（恰好多 min_shared 个不算），它就留下——那段前缀已经有人在算，它再算一遍是白算。被留下的不算“走在前面”：它这一步不算任何东西。等着的请求可以有上百个、每个几千个 token，调度器每一步都要问一次：别让代价随请求数的平方和提示词长度的乘积一起涨。给定：prompts 的顺序、hits
-    # TODO task hold_back_shared: Decide in order, for each prompt, whether it is held back: it is held when the beginning it shares with anyone "walking ahead of it" (those in ahead, and those before it in prompts that were not held back themselves) is longer than its own hit by more than min_shared tokens (exactly min_shared more does not count): someone is already computing that prefix, and computing it again is wasted. A held-back prompt does not walk ahead of anyone: it computes nothing this step. Hundreds of requests of thousands of tokens may be waiting, and the scheduler asks every step: do not let the cost grow with the square of the request count times the prompt length. Given: the order of prompts, hits
+    # TODO 任务 hold_back_shared：按顺序决定每个提示词留不留下：它和“走在它前面的”（ahead 里的，以及排在它前面、自己没被留下的）里任何一个共有的开头，比它已经命中的长度多出 min_shared 个 token 以上（恰好多 min_shared 个不算），它就留下——那段前缀已经有人在算，它再算一遍是白算。被留下的不算“走在前面”：它这一步不算任何东西。给定：prompts 的顺序、hits
+    # TODO task hold_back_shared: Decide in order, for each prompt, whether it is held back: it is held when the beginning it shares with anyone "walking ahead of it" (those in ahead, and those before it in prompts that were not held back themselves) is longer than its own hit by more than min_shared tokens (exactly min_shared more does not count): someone is already computing that prefix, and computing it again is wasted. A held-back prompt does not walk ahead of anyone: it computes nothing this step. Given: the order of prompts, hits
     raise TaskNotDone("radix_cache", "hold_back_shared")
-
-
-def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """两块 token 从头开始有多少个相同。
-
-    en: How many tokens two blocks share from the start.
-    """
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def radix_queue_policy(config: SchedulerConfig, cache_manager: CacheManager) -> QueuePolicy:

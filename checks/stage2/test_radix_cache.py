@@ -395,6 +395,11 @@ def test_check_integrity_catches_each_condition_alone(case: str) -> None:
 # en: ----------------------------------------------------------------------------- queueing by the cache: a look-only match, in-queue dedup
 
 
+#: 这几条只跑一小会儿：写错的循环（例如忘了往前走）应当很快失败，而不是卡住整个检查。
+#: en: These take a moment: a wrong loop (one that never moves on, say) should fail quickly rather than hang the run.
+LOOP_LIMIT = pytest.mark.timeout(60)
+
+
 def tree_state(cache: RadixPrefixCache) -> list[tuple]:
     """树的全部可见状态：每个节点的 token、槽位、引用计数、时间戳，加上两本账和时钟。
 
@@ -435,6 +440,7 @@ def _random_tree(rng: random.Random, page_size: int) -> tuple[RadixPrefixCache, 
     return cache, prompts
 
 
+@LOOP_LIMIT
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_peek_prefix_hits_like_match_prefix_and_changes_nothing(page_size: int) -> None:
     rng = random.Random(page_size)
@@ -446,7 +452,10 @@ def test_peek_prefix_hits_like_match_prefix_and_changes_nothing(page_size: int) 
         before = tree_state(cache)
         ids_ = torch.tensor(query, dtype=torch.int32)
         got, node = cache.peek_prefix(ids_)
-        expect(tree_state(cache), before, tr("{what}: the tree afterwards (tokens, slots, ref_count, timestamp of each node; both totals; the clock) must be as it was", what=what))
+        after = tree_state(cache)
+        if after != before:
+            pytest.fail(tr("{what} changed the tree. Only before: {gone}. Only after: {new}. (Each entry: a node's tokens, slots, ref_count, timestamp; the last one: the evictable and protected totals and the clock.)",
+                           what=what, gone=[x for x in before if x not in after], new=[x for x in after if x not in before]), pytrace=False)
         expect(got, copy.deepcopy(cache).match_prefix(ids_).cached_len,
                tr("{what}: the hit length, against match_prefix on a copy of the tree", what=what))
         start, end = _span(node)
@@ -455,6 +464,7 @@ def test_peek_prefix_hits_like_match_prefix_and_changes_nothing(page_size: int) 
                                  what=what, start=start, end=end, got=got))
 
 
+@LOOP_LIMIT
 def test_peek_prefix_stops_inside_a_node_without_splitting_it() -> None:
     cache = RadixPrefixCache(1)
     cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), slots(100, 6))
@@ -490,13 +500,14 @@ def call_hold_back(prompts: list[list[int]], hits: list[int], ahead: list[list[i
     return [bool(h) for h in hold_back_shared(as_ids(prompts), list(hits), as_ids(ahead), min_shared)]
 
 
+@LOOP_LIMIT
 @pytest.mark.parametrize("case,prompts,hits,ahead,min_shared,want", [
     ("one ahead of the others", [[1] * 40 + [2], [1] * 40 + [3], [1] * 40 + [4]], [0, 0, 0], [], 32, [False, True, True]),
     ("exactly min_shared more", [[5] * 32 + [1], [5] * 32 + [2], [6] * 33 + [1], [6] * 33 + [2]], [0, 0, 0, 0], [], 32, [False, False, False, True]),
     ("counted past the hit", [[7] * 50 + [1], [7] * 50 + [2]], [0, 20], [], 32, [False, False]),
     ("a prompt ahead counts", [[9] * 40 + [1]], [0], [[9] * 40 + [8]], 32, [True]),
-    ("the held one walks ahead of no one", [[4] * 40, [4] * 40 + [6] * 40, [4] * 40 + [6] * 40 + [1]], [0, 0, 0], [], 32, [False, True, True]),
-    ("the held one walks ahead of no one, past the first", [[3] * 40, [3] * 40 + [6] * 40 + [1], [3] * 40 + [6] * 40 + [2]], [0, 40, 40], [], 32, [False, False, True]),
+    ("a held-back one walks ahead of no one", [[4] * 40, [4] * 40 + [6] * 40, [4] * 40 + [6] * 40 + [1]], [0, 0, 40], [], 32, [False, True, False]),
+    ("a kept one walks ahead of the later ones", [[3] * 40, [3] * 40 + [6] * 40 + [1], [3] * 40 + [6] * 40 + [2]], [0, 40, 40], [], 32, [False, False, True]),
     ("it goes on from where one ahead ends", [[2] * 32 + [5]], [0], [[2] * 32], 31, [True]),
     ("nothing waiting", [], [], [[1] * 40], 32, []),
 ])
@@ -506,6 +517,7 @@ def test_hold_back_shared_cases(case: str, prompts, hits, ahead, min_shared: int
     expect(call_hold_back(prompts, hits, ahead, min_shared), want, tr("{what}: which prompts are held back", what=what))
 
 
+@LOOP_LIMIT
 def test_hold_back_shared_against_the_definition() -> None:
     rng = random.Random(0)
     for trial in range(200):

@@ -539,16 +539,18 @@ def hold_back_shared(prompts: Sequence[torch.Tensor], hits: Sequence[int], ahead
     prompts already in front of them (those computing, those admitted first this step). Returns, for each prompt,
     whether it is held back this step.
     """
-    # >>> TASK hold_back_shared: 按顺序决定每个提示词留不留下：它和“走在它前面的”（ahead 里的，以及排在它前面、自己没被留下的）里任何一个共有的开头，比它已经命中的长度多出 min_shared 个 token 以上（恰好多 min_shared 个不算），它就留下——那段前缀已经有人在算，它再算一遍是白算。被留下的不算“走在前面”：它这一步不算任何东西。等着的请求可以有上百个、每个几千个 token，调度器每一步都要问一次：别让代价随请求数的平方和提示词长度的乘积一起涨。给定：prompts 的顺序、hits
-    # en: Decide in order, for each prompt, whether it is held back: it is held when the beginning it shares with anyone "walking ahead of it" (those in ahead, and those before it in prompts that were not held back themselves) is longer than its own hit by more than min_shared tokens (exactly min_shared more does not count): someone is already computing that prefix, and computing it again is wasted. A held-back prompt does not walk ahead of anyone: it computes nothing this step. Hundreds of requests of thousands of tokens may be waiting, and the scheduler asks every step: do not let the cost grow with the square of the request count times the prompt length. Given: the order of prompts, hits
-    # hint1: 要的是“和已经放过去的任何一个最长共有多少”：把放过去的提示词存进一棵按 token 分支的前缀树（字典套字典），一个新提示词沿树往下走，走到哪一层就共有多少。
-    # hint1: 每层放一小块 token（比如 16 个）而不是一个，树就浅得多；块对不上时，再在那一层的兄弟块里逐个数开头有几个相同。
-    # en1: What you need is "the longest beginning shared with anyone already let through": keep those prompts in a prefix tree branching on tokens (nested dicts);
-    # en1: a new prompt walks down the tree, and the depth it reaches is what it shares. Putting a small block of tokens (say 16) on each level instead of one
-    # en1: makes the tree much shallower; where a block does not match, count the equal leading tokens against each sibling block on that level.
+    # >>> TASK hold_back_shared: 按顺序决定每个提示词留不留下：它和“走在它前面的”（ahead 里的，以及排在它前面、自己没被留下的）里任何一个共有的开头，比它已经命中的长度多出 min_shared 个 token 以上（恰好多 min_shared 个不算），它就留下——那段前缀已经有人在算，它再算一遍是白算。被留下的不算“走在前面”：它这一步不算任何东西。给定：prompts 的顺序、hits
+    # en: Decide in order, for each prompt, whether it is held back: it is held when the beginning it shares with anyone "walking ahead of it" (those in ahead, and those before it in prompts that were not held back themselves) is longer than its own hit by more than min_shared tokens (exactly min_shared more does not count): someone is already computing that prefix, and computing it again is wasted. A held-back prompt does not walk ahead of anyone: it computes nothing this step. Given: the order of prompts, hits
+    # hint1: 每个提示词要的是“和已经放过去的任何一个最长共有多少”。一个一个去比，代价是放过去的个数乘提示词长度，每个提示词都要付一遍。
+    # hint1: 想一种结构，让开头相同的提示词共用比较开头的那份功夫；被留下的不放进去。
+    # en1: What each prompt needs is "the longest beginning shared with any prompt already let through". Comparing one by one costs the number let through
+    # en1: times the prompt length, paid again for every prompt. Think of a structure in which prompts that begin alike share the work of comparing that
+    # en1: beginning; held-back prompts are not put in.
+    # hint2: 一棵按块分支的前缀树（字典套字典，每层一块 16 个 token，比每层一个 token 浅得多），放过去的提示词都存进去。
     # hint2: root = {}；blocks(ids) 把 ids.tolist() 切成 16 个一块的元组；add(ids)：node = root，对每块 node = node.setdefault(块, {})；
     # hint2: shared(ids)：沿块往下走，累计走过的 token 数，某块不在 node 里就加上它和 node 里各块开头相同个数的最大值，返回；
     # hint2: 先 add 每个 ahead；然后对每个 (ids, hit)：held = shared(ids) - hit > min_shared；没留下就 add(ids)；收集 held。
+    # en2: A prefix tree branching on blocks (nested dicts, one block of 16 tokens per level: much shallower than one token per level) holding every prompt let through.
     # en2: root = {}; blocks(ids) cuts ids.tolist() into tuples of 16; add(ids): node = root, and for each block node = node.setdefault(block, {});
     # en2: shared(ids): walk down block by block counting the tokens passed; when a block is not in node, add the largest count of equal leading tokens against the blocks in node and return;
     # en2: add every ahead first; then for each (ids, hit): held = shared(ids) - hit > min_shared; add(ids) unless held; collect held.
@@ -564,11 +566,17 @@ def hold_back_shared(prompts: Sequence[torch.Tensor], hits: Sequence[int], ahead
         for b in blocks(ids):
             node = node.setdefault(b, {})
 
+    def common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
     def shared(ids: torch.Tensor) -> int:
         node, total = root, 0
         for b in blocks(ids):
             if b not in node:
-                return total + max((_common(b, other) for other in node), default=0)
+                return total + max((common(b, other) for other in node), default=0)
             node, total = node[b], total + len(b)
         return total
 
@@ -581,17 +589,6 @@ def hold_back_shared(prompts: Sequence[torch.Tensor], hits: Sequence[int], ahead
             add(ids)
     return held
     # <<< TASK
-
-
-def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """两块 token 从头开始有多少个相同。
-
-    en: How many tokens two blocks share from the start.
-    """
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def radix_queue_policy(config: SchedulerConfig, cache_manager: CacheManager) -> QueuePolicy:
