@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from checks.common import expect
+from checks.stage2.conftest import tree_state
 from minisgl import model_zoo
 from minisgl.cache_manager import NaivePrefixCache
 from minisgl.core import SamplingParams
@@ -55,16 +56,6 @@ def policy_of(name: str, cache: Any, **kwargs: Any) -> QueuePolicy:
 
 def uids(reqs: list[PendingReq]) -> list[int]:
     return [p.uid for p in reqs]
-
-
-def tree_state(cache: RadixPrefixCache) -> list[tuple[Any, ...]]:
-    """树的全部可见状态：每个节点的 token、槽位、引用计数、时间戳，以及两本账和时钟。
-
-    en: Everything visible of the tree: each node's tokens, slots, reference count and timestamp, plus both totals and
-    the clock.
-    """
-    nodes = sorted((n.key.tolist(), n.value.tolist(), n.ref_count, n.timestamp) for n in cache._all_nodes())
-    return [*nodes, (cache.evictable_size, cache.protected_size, cache._clock)]
 
 
 A = list(range(100, 140))  # 40 个 token 的前缀 | en: a 40-token prefix

@@ -110,6 +110,16 @@ class Recorder:
         self.steps.clear()
 
 
+def tree_state(cache: Any) -> list[tuple[Any, ...]]:
+    """radix 树的全部可见状态：每个节点的 token、槽位、引用计数、时间戳，以及两本账和时钟（比较前后有没有改动用）。
+
+    en: Everything visible of a radix tree: each node's tokens, slots, reference count and timestamp, plus both totals
+    and the clock (to compare before and after).
+    """
+    nodes = sorted((n.key.tolist(), n.value.tolist(), n.ref_count, n.timestamp) for n in cache._all_nodes())
+    return [*nodes, (cache.evictable_size, cache.protected_size, cache._clock)]
+
+
 def record(llm: Any, after: Callable[[StepTrace], None] | None = None) -> Recorder:
     rec = Recorder(after=after)
 

@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 import torch
 
-from .conftest import QUESTIONS, SMOL_KW, SMOLLM2_TOKENS, SYSTEM_PROMPT, TINY_KW, assert_idle, expect, integrity_error, record, results, run_under_later_chapters
+from .conftest import QUESTIONS, SMOL_KW, SMOLLM2_TOKENS, SYSTEM_PROMPT, TINY_KW, assert_idle, expect, integrity_error, record, results, run_under_later_chapters, tree_state
 from minisgl.i18n import tr
 from minisgl.core import SamplingParams
 from minisgl.overlap import PARTS as FINAL_PARTS
@@ -398,16 +398,6 @@ def test_check_integrity_catches_each_condition_alone(case: str) -> None:
 #: 这几条只跑一小会儿：写错的循环（例如忘了往前走）应当很快失败，而不是卡住整个检查。
 #: en: These take a moment: a wrong loop (one that never moves on, say) should fail quickly rather than hang the run.
 LOOP_LIMIT = pytest.mark.timeout(60)
-
-
-def tree_state(cache: RadixPrefixCache) -> list[tuple]:
-    """树的全部可见状态：每个节点的 token、槽位、引用计数、时间戳，加上两本账和时钟。
-
-    en: Everything visible of the tree: each node's tokens, slots, reference count and timestamp, plus both totals and
-    the clock.
-    """
-    nodes = sorted((n.key.tolist(), n.value.tolist(), n.ref_count, n.timestamp) for n in cache._all_nodes())
-    return [*nodes, (cache.evictable_size, cache.protected_size, cache._clock)]
 
 
 def _span(node) -> tuple[int, int]:  # noqa: ANN001
