@@ -94,11 +94,25 @@ def full_sampler(engine: Any, eos_token_id: int | None, tokenizer: Any) -> Sampl
                           rows=engine.page_table.shape[0], eos_token_id=eos_token_id, tokenizer=tokenizer)
 
 
-#: 组装好的引擎的零件：到第 2.5 章为止的调度器零件，加上第 3.6 章的采样器。离线的 ``LLM``、每个秩和服务器的调度器
-#: 进程都用它。
-#: en: The assembled engine's parts: the scheduler's parts up to chapter 2.5, plus chapter 3.6's sampler. The offline
-#: ``LLM``, every rank and the server's scheduler process all use them.
-FULL_PARTS = dataclasses.replace(overlap.PARTS, sampler=full_sampler)
+def full_loop(scheduler: Scheduler) -> Any:
+    """组装好的引擎的主循环：配置了 ``speculative_algorithm`` 就是投机解码的循环（:mod:`minisgl.speculative`，不重叠），
+    否则第 2.5 章的重叠调度。
+
+    en: The assembled engine's main loop: with ``speculative_algorithm`` configured, the speculative-decoding loop
+    (:mod:`minisgl.speculative`, no overlap), otherwise chapter 2.5's overlap scheduling.
+    """
+    if scheduler.config.speculative_algorithm is None:
+        return overlap.OverlapLoop(scheduler)
+    from minisgl.speculative import SpeculativeLoop
+
+    return SpeculativeLoop(scheduler)
+
+
+#: 组装好的引擎的零件：到第 2.5 章为止的调度器零件（主循环见 :func:`full_loop`），加上第 3.6 章的采样器。离线的
+#: ``LLM``、每个秩和服务器的调度器进程都用它。
+#: en: The assembled engine's parts: the scheduler's parts up to chapter 2.5 (the main loop: :func:`full_loop`), plus
+#: chapter 3.6's sampler. The offline ``LLM``, every rank and the server's scheduler process all use them.
+FULL_PARTS = dataclasses.replace(overlap.PARTS, sampler=full_sampler, loop=full_loop)
 
 
 class LLM(Scheduler):

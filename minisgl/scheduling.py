@@ -82,7 +82,7 @@ class SchedulerParts:
     cache_types: tuple[str, ...] = ("naive",)
     prefill_adder: type | None = None
     policy: type | None = None
-    loop: type | None = None
+    loop: Callable[[Any], MainLoop] | None = None
     sampler: SamplerFactory | None = None
     queue_policy: QueuePolicyFactory | None = None
 
@@ -426,6 +426,18 @@ class SchedulerConfig(EngineConfig):
     cache_type: str | None = None
     max_extend_tokens: int = 8192
     schedule_policy: str = "fcfs"
+    # 投机解码（minisgl/speculative.py），名字和缺省值照 SGLang 的服务器参数（容量除外：这里的树是 Python 对象）；
+    # 只有组装好的引擎（minisgl.llm）认得
+    # en: speculative decoding (minisgl/speculative.py), names and defaults as SGLang's server flags (except the
+    # en: capacity: this tree is made of Python objects); only the assembled engine (minisgl.llm) knows them
+    speculative_algorithm: str | None = None  # None | "NGRAM"
+    speculative_num_draft_tokens: int = 12  # 每个请求每步验证几个 token，含最后一个已知的 | en: tokens verified per request and step, the last known one included
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 12
+    speculative_ngram_min_bfs_breadth: int = 1
+    speculative_ngram_max_bfs_breadth: int = 10
+    speculative_ngram_branch_length: int = 18
+    speculative_ngram_capacity: int = 1_000_000
 
 
 class DecodeManager:

@@ -24,6 +24,7 @@ import torch
 from minisgl.core import InvalidParam, SamplingParams
 from minisgl.graph import GRAPH_MODES
 from minisgl.i18n import tr
+from minisgl.ngram_cache import check_ngram_args
 from minisgl.schedule_policy import check_schedule_policy
 
 E = TypeVar("E", bound=Exception)
@@ -351,6 +352,27 @@ def validate_requests(
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def check_speculative(config: Any) -> None:
+    """``speculative_*`` 配置在建引擎之前检查（ValueError），参数名是 SGLang 的服务器参数。
+
+    en: Check the ``speculative_*`` configuration before the engine is built (ValueError), naming SGLang's server flags.
+    """
+    algorithm = config.speculative_algorithm
+    if algorithm is None:
+        return
+    if str(algorithm).upper() != "NGRAM":
+        raise ValueError(tr("Unknown speculative algorithm {name!r} (--speculative-algorithm): this engine knows NGRAM",
+                            name=algorithm))
+    config.speculative_algorithm = "NGRAM"
+    if config.speculative_num_draft_tokens < 2:
+        raise ValueError(tr("--speculative-num-draft-tokens counts the last verified token too, so it must be at least "
+                            "2, got {value}", value=config.speculative_num_draft_tokens))
+    check_ngram_args(config.speculative_ngram_min_match_window_size, config.speculative_ngram_max_match_window_size,
+                     config.speculative_ngram_min_bfs_breadth, config.speculative_ngram_max_bfs_breadth,
+                     config.speculative_ngram_branch_length, config.speculative_ngram_capacity,
+                     config.speculative_num_draft_tokens - 1)
+
+
 def validate_config(config: Any, cache_types: tuple[str, ...] = ("naive",)) -> None:
     """引擎 / 调度器配置在建引擎之前检查一遍：错的值立刻报清楚，而不是到很后面才以奇怪的方式出错。调度器的
     ``cache_type`` 要在 ``cache_types``（零件认得的前缀缓存种类）里；``None`` 换成其中第一个。
@@ -383,6 +405,8 @@ def validate_config(config: Any, cache_types: tuple[str, ...] = ("naive",)) -> N
                                 cache_type=config.cache_type, known=", ".join(repr(t) for t in cache_types)))
     if hasattr(config, "schedule_policy"):
         check_schedule_policy(config.schedule_policy)
+    if hasattr(config, "speculative_algorithm"):
+        check_speculative(config)
     dtype = config.dtype
     if dtype is not None and not isinstance(dtype, torch.dtype) and dtype not in _DTYPES:
         raise ValueError(tr("Unsupported dtype={dtype!r}: choose None (automatic), {names}, or the matching torch.dtype",

@@ -270,6 +270,18 @@ class CacheManager:
         if len(indices) > 0:
             self.free_slots = torch.cat([self.free_slots, indices[:: self.page_size].to(self.free_slots)])
 
+    def free_tail(self, table_idx: int, keep_len: int, end_len: int) -> None:
+        """一个请求把 K/V 写得比它留下的远（投机解码没被接受的草稿）：只装着位置 ``[keep_len, end_len)`` 的页还回去。
+        之后它的页又正好是前 ``div_ceil(keep_len, page_size)`` 页，和 ``allocate_paged`` 的约定一致。
+
+        en: A request wrote K/V further than it keeps (speculative decoding's rejected drafts): give back the pages that
+        hold only positions ``[keep_len, end_len)``. Its pages are then exactly the first ``div_ceil(keep_len,
+        page_size)``, as ``allocate_paged`` assumes.
+        """
+        start, end = div_ceil(keep_len, self.page_size) * self.page_size, div_ceil(end_len, self.page_size) * self.page_size
+        if end > start:
+            self._free(self.page_table[table_idx, start:end])
+
     def _page_to_token(self, pages: torch.Tensor) -> torch.Tensor:
         """各页第一个槽位 → 这些页里的全部槽位。
 

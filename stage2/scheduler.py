@@ -477,9 +477,16 @@ class Scheduler:
             if status.finished:
                 continue
             status.logprobs = self.engine.sampler.logprob_of(fi.sample_args, row)
-            self._take_token(req, status, token, batch.is_prefill)
-            if not status.finished:  # 没结束：告诉监听者这一步留下的 token | en: not finished: tell the listeners the token kept
-                self._emit(RequestEvent(req.uid, token, False, None, status.logprobs))
+            more = output.more_tokens[row] if output.more_tokens else []
+            for k, tok in enumerate([token, *more]):
+                if status.finished:  # 结束了，或被监听者取消了 | en: ended, or aborted by a listener
+                    break
+                if k:  # 同一步里验证出的下一个 token：记账像普通解码又走了一步 | en: the next token verified in the same step: bookkeeping as if plain decoding took one more step
+                    req.complete_one()
+                    status.logprobs = None
+                self._take_token(req, status, tok, batch.is_prefill)
+                if not status.finished:  # 没结束：告诉监听者这一步留下的 token | en: not finished: tell the listeners the token kept
+                    self._emit(RequestEvent(req.uid, tok, False, None, status.logprobs))
         self.tracer.finish(fi.trace, started)
 
     def _take_token(self, req: Req, status: RequestStatus, token: int, prefill: bool) -> None:

@@ -1,0 +1,357 @@
+"""投机解码在引擎里（``speculative_algorithm="NGRAM"``）：每个解码步先猜，再一次前向验证。
+
+解码批次的每个请求是一棵树：树根是最后一个已知 token（普通解码也只算它），下面挂着 n-gram 猜出的草稿
+（:mod:`minisgl.ngram_cache`；猜不出、或这个请求不投机时 n = 0，就是普通的一行解码）。整批在一次前向里算完：
+
+- **KV 槽位**：草稿顺着请求自己那一行往后排——第 i 个草稿 token（广度优先的下标，从 1 起）写在位置
+  ``L - 1 + i``（``L`` 是已知 token 数）；缺的页照常向缓存管理器要。位置（RoPE）却是 ``L - 1 + 深度``；
+- **注意力**：每一行看见前缀、自己和祖先，绝不看兄弟（:func:`minisgl.spec_tree.tree_mask`）；按页表取 K/V，交给
+  第 1.5 章的 ``attend``，只是掩码换成 [前缀全可见 | 树的掩码]；
+- **logits**：每一行都要（元数据的“最后一个 token”就是全部行）；树根那一行交给引擎的采样器（和普通解码一样采），
+  其余行取 argmax，:func:`minisgl.spec_tree.accept_greedy` 走出最长的那条路，外加白送的一个 token；
+- **把 KV 收拾干净**：接受的那条路的 K/V 挪到位置 ``L .. L+a-1``（一棵树时它们不一定挨着），不要的页还回去，
+  token 池写上这一步出的 token；结果处理把它们一个一个交给请求，就像普通解码走了 a + 1 步——EOS、``max_tokens``
+  都在那里判，前缀缓存也只会收到交出去了的 token。草稿个数不超过请求还能出的 token 数减一，所以 ``max_tokens``
+  只可能落在最后一个；EOS 落在中间时，后面的 token 不再交出，它们占的页在请求归还时一起还掉。
+
+只在贪心、不用采样控制（惩罚、logit_bias、对数概率、min_tokens 未满）和语法的请求上投机；别的请求在同一批里
+照常解码一步。重叠调度关掉（和 SGLang 一样：下一步的草稿要等这一步验证完才知道从哪儿猜）；分块预填充照常可用
+（预填充步不投机）。一个请求猜错就先歇几步（连错几次歇得越久，最多 32 步），整批每步最多验证
+``speculative_num_draft_tokens - 1`` 个草稿 token，按请求最近的命中率分。
+
+en: Speculative decoding in the engine (``speculative_algorithm="NGRAM"``): each decode step first guesses, then
+verifies in one forward.
+
+Every request of a decode batch is a tree: the root is the last known token (all that plain decoding computes), with the
+n-gram drafts below it (:mod:`minisgl.ngram_cache`; n = 0 when nothing matches or the request does not speculate: a
+plain row of decode). The whole batch is computed in one forward:
+
+- **KV slots**: the drafts are laid along the request's own row: draft token i (breadth-first index, from 1) is written
+  at position ``L - 1 + i`` (``L`` known tokens); missing pages come from the cache manager as usual. Their position
+  (RoPE) is ``L - 1 + depth`` though;
+- **attention**: each row sees the prefix, itself and its ancestors, never a sibling (:func:`minisgl.spec_tree.tree_mask`);
+  K/V are gathered through the page table and handed to chapter 1.5's ``attend`` with the mask [prefix all visible |
+  the tree's mask];
+- **logits**: every row is needed (the metadata's "last tokens" are all rows); the root's row goes to the engine's
+  sampler (sampled as plain decoding would), the others take the argmax, and :func:`minisgl.spec_tree.accept_greedy`
+  walks the longest matching path, plus the bonus token;
+- **keeping the KV honest**: the accepted path's K/V move to positions ``L .. L+a-1`` (in a tree they need not be next to
+  each other), unneeded pages go back, and the token pool gets the step's tokens; result processing hands them to the
+  request one by one, as if plain decoding had taken a + 1 steps: EOS and ``max_tokens`` are decided there, and the
+  prefix cache only ever receives tokens handed out. A request never drafts more than it may still output minus one,
+  so ``max_tokens`` can only fall on the last token; after an EOS inside the run the later tokens are not handed out,
+  and their pages go back when the request is released.
+
+Only greedy requests without sampling controls (penalties, logit_bias, log-probabilities, min_tokens not yet reached)
+and without a grammar speculate; the others decode one plain step in the same batch. Overlap scheduling is off (as in
+SGLang: the next step's drafts depend on where this step's verification ends); chunked prefill works as usual (prefill
+steps do not speculate). A request whose guess fails rests a few steps (longer after each miss in a row, at most 32),
+and a whole step verifies at most ``speculative_num_draft_tokens - 1`` draft tokens, shared out by the requests' recent
+hit rates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from minisgl.attention import BaseAttnBackend, BaseAttnMetadata, attend, gather_kv
+from minisgl.core import Batch, Req, set_global_ctx
+from minisgl.engine import ForwardOutput, HostCopyDone
+from minisgl.i18n import tr
+from minisgl.ngram_cache import DraftTree, NgramCache
+from minisgl.scheduling import ForwardInput, MainLoop, div_ceil
+from minisgl.spec_tree import accept_greedy, tree_mask, tree_positions
+
+__all__ = ["SpecStats", "SpeculativeLoop", "TreeAttnBackend", "TreeMetadata", "speculates"]
+
+#: 一个请求连续猜错之后最多歇几步。
+#: en: The most steps a request rests after missing several times in a row.
+MAX_REST = 32
+
+
+def speculates(req: Req, outputs_so_far: int) -> bool:
+    """这个请求能不能投机：贪心，而且没有会改变 argmax、或要逐个 token 记账的东西（惩罚、logit_bias、对数概率、
+    还没满足的 min_tokens、语法）。
+
+    en: Whether this request may speculate: greedy, with nothing that changes the argmax or keeps per-token state
+    (penalties, logit_bias, log-probabilities, an unmet min_tokens, a grammar).
+    """
+    p = req.sampling_params
+    return (p.is_greedy and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+            and not p.logit_bias and not p.logprobs and outputs_so_far >= p.min_tokens
+            and p.json_schema is None and p.regex is None and p.ebnf is None)
+
+
+@dataclass
+class TreeMetadata(BaseAttnMetadata):
+    """一次验证前向的注意力元数据：请求 b 的行是 ``[cu_seqlens_q_cpu[b], cu_seqlens_q_cpu[b+1])``，看页表第
+    ``table_idx[b]`` 行的前 ``key_lens[b]`` 个槽位，按 ``masks[b]``（``[行数, key_lens[b]]``）。每一行都要 logits。
+
+    en: The attention metadata of one verifying forward: request b's rows are ``[cu_seqlens_q_cpu[b],
+    cu_seqlens_q_cpu[b+1])``; they look at the first ``key_lens[b]`` slots of page-table row ``table_idx[b]`` through
+    ``masks[b]`` (``[rows, key_lens[b]]``). Every row needs its logits.
+    """
+
+    cu_seqlens_q_cpu: list[int]
+    table_idx: list[int]
+    key_lens: list[int]
+    masks: list[torch.Tensor]
+    device: torch.device
+
+    def get_last_indices(self, bs: int) -> torch.Tensor:
+        return torch.arange(self.cu_seqlens_q_cpu[-1], device=self.device)
+
+
+class TreeAttnBackend(BaseAttnBackend):
+    """验证前向的注意力：写 K/V，再逐个请求按页表取 K/V、用树的掩码调用第 1.5 章的 ``attend``。
+
+    en: The verifying forward's attention: store K/V, then per request gather K/V through the page table and call
+    chapter 1.5's ``attend`` with the tree's mask.
+    """
+
+    def __init__(self, kv_cache: Any, page_table: torch.Tensor) -> None:
+        self.kv_cache = kv_cache
+        self.page_table = page_table
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        raise RuntimeError(tr("The tree attention backend takes its metadata from the verifying step"))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        md: TreeMetadata = batch.attn_metadata  # type: ignore[assignment]
+        scale, cu, outs = q.shape[-1] ** -0.5, md.cu_seqlens_q_cpu, []
+        for b, (row, key_len, mask) in enumerate(zip(md.table_idx, md.key_lens, md.masks)):
+            k_b, v_b = gather_kv(self.kv_cache, layer_id, self.page_table, row, key_len)
+            outs.append(attend(q[cu[b] : cu[b + 1]], k_b, v_b, mask, scale))
+        return torch.cat(outs)
+
+
+@dataclass
+class SpecStats:
+    """累计：验证过的草稿 token、其中接受的、带草稿的验证（请求 × 步）次数，以及每次出几个 token（含白送的那个）
+    的直方图。
+
+    en: Cumulative: draft tokens verified, those accepted, verifications with a draft (request × step), and a histogram
+    of how many tokens each one yielded (the bonus included).
+    """
+
+    proposed: int = 0
+    accepted: int = 0
+    verifies: int = 0
+    moved: int = 0  # 为了让接受的路挨着而挪过的 K/V 槽位 | en: K/V slots moved to make accepted paths contiguous
+    accept_lengths: Counter[int] = field(default_factory=Counter)
+
+    @property
+    def mean_accept_length(self) -> float:
+        """每次带草稿的验证平均出几个 token（含白送的那个）。
+
+        en: Tokens per verification with a draft, on average (the bonus included)."""
+        return (self.accepted + self.verifies) / self.verifies if self.verifies else 0.0
+
+
+class _Span(NamedTuple):
+    """缓存管理器的 ``allocate_paged`` 读的三样：给草稿要页时用。
+
+    en: The three fields the cache manager's ``allocate_paged`` reads: used to ask pages for the drafts."""
+
+    table_idx: int
+    cached_len: int
+    device_len: int
+
+
+@dataclass
+class _Track:
+    """一个请求在投机这边的状态。"""
+
+    tokens: list[int] = field(default_factory=list)  # 写进 n-gram 树的 token | en: tokens written into the n-gram tree
+    misses: int = 0  # 连续猜错的次数 | en: misses in a row
+    rest: int = 0  # 还要歇几步 | en: steps still to rest
+    hit_rate: float = 1.0  # 最近接受的草稿 token 的比例（指数平均） | en: recent share of draft tokens accepted (EMA)
+
+
+class SpeculativeLoop(MainLoop):
+    """投机解码的主循环零件：预填充照常，解码步换成一次验证（见模块文档）。没有重叠。
+
+    en: The main-loop part for speculative decoding: prefills as usual, each decode step becomes a verification (see the
+    module docstring). No overlap.
+    """
+
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__(scheduler)
+        c, engine = scheduler.config, scheduler.engine
+        self.budget = c.speculative_num_draft_tokens - 1
+        self.cache = NgramCache(
+            min_window=c.speculative_ngram_min_match_window_size, max_window=c.speculative_ngram_max_match_window_size,
+            min_breadth=c.speculative_ngram_min_bfs_breadth, max_breadth=c.speculative_ngram_max_bfs_breadth,
+            branch_length=c.speculative_ngram_branch_length, capacity=c.speculative_ngram_capacity,
+            num_draft=self.budget)
+        self.backend = TreeAttnBackend(engine.kv_cache, engine.page_table)
+        self.stats = SpecStats()
+        self._tracks: dict[int, _Track] = {}
+        # 这一步验证之后各请求的页分到了哪里（结果处理中途被取消时，多出的页由 release 还）
+        # en: where each request's pages reach after this step's verification (release gives back the excess if the
+        # request is aborted while its results are processed)
+        self._allocated_to: dict[Req, int] = {}
+        self._deferred: list[Req] | None = None
+
+    def step(self) -> bool:
+        s = self.scheduler
+        fi = s._schedule_next_batch()
+        if fi is None:
+            return False
+        output = self._verify(fi) if fi.batch.is_decode else s._forward(fi)
+        # 结果处理途中了结的请求（监听者可能取消同一批里还没轮到的请求）处理完再归还
+        # en: requests settled while results are processed (a listener may abort one not reached yet in this batch)
+        # en: are given back once processing is done
+        self._deferred: list[Req] | None = []
+        try:
+            s._process_last_data((fi, output))
+        finally:
+            deferred, self._deferred = self._deferred, None
+            for req in deferred:
+                self._release_now(req)
+            self._allocated_to.clear()
+        return True
+
+    def release(self, req: Req) -> None:
+        if self._deferred is not None:
+            self._deferred.append(req)
+        else:
+            self._release_now(req)
+
+    def _release_now(self, req: Req) -> None:
+        end = self._allocated_to.pop(req, None)
+        if end is not None:
+            self.scheduler.cache_manager.free_tail(req.table_idx, req.cached_len, end)
+        self._tracks.pop(req.uid, None)
+        super().release(req)
+
+    # ------------------------------------------------------------------ 猜
+
+    def _observe(self, req: Req) -> _Track:
+        """把请求新多出的 token 写进 n-gram 树。"""
+        track = self._tracks.setdefault(req.uid, _Track())
+        since = len(track.tokens)
+        if len(req.input_ids) > since:
+            track.tokens.extend(req.input_ids[since:].tolist())
+            self.cache.put(track.tokens, since)
+        return track
+
+    def _drafts(self, reqs: list[Req]) -> list[DraftTree]:
+        """每个请求的草稿（不投机的是空树），整批不超过 ``budget`` 个 token，最近命中率高的先分。"""
+        status, tracks = self.scheduler.status, [self._observe(r) for r in reqs]
+        want: list[DraftTree] = []
+        for req, track in zip(reqs, tracks):
+            room = req.remain_len - 1  # 至少留一个给白送的 token | en: keep one for the bonus
+            if track.rest > 0 or room < 1 or not speculates(req, len(status[req.uid].output_ids)):
+                track.rest = max(track.rest - 1, 0)
+                want.append(DraftTree())
+                continue
+            draft = self.cache.propose(track.tokens)
+            want.append(_truncate(draft, room))
+        left, drafts = self.budget, [DraftTree()] * len(reqs)
+        for b in sorted(range(len(reqs)), key=lambda b: -tracks[b].hit_rate):
+            drafts[b] = _truncate(want[b], left)
+            left -= len(drafts[b])
+        return drafts
+
+    # ------------------------------------------------------------------ 验证
+
+    @torch.inference_mode()
+    def _verify(self, fi: ForwardInput) -> ForwardOutput:
+        s, engine = self.scheduler, self.scheduler.engine
+        reqs = fi.batch.reqs
+        drafts = self._drafts(reqs)
+        if not any(len(d) for d in drafts):
+            return s._forward(fi)
+        lens = [r.device_len for r in reqs]
+        s.cache_manager.allocate_paged([_Span(r.table_idx, L, L + len(d))
+                                        for r, L, d in zip(reqs, lens, drafts) if len(d)])
+        vb = self._verify_batch(fi, drafts, lens)
+        ctx, plain = engine.ctx, engine.ctx.attn_backend
+        set_global_ctx(ctx)
+        ctx.attn_backend = self.backend
+        try:
+            with ctx.forward_batch(vb):
+                logits = engine.model.forward()
+        finally:
+            ctx.attn_backend = plain
+        cu = vb.attn_metadata.cu_seqlens_q_cpu
+        first = engine.sampler.sample(logits[torch.tensor(cu[:-1], device=logits.device)], fi.sample_args)
+        first_cpu = first.tolist()
+        argmax = logits.argmax(dim=-1).tolist()
+        runs = []
+        for b, (req, draft) in enumerate(zip(reqs, drafts)):
+            target = argmax[cu[b] : cu[b + 1]]
+            target[0] = first_cpu[b]
+            path, run = accept_greedy(draft, target) if len(draft) else ([], [target[0]])
+            runs.append(run)
+            self._commit(req, draft, path[: len(run) - 1], run, lens[b])
+        first_gpu = first.to(torch.int32)
+        return ForwardOutput(first_gpu, first_gpu.cpu(), HostCopyDone(), [run[1:] for run in runs])
+
+    def _verify_batch(self, fi: ForwardInput, drafts: list[DraftTree], lens: list[int]) -> Batch:
+        s, device = self.scheduler, self.scheduler.device
+        roots = s.token_pool[fi.input_mapping]  # 每个请求的树根：最后一个已知 token | en: each root: the last known token
+        ids, positions, out_loc, masks, cu, key_lens = [], [], [], [], [0], []
+        for b, (req, draft, L) in enumerate(zip(fi.batch.reqs, drafts, lens)):
+            n = len(draft)
+            ids += [roots[b : b + 1], torch.tensor(draft.tokens, dtype=roots.dtype, device=device)]
+            positions.append(tree_positions(draft, L - 1))
+            out_loc.append(s.page_table[req.table_idx, L - 1 : L + n])
+            masks.append(torch.cat([torch.ones(n + 1, L - 1, dtype=torch.bool), tree_mask(draft)], dim=1).to(device))
+            cu.append(cu[-1] + n + 1)
+            key_lens.append(L + n)
+        vb = Batch(reqs=fi.batch.reqs, phase="prefill")  # 一次“接着算”的前向：不走解码专用的路 | en: an extend forward, off the decode-only paths
+        vb.input_ids = torch.cat(ids)
+        vb.positions = torch.cat(positions).to(device=device, dtype=torch.int32)
+        vb.out_loc = torch.cat(out_loc)
+        vb.attn_metadata = TreeMetadata(cu, [r.table_idx for r in fi.batch.reqs], key_lens, masks, device)
+        return vb
+
+    def _commit(self, req: Req, draft: DraftTree, path: list[int], run: list[int], L: int) -> None:
+        """接受了 ``a = len(path)`` 个草稿 token 之后：它们的 K/V 挪到位置 ``L .. L+a-1``，多分的页还回去，token 池写上
+        ``run``，长度记账推进到“树根算进了缓存”（其余的 token 由结果处理逐个推进）。
+
+        en: After accepting ``a = len(path)`` draft tokens: their K/V move to positions ``L .. L+a-1``, the extra pages go
+        back, the token pool gets ``run``, and the bookkeeping advances to "the root is cached" (result processing
+        advances the other tokens one by one).
+        """
+        s, row, a, n = self.scheduler, req.table_idx, len(path), len(draft)
+        moves = [(L - 1 + node, L + k) for k, node in enumerate(path) if node != k + 1]
+        self.stats.moved += len(moves)
+        if moves:
+            src = s.page_table[row, [m[0] for m in moves]].long()
+            dst = s.page_table[row, [m[1] for m in moves]].long()
+            kv = s.engine.kv_cache
+            for layer in range(s.engine.model.config.num_layers):
+                for cache in (kv.k_cache(layer), kv.v_cache(layer)):
+                    cache[dst] = cache[src]
+        if n:
+            s.cache_manager.free_tail(row, L + a, L + n)
+            self._allocated_to[req] = div_ceil(L + a, s.page_size) * s.page_size
+            self._account(req, draft, a)
+        s.token_pool[row, L : L + len(run)] = torch.tensor(run, dtype=s.token_pool.dtype, device=s.device)
+        req.complete_one()
+
+    def _account(self, req: Req, draft: DraftTree, accepted: int) -> None:
+        """统计，和这个请求的命中率、歇不歇。"""
+        stats, track = self.stats, self._tracks[req.uid]
+        stats.proposed += len(draft)
+        stats.accepted += accepted
+        stats.verifies += 1
+        stats.accept_lengths[accepted + 1] += 1
+        track.hit_rate = 0.5 * track.hit_rate + 0.5 * accepted / len(draft)
+        track.misses = 0 if accepted else track.misses + 1
+        track.rest = min(2 ** track.misses - 1, MAX_REST)
+
+
+def _truncate(draft: DraftTree, n: int) -> DraftTree:
+    """广度优先的前 ``n`` 个节点仍是一棵树（父节点总在孩子前面）。"""
+    if len(draft) <= n:
+        return draft
+    return DraftTree(draft.tokens[: max(n, 0)], draft.parents[: max(n, 0)])
