@@ -191,22 +191,38 @@ class FusedDecoder:
         batch = self.ctx.batch
         if not batch.is_decode:
             return self._model_forward()
-        md, model = batch.attn_metadata, self.model
-        max_len = max(md.seq_lens)
-        if max_len > self.cos.shape[0]:  # 位置超出 RoPE 表：走 Python 那条路（由它报错），C 里不越界读
+        md = batch.attn_metadata
+        if max(md.seq_lens) > self.cos.shape[0]:  # 位置超出 RoPE 表：走 Python 那条路（由它报错），C 里不越界读
             return self._model_forward()
-        x = model.model.embed_tokens.forward(batch.input_ids).float().contiguous()  # C 里残差流是 fp32
-        positions, out_loc = _int32(batch.positions), _int32(batch.out_loc)
-        table_idx = torch.tensor(md.table_idx, dtype=torch.int32)
-        seq_lens = torch.tensor(md.seq_lens, dtype=torch.int32)
+        return self.logits(batch.input_ids, batch.positions, batch.out_loc, self.page_table,
+                           torch.tensor(md.table_idx, dtype=torch.int32), torch.tensor(md.seq_lens, dtype=torch.int32))
+
+    def logits(self, input_ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor, page_table: torch.Tensor,
+               table_idx: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """每一行当作一个解码的 token 算完全部解码层，返回每一行的 logits ``[行数, 词表]``：第 r 行的 K/V 写进槽位
+        ``out_loc[r]``（每一层先把所有行的都写好，再算注意力），它看 ``page_table`` 第 ``table_idx[r]`` 行的前
+        ``seq_lens[r]`` 个槽位。解码批次用引擎的页表；投机解码验证一棵草稿树时给每个节点一行自己的
+        （前缀 + 祖先 + 它自己，见 :mod:`minisgl.speculative`）。
+
+        en: Compute every decoder layer for each row as one decoded token and return each row's logits ``[rows,
+        vocab]``: row r writes its K/V to slot ``out_loc[r]`` (each layer writes every row's before any attention) and
+        looks at the first ``seq_lens[r]`` slots of row ``table_idx[r]`` of ``page_table``. Decode batches use the
+        engine's page table; verifying a draft tree in speculative decoding gives each node a row of its own (prefix +
+        ancestors + itself, see :mod:`minisgl.speculative`).
+        """
+        model = self.model
+        max_len = int(seq_lens.max())
+        x = model.model.embed_tokens.forward(input_ids).float().contiguous()  # C 里残差流是 fp32
+        positions, out_loc, table_idx, seq_lens = (_int32(t) for t in (positions, out_loc, table_idx, seq_lens))
+        page_table = _int32(page_table)
         lib, shape = kernel.library(), ctypes.addressof(self.shape)
-        self.shape.batch = batch.size
+        self.shape.batch = len(input_ids)
         work = torch.empty(lib.cpu_decode_work_floats(shape, max_len), dtype=torch.float32)
         lib.cpu_decode(
             shape, _ptr(self.pointers), _ptr(x), _ptr(self.cos), _ptr(self.sin),
-            _ptr(positions), _ptr(out_loc), _ptr(self.page_table), self.page_table.shape[1],
+            _ptr(positions), _ptr(out_loc), _ptr(page_table), page_table.shape[1],
             _ptr(table_idx), _ptr(seq_lens), max_len, _ptr(work),
         )
         self.decode_steps += 1
         x = x.to(self.dtype)  # bf16 时 C 存的已是 bf16 的值，这一转不改变它们
-        return Linear.forward(model.lm_head, model.model.norm.forward(x))  # 解码时每行都是本请求的最后一个 token
+        return Linear.forward(model.lm_head, model.model.norm.forward(x))  # 每一行都要 logits | en: every row needs its logits

@@ -71,6 +71,9 @@ __all__ = ["SpecStats", "SpeculativeLoop", "TreeAttnBackend", "TreeMetadata", "s
 #: 一个请求连续猜错之后最多歇几步。
 #: en: The most steps a request rests after missing several times in a row.
 MAX_REST = 32
+#: 一次验证接受的草稿 token 不到这个比例就算猜错。
+#: en: A verification accepting less than this share of its draft tokens counts as a miss.
+MISS_BELOW = 0.25
 
 
 def speculates(req: Req, outputs_so_far: int) -> bool:
@@ -251,8 +254,10 @@ class SpeculativeLoop(MainLoop):
                 track.rest = max(track.rest - 1, 0)
                 want.append(DraftTree())
                 continue
-            draft = self.cache.propose(track.tokens)
-            want.append(_truncate(draft, room))
+            # 最近命中得多的请求猜得长，少的猜得短（至少 2 个）：验证的每一行都要算
+            # en: requests hitting often recently guess long, others short (at least 2): every verified row costs
+            allowance = max(2, round(track.hit_rate * self.budget))
+            want.append(_truncate(self.cache.propose(track.tokens), min(room, allowance)))
         left, drafts = self.budget, [DraftTree()] * len(reqs)
         for b in sorted(range(len(reqs)), key=lambda b: -tracks[b].hit_rate):
             drafts[b] = _truncate(want[b], left)
@@ -272,14 +277,7 @@ class SpeculativeLoop(MainLoop):
         s.cache_manager.allocate_paged([_Span(r.table_idx, L, L + len(d))
                                         for r, L, d in zip(reqs, lens, drafts) if len(d)])
         vb = self._verify_batch(fi, drafts, lens)
-        ctx, plain = engine.ctx, engine.ctx.attn_backend
-        set_global_ctx(ctx)
-        ctx.attn_backend = self.backend
-        try:
-            with ctx.forward_batch(vb):
-                logits = engine.model.forward()
-        finally:
-            ctx.attn_backend = plain
+        logits = self._fused_logits(vb) if engine.fused_decoder is not None else self._tree_logits(vb)
         cu = vb.attn_metadata.cu_seqlens_q_cpu
         first = engine.sampler.sample(logits[torch.tensor(cu[:-1], device=logits.device)], fi.sample_args)
         first_cpu = first.tolist()
@@ -293,6 +291,38 @@ class SpeculativeLoop(MainLoop):
             self._commit(req, draft, path[: len(run) - 1], run, lens[b])
         first_gpu = first.to(torch.int32)
         return ForwardOutput(first_gpu, first_gpu.cpu(), HostCopyDone(), [run[1:] for run in runs])
+
+    def _tree_logits(self, vb: Batch) -> torch.Tensor:
+        """逐层走各章的代码，注意力换成树的（:class:`TreeAttnBackend`）。"""
+        engine = self.scheduler.engine
+        ctx, plain = engine.ctx, engine.ctx.attn_backend
+        set_global_ctx(ctx)
+        ctx.attn_backend = self.backend
+        try:
+            with ctx.forward_batch(vb):
+                return engine.model.forward()
+        finally:
+            ctx.attn_backend = plain
+
+    def _fused_logits(self, vb: Batch) -> torch.Tensor:
+        """CPU 的融合解码（:mod:`minisgl.fused`）：树的每个节点当作一行解码，它自己的“页表行”是掩码为真的那些槽位
+        （前缀、祖先、它自己），所以和普通解码走的是同一个 C 函数。
+
+        en: The CPU's fused decode (:mod:`minisgl.fused`): each node of a tree is one decode row whose own "page-table
+        row" is the slots its mask row marks true (the prefix, its ancestors, itself), so it runs the same C function
+        as plain decoding.
+        """
+        s, md = self.scheduler, vb.attn_metadata
+        keys = []
+        for row, key_len, mask in zip(md.table_idx, md.key_lens, md.masks):
+            slots = s.page_table[row, :key_len]
+            keys += [slots[m] for m in mask]
+        seq_lens = torch.tensor([len(k) for k in keys], dtype=torch.int32)
+        table = torch.zeros(len(keys), int(seq_lens.max()), dtype=torch.int32, device=s.device)
+        for t, k in enumerate(keys):
+            table[t, : len(k)] = k
+        rows = torch.arange(len(keys), dtype=torch.int32)
+        return s.engine.fused_decoder.logits(vb.input_ids, vb.positions, vb.out_loc, table, rows, seq_lens)
 
     def _verify_batch(self, fi: ForwardInput, drafts: list[DraftTree], lens: list[int]) -> Batch:
         s, device = self.scheduler, self.scheduler.device
@@ -345,8 +375,9 @@ class SpeculativeLoop(MainLoop):
         stats.accepted += accepted
         stats.verifies += 1
         stats.accept_lengths[accepted + 1] += 1
-        track.hit_rate = 0.5 * track.hit_rate + 0.5 * accepted / len(draft)
-        track.misses = 0 if accepted else track.misses + 1
+        rate = accepted / len(draft)
+        track.hit_rate = 0.5 * track.hit_rate + 0.5 * rate
+        track.misses = 0 if rate >= MISS_BELOW else track.misses + 1
         track.rest = min(2 ** track.misses - 1, MAX_REST)
 
 

@@ -17,6 +17,7 @@ import random
 from typing import Any
 
 import pytest
+import torch
 
 from checks.common import expect
 from checks.stage2.conftest import TINY_KW, built
@@ -81,6 +82,7 @@ CONFIGS = {
     "chunked": dict(max_extend_tokens=16),
     "queueing": dict(max_running_req=2),
     "chain": dict(speculative_ngram_max_bfs_breadth=1, speculative_num_draft_tokens=5),
+    "layer-by-layer": dict(cpu_fused_decode=False),
 }
 
 
@@ -95,21 +97,69 @@ def test_token_equal_to_plain_greedy(name: str) -> None:
                                   "proves nothing", name=name, stats=stats)
 
 
-def test_tree_branches_are_accepted_and_their_kv_moved() -> None:
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "layer-by-layer"])
+def test_tree_branches_are_accepted_and_their_kv_moved(fused: bool) -> None:
     """接受了不是第一个孩子的分支时，它的 K/V 要挪到挨着的位置，位置按深度算，兄弟互相看不见：错一样，后面的
-    token 就会变。这一项先确认这种情形真的发生过。
+    token 就会变。这一项先确认这种情形真的发生过。CPU 上验证要么走融合的 C 解码（每个节点自己一行），要么逐层走各章的
+    代码、注意力换成树的；两条都查。
 
     en: When a branch other than the first child is accepted, its K/V must move next to the prefix, positions go by
     depth, and siblings never see each other: get one wrong and later tokens change. This check first makes sure that
-    case really happened.
+    case really happened. On the CPU the verification runs in the fused C decode (each node a decode row of its own)
+    or layer by layer through the chapters' code with the tree's attention; both are checked.
     """
     reqs = prompts(8, seed=1)
     sps = params(len(reqs))
-    plain, _ = run(False, reqs, sps)
-    spec, stats = run(True, reqs, sps)
+    plain, _ = run(False, reqs, sps, cpu_fused_decode=fused)
+    spec, stats = run(True, reqs, sps, cpu_fused_decode=fused)
     assert stats.moved > 0, tr("no accepted path needed its K/V moved ({stats}): the check would not notice a wrong "
                                "move", stats=stats)
     expect_same(plain, spec, tr("draft trees with accepted side branches"))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "layer-by-layer"])
+def test_each_draft_rows_logits_match_a_dense_forward_of_its_branch(fused: bool) -> None:
+    """验证前向里每个草稿节点那一行的 logits，应当等于 Hugging Face 把“已知的 token + 树根到这个节点的路”整段算一遍
+    得到的最后一行：掩码让兄弟互相看见、位置按下标排、K/V 写错地方，都会让某一行对不上——哪怕贪心的 token 碰巧没变。
+
+    en: Each draft node's row of logits in the verifying forward must equal the last row Hugging Face computes over
+    "the known tokens + the path from the root to this node" as one dense sequence: a mask letting siblings see each
+    other, positions by index, K/V written to the wrong place all make some row differ, even when the greedy tokens
+    happen not to change.
+    """
+    from checks.hf_reference import load_hf
+
+    llm = LLM(built(model_zoo.tiny_qwen3), **TINY_KW, speculative_algorithm="NGRAM", cpu_fused_decode=fused)
+    name = "_fused_logits" if fused else "_tree_logits"
+    original, seen = getattr(llm.loop, name), []
+
+    def spy(vb: Any) -> Any:
+        logits = original(vb)
+        seen.append((vb, [r.input_ids.clone() for r in vb.reqs], logits.clone()))
+        return logits
+
+    setattr(llm.loop, name, spy)
+    try:
+        reqs = prompts(4, seed=1)
+        llm.generate(reqs, params(len(reqs)))
+    finally:
+        llm.shutdown()
+    hf, checked, branched = load_hf(built(model_zoo.tiny_qwen3)), 0, 0
+    for vb, known, logits in seen[:12]:
+        md = vb.attn_metadata
+        for b, mask in enumerate(md.masks):
+            start, tree = md.cu_seqlens_q_cpu[b], mask[:, mask.shape[1] - mask.shape[0]:].cpu()
+            branched += int(tree[1:].sum(dim=1).tolist() != list(range(2, len(tree) + 1)))
+            for i in range(1, len(tree)):
+                path = [int(vb.input_ids[start + j]) for j in range(1, len(tree)) if tree[i, j]]
+                with torch.no_grad():
+                    want = hf(torch.tensor([known[b].tolist() + path])).logits[0, -1]
+                torch.testing.assert_close(logits[start + i].float(), want.float(), atol=2e-3, rtol=2e-3, msg=lambda m: tr(
+                    "step with {n} rows, request {b}, draft node {i} (path {path}): its logits differ from a dense "
+                    "forward of the known tokens + the path\n{m}", n=len(vb.input_ids), b=b, i=i, path=path, m=m))
+                checked += 1
+    assert checked and branched, tr("the verifying steps held {checked} draft rows and {branched} branching trees: "
+                                    "nothing to compare", checked=checked, branched=branched)
 
 
 def test_every_max_tokens_falls_where_plain_decoding_stops() -> None:
