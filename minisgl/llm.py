@@ -124,6 +124,8 @@ class LLM(Scheduler):
     """
 
     def __new__(cls, *args: Any, tp_size: int = 1, **kwargs: Any) -> Any:
+        if tp_size != 1 and kwargs.get("speculative_algorithm") is not None:
+            raise ValueError(tr("speculative_algorithm runs on one rank for now; leave out tp_size={tp}", tp=tp_size))
         if tp_size != 1:
             return TPLLM(*args, tp_size=tp_size, **kwargs)
         return super().__new__(cls)

@@ -293,6 +293,11 @@ class MainLoop(ABC):
     ``_process_last_data``, ``_free_req_resources`` and ``decode_manager``; the scheduler uses only its public methods.
     """
 
+    #: 投机解码的统计（:class:`minisgl.speculative.SpecStats`；只有投机解码的循环有，``/metrics`` 读它）。
+    #: en: speculative decoding's statistics (:class:`minisgl.speculative.SpecStats`; only the speculative loop has
+    #: en: them, ``/metrics`` reads them).
+    spec_stats: Any = None
+
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
 

@@ -193,7 +193,7 @@ class SpeculativeLoop(MainLoop):
             branch_length=c.speculative_ngram_branch_length, capacity=c.speculative_ngram_capacity,
             num_draft=self.budget)
         self.backend = TreeAttnBackend(engine.kv_cache, engine.page_table)
-        self.stats = SpecStats()
+        self.spec_stats = SpecStats()
         self._tracks: dict[int, _Track] = {}
         # 这一步验证之后各请求的页分到了哪里（结果处理中途被取消时，多出的页由 release 还）
         # en: where each request's pages reach after this step's verification (release gives back the excess if the
@@ -353,7 +353,7 @@ class SpeculativeLoop(MainLoop):
         """
         s, row, a, n = self.scheduler, req.table_idx, len(path), len(draft)
         moves = [(L - 1 + node, L + k) for k, node in enumerate(path) if node != k + 1]
-        self.stats.moved += len(moves)
+        self.spec_stats.moved += len(moves)
         if moves:
             src = s.page_table[row, [m[0] for m in moves]].long()
             dst = s.page_table[row, [m[1] for m in moves]].long()
@@ -370,7 +370,7 @@ class SpeculativeLoop(MainLoop):
 
     def _account(self, req: Req, draft: DraftTree, accepted: int) -> None:
         """统计，和这个请求的命中率、歇不歇。"""
-        stats, track = self.stats, self._tracks[req.uid]
+        stats, track = self.spec_stats, self._tracks[req.uid]
         stats.proposed += len(draft)
         stats.accepted += accepted
         stats.verifies += 1

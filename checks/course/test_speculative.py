@@ -58,7 +58,7 @@ def run(spec: bool, reqs: list[list[int]], sps: list[SamplingParams], **kw: Any)
     try:
         outs = [o["token_ids"] for o in llm.generate(reqs, sps)]
         outs += [o["token_ids"] for o in llm.generate(reqs, sps)]
-        return outs, getattr(llm.loop, "stats", None)
+        return outs, llm.loop.spec_stats
     finally:
         llm.shutdown()
 
@@ -249,7 +249,7 @@ def abort_run(reqs: list[list[int]], sps: list[SamplingParams], abort_at: tuple[
         llm.run_until_idle()
         stop(), unstep()
         llm.check_integrity()
-        return [tokens[uid] for uid in uids], groups, llm.loop.stats
+        return [tokens[uid] for uid in uids], groups, llm.loop.spec_stats
     finally:
         llm.shutdown()
 
@@ -305,7 +305,7 @@ def test_pages_add_up_after_every_step(page_size: int) -> None:
     try:
         reqs = prompts(5, seed=5)
         llm.generate(reqs, params(len(reqs)))
-        stats = llm.loop.stats
+        stats = llm.loop.spec_stats
     finally:
         stop()
         llm.shutdown()
@@ -342,3 +342,38 @@ def test_a_mixed_batch_speculates_where_it_may_and_matches_plain_decoding() -> N
 def test_bad_speculative_settings_are_refused_before_loading(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         LLM("/nonexistent-model", **bad)
+
+
+def test_the_server_speculates_token_equal_and_reports_it_in_metrics() -> None:
+    """``python -m minisgl --speculative-algorithm NGRAM``：补全的文字和不投机的离线引擎一样，``/metrics`` 报出验证过、
+    接受了的草稿 token 和每次验证出几个 token 的直方图；解码出的 token 数也算上接受的草稿。
+
+    en: ``python -m minisgl --speculative-algorithm NGRAM``: completions read the same as the offline engine's without
+    speculation, and ``/metrics`` reports the draft tokens verified and accepted and a histogram of tokens per
+    verification; decoded tokens count the accepted drafts too.
+    """
+    from checks.stage3.conftest import Server
+
+    model, texts = built(model_zoo.tiny_qwen3), ["one two three one two three one two three", "a b c d a b c d a b"]
+    plain = LLM(model, **TINY_KW)
+    try:
+        want = [o["text"] for o in plain.generate(texts, SamplingParams(max_tokens=48, ignore_eos=True))]
+    finally:
+        plain.shutdown()
+    with Server(model, "--speculative-algorithm", "ngram", "--dtype", "float32", "--num-pages", "2048",
+                "--max-seq-len", "512") as server:
+        got = []
+        for text in texts:
+            status, body = server.post("/v1/completions", {"prompt": text, "max_tokens": 48, "temperature": 0,
+                                                           "ignore_eos": True})
+            assert status == 200, tr("POST /v1/completions answered {status}: {body}", status=status, body=body)
+            got.append(body["choices"][0]["text"])
+        # 解码出的 token：每个请求除了第一个（预填充出的）都算，接受的草稿也在内
+        # en: tokens decoded: each request's all but the first (its prefill yields that one), accepted drafts included
+        m = server.wait_metrics(lambda m: m.get("minisgl_decode_tokens_total") == 2 * 47.0,
+                                tr("minisgl_decode_tokens_total = 94 (2 requests x 47 tokens after their first)"))
+    expect(got, want, tr("completion texts with speculation against the offline engine without"))
+    assert m["minisgl_spec_draft_tokens_total"] >= m["minisgl_spec_accepted_tokens_total"] > 0, tr(
+        "/metrics: {m}", m={k: v for k, v in m.items() if "spec" in k})
+    expect(m["minisgl_spec_accept_length_sum"] - m["minisgl_spec_accept_length_count"], m["minisgl_spec_accepted_tokens_total"],
+           tr("/metrics: the histogram's tokens beyond one per verification against the accepted drafts"))

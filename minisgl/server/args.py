@@ -147,6 +147,35 @@ class ServerArgs:
         None, "--router-balance-rel-threshold", type=float,
         help=lambda: tr("cache_aware: ... and the most is above this many times the fewest (default 1.0001)"))
 
+    # 投机解码（SGLang 的参数名；数值参数没给时用调度器的缺省值，见 minisgl/scheduling.py 的 SchedulerConfig）
+    # en: speculative decoding (SGLang's flag names; numeric flags not given keep the scheduler's defaults, see
+    # en: SchedulerConfig in minisgl/scheduling.py)
+    speculative_algorithm: str | None = option(
+        None, "--speculative-algorithm", engine="speculative_algorithm", type=str.upper, choices=["NGRAM"],
+        help=lambda: tr("speculative decoding: NGRAM guesses the next tokens from n-grams already seen and verifies "
+                        "them in one forward (greedy requests; overlap scheduling is off with it)"))
+    speculative_num_draft_tokens: int | None = option(
+        None, "--speculative-num-draft-tokens", engine="speculative_num_draft_tokens", type=int,
+        help=lambda: tr("tokens verified per request and step at most, the last known one included (default 12)"))
+    speculative_ngram_min_match_window_size: int | None = option(
+        None, "--speculative-ngram-min-match-window-size", engine="speculative_ngram_min_match_window_size", type=int,
+        help=lambda: tr("the shortest run of last tokens looked up in the n-grams (default 1)"))
+    speculative_ngram_max_match_window_size: int | None = option(
+        None, "--speculative-ngram-max-match-window-size", engine="speculative_ngram_max_match_window_size", type=int,
+        help=lambda: tr("the longest run of last tokens looked up in the n-grams (default 12)"))
+    speculative_ngram_min_bfs_breadth: int | None = option(
+        None, "--speculative-ngram-min-bfs-breadth", engine="speculative_ngram_min_bfs_breadth", type=int,
+        help=lambda: tr("branches per draft node when the longest window matches (default 1)"))
+    speculative_ngram_max_bfs_breadth: int | None = option(
+        None, "--speculative-ngram-max-bfs-breadth", engine="speculative_ngram_max_bfs_breadth", type=int,
+        help=lambda: tr("branches per draft node when only the shortest window matches (default 10)"))
+    speculative_ngram_branch_length: int | None = option(
+        None, "--speculative-ngram-branch-length", engine="speculative_ngram_branch_length", type=int,
+        help=lambda: tr("how many tokens after a window the n-gram tree keeps (default 18)"))
+    speculative_ngram_capacity: int | None = option(
+        None, "--speculative-ngram-capacity", engine="speculative_ngram_capacity", type=int,
+        help=lambda: tr("the most nodes the n-gram tree keeps before it forgets the oldest (default 1000000)"))
+
     def scheduler_kwargs(self) -> dict[str, Any]:
         """交给调度器（``LLM(model_path, **kw)``）的关键字参数：声明了 ``engine`` 的设置里设置了的那些；
         ``--max-total-tokens`` 折成页数。
@@ -260,10 +289,38 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error(problem)
     if not values["dist_timeout"] > 0:
         parser.error(tr("--dist-timeout must be a positive number of seconds, got {value}", value=values["dist_timeout"]))
+    for problem in speculative_problems(values):
+        parser.error(problem)
     if values["ep_size"] not in (1, values["tp_size"]):
         parser.error(tr("--ep {ep} must be 1 or equal to --tp {tp} (the experts are spread over the same ranks)",
                         ep=values["ep_size"], tp=values["tp_size"]))
     return ServerArgs(**values)
+
+
+def speculative_problems(values: dict[str, Any]) -> list[str]:
+    """投机解码的参数里说不通的地方：数值参数没有 ``--speculative-algorithm`` 就不起作用（说出来，不悄悄不管）；只在一个秩
+    上跑（``--tp 1``）；数值本身由调度器的配置检查（与离线的 ``LLM`` 同一个函数），在起任何进程之前。
+
+    en: What does not add up in the speculative-decoding flags: the numeric flags do nothing without
+    ``--speculative-algorithm`` (said, not silently ignored); it runs on one rank (``--tp 1``); the values themselves are
+    checked by the scheduler's configuration check (the same function as the offline ``LLM``), before any process starts.
+    """
+    given = {name: value for name, value in values.items() if name.startswith("speculative_") and value is not None}
+    if not given:
+        return []
+    if "speculative_algorithm" not in given:
+        return [tr("{flags}: these set up speculative decoding, which is off without --speculative-algorithm NGRAM",
+                   flags=", ".join("--" + name.replace("_", "-") for name in given))]
+    if values["tp_size"] > 1:
+        return [tr("--speculative-algorithm runs on one rank for now; leave out --tp {tp}", tp=values["tp_size"])]
+    from minisgl.scheduling import SchedulerConfig
+    from minisgl.validation import check_speculative
+
+    try:
+        check_speculative(SchedulerConfig(model_path=values["model_path"], **given))
+    except ValueError as e:
+        return [str(e)]
+    return []
 
 
 def dp_problems(dp_size: int, nnodes: int, dist_init_addr: str | None) -> list[str]:

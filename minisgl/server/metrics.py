@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from minisgl.message import AbortMsg, SchedulerStats, UserReply, ZmqAsyncPushQueue
@@ -65,6 +65,13 @@ class _SchedulerCollector(Collector):
         yield CounterMetricFamily("minisgl_decode_tokens", "Tokens decoded by the scheduler.", s.decode_tokens)
         yield GaugeMetricFamily("minisgl_max_decode_batch", "The largest decode batch so far.", s.max_decode_batch)
         yield CounterMetricFamily("minisgl_steps", "Scheduler steps so far.", s.steps)
+        yield CounterMetricFamily("minisgl_spec_draft_tokens", "Speculative decoding: draft tokens verified.", s.spec_draft_tokens)
+        yield CounterMetricFamily("minisgl_spec_accepted_tokens", "Speculative decoding: draft tokens accepted.", s.spec_accepted_tokens)
+        lengths = s.spec_accept_lengths
+        buckets = [(str(k), sum(lengths[: k + 1])) for k in range(1, len(lengths))] + [("+Inf", sum(lengths))]
+        yield HistogramMetricFamily("minisgl_spec_accept_length", "Speculative decoding: tokens yielded per verification "
+                                    "with a draft (the bonus token included).", buckets=buckets,
+                                    sum_value=sum(k * n for k, n in enumerate(lengths)))
 
 
 class ServerMetrics:

@@ -266,13 +266,19 @@ class SchedulerIO(Scheduler):
 
         en: The scheduler's current state (which ``/metrics`` reads).
         """
+        counters, spec = dict(self.counters), self.loop.spec_stats
+        extra: dict[str, Any] = {}
+        if spec is not None:  # 投机解码：一步解码出的 token 还有接受的草稿 | en: speculative decoding: a decode step also yields the accepted drafts
+            counters["decode_tokens"] += spec.accepted
+            lengths = [spec.accept_lengths.get(k, 0) for k in range(max(spec.accept_lengths, default=0) + 1)]
+            extra = dict(spec_draft_tokens=spec.proposed, spec_accepted_tokens=spec.accepted, spec_accept_lengths=lengths)
         return SchedulerStats(
             running=self.max_running_req - self.table_manager.available_size,
             waiting=sum(p.chunked_req is None for p in self.prefill_manager.pending_list),
             pages_in_use=self.pages_in_use(),
             pages_total=self.cache_manager.num_pages,
             pages_cached=self.cache_manager.prefix_cache.size_info.evictable_size // self.page_size,
-            **self.counters,
+            **counters, **extra,
         )
 
     def _count_step(self, trace: StepTrace) -> None:
