@@ -65,8 +65,9 @@ def weights_gguf(weights: str = "F32") -> Path:
     return out
 
 
-def load(threads: int, n_ctx: int = 512, weights: str = "F32"):  # noqa: ANN201 - llama_cpp.Llama, an optional dependency
-    """llama.cpp 加载 F32 / BF16 GGUF（``threads`` 个线程）。"""
+def load(threads: int, n_ctx: int = 512, weights: str = "F32", draft_model: object = None):  # noqa: ANN201 - llama_cpp.Llama, an optional dependency
+    """llama.cpp 加载 F32 / BF16 GGUF（``threads`` 个线程）；``draft_model`` 是 llama-cpp-python 的草稿（例如
+    ``LlamaPromptLookupDecoding``：按提示词查找的投机解码）。"""
     try:
         from llama_cpp import Llama
     except ImportError as err:
@@ -76,7 +77,7 @@ def load(threads: int, n_ctx: int = 512, weights: str = "F32"):  # noqa: ANN201 
             minutes=BUILD_MINUTES,
         )) from err
     return Llama(str(weights_gguf(weights)), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_ctx,
-                 verbose=False)
+                 draft_model=draft_model, verbose=False)
 
 
 def _next_token(llama) -> int:  # noqa: ANN001

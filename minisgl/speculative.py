@@ -7,15 +7,16 @@
   ``L - 1 + i``（``L`` 是已知 token 数）；缺的页照常向缓存管理器要。位置（RoPE）却是 ``L - 1 + 深度``；
 - **注意力**：每一行看见前缀、自己和祖先，绝不看兄弟（:func:`minisgl.spec_tree.tree_mask`）；按页表取 K/V，交给
   第 1.5 章的 ``attend``，只是掩码换成 [前缀全可见 | 树的掩码]；
-- **logits**：每一行都要（元数据的“最后一个 token”就是全部行）；树根那一行交给引擎的采样器（和普通解码一样采），
-  其余行取 argmax，:func:`minisgl.spec_tree.accept_greedy` 走出最长的那条路，外加白送的一个 token；
+- **logits**：每一行都要（元数据的“最后一个 token”就是全部行）；贪心的请求树根那一行交给引擎的采样器（和普通解码
+  一样采），其余行取 argmax，:func:`minisgl.spec_tree.accept_greedy` 走出最长的那条路，外加白送的一个 token；
 - **把 KV 收拾干净**：接受的那条路的 K/V 挪到位置 ``L .. L+a-1``（一棵树时它们不一定挨着），不要的页还回去，
   token 池写上这一步出的 token；结果处理把它们一个一个交给请求，就像普通解码走了 a + 1 步——EOS、``max_tokens``
   都在那里判，前缀缓存也只会收到交出去了的 token。草稿个数不超过请求还能出的 token 数减一，所以 ``max_tokens``
   只可能落在最后一个；EOS 落在中间时，后面的 token 不再交出，它们占的页在请求归还时一起还掉。
 
-只在贪心、不用采样控制（惩罚、logit_bias、对数概率、min_tokens 未满）和语法的请求上投机；别的请求在同一批里
-照常解码一步。重叠调度关掉（和 SGLang 一样：下一步的草稿要等这一步验证完才知道从哪儿猜）；分块预填充照常可用
+不用采样控制（惩罚、logit_bias、对数概率、min_tokens 未满）和语法的请求才投机：贪心的按 argmax 接受，没有种子的
+采样请求做投机采样（:func:`minisgl.spec_tree.accept_sampled`，分布和一步一采相同）；带种子的采样请求和别的请求在
+同一批里照常解码一步。重叠调度关掉（和 SGLang 一样：下一步的草稿要等这一步验证完才知道从哪儿猜）；分块预填充照常可用
 （预填充步不投机）。一个请求猜错就先歇几步（连错几次歇得越久，最多 32 步），整批每步最多验证
 ``speculative_num_draft_tokens - 1`` 个草稿 token，按请求最近的命中率分。
 
@@ -32,9 +33,9 @@ plain row of decode). The whole batch is computed in one forward:
 - **attention**: each row sees the prefix, itself and its ancestors, never a sibling (:func:`minisgl.spec_tree.tree_mask`);
   K/V are gathered through the page table and handed to chapter 1.5's ``attend`` with the mask [prefix all visible |
   the tree's mask];
-- **logits**: every row is needed (the metadata's "last tokens" are all rows); the root's row goes to the engine's
-  sampler (sampled as plain decoding would), the others take the argmax, and :func:`minisgl.spec_tree.accept_greedy`
-  walks the longest matching path, plus the bonus token;
+- **logits**: every row is needed (the metadata's "last tokens" are all rows); for a greedy request the root's row
+  goes to the engine's sampler (sampled as plain decoding would), the others take the argmax, and
+  :func:`minisgl.spec_tree.accept_greedy` walks the longest matching path, plus the bonus token;
 - **keeping the KV honest**: the accepted path's K/V move to positions ``L .. L+a-1`` (in a tree they need not be next to
   each other), unneeded pages go back, and the token pool gets the step's tokens; result processing hands them to the
   request one by one, as if plain decoding had taken a + 1 steps: EOS and ``max_tokens`` are decided there, and the
@@ -42,8 +43,10 @@ plain row of decode). The whole batch is computed in one forward:
   so ``max_tokens`` can only fall on the last token; after an EOS inside the run the later tokens are not handed out,
   and their pages go back when the request is released.
 
-Only greedy requests without sampling controls (penalties, logit_bias, log-probabilities, min_tokens not yet reached)
-and without a grammar speculate; the others decode one plain step in the same batch. Overlap scheduling is off (as in
+Only requests without sampling controls (penalties, logit_bias, log-probabilities, min_tokens not yet reached) and
+without a grammar speculate: greedy ones accept by argmax, unseeded sampled ones by speculative sampling
+(:func:`minisgl.spec_tree.accept_sampled`, distributed as sampling one step at a time); seeded sampled requests and the
+others decode one plain step in the same batch. Overlap scheduling is off (as in
 SGLang: the next step's drafts depend on where this step's verification ends); chunked prefill works as usual (prefill
 steps do not speculate). A request whose guess fails rests a few steps (longer after each miss in a row, at most 32),
 and a whole step verifies at most ``speculative_num_draft_tokens - 1`` draft tokens, shared out by the requests' recent
@@ -64,9 +67,10 @@ from minisgl.engine import ForwardOutput, HostCopyDone
 from minisgl.i18n import tr
 from minisgl.ngram_cache import DraftTree, NgramCache
 from minisgl.scheduling import ForwardInput, MainLoop, div_ceil
-from minisgl.spec_tree import accept_greedy, tree_mask, tree_positions
+from minisgl.engine import top_k_top_p_filter
+from minisgl.spec_tree import accept_greedy, accept_sampled, tree_mask, tree_positions
 
-__all__ = ["SpecStats", "SpeculativeLoop", "TreeAttnBackend", "TreeMetadata", "speculates"]
+__all__ = ["SpecStats", "SpeculativeLoop", "TreeAttnBackend", "TreeMetadata", "speculation"]
 
 #: 一个请求连续猜错之后最多歇几步。
 #: en: The most steps a request rests after missing several times in a row.
@@ -76,17 +80,25 @@ MAX_REST = 32
 MISS_BELOW = 0.25
 
 
-def speculates(req: Req, outputs_so_far: int) -> bool:
-    """这个请求能不能投机：贪心，而且没有会改变 argmax、或要逐个 token 记账的东西（惩罚、logit_bias、对数概率、
-    还没满足的 min_tokens、语法）。
+def speculation(req: Req, outputs_so_far: int) -> str | None:
+    """这个请求怎样投机：``"greedy"``（贪心地接受）、``"sample"``（投机采样，没有种子的采样请求），或 ``None``（不投机：
+    有会改变分布、或要逐个 token 记账的东西——惩罚、logit_bias、对数概率、还没满足的 min_tokens、语法；或者带种子的
+    采样请求：它的随机数按位置定，照常一步一采才和不投机时相同）。
 
-    en: Whether this request may speculate: greedy, with nothing that changes the argmax or keeps per-token state
-    (penalties, logit_bias, log-probabilities, an unmet min_tokens, a grammar).
+    en: How this request speculates: ``"greedy"`` (greedy acceptance), ``"sample"`` (speculative sampling, unseeded
+    sampled requests), or ``None`` (no speculation: something changes the distribution or keeps per-token state —
+    penalties, logit_bias, log-probabilities, an unmet min_tokens, a grammar; or a seeded sampled request, whose random
+    numbers follow its positions, so only sampling one step at a time matches plain decoding).
     """
     p = req.sampling_params
-    return (p.is_greedy and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-            and not p.logit_bias and not p.logprobs and outputs_so_far >= p.min_tokens
-            and p.json_schema is None and p.regex is None and p.ebnf is None)
+    plain = (p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+             and not p.logit_bias and not p.logprobs and outputs_so_far >= p.min_tokens
+             and p.json_schema is None and p.regex is None and p.ebnf is None)
+    if not plain:
+        return None
+    if p.is_greedy:
+        return "greedy"
+    return "sample" if p.seed is None else None
 
 
 @dataclass
@@ -194,6 +206,9 @@ class SpeculativeLoop(MainLoop):
             num_draft=self.budget)
         self.backend = TreeAttnBackend(engine.kv_cache, engine.page_table)
         self.spec_stats = SpecStats()
+        # 投机采样的随机数（没有种子的采样请求才投机采样）
+        # en: random numbers of speculative sampling (only unseeded sampled requests sample speculatively)
+        self.generator = torch.Generator().manual_seed(c.seed)
         self._tracks: dict[int, _Track] = {}
         # 这一步验证之后各请求的页分到了哪里（结果处理中途被取消时，多出的页由 release 还）
         # en: where each request's pages reach after this step's verification (release gives back the excess if the
@@ -250,7 +265,7 @@ class SpeculativeLoop(MainLoop):
         want: list[DraftTree] = []
         for req, track in zip(reqs, tracks):
             room = req.remain_len - 1  # 至少留一个给白送的 token | en: keep one for the bonus
-            if track.rest > 0 or room < 1 or not speculates(req, len(status[req.uid].output_ids)):
+            if track.rest > 0 or room < 1 or speculation(req, len(status[req.uid].output_ids)) is None:
                 track.rest = max(track.rest - 1, 0)
                 want.append(DraftTree())
                 continue
@@ -284,13 +299,31 @@ class SpeculativeLoop(MainLoop):
         argmax = logits.argmax(dim=-1).tolist()
         runs = []
         for b, (req, draft) in enumerate(zip(reqs, drafts)):
-            target = argmax[cu[b] : cu[b + 1]]
-            target[0] = first_cpu[b]
-            path, run = accept_greedy(draft, target) if len(draft) else ([], [target[0]])
+            if not len(draft):
+                path, run = [], [first_cpu[b]]
+            elif req.sampling_params.is_greedy:
+                target = argmax[cu[b] : cu[b + 1]]
+                target[0] = first_cpu[b]
+                path, run = accept_greedy(draft, target)
+            else:
+                path, run = accept_sampled(draft, self._probs(req, logits[cu[b] : cu[b + 1]]), self.generator)
             runs.append(run)
             self._commit(req, draft, path[: len(run) - 1], run, lens[b])
-        first_gpu = first.to(torch.int32)
+        first_gpu = torch.tensor([run[0] for run in runs], dtype=torch.int32, device=first.device)
         return ForwardOutput(first_gpu, first_gpu.cpu(), HostCopyDone(), [run[1:] for run in runs])
+
+    @staticmethod
+    def _probs(req: Req, logits: torch.Tensor) -> torch.Tensor:
+        """不投机时采样器用的分布（除以温度，再按 top-k、top-p 过滤；第 1.6 章的做法），每行一个，在 CPU 上。
+
+        en: The distribution the sampler would draw from without speculation (divided by the temperature, then filtered
+        by top-k and top-p, as in chapter 1.6), one per row, on the CPU.
+        """
+        p, rows = req.sampling_params, len(logits)
+        probs = (logits.float().cpu() / p.temperature).softmax(dim=-1)
+        top_k = torch.full((rows,), p.top_k) if p.top_k > 0 else None
+        top_p = torch.full((rows,), p.top_p) if p.top_p < 1.0 else None
+        return top_k_top_p_filter(probs, top_k, top_p) if top_k is not None or top_p is not None else probs
 
     def _tree_logits(self, vb: Batch) -> torch.Tensor:
         """逐层走各章的代码，注意力换成树的（:class:`TreeAttnBackend`）。"""

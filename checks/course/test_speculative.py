@@ -13,6 +13,8 @@ accepted, K/V moved where that is the point), so that "never guessing" cannot pa
 
 from __future__ import annotations
 
+import collections
+import math
 import random
 from typing import Any
 
@@ -330,6 +332,43 @@ def test_a_mixed_batch_speculates_where_it_may_and_matches_plain_decoding() -> N
     spec, stats = run(True, reqs, sps)
     expect_same(plain, spec, tr("a batch mixing greedy, sampled, logprobs and penalised requests"))
     assert stats.accepted > 0, tr("no draft token was accepted ({stats})", stats=stats)
+
+
+def position_counts(spec: bool, n: int, at: int) -> tuple[collections.Counter[int], Any]:
+    """``n`` 个同样的、没有种子的采样请求（温度 0.1）第 ``at`` 个输出 token 的分布，和投机的统计。"""
+    prompt = prompts(1, seed=7)[0]
+    sp = SamplingParams(max_tokens=at + 1, ignore_eos=True, temperature=0.1)
+    llm = LLM(built(model_zoo.tiny_qwen3), **{**TINY_KW, "max_running_req": 32},
+              speculative_algorithm="NGRAM" if spec else None)
+    try:
+        outs = llm.generate([prompt] * n, sp)
+        return collections.Counter(o["token_ids"][at] for o in outs), llm.loop.spec_stats
+    finally:
+        llm.shutdown()
+
+
+def test_speculative_sampling_keeps_the_plain_samplers_distribution() -> None:
+    """温度 0.1、没有种子：投机和不投机各 240 个请求，第 8 个输出 token 的分布相同（卡方齐性检验，计数少的 token
+    并成一格）；先确认投机采样真的接受过草稿。
+
+    en: Temperature 0.1, no seed: 240 requests each with and without speculation, the 8th output token
+    distributed the same (a chi-square test of homogeneity, rare tokens pooled into one cell); speculative sampling must
+    first have accepted drafts.
+    """
+    plain, _ = position_counts(False, 240, 8)
+    spec, stats = position_counts(True, 240, 8)
+    assert stats.accepted > 0, tr("no draft token was accepted ({stats})", stats=stats)
+    common = [t for t in plain | spec if plain[t] + spec[t] >= 20]
+    cells = [(plain[t], spec[t]) for t in common]
+    cells.append((sum(plain.values()) - sum(a for a, _ in cells), sum(spec.values()) - sum(b for _, b in cells)))
+    cells = [c for c in cells if sum(c) > 0]
+    n1, n2 = sum(a for a, _ in cells), sum(b for _, b in cells)
+    stat = sum((a - n1 * (a + b) / (n1 + n2)) ** 2 / (n1 * (a + b) / (n1 + n2))
+               + (b - n2 * (a + b) / (n1 + n2)) ** 2 / (n2 * (a + b) / (n1 + n2)) for a, b in cells)
+    dof = max(len(cells) - 1, 1)
+    limit = dof * (1 - 2 / (9 * dof) + 4.75 * math.sqrt(2 / (9 * dof))) ** 3
+    assert stat < limit, tr("the 8th token's counts (plain, speculative) per token {cells} differ (chi-square {stat:.1f}, "
+                            "limit {limit:.1f})", cells=dict(zip([*common, "other"], cells)), stat=stat, limit=limit)
 
 
 @pytest.mark.parametrize("bad", [

@@ -8,6 +8,8 @@ acceptance are compared on random trees with their plainest definitions (ancesto
 
 from __future__ import annotations
 
+import collections
+import math
 import random
 
 import pytest
@@ -16,7 +18,7 @@ import torch
 from checks.common import expect
 from minisgl.i18n import tr
 from minisgl.ngram_cache import DraftTree, NgramCache
-from minisgl.spec_tree import accept_greedy, tree_mask, tree_positions
+from minisgl.spec_tree import accept_greedy, accept_sampled, tree_mask, tree_positions
 
 
 def chain(tokens: list[int]) -> DraftTree:
@@ -199,3 +201,61 @@ def test_a_rejected_first_guess_still_yields_one_token() -> None:
     expect((path, out), ([], [9]), tr("accept_greedy of the chain 4, 5 when the target wants 9 first: (accepted, tokens)"))
     path, out = accept_greedy(chain([4, 5]), [4, 5, 6])
     expect((path, out), ([1, 2], [4, 5, 6]), tr("accept_greedy of the chain 4, 5 when the target agrees: (accepted, tokens), the bonus last"))
+
+
+# ----------------------------------------------------------------------------- 投机采样
+# en: ----------------------------------------------------------------------------- speculative sampling
+
+
+def chi_square_limit(dof: int, z: float = 4.75) -> float:
+    """自由度 ``dof`` 的卡方分布的上分位点（约百万分之一的误报），Wilson–Hilferty 近似。
+
+    en: The upper quantile of the chi-square distribution with ``dof`` degrees of freedom (about one false alarm in a
+    million), by the Wilson–Hilferty approximation.
+    """
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def chi_square(counts: collections.Counter[int], probs: torch.Tensor) -> tuple[float, int]:
+    """观察到的次数对照分布 ``probs``：（统计量, 自由度）；分布外的 token 出现一次就是无穷大。
+
+    en: Observed counts against the distribution ``probs``: (statistic, degrees of freedom); a token outside the
+    distribution makes it infinite.
+    """
+    n, p = sum(counts.values()), probs / probs.sum()
+    if any(p[t] == 0 for t in counts):
+        return math.inf, 1
+    support = [t for t in range(len(p)) if p[t] > 0]
+    return sum((counts[t] - n * float(p[t])) ** 2 / (n * float(p[t])) for t in support), len(support) - 1
+
+
+def test_speculative_sampling_draws_each_token_from_the_plain_distribution() -> None:
+    """树根有孩子 0、1，孩子 0 下面有 3：第一个 token 服从树根的分布；第一个是 0 时第二个服从节点 1 的分布（它的孩子 3
+    被试过、可能被拒），是 1 时服从节点 2 的；0、3 之后的第三个服从节点 3 的。拒绝之后从没拿掉草稿 token 的分布里再采，
+    或者不按剩下的比例，这里都会偏。
+
+    en: The root has children 0 and 1, child 0 has child 3: the first token follows the root's distribution; after 0 the
+    second follows node 1's (its child 3 tried, maybe rejected), after 1 node 2's; after 0, 3 the third follows node 3's.
+    Resampling after a rejection from a distribution that still holds the draft token, or not in proportion to what is
+    left, skews one of them.
+    """
+    gen = torch.Generator().manual_seed(0)
+    draft = DraftTree((0, 1, 3), (-1, -1, 0))
+    probs = torch.tensor([[0.30, 0.25, 0.20, 0.10, 0.10, 0.05],
+                          [0.10, 0.05, 0.20, 0.40, 0.05, 0.20],
+                          [0.05, 0.05, 0.05, 0.05, 0.40, 0.40],
+                          [0.50, 0.00, 0.00, 0.00, 0.25, 0.25]])
+    runs = [accept_sampled(draft, probs * 3.0, gen)[1] for _ in range(20000)]  # 不必归一化 | en: need not be normalised
+    groups = {
+        tr("the first token"): ([r[0] for r in runs], probs[0]),
+        tr("the token after 0"): ([r[1] for r in runs if r[0] == 0], probs[1]),
+        tr("the token after 1"): ([r[1] for r in runs if r[0] == 1], probs[2]),
+        tr("the token after 0, 3"): ([r[2] for r in runs if r[:2] == [0, 3]], probs[3]),
+    }
+    for what, (tokens, want) in groups.items():
+        stat, dof = chi_square(collections.Counter(tokens), want)
+        assert stat < chi_square_limit(dof), tr(
+            "{what}: {n} draws {counts} do not follow {want} (chi-square {stat:.1f}, limit {limit:.1f})", what=what,
+            n=len(tokens), counts=dict(sorted(collections.Counter(tokens).items())), want=want.tolist(), stat=stat,
+            limit=chi_square_limit(dof))
+    expect(sorted({len(r) for r in runs}), [1, 2, 3], tr("run lengths seen (stop at the root, one or two levels down)"))
