@@ -2,6 +2,9 @@
 中位数和最小、最大）；装了 llama-cpp-python 时再加上 llama.cpp 的普通解码和它的提示词查找解码
 （``LlamaPromptLookupDecoding``），同一份 F32 权重。
 
+投机的引擎每一轮都从一棵空的 n-gram 树开始（各轮用同样的提示词，照抄上一轮的输出量的就是记性，不是投机）；同一轮里
+的请求互相借 n-gram，和服务时一样。
+
 两种工作负载，都用 SmolLM2 的对话模板、贪心：
 - **照着输入写**（grounded）：改写、摘录、编辑提示词里给出的一段文字或代码——输出大段重复输入，n-gram 猜得中；
 - **自由对话**（chat）：普通的问题，几乎没有可照抄的。
@@ -16,6 +19,9 @@
 en: How much faster speculative decoding is: the same engine with ``speculative_algorithm="NGRAM"`` on and off, taking
 turns in one run, reporting ratios (one per round: median, min and max); with llama-cpp-python installed, also
 llama.cpp's plain decoding and its prompt-lookup decoding (``LlamaPromptLookupDecoding``) on the same F32 weights.
+
+Each round starts the speculating engine from an empty n-gram tree (the rounds reuse their prompts, and copying the
+previous round's outputs would measure memory, not speculation); within a round, requests share n-grams as when serving.
 
 Two workloads, both with SmolLM2's chat template, greedy:
 - **grounded**: rewrite, extract or edit a passage or code given in the prompt: the output repeats the input at length,
@@ -81,12 +87,14 @@ def ours(llm: Any, prompts: list[list[int]], max_tokens: int, batch: int) -> tup
     submission to the end.
     """
     sp = SamplingParams(max_tokens=max_tokens)
+    if llm.loop.spec_stats is not None:  # 每一轮从空的 n-gram 树开始：不照抄上一轮 | en: each round from an empty n-gram tree: no copying the last round
+        llm.loop.forget()
     if batch > 1:
         start = time.perf_counter()
         outs = llm.generate(prompts, sp)
         return time.perf_counter() - start, sum(len(o["token_ids"]) for o in outs)
     seconds, tokens = 0.0, 0
-    for prompt in prompts:
+    for prompt in prompts:  # 同一轮里的请求互相借 n-gram，和服务时一样 | en: requests of one round share n-grams, as when serving
         first: list[float] = []
         stop = llm.add_result_listener(lambda e: first.append(time.perf_counter()) if not first else None)
         try:

@@ -63,11 +63,10 @@ import torch
 
 from minisgl.attention import BaseAttnBackend, BaseAttnMetadata, attend, gather_kv
 from minisgl.core import Batch, Req, set_global_ctx
-from minisgl.engine import ForwardOutput, HostCopyDone
+from minisgl.engine import ForwardOutput, HostCopyDone, top_k_top_p_filter
 from minisgl.i18n import tr
 from minisgl.ngram_cache import DraftTree, NgramCache
 from minisgl.scheduling import ForwardInput, MainLoop, div_ceil
-from minisgl.engine import top_k_top_p_filter
 from minisgl.spec_tree import accept_greedy, accept_sampled, tree_mask, tree_positions
 
 __all__ = ["SpecStats", "SpeculativeLoop", "TreeAttnBackend", "TreeMetadata", "speculation"]
@@ -199,22 +198,31 @@ class SpeculativeLoop(MainLoop):
         super().__init__(scheduler)
         c, engine = scheduler.config, scheduler.engine
         self.budget = c.speculative_num_draft_tokens - 1
-        self.cache = NgramCache(
-            min_window=c.speculative_ngram_min_match_window_size, max_window=c.speculative_ngram_max_match_window_size,
-            min_breadth=c.speculative_ngram_min_bfs_breadth, max_breadth=c.speculative_ngram_max_bfs_breadth,
-            branch_length=c.speculative_ngram_branch_length, capacity=c.speculative_ngram_capacity,
-            num_draft=self.budget)
+        self.forget()
         self.backend = TreeAttnBackend(engine.kv_cache, engine.page_table)
         self.spec_stats = SpecStats()
         # 投机采样的随机数（没有种子的采样请求才投机采样）
         # en: random numbers of speculative sampling (only unseeded sampled requests sample speculatively)
         self.generator = torch.Generator().manual_seed(c.seed)
-        self._tracks: dict[int, _Track] = {}
         # 这一步验证之后各请求的页分到了哪里（结果处理中途被取消时，多出的页由 release 还）
         # en: where each request's pages reach after this step's verification (release gives back the excess if the
         # request is aborted while its results are processed)
         self._allocated_to: dict[Req, int] = {}
         self._deferred: list[Req] | None = None
+
+    def forget(self) -> None:
+        """从一棵空的 n-gram 树重新开始（基准测试每一轮用同样的提示词，不然后一轮照抄前一轮的输出）。只在空闲时调用。
+
+        en: Start again from an empty n-gram tree (benchmark rounds reuse their prompts; otherwise a round copies the
+        previous one's outputs). Call only when idle.
+        """
+        c = self.scheduler.config
+        self.cache = NgramCache(
+            min_window=c.speculative_ngram_min_match_window_size, max_window=c.speculative_ngram_max_match_window_size,
+            min_breadth=c.speculative_ngram_min_bfs_breadth, max_breadth=c.speculative_ngram_max_bfs_breadth,
+            branch_length=c.speculative_ngram_branch_length, capacity=c.speculative_ngram_capacity,
+            num_draft=self.budget)
+        self._tracks: dict[int, _Track] = {}
 
     def step(self) -> bool:
         s = self.scheduler
@@ -225,7 +233,7 @@ class SpeculativeLoop(MainLoop):
         # 结果处理途中了结的请求（监听者可能取消同一批里还没轮到的请求）处理完再归还
         # en: requests settled while results are processed (a listener may abort one not reached yet in this batch)
         # en: are given back once processing is done
-        self._deferred: list[Req] | None = []
+        self._deferred = []
         try:
             s._process_last_data((fi, output))
         finally:
@@ -236,6 +244,9 @@ class SpeculativeLoop(MainLoop):
         return True
 
     def release(self, req: Req) -> None:
+        """请求了结：结果处理途中先记下，处理完这一步再归还。
+
+        en: A request is settled: noted while results are processed, given back once the step is processed."""
         if self._deferred is not None:
             self._deferred.append(req)
         else:

@@ -262,12 +262,13 @@ class SchedulerStats(BaseFrontendMsg):
     max_decode_batch: int  # 到目前为止最大的解码批 | en: the largest decode batch so far
     steps: int  # 累计步数 | en: cumulative steps
     pages_cached: int = 0  # pages_in_use 里只被前缀缓存占着（可驱逐）的页 | en: pages of pages_in_use held only by the prefix cache (evictable)
-    # 投机解码（累计）：验证过的草稿 token、其中接受的，和每次带草稿的验证出了几个 token（第 k 项：出 k 个的次数）
-    # en: speculative decoding (cumulative): draft tokens verified, those accepted, and how many tokens each verification
-    # en: with a draft yielded (item k: how often it yielded k)
-    spec_draft_tokens: int = 0
-    spec_accepted_tokens: int = 0
-    spec_accept_lengths: list[int] = field(default_factory=list)
+    # 投机解码（累计；只进 /metrics，不进 repr）：验证过的草稿 token、其中接受的，和每次带草稿的验证出了几个 token
+    # （第 k 项：出 k 个的次数）
+    # en: speculative decoding (cumulative; for /metrics, not in the repr): draft tokens verified, those accepted, and how
+    # en: many tokens each verification with a draft yielded (item k: how often it yielded k)
+    spec_draft_tokens: int = field(default=0, repr=False)
+    spec_accepted_tokens: int = field(default=0, repr=False)
+    spec_accept_lengths: list[int] = field(default_factory=list, repr=False)
 
 
 @dataclass
