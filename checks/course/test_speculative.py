@@ -31,6 +31,10 @@ from minisgl.scheduling import div_ceil
 
 pytestmark = pytest.mark.timeout(300)
 
+#: tiny 模型的引擎参数，dtype 和 device 写明（与 Hugging Face 比对的检查都这样）。
+#: en: the tiny model's engine settings, dtype and device stated (as every check comparing with Hugging Face does).
+KW: dict[str, Any] = {**TINY_KW, "dtype": torch.float32, "device": "auto"}
+
 
 def prompts(n: int = 6, seed: int = 0) -> list[list[int]]:
     """重复着的提示词：同一段 token 出现几次，中间岔开，n-gram 有得猜，树也有分叉。
@@ -56,7 +60,7 @@ def run(spec: bool, reqs: list[list[int]], sps: list[SamplingParams], **kw: Any)
     en: Generate once on a new engine (then once more, so the prefix cache and the n-grams have stock), returning both
     passes' tokens and the speculation statistics.
     """
-    llm = LLM(built(model_zoo.tiny_qwen3), **{**TINY_KW, **kw}, speculative_algorithm="NGRAM" if spec else None)
+    llm = LLM(built(model_zoo.tiny_qwen3), **{**KW, **kw}, speculative_algorithm="NGRAM" if spec else None)
     try:
         outs = [o["token_ids"] for o in llm.generate(reqs, sps)]
         outs += [o["token_ids"] for o in llm.generate(reqs, sps)]
@@ -131,7 +135,7 @@ def test_each_draft_rows_logits_match_a_dense_forward_of_its_branch(fused: bool)
     """
     from checks.hf_reference import load_hf
 
-    llm = LLM(built(model_zoo.tiny_qwen3), **TINY_KW, speculative_algorithm="NGRAM", cpu_fused_decode=fused)
+    llm = LLM(built(model_zoo.tiny_qwen3), **KW, speculative_algorithm="NGRAM", cpu_fused_decode=fused)
     name = "_fused_logits" if fused else "_tree_logits"
     original, seen = getattr(llm.loop, name), []
 
@@ -196,7 +200,7 @@ def test_an_eos_inside_an_accepted_run_ends_the_request_there() -> None:
     page too many when they stop.
     """
     reqs, sps = prompts(1, seed=3), [SamplingParams(max_tokens=120, ignore_eos=True)]
-    llm = LLM(built(model_zoo.tiny_qwen3), **TINY_KW, speculative_algorithm="NGRAM")
+    llm = LLM(built(model_zoo.tiny_qwen3), **KW, speculative_algorithm="NGRAM")
     try:
         groups = steps_of(llm, reqs[0], sps[0])
         seen: set[int] = set()
@@ -211,7 +215,7 @@ def test_an_eos_inside_an_accepted_run_ends_the_request_there() -> None:
         spec = llm.generate(reqs, [SamplingParams(max_tokens=120)])[0]["token_ids"]
     finally:
         llm.shutdown()
-    plain_llm = LLM(built(model_zoo.tiny_qwen3), **TINY_KW)
+    plain_llm = LLM(built(model_zoo.tiny_qwen3), **KW)
     try:
         plain_llm.eos_token_id = eos
         plain = plain_llm.generate(reqs, [SamplingParams(max_tokens=120)])[0]["token_ids"]
@@ -229,7 +233,7 @@ def abort_run(reqs: list[list[int]], sps: list[SamplingParams], abort_at: tuple[
     that step of its own, and request 2 (not reached yet in the same batch) at request 1's fifth token. Returns each
     request's output, request 0's output grouped by step, and the statistics.
     """
-    llm = LLM(built(model_zoo.tiny_qwen3), **TINY_KW, speculative_algorithm="NGRAM")
+    llm = LLM(built(model_zoo.tiny_qwen3), **KW, speculative_algorithm="NGRAM")
     try:
         uids = [llm.add_request(p, sp) for p, sp in zip(reqs, sps)]
         tokens: dict[int, list[int]] = {uid: [] for uid in uids}
@@ -294,7 +298,7 @@ def test_pages_add_up_after_every_step(page_size: int) -> None:
     en: After every step: free pages + the prefix cache's pages + the own pages of the requests holding resources (up to cached_len) =
     all pages. Pages of rejected drafts kept, or too many given back, break the equation on the spot.
     """
-    llm = LLM(built(model_zoo.tiny_qwen3), **{**TINY_KW, "page_size": page_size, "num_page_override": 2048 // page_size},
+    llm = LLM(built(model_zoo.tiny_qwen3), **{**KW, "page_size": page_size, "num_page_override": 2048 // page_size},
               speculative_algorithm="NGRAM")
     cm, problems = llm.cache_manager, []
 
@@ -338,7 +342,7 @@ def position_counts(spec: bool, n: int, at: int) -> tuple[collections.Counter[in
     """``n`` 个同样的、没有种子的采样请求（温度 0.1）第 ``at`` 个输出 token 的分布，和投机的统计。"""
     prompt = prompts(1, seed=7)[0]
     sp = SamplingParams(max_tokens=at + 1, ignore_eos=True, temperature=0.1)
-    llm = LLM(built(model_zoo.tiny_qwen3), **{**TINY_KW, "max_running_req": 32},
+    llm = LLM(built(model_zoo.tiny_qwen3), **{**KW, "max_running_req": 32},
               speculative_algorithm="NGRAM" if spec else None)
     try:
         outs = llm.generate([prompt] * n, sp)
@@ -379,7 +383,7 @@ def test_speculative_sampling_keeps_the_plain_samplers_distribution() -> None:
     dict(speculative_algorithm="NGRAM", speculative_ngram_capacity=0),
 ])
 def test_bad_speculative_settings_are_refused_before_loading(bad: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # engine defaults on purpose: refused before any engine is built
         LLM("/nonexistent-model", **bad)
 
 
@@ -394,7 +398,7 @@ def test_the_server_speculates_token_equal_and_reports_it_in_metrics() -> None:
     from checks.stage3.conftest import Server
 
     model, texts = built(model_zoo.tiny_qwen3), ["one two three one two three one two three", "a b c d a b c d a b"]
-    plain = LLM(model, **TINY_KW)
+    plain = LLM(model, **KW)
     try:
         want = [o["text"] for o in plain.generate(texts, SamplingParams(max_tokens=48, ignore_eos=True))]
     finally:
