@@ -5,6 +5,8 @@ en: Small tools shared by the checks of every stage that depend on no chapter mo
 
 from __future__ import annotations
 
+import math
+
 from minisgl.i18n import tr
 
 
@@ -15,3 +17,12 @@ def expect(got: object, want: object, what: str) -> None:
     in full.
     """
     assert got == want, tr("{what}\nexpected: {want!r}\ngot:      {got!r}", what=what, want=want, got=got)
+
+
+def chi_square_limit(dof: int, z: float = 4.75) -> float:
+    """自由度 ``dof`` 的卡方分布的上分位点（约百万分之一的误报），Wilson–Hilferty 近似。
+
+    en: The upper quantile of the chi-square distribution with ``dof`` degrees of freedom (about one false alarm in a
+    million), by the Wilson–Hilferty approximation.
+    """
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3

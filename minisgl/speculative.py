@@ -429,4 +429,4 @@ def _truncate(draft: DraftTree, n: int) -> DraftTree:
     """广度优先的前 ``n`` 个节点仍是一棵树（父节点总在孩子前面）。"""
     if len(draft) <= n:
         return draft
-    return DraftTree(draft.tokens[: max(n, 0)], draft.parents[: max(n, 0)])
+    return DraftTree(draft.tokens[:n], draft.parents[:n])

@@ -14,14 +14,13 @@ accepted, K/V moved where that is the point), so that "never guessing" cannot pa
 from __future__ import annotations
 
 import collections
-import math
 import random
 from typing import Any
 
 import pytest
 import torch
 
-from checks.common import expect
+from checks.common import chi_square_limit, expect
 from checks.stage2.conftest import TINY_KW, built
 from minisgl import model_zoo
 from minisgl.core import SamplingParams
@@ -370,7 +369,7 @@ def test_speculative_sampling_keeps_the_plain_samplers_distribution() -> None:
     stat = sum((a - n1 * (a + b) / (n1 + n2)) ** 2 / (n1 * (a + b) / (n1 + n2))
                + (b - n2 * (a + b) / (n1 + n2)) ** 2 / (n2 * (a + b) / (n1 + n2)) for a, b in cells)
     dof = max(len(cells) - 1, 1)
-    limit = dof * (1 - 2 / (9 * dof) + 4.75 * math.sqrt(2 / (9 * dof))) ** 3
+    limit = chi_square_limit(dof)
     assert stat < limit, tr("the 8th token's counts (plain, speculative) per token {cells} differ (chi-square {stat:.1f}, "
                             "limit {limit:.1f})", cells=dict(zip([*common, "other"], cells)), stat=stat, limit=limit)
 

@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from checks.common import expect
+from checks.common import chi_square_limit, expect
 from minisgl.i18n import tr
 from minisgl.ngram_cache import DraftTree, NgramCache
 from minisgl.spec_tree import accept_greedy, accept_sampled, tree_mask, tree_positions
@@ -205,15 +205,6 @@ def test_a_rejected_first_guess_still_yields_one_token() -> None:
 
 # ----------------------------------------------------------------------------- 投机采样
 # en: ----------------------------------------------------------------------------- speculative sampling
-
-
-def chi_square_limit(dof: int, z: float = 4.75) -> float:
-    """自由度 ``dof`` 的卡方分布的上分位点（约百万分之一的误报），Wilson–Hilferty 近似。
-
-    en: The upper quantile of the chi-square distribution with ``dof`` degrees of freedom (about one false alarm in a
-    million), by the Wilson–Hilferty approximation.
-    """
-    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
 
 def chi_square(counts: collections.Counter[int], probs: torch.Tensor) -> tuple[float, int]:
