@@ -32,7 +32,7 @@ test: setup       ## 全部测试：骨架无漂移、参考解答全绿、每�
 	$(PYTHON) tools/make_skeletons.py --check
 	$(PARALLEL) checks/course checks/docs --impl solution --strict
 	$(PYTEST) checks --ignore=checks/course --ignore=checks/docs --impl solution --strict
-	$(PARALLEL) checks/stage1 checks/stage2 checks/stage3 checks/stage4 --impl skeleton --expect-red -q
+	$(PARALLEL) checks/stage1 checks/stage2 checks/stage3 checks/stage4 checks/stage5 --impl skeleton --expect-red -q
 	for forced in $(FORCED_PATHS); do echo "== $$forced"; env $$forced $(PYTEST) checks/stage1 checks/stage4 -m every_path --impl solution -q || exit 1; done
 	MINISGL_IMPL=solution MINISGL_LANG=zh $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks --ignore=notebooks/en -q
 	MINISGL_IMPL=solution MINISGL_LANG=en $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks/en -q --ignore-glob='notebooks/en/*/milestone.ipynb'

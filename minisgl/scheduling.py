@@ -431,9 +431,9 @@ class SchedulerConfig(EngineConfig):
     cache_type: str | None = None
     max_extend_tokens: int = 8192
     schedule_policy: str = "fcfs"
-    # 投机解码（minisgl/speculative.py），名字和缺省值照 SGLang 的服务器参数（容量除外：这里的树是 Python 对象）；
+    # 投机解码（第 5 阶段，minisgl.speculative），名字和缺省值照 SGLang 的服务器参数（容量除外：这里的树是 Python 对象）；
     # 只有组装好的引擎（minisgl.llm）认得
-    # en: speculative decoding (minisgl/speculative.py), names and defaults as SGLang's server flags (except the
+    # en: speculative decoding (stage 5, minisgl.speculative), names and defaults as SGLang's server flags (except the
     # en: capacity: this tree is made of Python objects); only the assembled engine (minisgl.llm) knows them
     speculative_algorithm: str | None = None  # None | "NGRAM"
     speculative_num_draft_tokens: int = 12  # 每个请求每步验证几个 token，含最后一个已知的 | en: tokens verified per request and step, the last known one included

@@ -24,7 +24,6 @@ import torch
 from minisgl.core import InvalidParam, SamplingParams
 from minisgl.graph import GRAPH_MODES
 from minisgl.i18n import tr
-from minisgl.ngram_cache import check_ngram_args
 from minisgl.schedule_policy import check_schedule_policy
 
 E = TypeVar("E", bound=Exception)
@@ -434,3 +433,23 @@ def validate_config(config: Any, cache_types: tuple[str, ...] = ("naive",)) -> N
     ratio = config.memory_ratio
     if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio <= 1):
         raise ValueError(tr("memory_ratio (server: --mem-fraction-static) must be in (0, 1] or None (automatic), got {ratio!r}", ratio=ratio))
+
+
+def check_ngram_args(min_window: int, max_window: int, min_breadth: int, max_breadth: int, branch_length: int,
+                     capacity: int, num_draft: int) -> None:
+    """不合理的参数在启动之前就拒绝（ValueError），消息说出是哪一个、要什么。
+
+    en: Refuse unreasonable parameters before anything starts (ValueError), saying which one and what it needs.
+    """
+    if not 1 <= min_window <= max_window:
+        raise ValueError(tr("The n-gram match windows need 1 <= min <= max, got min={lo} and max={hi} "
+                            "(--speculative-ngram-min-match-window-size / --speculative-ngram-max-match-window-size)",
+                            lo=min_window, hi=max_window))
+    if not 1 <= min_breadth <= max_breadth:
+        raise ValueError(tr("The n-gram BFS breadths need 1 <= min <= max, got min={lo} and max={hi} "
+                            "(--speculative-ngram-min-bfs-breadth / --speculative-ngram-max-bfs-breadth)",
+                            lo=min_breadth, hi=max_breadth))
+    for name, value in (("--speculative-ngram-branch-length", branch_length), ("--speculative-ngram-capacity", capacity),
+                        ("--speculative-num-draft-tokens", num_draft)):
+        if value < 1:
+            raise ValueError(tr("{name} must be at least 1, got {value}", name=name, value=value))

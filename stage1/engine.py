@@ -309,8 +309,8 @@ class ForwardOutput(NamedTuple):
     next_tokens_gpu: torch.Tensor
     next_tokens_cpu: torch.Tensor  # 主机上的副本，与上面不共享内存 | en: a copy on the host, sharing no memory with the one above
     copy_done_event: torch.cuda.Event | HostCopyDone
-    # 投机解码（minisgl/speculative.py）：每个请求在同一步里、接在 next_tokens 后面又验证出的 token（主机上）；None：没有
-    # en: speculative decoding (minisgl/speculative.py): per request, the tokens verified after next_tokens in the same
+    # 投机解码（第 5.3 章，minisgl.speculative）：每个请求在同一步里、接在 next_tokens 后面又验证出的 token（主机上）；None：没有
+    # en: speculative decoding (chapter 5.3, minisgl.speculative): per request, the tokens verified after next_tokens in the same
     # en: step (on the host); None: none
     more_tokens: list[list[int]] | None = None
 

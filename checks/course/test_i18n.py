@@ -25,17 +25,17 @@ from minisgl.paths import REPO_ROOT as REPO
 
 
 #: Every Python source that may call ``tr``.
-SOURCES = ["minisgl", "checks", "examples", "solutions", "stage1", "stage2", "stage3", "stage4", "tools", "bench", "docs/hooks", "notebooks/src"]
+SOURCES = ["minisgl", "checks", "examples", "solutions", "stage1", "stage2", "stage3", "stage4", "stage5", "tools", "bench", "docs/hooks", "notebooks/src"]
 
 #: Files whose strings a learner sees at runtime: a Chinese string literal there must go through ``tr``.
 LEARNER_FACING = [
-    "checks/stage1", "checks/stage2", "checks/stage3", "checks/hf_reference.py", "minisgl/course", "minisgl/notebook", "minisgl/i18n.py",
+    "checks/stage1", "checks/stage2", "checks/stage3", "checks/stage5", "checks/hf_reference.py", "minisgl/course", "minisgl/notebook", "minisgl/i18n.py",
     "minisgl/validation.py", "minisgl/llm.py", "minisgl/model_zoo.py", "minisgl/trace.py", "minisgl/scheduling.py",
     "minisgl/env.py", "minisgl/graph.py", "minisgl/fused.py", "minisgl/kernel", "minisgl/server/args.py", "minisgl/processes/harness.py",
     "minisgl/processes/tree.py", "minisgl/server/app.py",
     "minisgl/server/launch.py", "minisgl/server/api_errors.py", "minisgl/server/gate.py", "minisgl/server/chat_page.py", "minisgl/server/metrics.py",
     "minisgl/processes/by_name.py", "examples", "solutions",
-    "stage1", "stage2", "stage3",
+    "stage1", "stage2", "stage3", "stage5",
     "tools/make_diagrams.py",
 ]
 

@@ -89,6 +89,9 @@ BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
     Chapter("moe", 4, 4, "混合专家：路由、参考实现与分组实现", "Mixture of experts: routing, the reference and the grouped path"),
     Chapter("expert_parallel", 4, 5, "专家并行：切开的专家与分给各秩的专家", "Expert parallelism: split experts and experts dealt out to ranks"),
     Chapter("router", 4, 6, "数据并行与缓存感知的路由器", "Data parallelism and a cache-aware router"),
+    Chapter("ngram_cache", 5, 1, "起草：n-gram 缓存与起草器接口", "Drafting: the n-gram cache and the drafter interface"),
+    Chapter("spec_tree", 5, 2, "验证：树掩码、按深度的位置与接受", "Verification: the tree mask, positions by depth and acceptance"),
+    Chapter("speculative", 5, 3, "引擎里的投机解码：一次前向验证，KV 收拾干净", "Speculative decoding in the engine: verify in one forward, keep the KV honest"),
 )
 
 

@@ -1,7 +1,7 @@
-"""投机解码在引擎里（``speculative_algorithm="NGRAM"``）：每个解码步先猜，再一次前向验证。
+"""第 5.3 章 speculative：投机解码在引擎里（``speculative_algorithm="NGRAM"``）：每个解码步先猜，再一次前向验证。
 
-解码批次的每个请求是一棵树：树根是最后一个已知 token（普通解码也只算它），下面挂着 n-gram 猜出的草稿
-（:mod:`minisgl.ngram_cache`；猜不出、或这个请求不投机时 n = 0，就是普通的一行解码）。整批在一次前向里算完：
+解码批次的每个请求是一棵树：树根是最后一个已知 token（普通解码也只算它），下面挂着 起草器猜出的草稿
+（第 5.1 章的 :class:`~minisgl.ngram_cache.Drafter`，缺省是 n-gram 缓存；猜不出、或这个请求不投机时 n = 0，就是普通的一行解码）。整批在一次前向里算完：
 
 - **KV 槽位**：草稿顺着请求自己那一行往后排——第 i 个草稿 token（广度优先的下标，从 1 起）写在位置
   ``L - 1 + i``（``L`` 是已知 token 数）；缺的页照常向缓存管理器要。位置（RoPE）却是 ``L - 1 + 深度``；
@@ -20,12 +20,12 @@
 （预填充步不投机）。一个请求猜错就先歇几步（连错几次歇得越久，最多 32 步），整批每步最多验证
 ``speculative_num_draft_tokens - 1`` 个草稿 token，按请求最近的命中率分。
 
-en: Speculative decoding in the engine (``speculative_algorithm="NGRAM"``): each decode step first guesses, then
-verifies in one forward.
+en: Chapter 5.3 speculative: speculative decoding in the engine (``speculative_algorithm="NGRAM"``): each decode step
+first guesses, then verifies in one forward.
 
 Every request of a decode batch is a tree: the root is the last known token (all that plain decoding computes), with the
-n-gram drafts below it (:mod:`minisgl.ngram_cache`; n = 0 when nothing matches or the request does not speculate: a
-plain row of decode). The whole batch is computed in one forward:
+drafter's guesses below it (chapter 5.1's :class:`~minisgl.ngram_cache.Drafter`, the n-gram cache by default; n = 0
+when nothing matches or the request does not speculate: a plain row of decode). The whole batch is computed in one forward:
 
 - **KV slots**: the drafts are laid along the request's own row: draft token i (breadth-first index, from 1) is written
   at position ``L - 1 + i`` (``L`` known tokens); missing pages come from the cache manager as usual. Their position
@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -65,7 +65,7 @@ from minisgl.attention import BaseAttnBackend, BaseAttnMetadata, attend, gather_
 from minisgl.core import Batch, Req, set_global_ctx
 from minisgl.engine import ForwardOutput, HostCopyDone, top_k_top_p_filter
 from minisgl.i18n import tr
-from minisgl.ngram_cache import DraftTree, NgramCache
+from minisgl.ngram_cache import Drafter, DraftTree, NgramCache
 from minisgl.scheduling import ForwardInput, MainLoop, div_ceil
 from minisgl.spec_tree import accept_greedy, accept_sampled, tree_mask, tree_positions
 
@@ -89,6 +89,16 @@ def speculation(req: Req, outputs_so_far: int) -> str | None:
     penalties, logit_bias, log-probabilities, an unmet min_tokens, a grammar; or a seeded sampled request, whose random
     numbers follow its positions, so only sampling one step at a time matches plain decoding).
     """
+    # >>> TASK speculation: 返回这个请求怎样投机：有任何一样会改变分布或要逐个 token 记账的（repetition_penalty 不是 1、presence/frequency_penalty 不是 0、有 logit_bias、要 logprobs、已出的 token 还没到 min_tokens、有 json_schema / regex / ebnf 语法）就 None；否则贪心的 "greedy"，没有种子的采样请求 "sample"，带种子的 None
+    # en: return how this request speculates: None if anything changes the distribution or keeps per-token state (repetition_penalty not 1, presence/frequency_penalty not 0, a logit_bias, logprobs wanted, fewer tokens out than min_tokens, a json_schema / regex / ebnf grammar); otherwise "greedy" for a greedy request, "sample" for an unseeded sampled one, None for a seeded one
+    # hint1: 这些控制都在 req.sampling_params 上（第 1.1、3.5、3.6 章）。惩罚按已经出的 token 计数、语法要一个个 token 往前推：一步出好几个 token 时它们看不到中间的那些。带种子的采样请求每个位置的随机数是定的，投机采样换了取随机数的方式，就不再和不投机时一样。
+    # en1: These controls live on req.sampling_params (chapters 1.1, 3.5, 3.6). Penalties count the tokens already out and a grammar advances token by token: when a step yields several tokens they miss the ones in between. A seeded sampled request has fixed random numbers per position; speculative sampling draws them differently, so it would no longer match plain decoding.
+    # hint2: 1. p = req.sampling_params；plain = 那十个条件都成立（repetition_penalty == 1.0、两个 penalty == 0.0、not logit_bias、not logprobs、outputs_so_far >= min_tokens、三种语法都是 None）；
+    # hint2: 2. not plain：return None；p.is_greedy：return "greedy"；
+    # hint2: 3. return "sample" if p.seed is None else None。
+    # en2: 1. p = req.sampling_params; plain = all ten conditions hold (repetition_penalty == 1.0, both penalties == 0.0, not logit_bias, not logprobs, outputs_so_far >= min_tokens, all three grammars None);
+    # en2: 2. if not plain: return None; if p.is_greedy: return "greedy";
+    # en2: 3. return "sample" if p.seed is None else None.
     p = req.sampling_params
     plain = (p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
              and not p.logit_bias and not p.logprobs and outputs_so_far >= p.min_tokens
@@ -98,6 +108,7 @@ def speculation(req: Req, outputs_so_far: int) -> str | None:
     if p.is_greedy:
         return "greedy"
     return "sample" if p.seed is None else None
+    # <<< TASK
 
 
 @dataclass
@@ -136,12 +147,23 @@ class TreeAttnBackend(BaseAttnBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        # >>> TASK tree_attention: K/V 已经写进缓存。对每个请求 b：它的查询是 q 的第 cu_seqlens_q_cpu[b] 到 [b+1] 行，按页表第 table_idx[b] 行取前 key_lens[b] 个槽位的 K/V，用 masks[b] 和缩放 head_dim ** -0.5 调用 attend；按请求的顺序拼起来返回。给定：TreeMetadata、第 1.5 章的 gather_kv、attend
+        # en: the K/V are already in the cache. For each request b: its queries are rows cu_seqlens_q_cpu[b] to [b+1] of q; gather the K/V of the first key_lens[b] slots of page-table row table_idx[b], call attend with masks[b] and the scale head_dim ** -0.5; concatenate in request order and return. Given: TreeMetadata, chapter 1.5's gather_kv and attend
+        # hint1: 和第 1.5 章的预填充一样是逐个请求做的，只是掩码不再是因果的下三角，而是元数据里给好的那一块。
+        # en1: Per request, as chapter 1.5's prefill does; only the mask is no longer the causal lower triangle but the block the metadata holds.
+        # hint2: 1. md = batch.attn_metadata；scale = q.shape[-1] ** -0.5；cu = md.cu_seqlens_q_cpu；
+        # hint2: 2. 对每个 b、(row, key_len, mask)：k_b, v_b = gather_kv(self.kv_cache, layer_id, self.page_table, row, key_len)；outs.append(attend(q[cu[b] : cu[b + 1]], k_b, v_b, mask, scale))；
+        # hint2: 3. return torch.cat(outs)。
+        # en2: 1. md = batch.attn_metadata; scale = q.shape[-1] ** -0.5; cu = md.cu_seqlens_q_cpu;
+        # en2: 2. for each b, (row, key_len, mask): k_b, v_b = gather_kv(self.kv_cache, layer_id, self.page_table, row, key_len); outs.append(attend(q[cu[b] : cu[b + 1]], k_b, v_b, mask, scale));
+        # en2: 3. return torch.cat(outs).
         md: TreeMetadata = batch.attn_metadata  # type: ignore[assignment]
         scale, cu, outs = q.shape[-1] ** -0.5, md.cu_seqlens_q_cpu, []
         for b, (row, key_len, mask) in enumerate(zip(md.table_idx, md.key_lens, md.masks)):
             k_b, v_b = gather_kv(self.kv_cache, layer_id, self.page_table, row, key_len)
             outs.append(attend(q[cu[b] : cu[b + 1]], k_b, v_b, mask, scale))
         return torch.cat(outs)
+        # <<< TASK
 
 
 @dataclass
@@ -181,7 +203,7 @@ class _Span(NamedTuple):
 class _Track:
     """一个请求在投机这边的状态。"""
 
-    tokens: list[int] = field(default_factory=list)  # 写进 n-gram 树的 token | en: tokens written into the n-gram tree
+    tokens: list[int] = field(default_factory=list)  # 告诉过起草器的 token | en: tokens the drafter has been told
     misses: int = 0  # 连续猜错的次数 | en: misses in a row
     rest: int = 0  # 还要歇几步 | en: steps still to rest
     hit_rate: float = 1.0  # 最近接受的草稿 token 的比例（指数平均） | en: recent share of draft tokens accepted (EMA)
@@ -194,10 +216,14 @@ class SpeculativeLoop(MainLoop):
     module docstring). No overlap.
     """
 
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: Any, make_drafter: Callable[[int], Drafter] | None = None) -> None:
         super().__init__(scheduler)
         c, engine = scheduler.config, scheduler.engine
         self.budget = c.speculative_num_draft_tokens - 1
+        # 起草器在构造时换：make_drafter(一次最多猜几个) 给一个新的起草器，缺省是配置里的 n-gram 缓存
+        # en: the drafter is swapped at construction: make_drafter(most tokens per guess) gives a fresh drafter, by
+        # en: default the configured n-gram cache
+        self._make_drafter = make_drafter or self._ngram
         self.forget()
         self.backend = TreeAttnBackend(engine.kv_cache, engine.page_table)
         self.spec_stats = SpecStats()
@@ -211,18 +237,22 @@ class SpeculativeLoop(MainLoop):
         self._deferred: list[Req] | None = None
 
     def forget(self) -> None:
-        """从一棵空的 n-gram 树重新开始（基准测试每一轮用同样的提示词，不然后一轮照抄前一轮的输出）。只在空闲时调用。
+        """从一个新的起草器重新开始（n-gram 缓存是空树；基准测试每一轮用同样的提示词，不然后一轮照抄前一轮的输出）。
+        只在空闲时调用。
 
-        en: Start again from an empty n-gram tree (benchmark rounds reuse their prompts; otherwise a round copies the
-        previous one's outputs). Call only when idle.
+        en: Start again from a fresh drafter (the n-gram cache an empty tree; benchmark rounds reuse their prompts;
+        otherwise a round copies the previous one's outputs). Call only when idle.
         """
+        self.drafter = self._make_drafter(self.budget)
+        self._tracks: dict[int, _Track] = {}
+
+    def _ngram(self, num_draft: int) -> NgramCache:
         c = self.scheduler.config
-        self.cache = NgramCache(
+        return NgramCache(
             min_window=c.speculative_ngram_min_match_window_size, max_window=c.speculative_ngram_max_match_window_size,
             min_breadth=c.speculative_ngram_min_bfs_breadth, max_breadth=c.speculative_ngram_max_bfs_breadth,
             branch_length=c.speculative_ngram_branch_length, capacity=c.speculative_ngram_capacity,
-            num_draft=self.budget)
-        self._tracks: dict[int, _Track] = {}
+            num_draft=num_draft)
 
     def step(self) -> bool:
         s = self.scheduler
@@ -256,18 +286,19 @@ class SpeculativeLoop(MainLoop):
         end = self._allocated_to.pop(req, None)
         if end is not None:
             self.scheduler.cache_manager.free_tail(req.table_idx, req.cached_len, end)
-        self._tracks.pop(req.uid, None)
+        if self._tracks.pop(req.uid, None) is not None:
+            self.drafter.drop(req.uid)
         super().release(req)
 
     # ------------------------------------------------------------------ 猜
 
     def _observe(self, req: Req) -> _Track:
-        """把请求新多出的 token 写进 n-gram 树。"""
+        """把请求新多出的 token 告诉起草器。"""
         track = self._tracks.setdefault(req.uid, _Track())
         since = len(track.tokens)
         if len(req.input_ids) > since:
             track.tokens.extend(req.input_ids[since:].tolist())
-            self.cache.put(track.tokens, since)
+            self.drafter.put(track.tokens, since, req.uid)
         return track
 
     def _drafts(self, reqs: list[Req]) -> list[DraftTree]:
@@ -283,7 +314,7 @@ class SpeculativeLoop(MainLoop):
             # 最近命中得多的请求猜得长，少的猜得短（至少 2 个）：验证的每一行都要算
             # en: requests hitting often recently guess long, others short (at least 2): every verified row costs
             allowance = max(2, round(track.hit_rate * self.budget))
-            want.append(_truncate(self.cache.propose(track.tokens), min(room, allowance)))
+            want.append(_truncate(self.drafter.propose(track.tokens, req.uid), min(room, allowance)))
         left, drafts = self.budget, [DraftTree()] * len(reqs)
         for b in sorted(range(len(reqs)), key=lambda b: -tracks[b].hit_rate):
             drafts[b] = _truncate(want[b], left)
@@ -370,6 +401,20 @@ class SpeculativeLoop(MainLoop):
 
     def _verify_batch(self, fi: ForwardInput, drafts: list[DraftTree], lens: list[int]) -> Batch:
         s, device = self.scheduler, self.scheduler.device
+        # >>> TASK verify_batch: 为每个请求（已知 L 个 token，草稿 n 个）准备验证前向的输入：input_ids 是树根（token 池里 input_mapping 那一格）加草稿 token；位置是 tree_positions(草稿, L - 1)；写 K/V 的槽位 out_loc 是页表这一行的第 L - 1 到 L + n - 1 个；掩码是 [n + 1, L - 1 + n + 1]：前缀 L - 1 列全可见，后面接 tree_mask；cu 累加每个请求的行数 n + 1；key_lens 是 L + n。给定：tree_positions、tree_mask（第 5.2 章）
+        # en: prepare the verifying forward's inputs for each request (L known tokens, n drafts): input_ids are the root (the token pool at input_mapping) followed by the draft tokens; positions are tree_positions(draft, L - 1); the K/V slots out_loc are entries L - 1 to L + n - 1 of its page-table row; the mask is [n + 1, L - 1 + n + 1]: the L - 1 prefix columns all visible, then tree_mask; cu accumulates each request's n + 1 rows; key_lens is L + n. Given: tree_positions, tree_mask (chapter 5.2)
+        # hint1: 树根就是普通解码这一步要算的那个 token，它的 K/V 写在第 L - 1 格；草稿顺着同一行往后排（第 i 个在 L - 1 + i），位置却按深度——兄弟共用一个位置，槽位各是各的。
+        # hint1: 所有张量放在 device 上；掩码先在 CPU 上拼好再搬过去。
+        # en1: The root is the very token plain decoding computes this step; its K/V go to slot L - 1. The drafts follow along the same row (the i-th at L - 1 + i), their positions though follow the depth: siblings share a position, each with its own slot.
+        # en1: Every tensor lives on device; build the mask on the CPU, then move it.
+        # hint2: 1. roots = s.token_pool[fi.input_mapping]；ids, positions, out_loc, masks, cu, key_lens = [], [], [], [], [0], []；
+        # hint2: 2. 每个 b、(req, draft, L)：n = len(draft)；ids += [roots[b : b + 1], torch.tensor(draft.tokens, dtype=roots.dtype, device=device)]；positions.append(tree_positions(draft, L - 1))；
+        # hint2: 3. out_loc.append(s.page_table[req.table_idx, L - 1 : L + n])；masks.append(torch.cat([torch.ones(n + 1, L - 1, dtype=torch.bool), tree_mask(draft)], dim=1).to(device))；
+        # hint2: 4. cu.append(cu[-1] + n + 1)；key_lens.append(L + n)。
+        # en2: 1. roots = s.token_pool[fi.input_mapping]; ids, positions, out_loc, masks, cu, key_lens = [], [], [], [], [0], [];
+        # en2: 2. for each b, (req, draft, L): n = len(draft); ids += [roots[b : b + 1], torch.tensor(draft.tokens, dtype=roots.dtype, device=device)]; positions.append(tree_positions(draft, L - 1));
+        # en2: 3. out_loc.append(s.page_table[req.table_idx, L - 1 : L + n]); masks.append(torch.cat([torch.ones(n + 1, L - 1, dtype=torch.bool), tree_mask(draft)], dim=1).to(device));
+        # en2: 4. cu.append(cu[-1] + n + 1); key_lens.append(L + n).
         roots = s.token_pool[fi.input_mapping]  # 每个请求的树根：最后一个已知 token | en: each root: the last known token
         ids, positions, out_loc, masks, cu, key_lens = [], [], [], [], [0], []
         for b, (req, draft, L) in enumerate(zip(fi.batch.reqs, drafts, lens)):
@@ -380,6 +425,7 @@ class SpeculativeLoop(MainLoop):
             masks.append(torch.cat([torch.ones(n + 1, L - 1, dtype=torch.bool), tree_mask(draft)], dim=1).to(device))
             cu.append(cu[-1] + n + 1)
             key_lens.append(L + n)
+        # <<< TASK
         vb = Batch(reqs=fi.batch.reqs, phase="prefill")  # 一次“接着算”的前向：不走解码专用的路 | en: an extend forward, off the decode-only paths
         vb.input_ids = torch.cat(ids)
         vb.positions = torch.cat(positions).to(device=device, dtype=torch.int32)
@@ -396,6 +442,18 @@ class SpeculativeLoop(MainLoop):
         advances the other tokens one by one).
         """
         s, row, a, n = self.scheduler, req.table_idx, len(path), len(draft)
+        # >>> TASK commit_run: 接受的第 k 个节点（path[k]，它的 K/V 在这一行的第 L - 1 + path[k] 格）要挪到第 L + k 格：不在原地的，把每一层的 K 和 V 从源槽位拷到目的槽位（spec_stats.moved 加上挪了几格）。有草稿时：第 L + a 到 L + n 格里整页空出来的页还给缓存管理器（free_tail），_allocated_to[req] 记下这一行的页现在分到哪儿（L + a 向上取整到整页），再 _account。最后 token 池这一行从第 L 格起写上 run。给定：CacheManager.free_tail、div_ceil、_account
+        # en: accepted node k (path[k], its K/V in slot L - 1 + path[k] of this row) must move to slot L + k: for those not already in place, copy every layer's K and V from the source slot to the destination slot (spec_stats.moved grows by the number moved). With a draft: give the whole pages freed in slots L + a to L + n back to the cache manager (free_tail), note in _allocated_to[req] how far this row's pages reach now (L + a rounded up to whole pages), then _account. Finally write run into the token pool's row from slot L on. Given: CacheManager.free_tail, div_ceil, _account
+        # hint1: 一条链上接受的节点本来就挨着（第 k 个节点下标是 k + 1），不用挪；一棵树走了侧枝时才要挪。页表给的是槽位：页表这一行的第 i 格就是第 i 个 token 的 K/V 在池子里的位置；K/V 池每一层一个张量（kv_cache.k_cache(layer)、v_cache(layer)），按槽位索引。
+        # en1: Accepted nodes of a chain are already next to each other (the k-th node has index k + 1) and need no move; only a side branch of a tree does. The page table gives slots: entry i of the row is where token i's K/V live in the pool; the K/V pool is one tensor per layer (kv_cache.k_cache(layer), v_cache(layer)), indexed by slot.
+        # hint2: 1. moves = [(L - 1 + node, L + k) for k, node in enumerate(path) if node != k + 1]；self.spec_stats.moved += len(moves)；
+        # hint2: 2. 有 moves：src、dst = s.page_table[row, 源/目的的列表].long()；对每一层、对 (kv.k_cache(layer), kv.v_cache(layer)) 的每个：cache[dst] = cache[src]；
+        # hint2: 3. n 不为 0：s.cache_manager.free_tail(row, L + a, L + n)；self._allocated_to[req] = div_ceil(L + a, s.page_size) * s.page_size；self._account(req, draft, a)；
+        # hint2: 4. s.token_pool[row, L : L + len(run)] = torch.tensor(run, dtype=s.token_pool.dtype, device=s.device)。
+        # en2: 1. moves = [(L - 1 + node, L + k) for k, node in enumerate(path) if node != k + 1]; self.spec_stats.moved += len(moves);
+        # en2: 2. if moves: src, dst = s.page_table[row, list of sources / destinations].long(); for each layer, for each of (kv.k_cache(layer), kv.v_cache(layer)): cache[dst] = cache[src];
+        # en2: 3. if n: s.cache_manager.free_tail(row, L + a, L + n); self._allocated_to[req] = div_ceil(L + a, s.page_size) * s.page_size; self._account(req, draft, a);
+        # en2: 4. s.token_pool[row, L : L + len(run)] = torch.tensor(run, dtype=s.token_pool.dtype, device=s.device).
         moves = [(L - 1 + node, L + k) for k, node in enumerate(path) if node != k + 1]
         self.spec_stats.moved += len(moves)
         if moves:
@@ -410,6 +468,7 @@ class SpeculativeLoop(MainLoop):
             self._allocated_to[req] = div_ceil(L + a, s.page_size) * s.page_size
             self._account(req, draft, a)
         s.token_pool[row, L : L + len(run)] = torch.tensor(run, dtype=s.token_pool.dtype, device=s.device)
+        # <<< TASK
         req.complete_one()
 
     def _account(self, req: Req, draft: DraftTree, accepted: int) -> None:

@@ -1,4 +1,8 @@
-"""验证一棵草稿树要的几样：注意力掩码、位置、贪心地接受，以及采样请求的投机采样（:func:`accept_sampled`）。
+# 本文件由 tools/make_skeletons.py 从参考解答生成。请在每个 TODO 处写出你的实现。
+# This file is generated from the reference solution by tools/make_skeletons.py. Write your implementation at each TODO.
+# 每个 TODO 写的是目标；卡住了？`python -m minisgl.course hint spec_tree <任务>` 给出下一级提示。
+# Each TODO states the goal; stuck? `python -m minisgl.course hint spec_tree <task>` gives the next hint.
+"""第 5.2 章 spec_tree：验证一棵草稿树要的几样：注意力掩码、位置、贪心地接受，以及采样请求的投机采样（:func:`accept_sampled`）。
 
 一次前向同时验证整棵树：输入是已经验证过的最后一个 token（树根，下标 0）加上广度优先排好的草稿 token（下标
 1..n）。每个草稿 token 只能看见前缀、它自己和它的祖先——绝不能看见兄弟（兄弟是另一种猜法，不在它的序列里）；它的
@@ -6,7 +10,7 @@
 哪个孩子的 token 等于父节点上的 argmax 就接受它、接着往下走，走不下去时父节点上的 argmax 就是白送的那个 token
 （bonus）。所以每一步至少出一个 token，和不投机时一样。
 
-en: What verifying a draft tree needs: the attention mask, the positions, greedy acceptance, and speculative sampling
+en: Chapter 5.2 spec_tree: what verifying a draft tree needs: the attention mask, the positions, greedy acceptance, and speculative sampling
 for sampled requests (:func:`accept_sampled`).
 
 One forward verifies the whole tree: its input is the last verified token (the root, index 0) followed by the draft
@@ -18,6 +22,8 @@ given for free (the bonus). So every step yields at least one token, as without 
 """
 
 from __future__ import annotations
+
+from minisgl.course.skeleton import TaskNotDone
 
 from typing import Sequence
 
@@ -33,13 +39,9 @@ def tree_mask(draft: DraftTree) -> torch.Tensor:
     en: A ``[n + 1, n + 1]`` boolean mask (the root at index 0): row i is true at i itself and its ancestors (the root is
     everyone's ancestor). The prefix (already in the KV cache) is visible to every node and is not in this mask.
     """
-    n = len(draft)
-    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-    mask[:, 0] = True
-    for i, parent in enumerate(draft.parents, start=1):
-        mask[i] = mask[parent + 1]
-        mask[i, i] = True
-    return mask
+    # TODO 任务 tree_mask：返回 [n + 1, n + 1] 的布尔掩码（树根在下标 0，草稿 token i 在下标 i + 1）：每一行为真的恰是这个节点自己和它的所有祖先（树根是所有节点的祖先），兄弟、堂兄弟、后代都是假
+    # TODO task tree_mask: return the [n + 1, n + 1] boolean mask (the root at index 0, draft token i at index i + 1): each row is true exactly at the node itself and all its ancestors (the root is everyone's ancestor); siblings, cousins and descendants are false
+    raise TaskNotDone("spec_tree", "tree_mask")
 
 
 def tree_positions(draft: DraftTree, root_position: int) -> torch.Tensor:
@@ -47,7 +49,9 @@ def tree_positions(draft: DraftTree, root_position: int) -> torch.Tensor:
 
     en: The positions of the root and of each draft token: ``root_position`` plus the depth (the root's is 0).
     """
-    return torch.tensor([root_position] + [root_position + d for d in draft.depths()], dtype=torch.int64)
+    # TODO 任务 tree_positions：返回 int64 的一维张量，n + 1 个：树根是 root_position，草稿 token 是 root_position 加它的深度（不是它在输入里的下标）。给定：DraftTree.depths
+    # TODO task tree_positions: return a 1-D int64 tensor of n + 1 entries: root_position for the root, root_position plus its depth for each draft token (not its index in the input). Given: DraftTree.depths
+    raise TaskNotDone("spec_tree", "tree_positions")
 
 
 def accept_greedy(draft: DraftTree, target: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -58,18 +62,9 @@ def accept_greedy(draft: DraftTree, target: Sequence[int]) -> tuple[list[int], l
     the accepted draft nodes, from 1, shallow to deep; the tokens this step yields: the accepted draft tokens followed
     by the bonus).
     """
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(draft.parents, start=1):
-        children.setdefault(parent + 1, []).append(i)
-    path, out, node = [], [], 0
-    while True:
-        want = int(target[node])
-        out.append(want)
-        nxt = next((c for c in children.get(node, []) if draft.tokens[c - 1] == want), None)
-        if nxt is None:
-            return path, out
-        path.append(nxt)
-        node = nxt
+    # TODO 任务 accept_greedy：从树根（节点 0）往下走：当前节点上目标模型要的 token（target[节点]）先记进输出；它的孩子里有 token 等于它的，就接受那个孩子（记下下标、走过去）接着来；没有就停——最后记进输出的那个就是白送的 token。返回（接受的节点下标，从浅到深；输出的 token）
+    # TODO task accept_greedy: walk down from the root (node 0): the token the target model wants at the current node (target[node]) goes into the output first; if one of its children carries that token, accept that child (note its index, move there) and go on; if none does, stop: the last token written to the output is the bonus. Return (the accepted node indices, shallow to deep; the output tokens)
+    raise TaskNotDone("spec_tree", "accept_greedy")
 
 
 def accept_sampled(draft: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[list[int], list[int]]:
@@ -86,24 +81,6 @@ def accept_sampled(draft: DraftTree, probs: torch.Tensor, generator: torch.Gener
     the distribution plain sampling would draw it from (the draft is deterministic: it gives x probability 1). Returns
     the same as :func:`accept_greedy`.
     """
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(draft.parents, start=1):
-        children.setdefault(parent + 1, []).append(i)
-    path: list[int] = []
-    out: list[int] = []
-    node = 0
-    while True:
-        p = probs[node].double().clone()
-        nxt = None
-        for child in children.get(node, []):
-            x = draft.tokens[child - 1]
-            if float(torch.rand((), generator=generator, dtype=torch.float64)) * float(p.sum()) < float(p[x]):
-                nxt = child
-                break
-            p[x] = 0.0
-        if nxt is None:
-            out.append(int(torch.multinomial(p / p.sum(), 1, generator=generator)))
-            return path, out
-        path.append(nxt)
-        out.append(draft.tokens[nxt - 1])
-        node = nxt
+    # TODO 任务 accept_sampled：从树根起：p 是当前节点的分布（一份拷贝，双精度）；按顺序试它的孩子：孩子的 token x 以 p[x] / p.sum() 的概率被接受（一个 [0, 1) 的均匀随机数乘 p.sum() 小于 p[x]），接受就记下它、输出 x、走过去从它的分布接着来；不接受就把 p[x] 置 0 再试下一个。没有孩子被接受时，从剩下的 p（归一化之后）用 multinomial 采一个 token 输出，结束。随机数都取自 generator。返回值同 accept_greedy
+    # TODO task accept_sampled: from the root: p is the current node's distribution (a copy, double precision); try its children in order: a child's token x is accepted with probability p[x] / p.sum() (a uniform random number in [0, 1) times p.sum() below p[x]); if accepted, note it, output x and move there, going on from its distribution; if not, set p[x] to 0 and try the next. When no child is accepted, sample one token from what is left of p (normalised) with multinomial, output it and stop. All random numbers come from generator. Returns the same as accept_greedy
+    raise TaskNotDone("spec_tree", "accept_sampled")

@@ -1,9 +1,9 @@
-"""引擎里的投机解码（:mod:`minisgl.speculative`）：和不投机的贪心解码逐 token 相同——每一种配置（radix 或不带前缀
+"""第 5.3 章 speculative 的检查：引擎里的投机解码（:mod:`minisgl.speculative`）：和不投机的贪心解码逐 token 相同——每一种配置（radix 或不带前缀
 缓存、页大小 1 和 4、分块预填充、排队、链和树、采样的和要控制的请求混在一批里），EOS 落在一串接受的 token 中间、
 ``max_tokens`` 卡在任何地方、结果处理到一半被取消，都一样；每一步之后页面的账分毫不差。比的是同一个引擎关掉投机时
 的输出，而且每一项都先确认真的投机了（接受过草稿，需要时还挪过 K/V），免得“从来没猜”也能过。
 
-en: Speculative decoding in the engine (:mod:`minisgl.speculative`): token for token the same as plain greedy decoding
+en: Checks of chapter 5.3 speculative: speculative decoding in the engine (:mod:`minisgl.speculative`): token for token the same as plain greedy decoding
 in every configuration (radix or no prefix cache, page sizes 1 and 4, chunked prefill, queueing, chains and trees,
 sampled and controlled requests mixed into one batch), with an EOS inside a run of accepted tokens, ``max_tokens``
 falling anywhere, or an abort halfway through a step's results; and the page accounting exact after every step. The
@@ -372,50 +372,3 @@ def test_speculative_sampling_keeps_the_plain_samplers_distribution() -> None:
     limit = chi_square_limit(dof)
     assert stat < limit, tr("the 8th token's counts (plain, speculative) per token {cells} differ (chi-square {stat:.1f}, "
                             "limit {limit:.1f})", cells=dict(zip([*common, "other"], cells)), stat=stat, limit=limit)
-
-
-@pytest.mark.parametrize("bad", [
-    dict(speculative_algorithm="EAGLE"),
-    dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=1),
-    dict(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=4,
-         speculative_ngram_max_match_window_size=2),
-    dict(speculative_algorithm="NGRAM", speculative_ngram_capacity=0),
-])
-def test_bad_speculative_settings_are_refused_before_loading(bad: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):  # engine defaults on purpose: refused before any engine is built
-        LLM("/nonexistent-model", **bad)
-
-
-def test_the_server_speculates_token_equal_and_reports_it_in_metrics() -> None:
-    """``python -m minisgl --speculative-algorithm NGRAM``：补全的文字和不投机的离线引擎一样，``/metrics`` 报出验证过、
-    接受了的草稿 token 和每次验证出几个 token 的直方图；解码出的 token 数也算上接受的草稿。
-
-    en: ``python -m minisgl --speculative-algorithm NGRAM``: completions read the same as the offline engine's without
-    speculation, and ``/metrics`` reports the draft tokens verified and accepted and a histogram of tokens per
-    verification; decoded tokens count the accepted drafts too.
-    """
-    from checks.stage3.conftest import Server
-
-    model, texts = built(model_zoo.tiny_qwen3), ["one two three one two three one two three", "a b c d a b c d a b"]
-    plain = LLM(model, **KW)
-    try:
-        want = [o["text"] for o in plain.generate(texts, SamplingParams(max_tokens=48, ignore_eos=True))]
-    finally:
-        plain.shutdown()
-    with Server(model, "--speculative-algorithm", "ngram", "--dtype", "float32", "--num-pages", "2048",
-                "--max-seq-len", "512") as server:
-        got = []
-        for text in texts:
-            status, body = server.post("/v1/completions", {"prompt": text, "max_tokens": 48, "temperature": 0,
-                                                           "ignore_eos": True})
-            assert status == 200, tr("POST /v1/completions answered {status}: {body}", status=status, body=body)
-            got.append(body["choices"][0]["text"])
-        # 解码出的 token：每个请求除了第一个（预填充出的）都算，接受的草稿也在内
-        # en: tokens decoded: each request's all but the first (its prefill yields that one), accepted drafts included
-        m = server.wait_metrics(lambda m: m.get("minisgl_decode_tokens_total") == 2 * 47.0,
-                                tr("minisgl_decode_tokens_total = 94 (2 requests x 47 tokens after their first)"))
-    expect(got, want, tr("completion texts with speculation against the offline engine without"))
-    assert m["minisgl_spec_draft_tokens_total"] >= m["minisgl_spec_accepted_tokens_total"] > 0, tr(
-        "/metrics: {m}", m={k: v for k, v in m.items() if "spec" in k})
-    expect(m["minisgl_spec_accept_length_sum"] - m["minisgl_spec_accept_length_count"], m["minisgl_spec_accepted_tokens_total"],
-           tr("/metrics: the histogram's tokens beyond one per verification against the accepted drafts"))
