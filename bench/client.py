@@ -19,8 +19,8 @@ import openai
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from bench.accounting import Record, Slo, Summary, summarize
-from bench.workload import (RequestSpec, Run, Vocab, poisson_schedule, random_requests, shared_prefix_requests,
-                            warmup_requests)
+from bench.workload import (RequestSpec, Run, Vocab, poisson_schedule, random_requests, repeat_requests,
+                            shared_prefix_requests, warmup_requests)
 from minisgl.i18n import tr
 
 
@@ -47,6 +47,8 @@ class Options:
         if self.requests == "shared-prefix":
             return shared_prefix_requests(self.num_requests, ids, self.prefix_len, self.tail_len, self.output_len, seed,
                                           self.prefix_groups)
+        if self.requests == "repeat":
+            return repeat_requests(self.num_requests, ids, self.prompt_len, self.tail_len, self.output_len, seed)
         return random_requests(self.num_requests, ids, self.prompt_len, self.output_len, seed)
 
 
@@ -176,7 +178,10 @@ async def run_closed(specs: list[RequestSpec], concurrency: int, send: Send, don
 #: 我们的 ``/metrics`` 里每次运行前后各读一次的计数器：报告里的名字 → Prometheus 里的名字。
 #: en: The counters of our ``/metrics`` read before and after every run: the name in the report → the Prometheus name.
 COUNTERS = {"prefill_tokens": "minisgl_prefill_tokens_total", "prefix_hit_tokens": "minisgl_prefix_cache_hit_tokens_total",
-            "decode_tokens": "minisgl_decode_tokens_total", "steps": "minisgl_steps_total"}
+            "decode_tokens": "minisgl_decode_tokens_total", "steps": "minisgl_steps_total",
+            "spec_draft_tokens": "minisgl_spec_draft_tokens_total",
+            "spec_accepted_tokens": "minisgl_spec_accepted_tokens_total",
+            "spec_verifies": "minisgl_spec_accept_length_count"}
 #: 最后一个请求答完之后等多久再读计数器：调度器空下来时才补发最后的计数。
 #: en: How long to wait after the last answer before reading the counters: the scheduler sends its last counts once idle.
 SETTLE_S = 0.5

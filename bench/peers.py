@@ -314,6 +314,11 @@ ABLATIONS: dict[str, Variant] = {
 }
 
 
+#: 投机解码的变体（``--speculative``）：我们的服务器开着 n-gram 投机解码，别的设置不变。
+#: en: The speculative variant (``--speculative``): our server with n-gram speculative decoding, nothing else changed.
+SPECULATIVE = Variant("minisgl+ngram", OURS, ("--speculative-algorithm", "NGRAM"))
+
+
 def build_peers(names: Sequence[str], model: str | Path, flags: Sequence[str],
                 variants: Sequence[Variant] = ()) -> list[Peer]:
     """按 ``names`` 的顺序给每家服务器一个 :class:`Peer`（命令都用同一个模型目录），再给每个变体一个：基础那家的

@@ -155,6 +155,12 @@ def print_report(outcomes: Sequence[Outcome], ratios: Sequence[dict[str, Any]], 
                 print(tr("  {run}: prefill tokens computed {computed:.0f} of {sent} prompt tokens sent, prefix cache "
                          "hits {hits:.0f}", run=run, computed=r.counters.get("prefill_tokens", 0),
                          sent=s.prompt_tokens_sent, hits=r.counters.get("prefix_hit_tokens", 0)))
+            if r.counters.get("spec_verifies"):
+                c = r.counters
+                print(tr("  {run}: speculative decoding accepted {accepted:.0f} of {drafts:.0f} draft tokens, "
+                         "{per_step:.2f} tokens per verification with a draft", run=run, accepted=c["spec_accepted_tokens"],
+                         drafts=c["spec_draft_tokens"],
+                         per_step=(c["spec_accepted_tokens"] + c["spec_verifies"]) / c["spec_verifies"]))
             if s.prompt_mismatched:
                 print(tr("  {run}: the server counted {counted} prompt tokens for {sent} token ids sent; {n} of {ok} "
                          "requests differ (text prompts are tokenized again)", run=run, counted=s.prompt_tokens_counted,

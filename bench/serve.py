@@ -3,7 +3,8 @@
 端到端时延的 p50 / p90 / p99，输出 token/s，失败的请求和 goodput（满足 SLO 的请求数 / 秒）。
 
 - 请求集（``--requests``）：``random`` 是随机的提示词长度和输出长度（固定种子）；``shared-prefix`` 是同一段系统提示词
-  加各自一小段不同的尾巴。提示词直接给 token id（``prompt`` 接受 id 列表），长度分毫不差；分词器只用来挑合法的 id。
+  加各自一小段不同的尾巴；``repeat`` 是一段随机文字（长度按 ``--tail-len``）重复成的提示词，模型会照抄下去，是投机
+  解码占便宜的负载。提示词直接给 token id（``prompt`` 接受 id 列表），长度分毫不差；分词器只用来挑合法的 id。
   只收文字的服务器拿到的是这些 id 解码成的文字（它自己重新分词，提示词的 token 数可能差一两个：报告里有它数的数）。
 - 负载的形状：``--rates`` 是泊松到达（每秒几个请求，带种子），``--concurrency`` 是闭环（同时在飞的请求数固定）。
   每次运行换一个种子（种子 + 第几次），前缀缓存里不会留着上一次的提示词。
@@ -12,7 +13,8 @@
 - ``--url`` 指向一个正在运行的服务；``--model 目录``（旧名 ``--serve-model``）则自己起服务器：``--peers`` 里的每一个
   （``minisgl`` 缺省，还有 ``transformers``、``llamacpp``）轮流起、预热、测量、关掉，确认没有留下子进程；
   每家拿到的请求集和负载形状完全相同（同样的种子），最后一张表带 ``server`` 一栏，再给每次运行一行比值（我们 / 对方）。
-  不认识的参数都转给我们的服务器。
+  不认识的参数都转给我们的服务器。``--speculative`` 再测一个开着 n-gram 投机解码的我们（``minisgl+ngram`` 一行，
+  报告里还有它接受了多少草稿），``--variant``、``--ablations`` 是别的变体。
 
 这个文件只是命令行（参数和 ``main``）；库是 ``bench`` 包里的模块，见 ``bench/__init__.py``。
 
@@ -21,6 +23,8 @@
     python bench/serve.py --model models/SmolLM2-135M-Instruct --peers minisgl,transformers --concurrency 1,4 \\
         --num-requests 8 --output-len 32,32 --prompt-len 32,64 --dtype float32
     python bench/serve.py --url http://127.0.0.1:1919/v1 --tokenizer models/qwen3-tokenizer --rates 0.5,1,2
+    python bench/serve.py --model models/SmolLM2-135M-Instruct --speculative --requests repeat --concurrency 1,4 \\
+        --num-requests 8 --prompt-len 128,256 --tail-len 16,48 --output-len 64,64 --dtype float32
 
 en: A load generator for serving (not a test): it drives any OpenAI-compatible service with the official async
 ``openai`` client, streaming completions (``/v1/completions``, ``stream=True``,
@@ -28,8 +32,9 @@ en: A load generator for serving (not a test): it drives any OpenAI-compatible s
 latency, output token/s, failed requests and goodput (requests meeting the SLO, per second).
 
 - Request sets (``--requests``): ``random`` has random prompt and output lengths (fixed seed); ``shared-prefix`` is one
-  system prompt plus a short distinct tail each. Prompts are token ids (``prompt`` takes a list of ids), so their
-  lengths are exact; the tokenizer only picks valid ids. A server that takes text only gets the text those ids decode
+  system prompt plus a short distinct tail each; ``repeat`` prompts are a random passage (of ``--tail-len`` tokens)
+  repeated, which a model goes on copying: the load speculative decoding gains on. Prompts are token ids (``prompt``
+  takes a list of ids), so their lengths are exact; the tokenizer only picks valid ids. A server that takes text only gets the text those ids decode
   to (it tokenizes it again, so the prompt may count a token or two more or less: the report shows its count).
 - Load shapes: ``--rates`` are Poisson arrivals (requests per second, seeded), ``--concurrency`` a closed loop (a fixed
   number of requests in flight). Each run gets its own seed (seed + run index), so the prefix cache holds nothing of
@@ -41,7 +46,9 @@ latency, output token/s, failed requests and goodput (requests meeting the SLO, 
   ``--peers`` (``minisgl`` by default, also ``transformers`` and ``llamacpp``) in turn is started, warmed up, measured
   and stopped, making sure no child process is left; every server gets the very same request sets and load shapes
   (same seeds), and one table with a ``server`` column is printed, then a ratio line per run (ours / the peer).
-  Unknown flags go to our server.
+  Unknown flags go to our server. ``--speculative`` also measures ours with n-gram speculative decoding (the row
+  ``minisgl+ngram``, the report adding how many drafts it accepted); ``--variant`` and ``--ablations`` give other
+  variants.
 
 This file is only the command line (flags and ``main``); the library is the modules of the ``bench`` package,
 see ``bench/__init__.py``.
@@ -64,7 +71,7 @@ from bench.accounting import Slo
 from bench.client import Options
 from bench.common import plot_paths
 from bench.machine import QuietWatch, cpu_times, machine_info, steal_percent
-from bench.peers import ABLATIONS, OURS, PEERS, Peer, Variant, build_peers, run_peer
+from bench.peers import ABLATIONS, OURS, PEERS, SPECULATIVE, Peer, Variant, build_peers, run_peer
 from bench.report import plot, print_report, ratio_rows, ratio_spreads
 from bench.workload import REQUEST_SETS, Run, load_vocab
 from minisgl.i18n import tr
@@ -155,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablations", type=parse_ablations, default=[],
                    help=tr("also measure our server with one stage-2 mechanism turned off, comma-separated from {choices}, "
                            "or all", choices=",".join(ABLATIONS)))
+    p.add_argument("--speculative", action="store_true",
+                   help=tr("also measure our server with n-gram speculative decoding (--speculative-algorithm NGRAM, "
+                           "the row {name}); --requests repeat is the load it gains on", name=SPECULATIVE.name))
     p.add_argument("--repeats", type=int, default=1,
                    help=tr("passes over all runs, each with new requests; ratios get min/median/max (default 1)"))
     p.add_argument("--tokenizer", help=tr("tokenizer folder used to pick valid token ids (default: the --model folder)"))
@@ -169,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-len", type=int, default=200, help=tr("shared-prefix set: tokens of the shared system prompt (default 200)"))
     p.add_argument("--prefix-groups", type=int, default=1,
                    help=tr("shared-prefix set: this many different system prompts, the requests taking them in turn (default 1)"))
-    p.add_argument("--tail-len", type=parse_range, default=(8, 32), help=tr("shared-prefix set: length MIN,MAX of each distinct tail (default 8,32)"))
+    p.add_argument("--tail-len", type=parse_range, default=(8, 32),
+                   help=tr("shared-prefix set: length MIN,MAX of each distinct tail; repeat set: of the repeated passage "
+                           "(default 8,32)"))
     p.add_argument("--seed", type=int, default=0, help=tr("seed of the first run's requests; run i of pass r uses seed + i + r × runs (default 0)"))
     p.add_argument("--timeout", type=float, default=300.0, help=tr("per-request timeout in seconds (default 300)"))
     p.add_argument("--warmup", type=int, default=2, help=tr("warm-up requests before measuring, not counted (default 2)"))
@@ -220,9 +232,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for language, path in plot_paths(args.plot).items():
             plot(report, path, language)
         return report
-    variants = [*args.ablations, *args.variant]
+    variants = [*args.ablations, *([SPECULATIVE] if args.speculative else []), *args.variant]
     if args.url and (args.peers is not None or variants):
-        parser.error(tr("--peers, --variant and --ablations need --model (the servers are started on that folder)"))
+        parser.error(tr("--peers, --variant, --ablations and --speculative need --model (the servers are started on "
+                        "that folder)"))
     names = args.peers or [OURS]
     if server_flags and (args.url or OURS not in names):
         parser.error(tr("unknown arguments {flags} (server flags are allowed only with --model and minisgl among --peers)",

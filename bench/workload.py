@@ -1,9 +1,9 @@
-"""负载生成器要发什么、什么时候发：请求集（``random``、``shared-prefix``，提示词直接是 token id）、泊松到达的时刻、
-每次运行的负载形状。全都只由种子决定，所以每家服务器拿到的请求一模一样。
+"""负载生成器要发什么、什么时候发：请求集（``random``、``shared-prefix``、``repeat``，提示词直接是 token id）、泊松
+到达的时刻、每次运行的负载形状。全都只由种子决定，所以每家服务器拿到的请求一模一样。
 
-en: What the load generator sends and when: the request sets (``random``, ``shared-prefix``, prompts as token ids), the
-Poisson arrival times and each run's load shape. All of it follows the seed alone, so every server gets the very same
-requests.
+en: What the load generator sends and when: the request sets (``random``, ``shared-prefix``, ``repeat``, prompts as token
+ids), the Poisson arrival times and each run's load shape. All of it follows the seed alone, so every server gets the
+very same requests.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from minisgl.i18n import tr
 
-REQUEST_SETS = ("random", "shared-prefix")
+REQUEST_SETS = ("random", "shared-prefix", "repeat")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,26 @@ def shared_prefix_requests(n: int, ids: Sequence[int], prefix_len: int, tail_len
     for i in range(n):
         length, new = rng.randint(*tail_len), rng.randint(*output_len)
         out.append(RequestSpec(prefixes[i % groups] + rng.choices(ids, k=length), new))
+    return out
+
+
+def repeat_requests(n: int, ids: Sequence[int], prompt_len: tuple[int, int], passage_len: tuple[int, int],
+                    output_len: tuple[int, int], seed: int) -> list[RequestSpec]:
+    """``n`` 个“照着输入写”的请求：每个提示词是一段随机的文字（长度在 ``passage_len`` 之间）一遍遍重复，长度在
+    ``prompt_len`` 之间、至少两遍。模型接着照抄下去（归纳头就是这样做的），输出大段重复提示词：n-gram 投机解码
+    从提示词里猜得中，是它占便宜的一类负载（另一头是 ``random``，几乎没有可猜的）。
+
+    en: ``n`` input-grounded requests: each prompt is a random passage (its length within ``passage_len``) repeated, the
+    whole within ``prompt_len`` and at least two copies. A model goes on copying it (induction heads do just that), so
+    the output repeats the prompt at length: n-gram speculative decoding guesses it from the prompt, the kind of load it
+    gains on (``random`` is the other end, with next to nothing to guess).
+    """
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        passage = rng.choices(ids, k=rng.randint(*passage_len))
+        length, new = max(rng.randint(*prompt_len), 2 * len(passage)), rng.randint(*output_len)
+        out.append(RequestSpec((passage * (length // len(passage) + 1))[:length], new))
     return out
 
 

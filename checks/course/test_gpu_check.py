@@ -40,6 +40,8 @@ def test_real_run_order_and_budget() -> None:
         "The second check is the milestone with CUDA graphs and overlap scheduling (CUDA streams and events)")
     assert steps[3].env.get("MINISGL_DISABLE_CUDA_GRAPH") == "1" and "--overlap" in commands[3]
     assert [c.split()[-1] for c in commands[-2:]] == ["checks/stage1", "checks/stage2"]
+    assert "checks/stage5/test_speculative.py::test_token_equal_to_plain_greedy" in steps[-1].command, tr(
+        "Speculative decoding's token equality runs on the GPU too")
     for step in steps:
         assert step.env["MINISGL_DEVICE"] == "cuda"
         if "pytest" in step.command:

@@ -133,6 +133,30 @@ def test_shared_prefix_requests_share_the_prefix() -> None:
     assert len({tuple(r.prompt[200:]) for r in a}) == len(a), tr("The tails are distinct")
 
 
+def test_repeat_requests_repeat_a_passage() -> None:
+    a = workload.repeat_requests(20, IDS, (16, 64), (4, 12), (4, 12), seed=3)
+    assert a == workload.repeat_requests(20, IDS, (16, 64), (4, 12), (4, 12), seed=3), \
+        tr("The same seed must give the same request set")
+    for r in a:
+        # 最短的周期就是那段文字：整段提示词按它重复，至少两遍
+        # en: the shortest period is the passage: the whole prompt repeats it, at least twice
+        period = next((k for k in range(1, len(r.prompt)) if r.prompt[k:] == r.prompt[:-k]), None)
+        assert period is not None and 4 <= period <= 12 and max(16, 2 * period) <= len(r.prompt) <= max(64, 2 * period), \
+            tr("A prompt repeats a passage of 4 to 12 tokens at least twice, within 16 to 64 tokens: {prompt}",
+               prompt=r.prompt)
+    assert len({tuple(r.prompt[:4]) for r in a}) == len(a), tr("Every request repeats its own passage")
+
+
+def test_speculative_variant() -> None:
+    ours, spec = peers.build_peers(["minisgl"], "models/m", ["--dtype", "float32"], [peers.SPECULATIVE])
+    assert spec.name == "minisgl+ngram" and spec.command == [*ours.command, "--speculative-algorithm", "NGRAM"], \
+        tr("--speculative measures our server again with NGRAM speculative decoding: {peer}", peer=spec)
+    for argv in (["--url", "http://127.0.0.1:1/v1", "--tokenizer", "t", "--speculative"],
+                 ["--model", "models/m", "--peers", "transformers", "--speculative"]):
+        with pytest.raises(SystemExit):
+            serve.main(argv)
+
+
 def test_poisson_schedule() -> None:
     times = workload.poisson_schedule(20000, 4.0, seed=1)
     assert times == workload.poisson_schedule(20000, 4.0, seed=1) and times[0] == 0.0, \

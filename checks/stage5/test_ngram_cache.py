@@ -49,6 +49,13 @@ def test_breadth_narrows_with_the_window_and_recent_children_come_first() -> Non
     expect(tree.parents.count(-1), 1, tr("propose after [1, 2, 3] (the 3-token window matches, breadth 1): children of the root"))
 
 
+def test_a_continuation_seen_again_becomes_the_most_recent() -> None:
+    cache = NgramCache(min_window=2, max_window=2, min_breadth=2, max_breadth=2, num_draft=2)
+    cache.put([1, 2, 7, 1, 2, 8, 1, 2, 7])  # "1 2" 后面：7，8，又是 7 | en: after "1 2": 7, 8, then 7 again
+    expect(cache.propose([1, 2]).tokens, (7, 8),
+           tr("propose after [1, 2] when '1 2' was followed by 7, then 8, then 7 again: the most recent first"))
+
+
 def test_depth_is_bounded_by_the_branch_length_and_size_by_num_draft() -> None:
     cache = NgramCache(max_window=2, max_breadth=1, branch_length=3, num_draft=10)
     text = list(range(100, 120)) + [100, 101]
@@ -94,9 +101,15 @@ def _paths(node, prefix=()):  # noqa: ANN001, ANN202
 
 def test_capacity_evicts_the_oldest_leaves() -> None:
     cache = NgramCache(max_window=2, max_breadth=1, branch_length=2, capacity=40, num_draft=2)
+    evicted = False
     for i in range(20):
+        before = cache.size
         cache.put([1000 + 10 * i + j for j in range(6)])
         expect(cache.size <= 40, True, tr("nodes in the cache after {n} writes, capacity 40: got {size}", n=i + 1, size=cache.size))
+        if cache.size < before + 18:  # 这次写的 18 个新节点没全留下：删过 | en: not all 18 new nodes stayed: it evicted
+            evicted = True
+            expect(cache.size, 36, tr("nodes right after an eviction with capacity 40 (down to nine tenths)"))
+    expect(evicted, True, tr("20 writes of 18 new nodes each into a cache of capacity 40 evicted something"))
     expect(cache.propose([1190, 1191]).tokens, (1192, 1193), tr("propose after the most recently written run"))
     expect(cache.propose([1000, 1001]), DraftTree(), tr("propose after the oldest run, long evicted"))
 
@@ -119,3 +132,43 @@ def test_depths_follow_the_parents() -> None:
             want.append(steps)
         draft = DraftTree(tuple(range(len(parents))), tuple(parents))
         expect(draft.depths(), want, tr("depths of the draft tree with parents {parents}", parents=parents))
+
+
+def test_every_proposal_is_a_tree_of_continuations_seen() -> None:
+    """随机的 token 流上，每次猜出的都是一棵合法的树：父节点在孩子前面（没有环，不会指向自己或后面），同一个父节点的
+    孩子 token 各不相同，个数不超过 num_draft、深度不超过树里存的路径允许的（max_window + branch_length 减去窗口），并且从树根到每个节点的路径，接在匹配上的
+    窗口后面，在写进去的流里真的出现过。
+
+    en: On random token streams every guess is a well-formed tree: parents before children (no cycle, never pointing at
+    itself or later), distinct tokens among one parent's children, at most num_draft nodes, no deeper than the stored
+    paths allow (max_window + branch_length minus the window), and the path from the root to each node, after the matched window, really occurred in the stream
+    written.
+    """
+    rng = random.Random(2)
+    for _ in range(40):
+        stream = [rng.randrange(5) for _ in range(rng.randrange(5, 60))]
+        cache = NgramCache(min_window=1, max_window=3, max_breadth=3, branch_length=4, num_draft=6)
+        cache.put(stream)
+        text = "," + ",".join(map(str, stream)) + ","
+        for cut in range(1, len(stream) + 1):
+            draft = cache.propose(stream[:cut])
+            expect(len(draft) <= 6, True, tr("{n} draft tokens with num_draft=6", n=len(draft)))
+            for i, parent in enumerate(draft.parents):
+                expect(-1 <= parent < i, True, tr("parent {p} of draft token {i}: parents come before their children "
+                                                  "(-1 is the root)", p=parent, i=i))
+            siblings = [(p, t) for p, t in zip(draft.parents, draft.tokens)]
+            expect(len(set(siblings)), len(siblings), tr("(parent, token) pairs of the draft {d}: siblings repeat a token",
+                                                         d=draft))
+            for i in range(len(draft)):
+                path, node = [], i
+                while node >= 0:
+                    path.append(draft.tokens[node])
+                    node = draft.parents[node]
+                path.reverse()
+                # 树里的路径最长 max_window + branch_length，窗口至少占一个 | en: stored paths hold at most max_window + branch_length, the window at least one
+                expect(len(path) <= 3 + 4 - 1, True, tr("depth {d} of a draft token with max_window 3 and branch_length 4 "
+                                                        "(at most 6)", d=len(path)))
+                window = stream[max(0, cut - 1) : cut]  # 至少最后一个 token 匹配上了 | en: at least the last token matched
+                seen = "," + ",".join(map(str, window + path)) + "," in text
+                expect(seen, True, tr("the draft path {path} after {window} never occurred in the stream {s}",
+                                      path=path, window=window, s=stream))

@@ -95,8 +95,8 @@ CONFIGS = {
 def test_token_equal_to_plain_greedy(name: str) -> None:
     kw, reqs = CONFIGS[name], prompts()
     sps = params(len(reqs))
-    plain, _ = run(False, reqs, sps, **kw)
     spec, stats = run(True, reqs, sps, **kw)
+    plain, _ = run(False, reqs, sps, **kw)
     expect_same(plain, spec, tr("configuration {name} {kw}", name=name, kw=kw))
     assert stats.accepted > 0, tr("configuration {name}: no draft token was ever accepted ({stats}), so this check "
                                   "proves nothing", name=name, stats=stats)
@@ -115,8 +115,8 @@ def test_tree_branches_are_accepted_and_their_kv_moved(fused: bool) -> None:
     """
     reqs = prompts(8, seed=1)
     sps = params(len(reqs))
-    plain, _ = run(False, reqs, sps, cpu_fused_decode=fused)
     spec, stats = run(True, reqs, sps, cpu_fused_decode=fused)
+    plain, _ = run(False, reqs, sps, cpu_fused_decode=fused)
     assert stats.moved > 0, tr("no accepted path needed its K/V moved ({stats}): the check would not notice a wrong "
                                "move", stats=stats)
     expect_same(plain, spec, tr("draft trees with accepted side branches"))
@@ -170,8 +170,8 @@ def test_each_draft_rows_logits_match_a_dense_forward_of_its_branch(fused: bool)
 def test_every_max_tokens_falls_where_plain_decoding_stops() -> None:
     reqs = prompts(1, seed=2) * 12
     sps = [SamplingParams(max_tokens=m, ignore_eos=True) for m in range(1, 13)]
-    plain, _ = run(False, reqs, sps)
     spec, stats = run(True, reqs, sps)
+    plain, _ = run(False, reqs, sps)
     expect_same(plain, spec, tr("max_tokens from 1 to 12"))
     expect([len(t) for t in spec[:12]], list(range(1, 13)), tr("output lengths for max_tokens 1..12"))
     assert stats.accepted > 0, tr("no draft token was accepted ({stats})", stats=stats)
@@ -271,8 +271,8 @@ def test_an_abort_halfway_through_a_steps_tokens_gives_everything_back() -> None
     """
     reqs = prompts(3, seed=4)
     sps = params(3)
-    plain, _ = run(False, reqs, sps)
     _, groups, _ = abort_run(reqs, sps, None)
+    plain, _ = run(False, reqs, sps)
     step = next((i for i, g in enumerate(groups) if len(g) >= 3), None)
     assert step is not None, tr("request 0 never got 3 tokens in one step: {groups}", groups=groups)
     outs, _, stats = abort_run(reqs, sps, (step, 2))
@@ -331,8 +331,8 @@ def test_a_mixed_batch_speculates_where_it_may_and_matches_plain_decoding() -> N
            SamplingParams(max_tokens=50, ignore_eos=True, repetition_penalty=1.3),
            SamplingParams(max_tokens=50, ignore_eos=True, top_k=1, temperature=0.7),
            SamplingParams(max_tokens=50, ignore_eos=True, min_tokens=20)]
-    plain, _ = run(False, reqs, sps)
     spec, stats = run(True, reqs, sps)
+    plain, _ = run(False, reqs, sps)
     expect_same(plain, spec, tr("a batch mixing greedy, sampled, logprobs and penalised requests"))
     assert stats.accepted > 0, tr("no draft token was accepted ({stats})", stats=stats)
 
@@ -358,8 +358,8 @@ def test_speculative_sampling_keeps_the_plain_samplers_distribution() -> None:
     distributed the same (a chi-square test of homogeneity, rare tokens pooled into one cell); speculative sampling must
     first have accepted drafts.
     """
-    plain, _ = position_counts(False, 240, 8)
     spec, stats = position_counts(True, 240, 8)
+    plain, _ = position_counts(False, 240, 8)
     assert stats.accepted > 0, tr("no draft token was accepted ({stats})", stats=stats)
     common = [t for t in plain | spec if plain[t] + spec[t] >= 20]
     cells = [(plain[t], spec[t]) for t in common]
