@@ -18,7 +18,7 @@ PARALLEL = OMP_NUM_THREADS=1 $(PYTEST) -n $(JOBS) --dist loadfile
 # en: may take another one, and no result may change with it.
 FORCED_PATHS = MINISGL_KERNEL_MAX_ROWS=512 MINISGL_KERNEL_MAX_ROWS=0 MINISGL_KERNEL_ONEDNN=1
 
-.PHONY: setup test milestone milestone3 milestone4 notebooks docs real-qwen3 gpu-check
+.PHONY: setup test milestone milestone3 milestone4 milestone5 notebooks docs real-qwen3 gpu-check
 
 setup:            ## 安装依赖并构建离线模型
 	PYTHON=$(PYTHON) bash tools/setup.sh
@@ -51,6 +51,9 @@ milestone3: setup ## 第三阶段里程碑：启动服务，用 openai 客户端
 
 milestone4: setup ## 第四阶段里程碑：模型切给两个秩，离线和 --tp 2 的服务都与一个进程相同；--dp 2 的路由器让共享前缀只算一遍
 	$(PYTHON) examples/stage4_milestone.py
+
+milestone5: setup ## 第五阶段里程碑：SmolLM2 照着输入写，投机解码与不投机的 token 逐个相同，接受了多少、同一次运行里快了几倍
+	$(PYTHON) examples/stage5_milestone.py
 
 .PHONY: serve
 serve: setup      ## 在线服务：python -m minisgl 用小模型 models/qwen3-tiny-random 监听 http://127.0.0.1:1919（对话页面在 /，Ctrl-C 退出）

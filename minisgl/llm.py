@@ -95,16 +95,28 @@ def full_sampler(engine: Any, eos_token_id: int | None, tokenizer: Any) -> Sampl
 
 
 def full_loop(scheduler: Scheduler) -> Any:
-    """组装好的引擎的主循环：配置了 ``speculative_algorithm`` 就是投机解码的循环（:mod:`minisgl.speculative`，不重叠），
-    否则第 2.5 章的重叠调度。
+    """组装好的引擎的主循环：配置了 ``speculative_algorithm`` 就是投机解码的循环（:mod:`minisgl.speculative`，不重叠；
+    ``NGRAM`` 用 n-gram 缓存起草，``EARLY_EXIT`` 用目标模型自己的前几层，见 :mod:`minisgl.early_exit`），否则第 2.5 章的
+    重叠调度。
 
     en: The assembled engine's main loop: with ``speculative_algorithm`` configured, the speculative-decoding loop
-    (:mod:`minisgl.speculative`, no overlap), otherwise chapter 2.5's overlap scheduling.
+    (:mod:`minisgl.speculative`, no overlap; ``NGRAM`` drafts with the n-gram cache, ``EARLY_EXIT`` with the target
+    model's own first layers, see :mod:`minisgl.early_exit`), otherwise chapter 2.5's overlap scheduling.
     """
-    if scheduler.config.speculative_algorithm is None:
+    config = scheduler.config
+    if config.speculative_algorithm is None:
         return overlap.OverlapLoop(scheduler)
     from minisgl.speculative import SpeculativeLoop
 
+    if config.speculative_algorithm == "EARLY_EXIT":
+        # 起草器：目标模型自己的前几层（minisgl.early_exit）；主循环按一次最多猜几个来造它
+        # en: the drafter: the target model's own first layers (minisgl.early_exit); the loop makes it with the most
+        # en: tokens per guess
+        from minisgl.early_exit import EarlyExitDrafter, default_draft_layers
+
+        engine = scheduler.engine
+        layers = config.speculative_draft_layers or default_draft_layers(engine.model.config.num_layers)
+        return SpeculativeLoop(scheduler, make_drafter=lambda num_draft: EarlyExitDrafter(engine, layers, num_draft))
     return SpeculativeLoop(scheduler)
 
 
@@ -124,8 +136,8 @@ class LLM(Scheduler):
     """
 
     def __new__(cls, *args: Any, tp_size: int = 1, **kwargs: Any) -> Any:
-        if tp_size != 1 and kwargs.get("speculative_algorithm") is not None:
-            raise ValueError(tr("speculative_algorithm runs on one rank for now; leave out tp_size={tp}", tp=tp_size))
+        if tp_size != 1 and str(kwargs.get("speculative_algorithm")).upper() == "EARLY_EXIT":
+            raise ValueError(tr("EARLY_EXIT drafts on one rank only (the model here is split over {tp})", tp=tp_size))
         if tp_size != 1:
             return TPLLM(*args, tp_size=tp_size, **kwargs)
         return super().__new__(cls)

@@ -435,7 +435,7 @@ class SchedulerConfig(EngineConfig):
     # 只有组装好的引擎（minisgl.llm）认得
     # en: speculative decoding (stage 5, minisgl.speculative), names and defaults as SGLang's server flags (except the
     # en: capacity: this tree is made of Python objects); only the assembled engine (minisgl.llm) knows them
-    speculative_algorithm: str | None = None  # None | "NGRAM"
+    speculative_algorithm: str | None = None  # None | "NGRAM" | "EARLY_EXIT"
     speculative_num_draft_tokens: int = 12  # 每个请求每步验证几个 token，含最后一个已知的 | en: tokens verified per request and step, the last known one included
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
@@ -443,6 +443,9 @@ class SchedulerConfig(EngineConfig):
     speculative_ngram_max_bfs_breadth: int = 10
     speculative_ngram_branch_length: int = 18
     speculative_ngram_capacity: int = 1_000_000
+    # EARLY_EXIT 用目标模型的前几层起草（minisgl.early_exit）；None：按模型的层数挑
+    # en: EARLY_EXIT drafts with the target model's first layers (minisgl.early_exit); None: picked by the model's layers
+    speculative_draft_layers: int | None = None
 
 
 class DecodeManager:

@@ -351,25 +351,70 @@ def validate_requests(
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+#: 认得的投机解码算法（``--speculative-algorithm``）。
+#: en: The speculative algorithms known (``--speculative-algorithm``).
+SPECULATIVE_ALGORITHMS = ("NGRAM", "EARLY_EXIT")
+
+
 def check_speculative(config: Any) -> None:
-    """``speculative_*`` 配置在建引擎之前检查（ValueError），参数名是 SGLang 的服务器参数。
+    """``speculative_*`` 配置在建引擎之前检查（ValueError），参数名是 SGLang 的服务器参数。``EARLY_EXIT`` 的层数
+    读得到模型目录的 ``config.json`` 时就按模型的层数检查（只读配置，不加载权重）。
 
     en: Check the ``speculative_*`` configuration before the engine is built (ValueError), naming SGLang's server flags.
+    ``EARLY_EXIT``'s layer count is checked against the model's layers whenever the model directory's ``config.json``
+    can be read (the configuration only, no weights loaded).
     """
     algorithm = config.speculative_algorithm
+    layers = getattr(config, "speculative_draft_layers", None)
+    name = None if algorithm is None else str(algorithm).upper()
+    if layers is not None and name != "EARLY_EXIT":
+        raise ValueError(tr("speculative_draft_layers (--speculative-draft-layers) is the draft depth of "
+                            "EARLY_EXIT: set speculative_algorithm to EARLY_EXIT or leave it out"))
     if algorithm is None:
         return
-    if str(algorithm).upper() != "NGRAM":
-        raise ValueError(tr("Unknown speculative algorithm {name!r} (--speculative-algorithm): this engine knows NGRAM",
-                            name=algorithm))
-    config.speculative_algorithm = "NGRAM"
+    if name not in SPECULATIVE_ALGORITHMS:
+        raise ValueError(tr("Unknown speculative algorithm {name!r} (--speculative-algorithm): this engine knows {known}",
+                            name=algorithm, known=", ".join(SPECULATIVE_ALGORITHMS)))
+    config.speculative_algorithm = name
     if config.speculative_num_draft_tokens < 2:
         raise ValueError(tr("--speculative-num-draft-tokens counts the last verified token too, so it must be at least "
                             "2, got {value}", value=config.speculative_num_draft_tokens))
+    if name == "EARLY_EXIT":
+        if layers is not None:  # None：起草器按模型的层数挑（minisgl.early_exit） | en: None: the drafter picks by the model's layers (minisgl.early_exit)
+            check_draft_layers(layers, _num_layers(config.model_path))
+        return
     check_ngram_args(config.speculative_ngram_min_match_window_size, config.speculative_ngram_max_match_window_size,
                      config.speculative_ngram_min_bfs_breadth, config.speculative_ngram_max_bfs_breadth,
                      config.speculative_ngram_branch_length, config.speculative_ngram_capacity,
                      config.speculative_num_draft_tokens - 1)
+
+
+def _num_layers(model_path: Any) -> int | None:
+    """模型目录的 ``config.json`` 里的层数；读不到（目录不存在、没有配置）就是 None，留给加载模型时去报。"""
+    from pathlib import Path
+
+    if model_path is None or not (Path(str(model_path)) / "config.json").is_file():
+        return None
+    from minisgl.architectures import load_model_config
+
+    return load_model_config(model_path).num_layers
+
+
+def check_draft_layers(layers: Any, num_layers: int | None) -> None:
+    """early exit 起草用前几层：一个整数，至少 1，少于模型的层数（全部层就是目标模型自己，没有可省的）；
+    ``num_layers`` 为 None（模型还不知道）时只查下限。
+
+    en: Early-exit drafting uses the first few layers: an integer, at least 1, fewer than the model's layers (all of
+    them would be the target model itself, with nothing saved); with ``num_layers`` None (the model not known yet) only
+    the lower bound is checked.
+    """
+    if not _is_int(layers) or layers < 1:
+        raise ValueError(tr("speculative_draft_layers (--speculative-draft-layers) must be an integer >= 1 with "
+                            "EARLY_EXIT, got {value!r}", value=layers))
+    if num_layers is not None and layers >= num_layers:
+        raise ValueError(tr("speculative_draft_layers (--speculative-draft-layers) must be from 1 to {top}: this model "
+                            "has {n} layers, and drafting with all of them saves nothing; got {value}",
+                            top=num_layers - 1, n=num_layers, value=layers))
 
 
 def validate_config(config: Any, cache_types: tuple[str, ...] = ("naive",)) -> None:

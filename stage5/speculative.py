@@ -95,8 +95,8 @@ def speculation(req: Req, outputs_so_far: int) -> str | None:
     penalties, logit_bias, log-probabilities, an unmet min_tokens, a grammar; or a seeded sampled request, whose random
     numbers follow its positions, so only sampling one step at a time matches plain decoding).
     """
-    # TODO 任务 speculation：返回这个请求怎样投机：有任何一样会改变分布或要逐个 token 记账的（repetition_penalty 不是 1、presence/frequency_penalty 不是 0、有 logit_bias、要 logprobs、已出的 token 还没到 min_tokens、有 json_schema / regex / ebnf 语法）就 None；否则贪心的 "greedy"，没有种子的采样请求 "sample"，带种子的 None
-    # TODO task speculation: return how this request speculates: None if anything changes the distribution or keeps per-token state (repetition_penalty not 1, presence/frequency_penalty not 0, a logit_bias, logprobs wanted, fewer tokens out than min_tokens, a json_schema / regex / ebnf grammar); otherwise "greedy" for a greedy request, "sample" for an unseeded sampled one, None for a seeded one
+    # TODO 任务 speculation：返回这个请求怎样投机：用了任何一样会改变分布、或要逐个 token 记账的采样控制（重复、出现、频率惩罚，logit 偏置，要对数概率，已出的 token 还没到最少 token 数，语法约束）就返回 None；否则贪心的返回 "greedy"，没有种子的采样请求返回 "sample"，带种子的返回 None
+    # TODO task speculation: return how this request speculates: None if it uses any sampling control that changes the distribution or keeps per-token state (repetition, presence or frequency penalties, a logit bias, log-probabilities wanted, fewer tokens out than its minimum, a grammar); otherwise "greedy" for a greedy request, "sample" for an unseeded sampled one, None for a seeded one
     raise TaskNotDone("speculative", "speculation")
 
 
@@ -289,7 +289,7 @@ class SpeculativeLoop(MainLoop):
             # 最近命中得多的请求猜得长，少的猜得短（至少 2 个）：验证的每一行都要算
             # en: requests hitting often recently guess long, others short (at least 2): every verified row costs
             allowance = max(2, round(track.hit_rate * self.budget))
-            want.append(_truncate(self.drafter.propose(track.tokens, req.uid), min(room, allowance)))
+            want.append(self.drafter.propose(track.tokens, req.uid, min(room, allowance)))
         left, drafts = self.budget, [DraftTree()] * len(reqs)
         for b in sorted(range(len(reqs)), key=lambda b: -tracks[b].hit_rate):
             drafts[b] = _truncate(want[b], left)

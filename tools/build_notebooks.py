@@ -52,7 +52,7 @@ RANDOM_TEXT_TAG = "random-text"
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 LANGS = ("zh", "en")  # zh first: the default edition
 #: The stages that have a milestone notebook.
-MILESTONE_STAGES = (1, 2, 3, 4)
+MILESTONE_STAGES = (1, 2, 3, 4, 5)
 LANG_TAGS = {f"lang-{lang}": lang for lang in LANGS}
 
 
@@ -327,7 +327,7 @@ def check(selected: list[Pair]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", help="chapter ids, step0, milestone1, milestone2 (default: all)")
+    parser.add_argument("names", nargs="*", help="chapter ids, step0, milestone1 … milestone5 (default: all)")
     parser.add_argument("--lang", choices=(*LANGS, "all"), default="all", help="which edition (default: both)")
     parser.add_argument("--check", action="store_true", help="verify the committed notebooks, build nothing")
     parser.add_argument("--list", action="store_true", help="print source -> notebook pairs")

@@ -66,6 +66,7 @@ EXAMPLES: dict[str, Example] = {
                                 volatile=(r"^\s+pid\s+\d+", r"^\s+(流式输出时|while streaming)", r"^\s+(最大的解码批|largest decode batch)"),
                                 timeout=1800),
     "stage4_milestone": Example("examples/stage4_milestone.py"),
+    "stage5_milestone": Example("examples/stage5_milestone.py"),
     # 各章的小示例（examples/chapters/），每章页面的“运行结果”来自这里
     "core": Example("examples/chapters/core.py"),
     "layers": Example("examples/chapters/layers.py"),
@@ -90,6 +91,9 @@ EXAMPLES: dict[str, Example] = {
     "moe": Example("examples/chapters/moe.py"),
     "expert_parallel": Example("examples/chapters/expert_parallel.py"),
     "router": Example("examples/chapters/router.py"),
+    "ngram_cache": Example("examples/chapters/ngram_cache.py"),
+    "spec_tree": Example("examples/chapters/spec_tree.py"),
+    "speculative": Example("examples/chapters/speculative.py"),
 }
 
 _UNIT = r"(?:ms|s|秒|毫秒|tok/s|token/s|tokens/s|it/s|GB/s|MB/s|GB|GiB|MB|MiB|KB|KiB|%)"

@@ -26,7 +26,8 @@ EN_PAIRS = build.pairs("en")
 ALL_PAIRS = build.all_pairs()
 SOURCES = sorted({p.source for p in PAIRS})
 EXTRAS = {"step0": "notebooks/step0.ipynb", "milestone1": "notebooks/stage1/milestone.ipynb", "milestone2": "notebooks/stage2/milestone.ipynb",
-          "milestone3": "notebooks/stage3/milestone.ipynb", "milestone4": "notebooks/stage4/milestone.ipynb"}
+          "milestone3": "notebooks/stage3/milestone.ipynb", "milestone4": "notebooks/stage4/milestone.ipynb",
+          "milestone5": "notebooks/stage5/milestone.ipynb"}
 FORBIDDEN_MODULE = re.compile(r"^(solutions|stage\d+)(\.|$)")
 
 

@@ -49,6 +49,13 @@ def test_breadth_narrows_with_the_window_and_recent_children_come_first() -> Non
     expect(tree.parents.count(-1), 1, tr("propose after [1, 2, 3] (the 3-token window matches, breadth 1): children of the root"))
 
 
+def test_a_window_with_nothing_after_it_gives_way_to_a_shorter_one() -> None:
+    cache = NgramCache(max_window=3, max_breadth=1, num_draft=1)
+    cache.put([1, 2, 3, 1, 2])  # "3 1 2" 在树里，但后面什么也没有；"1 2" 后面跟过 3 | en: "3 1 2" is in the tree with nothing after it; "1 2" was followed by 3
+    expect(cache.propose([3, 1, 2]).tokens, (3,),
+           tr("propose after [3, 1, 2] when '3 1 2' has nothing after it but '1 2' was followed by 3"))
+
+
 def test_a_continuation_seen_again_becomes_the_most_recent() -> None:
     cache = NgramCache(min_window=2, max_window=2, min_breadth=2, max_breadth=2, num_draft=2)
     cache.put([1, 2, 7, 1, 2, 8, 1, 2, 7])  # "1 2" 后面：7，8，又是 7 | en: after "1 2": 7, 8, then 7 again

@@ -151,9 +151,10 @@ class ServerArgs:
     # en: speculative decoding (SGLang's flag names; numeric flags not given keep the scheduler's defaults, see
     # en: SchedulerConfig in minisgl/scheduling.py)
     speculative_algorithm: str | None = option(
-        None, "--speculative-algorithm", engine="speculative_algorithm", type=str.upper, choices=["NGRAM"],
+        None, "--speculative-algorithm", engine="speculative_algorithm", type=str.upper, choices=["NGRAM", "EARLY_EXIT"],
         help=lambda: tr("speculative decoding: NGRAM guesses the next tokens from n-grams already seen and verifies "
-                        "them in one forward (greedy requests; overlap scheduling is off with it)"))
+                        "them in one forward (greedy requests; overlap scheduling is off with it)") + " " + tr(
+            "EARLY_EXIT guesses with the model's own first layers instead (--speculative-draft-layers)"))
     speculative_num_draft_tokens: int | None = option(
         None, "--speculative-num-draft-tokens", engine="speculative_num_draft_tokens", type=int,
         help=lambda: tr("tokens verified per request and step at most, the last known one included (default 12)"))
@@ -175,6 +176,10 @@ class ServerArgs:
     speculative_ngram_capacity: int | None = option(
         None, "--speculative-ngram-capacity", engine="speculative_ngram_capacity", type=int,
         help=lambda: tr("the most nodes the n-gram tree keeps before it forgets the oldest (default 1000000)"))
+    speculative_draft_layers: int | None = option(
+        None, "--speculative-draft-layers", engine="speculative_draft_layers", type=int,
+        help=lambda: tr("EARLY_EXIT: how many of the model's first layers draft, from 1 to one less than its layers "
+                        "(default: half of them)"))
 
     def scheduler_kwargs(self) -> dict[str, Any]:
         """交给调度器（``LLM(model_path, **kw)``）的关键字参数：声明了 ``engine`` 的设置里设置了的那些；
@@ -298,21 +303,28 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
 
 
 def speculative_problems(values: dict[str, Any]) -> list[str]:
-    """投机解码的参数里说不通的地方：数值参数没有 ``--speculative-algorithm`` 就不起作用（说出来，不悄悄不管）；只在一个秩
-    上跑（``--tp 1``）；数值本身由调度器的配置检查（与离线的 ``LLM`` 同一个函数），在起任何进程之前。
+    """投机解码的参数里说不通的地方：数值参数没有 ``--speculative-algorithm`` 就不起作用（说出来，不悄悄不管）；数值本身
+    由调度器的配置检查（与离线的 ``LLM`` 同一个函数），在起任何进程之前。
 
     en: What does not add up in the speculative-decoding flags: the numeric flags do nothing without
-    ``--speculative-algorithm`` (said, not silently ignored); it runs on one rank (``--tp 1``); the values themselves are
-    checked by the scheduler's configuration check (the same function as the offline ``LLM``), before any process starts.
+    ``--speculative-algorithm`` (said, not silently ignored); the values themselves are checked by the scheduler's
+    configuration check (the same function as the offline ``LLM``), before any process starts.
     """
     given = {name: value for name, value in values.items() if name.startswith("speculative_") and value is not None}
     if not given:
         return []
+    algorithm = str(given.get("speculative_algorithm")).upper()
+    if "speculative_draft_layers" in given and algorithm != "EARLY_EXIT":
+        return [tr("--speculative-draft-layers sets how deep EARLY_EXIT drafts; add --speculative-algorithm EARLY_EXIT "
+                   "or leave it out")]
+    ngram = ["--" + name.replace("_", "-") for name in given if name.startswith("speculative_ngram_")]
+    if ngram and algorithm == "EARLY_EXIT":
+        return [tr("{flags}: these set up the n-gram drafter, which EARLY_EXIT does not use", flags=", ".join(ngram))]
     if "speculative_algorithm" not in given:
         return [tr("{flags}: these set up speculative decoding, which is off without --speculative-algorithm NGRAM",
                    flags=", ".join("--" + name.replace("_", "-") for name in given))]
-    if values["tp_size"] > 1:
-        return [tr("--speculative-algorithm runs on one rank for now; leave out --tp {tp}", tp=values["tp_size"])]
+    if algorithm == "EARLY_EXIT" and values["tp_size"] > 1:
+        return [tr("EARLY_EXIT drafts on one rank only (the model here is split over {tp})", tp=values["tp_size"])]
     from minisgl.scheduling import SchedulerConfig
     from minisgl.validation import check_speculative
 

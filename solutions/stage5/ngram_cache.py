@@ -102,10 +102,13 @@ class Drafter(Protocol):
         en: Request ``uid``'s tokens are now ``tokens``; those from index ``since`` on are new."""
         ...
 
-    def propose(self, tokens: Sequence[int], uid: int = 0) -> DraftTree:
-        """按 ``tokens`` 猜接下来的一棵草稿树（最多 ``num_draft`` 个节点；猜不出就是空树）。
+    def propose(self, tokens: Sequence[int], uid: int = 0, limit: int | None = None) -> DraftTree:
+        """按 ``tokens`` 猜接下来的一棵草稿树（最多 ``limit`` 个节点，缺省 ``num_draft``；猜不出就是空树）。``limit`` 是
+        主循环这一次最多用得上几个：多猜的只会被扔掉，要花算力猜的起草器就别去算。
 
-        en: Guess the draft tree that follows ``tokens`` (at most ``num_draft`` nodes; empty when there is no guess)."""
+        en: Guess the draft tree that follows ``tokens`` (at most ``limit`` nodes, ``num_draft`` by default; empty when
+        there is no guess). ``limit`` is the most the main loop can use this time: more would be thrown away, so a
+        drafter that spends compute on guessing should not compute them."""
         ...
 
     def drop(self, uid: int) -> None:
@@ -152,8 +155,8 @@ class NgramCache:
         en: Write into the tree the paths of ``tokens`` that contain a token at index ``since`` or later (those before were
         written already). Call it whenever a request gains tokens, with ``since`` its length at the previous call.
         """
-        # >>> TASK ngram_put: 从每个还没写全的起点写一条最长 max_window + branch_length 个 token 的路径：已有的节点共用（刷新它的时间戳），没有的新建（size 加一）；每条路径一个新时间戳（_clock 先加一），越靠后的起点越新。只写含有第 since 个及以后 token 的路径。写完节点数超过 capacity 就删到它的九成。给定：_Node、_evict
-        # en: from every start not yet fully written, write a path of at most max_window + branch_length tokens: existing nodes are shared (their stamp refreshed), missing ones created (size plus one); each path gets a new stamp (_clock up by one first), later starts being newer. Write only the paths that contain a token at index since or later. Afterwards, if there are more than capacity nodes, delete down to nine tenths of it. Given: _Node, _evict
+        # >>> TASK ngram_put: 把含有第 since 个及以后 token 的每条路径写进树：从每个这样的起点起，最长是匹配窗口的上限加分支长度；已有的节点共用并刷新它的时间，没有的新建并计入节点数；每条路径一个新的时间，越靠后的起点越新。写完节点数超过容量，就删到容量的九成
+        # en: write into the tree every path that holds a token at index since or later: from each such start, at most the match window's upper bound plus the branch length long; existing nodes are shared and their time refreshed, missing ones created and counted; each path gets a new time, later starts being newer. Afterwards, if the tree holds more nodes than its capacity, delete down to nine tenths of it
         # hint1: 一条路径从 start 起、最长 span 个 token；含有下标 since 的路径，start 最早是 since - span + 1（不能小于 0）。
         # en1: A path starts at start and holds at most span tokens; the paths containing index since start at since - span + 1 at the earliest (not below 0).
         # hint2: 1. span = self.max_window + self.branch_length；
@@ -180,22 +183,23 @@ class NgramCache:
             self._evict(self.capacity * 9 // 10)
         # <<< TASK
 
-    def propose(self, tokens: Sequence[int], uid: int = 0) -> DraftTree:
-        """按 ``tokens`` 的最后几个 token 猜一棵草稿树（找不到就是空树）。只读。
+    def propose(self, tokens: Sequence[int], uid: int = 0, limit: int | None = None) -> DraftTree:
+        """按 ``tokens`` 的最后几个 token 猜一棵草稿树，最多 ``limit`` 个节点（缺省 ``num_draft``；找不到就是空树）。只读。
 
-        en: Guess a draft tree from the last few tokens of ``tokens`` (empty when nothing matches). Read-only.
+        en: Guess a draft tree of at most ``limit`` nodes (``num_draft`` by default) from the last few tokens of ``tokens``
+        (empty when nothing matches). Read-only.
         """
-        # >>> TASK ngram_propose: 从最长的窗口（max_window，但不超过 tokens 的长度）试到最短的（min_window）：tokens 的最后 window 个 token 在树里能一路走下去、走到的节点还有孩子，就从那里按这个窗口的宽度广度优先地取草稿；都不行返回空的 DraftTree。只读，不改树。给定：_bfs、_breadth
-        # en: try windows from the longest (max_window, but no longer than tokens) down to the shortest (min_window): when the last window tokens of tokens can be walked down the tree and the node reached has children, take the draft breadth first from there with this window's breadth; if none works, return an empty DraftTree. Read-only. Given: _bfs, _breadth
+        # >>> TASK ngram_propose: 从最长的匹配窗口试到最短的（最长不超过序列本身）：序列的最后那么多个 token 在树里能一路走下去、走到的节点后面还有 token，就从那里按这个窗口的宽度取一棵草稿树（最多 limit 个节点，没给时按一次最多猜的个数）；都不行就返回空树。只读，不改树
+        # en: try the match windows from the longest to the shortest (never longer than the sequence itself): when the sequence's last that many tokens can be walked down the tree and the node reached has tokens after it, take a draft tree from there with this window's breadth (at most limit nodes, the most one guess makes when not given); if none works, return an empty tree. Read-only
         # hint1: 窗口就是 tokens 的最后 window 个 token，从树根一路按 children 往下找；中途断了、或者走到的节点没有孩子（后面没有可猜的），就换短一点的窗口。
         # en1: The window is the last window tokens of tokens, looked up from the root through children; when the walk breaks off, or the node reached has no children (nothing to guess after it), try a shorter window.
         # hint2: 1. for window in range(min(self.max_window, len(tokens)), self.min_window - 1, -1)：node = self.root；
         # hint2: 2. 对 tokens[len(tokens) - window :] 的每个 token：node = node.children.get(token)，是 None 就 break；
-        # hint2: 3. node 不是 None 且 node.children 不空：return self._bfs(node, self._breadth(window))；
+        # hint2: 3. node 不是 None 且 node.children 不空：return self._bfs(node, self._breadth(window), self.num_draft if limit is None else limit)；
         # hint2: 4. 循环结束 return DraftTree()。
         # en2: 1. for window in range(min(self.max_window, len(tokens)), self.min_window - 1, -1): node = self.root;
         # en2: 2. for each token in tokens[len(tokens) - window :]: node = node.children.get(token); break if it is None;
-        # en2: 3. if node is not None and node.children: return self._bfs(node, self._breadth(window));
+        # en2: 3. if node is not None and node.children: return self._bfs(node, self._breadth(window), self.num_draft if limit is None else limit);
         # en2: 4. after the loop return DraftTree().
         for window in range(min(self.max_window, len(tokens)), self.min_window - 1, -1):
             node: _Node | None = self.root
@@ -204,7 +208,7 @@ class NgramCache:
                 if node is None:
                     break
             if node is not None and node.children:
-                return self._bfs(node, self._breadth(window))
+                return self._bfs(node, self._breadth(window), self.num_draft if limit is None else limit)
         return DraftTree()
         # <<< TASK
 
@@ -214,8 +218,8 @@ class NgramCache:
         en: Nothing: the request has ended, and the tokens it wrote stay in the tree for later requests to guess from."""
 
     def _breadth(self, window: int) -> int:
-        # >>> TASK bfs_breadth: 返回这个窗口的 BFS 宽度：最短的窗口（min_window）是 max_breadth，最长的（max_window）是 min_breadth，中间线性插值、四舍五入（round）；两个窗口一样长时是 min_breadth
-        # en: return this window's BFS breadth: the shortest window (min_window) gets max_breadth, the longest (max_window) min_breadth, linear in between, rounded (round); when both windows are equal, min_breadth
+        # >>> TASK bfs_breadth: 返回这个窗口的展开宽度：最短的窗口得最大的宽度，最长的窗口得最小的宽度，中间按窗口长度线性插值、再四舍五入；窗口的上下限相等时得最小的宽度
+        # en: return this window's breadth: the shortest window gets the largest breadth, the longest window the smallest, linear in the window's length in between, then rounded; when the window's bounds are equal, the smallest breadth
         # hint1: 窗口越长越可信，就越不必多猜几个分支：frac = 窗口在 [min_window, max_window] 里的位置（0 到 1），宽度从 max_breadth 往 min_breadth 走 frac 那么远。别忘了两个窗口相等时分母是 0。
         # en1: A longer window is more trustworthy, so fewer branches need guessing: frac = where the window lies in [min_window, max_window] (0 to 1), and the breadth goes that far from max_breadth towards min_breadth. Mind the zero denominator when the windows are equal.
         # hint2: 1. max_window == min_window 时 return self.min_breadth；
@@ -230,28 +234,28 @@ class NgramCache:
         return round(self.max_breadth - frac * (self.max_breadth - self.min_breadth))
         # <<< TASK
 
-    def _bfs(self, start: _Node, breadth: int) -> DraftTree:
-        # >>> TASK bfs_draft: 从 start（匹配窗口走到的节点，它自己不算草稿）起一层一层地取草稿：每个节点最多取 breadth 个孩子，时间戳新的先；一共最多 num_draft 个，取够就停。返回 DraftTree（广度优先的顺序；start 的孩子的父节点是 -1，其余是父节点在 tokens 里的下标）
-        # en: take the draft level by level from start (the node the match window reached; not a draft token itself): each node gives at most breadth children, newest stamp first; at most num_draft in all, stop once there are enough. Return a DraftTree (breadth-first order; the parent of start's children is -1, of the others their parent's index in tokens)
+    def _bfs(self, start: _Node, breadth: int, limit: int) -> DraftTree:
+        # >>> TASK bfs_draft: 从匹配到的那个节点（它自己不算草稿）起一层一层地取草稿：每个节点最多展开 breadth 个孩子、时间新的先，总共最多 limit 个，取够就停。返回广度优先顺序的草稿树：匹配节点的孩子的父节点记作 -1，其余的记父节点在草稿里的下标
+        # en: take the draft level by level from the node matched (not a draft token itself): each node expands at most breadth children, newest first, at most limit in all, stopping once there are enough. Return the draft tree in breadth-first order: the children of the matched node have parent -1, the others their parent's index in the draft
         # hint1: 一层是一个列表（节点, 它在草稿里的下标），start 的下标记作 -1；下一层由这一层每个节点挑出的孩子组成。
         # en1: A level is a list of (node, its index in the draft), start's index being -1; the next level consists of the children picked from each node of this one.
         # hint2: 1. tokens, parents = [], []；frontier = [(start, -1)]；
-        # hint2: 2. while frontier and len(tokens) < self.num_draft：nxt = []；对 frontier 里的每个 (node, index)：kids = 按 -stamp 排序的 node.children.values() 的前 breadth 个；
-        # hint2: 3. 每个 kid：够了（len(tokens) == num_draft）就 break；tokens.append(kid.token)、parents.append(index)、nxt.append((kid, len(tokens) - 1))；
+        # hint2: 2. while frontier and len(tokens) < limit：nxt = []；对 frontier 里的每个 (node, index)：kids = 按 -stamp 排序的 node.children.values() 的前 breadth 个；
+        # hint2: 3. 每个 kid：够了（len(tokens) == limit）就 break；tokens.append(kid.token)、parents.append(index)、nxt.append((kid, len(tokens) - 1))；
         # hint2: 4. frontier = nxt；最后 return DraftTree(tuple(tokens), tuple(parents))。
         # en2: 1. tokens, parents = [], []; frontier = [(start, -1)];
-        # en2: 2. while frontier and len(tokens) < self.num_draft: nxt = []; for each (node, index) in frontier: kids = the first breadth of node.children.values() sorted by -stamp;
-        # en2: 3. for each kid: break once len(tokens) == num_draft; tokens.append(kid.token), parents.append(index), nxt.append((kid, len(tokens) - 1));
+        # en2: 2. while frontier and len(tokens) < limit: nxt = []; for each (node, index) in frontier: kids = the first breadth of node.children.values() sorted by -stamp;
+        # en2: 3. for each kid: break once len(tokens) == limit; tokens.append(kid.token), parents.append(index), nxt.append((kid, len(tokens) - 1));
         # en2: 4. frontier = nxt; finally return DraftTree(tuple(tokens), tuple(parents)).
         tokens: list[int] = []
         parents: list[int] = []
         frontier = [(start, -1)]
-        while frontier and len(tokens) < self.num_draft:
+        while frontier and len(tokens) < limit:
             nxt = []
             for node, index in frontier:
                 kids = sorted(node.children.values(), key=lambda c: -c.stamp)[:breadth]
                 for kid in kids:
-                    if len(tokens) == self.num_draft:
+                    if len(tokens) == limit:
                         break
                     tokens.append(kid.token)
                     parents.append(index)
@@ -266,8 +270,8 @@ class NgramCache:
         en: Delete the leaves written longest ago until at most ``target`` nodes remain; a parent left without children
         becomes a candidate too.
         """
-        # >>> TASK evict_leaves: 按时间戳从旧到新删叶子，直到节点数（size）不超过 target：叶子从父节点的 children 里拿掉、size 减一；父节点因此没了孩子（树根除外）就也成了候选。给定：_nodes
-        # en: delete leaves from the oldest stamp to the newest until size is at most target: a leaf leaves its parent's children and size drops by one; a parent thereby left without children (never the root) becomes a candidate too. Given: _nodes
+        # >>> TASK evict_leaves: 从最旧的叶子删起，直到节点数不超过 target：删掉的叶子从它父节点的孩子里拿走、节点数减一；父节点因此没了孩子（树根除外），就也成了可删的叶子。给定：_nodes
+        # en: delete leaves from the oldest on until at most target nodes remain: a deleted leaf leaves its parent's children and the node count drops by one; a parent thereby left without children (never the root) becomes a leaf that may go too. Given: _nodes
         # hint1: 候选放进按时间戳排序的堆（heapq）。同一个时间戳的节点有很多，元组里放一个不会相同的第二项（id(节点)），免得去比较节点本身。
         # en1: Keep the candidates in a heap ordered by stamp (heapq). Many nodes share a stamp: put a second item that never ties (id(node)) in the tuple, so nodes themselves are never compared.
         # hint2: 1. heap = [(n.stamp, id(n), n) for n in self._nodes() if not n.children]；heapq.heapify(heap)；

@@ -58,8 +58,8 @@ def tree_positions(draft: DraftTree, root_position: int) -> torch.Tensor:
 
     en: The positions of the root and of each draft token: ``root_position`` plus the depth (the root's is 0).
     """
-    # >>> TASK tree_positions: 返回 int64 的一维张量，n + 1 个：树根是 root_position，草稿 token 是 root_position 加它的深度（不是它在输入里的下标）。给定：DraftTree.depths
-    # en: return a 1-D int64 tensor of n + 1 entries: root_position for the root, root_position plus its depth for each draft token (not its index in the input). Given: DraftTree.depths
+    # >>> TASK tree_positions: 返回 n + 1 个位置（64 位整数的一维张量）：树根就在给定的树根位置，每个草稿 token 在树根位置加它的深度，而不是加它在输入里的下标
+    # en: return n + 1 positions (a one-dimensional tensor of 64-bit integers): the root at the root position given, each draft token at the root position plus its depth, not plus its index in the input
     # hint1: 两个兄弟在同一个位置上：它们是对同一个下一个 token 的两种猜法。
     # en1: Two siblings sit at the same position: they are two guesses for the same next token.
     # hint2: return torch.tensor([root_position] + [root_position + d for d in draft.depths()], dtype=torch.int64)。
