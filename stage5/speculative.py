@@ -176,7 +176,9 @@ class _Span(NamedTuple):
 
 @dataclass
 class _Track:
-    """一个请求在投机这边的状态。"""
+    """一个请求在投机这边的状态。
+
+    en: One request's state on the speculating side."""
 
     tokens: list[int] = field(default_factory=list)  # 告诉过起草器的 token | en: tokens the drafter has been told
     misses: int = 0  # 连续猜错的次数 | en: misses in a row
@@ -266,9 +268,12 @@ class SpeculativeLoop(MainLoop):
         super().release(req)
 
     # ------------------------------------------------------------------ 猜
+    # en: ------------------------------------------------------------------ guessing
 
     def _observe(self, req: Req) -> _Track:
-        """把请求新多出的 token 告诉起草器。"""
+        """把请求新多出的 token 告诉起草器。
+
+        en: Tell the drafter the request's new tokens."""
         track = self._tracks.setdefault(req.uid, _Track())
         since = len(track.tokens)
         if len(req.input_ids) > since:
@@ -277,7 +282,10 @@ class SpeculativeLoop(MainLoop):
         return track
 
     def _drafts(self, reqs: list[Req]) -> list[DraftTree]:
-        """每个请求的草稿（不投机的是空树），整批不超过 ``budget`` 个 token，最近命中率高的先分。"""
+        """每个请求的草稿（不投机的是空树），整批不超过 ``budget`` 个 token，最近命中率高的先分。
+
+        en: Each request's draft (an empty tree where it does not speculate), at most ``budget`` tokens for the whole
+        batch, shared out to the requests with the best recent hit rates first."""
         status, tracks = self.scheduler.status, [self._observe(r) for r in reqs]
         want: list[DraftTree] = []
         for req, track in zip(reqs, tracks):
@@ -297,6 +305,7 @@ class SpeculativeLoop(MainLoop):
         return drafts
 
     # ------------------------------------------------------------------ 验证
+    # en: ------------------------------------------------------------------ verifying
 
     @torch.inference_mode()
     def _verify(self, fi: ForwardInput) -> ForwardOutput:
@@ -343,7 +352,9 @@ class SpeculativeLoop(MainLoop):
         return top_k_top_p_filter(probs, top_k, top_p) if top_k is not None or top_p is not None else probs
 
     def _tree_logits(self, vb: Batch) -> torch.Tensor:
-        """逐层走各章的代码，注意力换成树的（:class:`TreeAttnBackend`）。"""
+        """逐层走各章的代码，注意力换成树的（:class:`TreeAttnBackend`）。
+
+        en: Layer by layer through the chapters' code, with the tree's attention (:class:`TreeAttnBackend`)."""
         engine = self.scheduler.engine
         ctx, plain = engine.ctx, engine.ctx.attn_backend
         set_global_ctx(ctx)
@@ -401,7 +412,9 @@ class SpeculativeLoop(MainLoop):
         req.complete_one()
 
     def _account(self, req: Req, draft: DraftTree, accepted: int) -> None:
-        """统计，和这个请求的命中率、歇不歇。"""
+        """统计，和这个请求的命中率、歇不歇。
+
+        en: The statistics, and this request's hit rate and whether it rests."""
         stats, track = self.spec_stats, self._tracks[req.uid]
         stats.proposed += len(draft)
         stats.accepted += accepted
@@ -414,7 +427,9 @@ class SpeculativeLoop(MainLoop):
 
 
 def _truncate(draft: DraftTree, n: int) -> DraftTree:
-    """广度优先的前 ``n`` 个节点仍是一棵树（父节点总在孩子前面）。"""
+    """广度优先的前 ``n`` 个节点仍是一棵树（父节点总在孩子前面）。
+
+    en: The first ``n`` nodes in breadth-first order are still a tree (a parent always comes before its children)."""
     if len(draft) <= n:
         return draft
     return DraftTree(draft.tokens[:n], draft.parents[:n])

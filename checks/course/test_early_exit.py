@@ -32,7 +32,7 @@ KW: dict[str, Any] = {**TINY_KW, "dtype": torch.float32, "device": "auto"}
 
 
 def generate(path: str, prompts: list[list[int]], sp: SamplingParams, **kw: Any) -> tuple[list[list[int]], Any]:
-    llm = LLM(path, **kw)
+    llm = LLM(path, **{**KW, **kw})
     try:
         return [o["token_ids"] for o in llm.generate(prompts, sp)], llm.loop.spec_stats
     finally:
@@ -46,7 +46,7 @@ def test_tiny_model_token_equal_to_plain_greedy(fused: bool) -> None:
     en: The random tiny model (2 layers, drafting with 1): it hardly ever guesses right, but the output must equal
     plain decoding, and drafts must really have been made.
     """
-    path, kw = built(model_zoo.tiny_qwen3), {**KW, "cpu_fused_decode": fused}
+    path, kw = built(model_zoo.tiny_qwen3), {"cpu_fused_decode": fused}
     prompts = [[1000 + 37 * i + j for j in range(9)] * 2 for i in range(3)]
     sp = SamplingParams(max_tokens=24, ignore_eos=True)
     want, _ = generate(path, prompts, sp, **kw)
@@ -62,8 +62,8 @@ def test_smollm2_token_equal_and_drafts_accepted() -> None:
     guess some right, and the output equals plain decoding.
     """
     path = built(model_zoo.smollm2)
-    kw = dict(dtype=torch.float32, device="auto", max_seq_len_override=256, num_page_override=512)
-    llm = LLM(path, **kw)
+    kw = dict(max_seq_len_override=256, num_page_override=512)
+    llm = LLM(path, dtype=torch.float32, device="auto", **kw)
     try:
         text = "Copy this text exactly: the radix cache keeps the keys and values of every prefix it has seen."
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
