@@ -153,3 +153,29 @@ def test_speculative_sampling_draws_each_token_from_the_plain_distribution() -> 
             n=len(tokens), counts=dict(sorted(collections.Counter(tokens).items())), want=want.tolist(), stat=stat,
             limit=chi_square_limit(dof))
     expect(sorted({len(r) for r in runs}), [1, 2, 3], tr("run lengths seen (stop at the root, one or two levels down)"))
+
+
+def test_speculative_sampling_returns_the_path_it_walked() -> None:
+    """``accept_sampled`` 返回的节点是从树根往下的一条路（每个的父节点是前一个），输出的前几个 token 就是这些节点的
+    token，最后多一个：引擎靠这条路去挪 K/V。
+
+    en: The nodes ``accept_sampled`` returns are a path down from the root (each one's parent is the one before), and the
+    output's first tokens are those nodes' tokens, plus one more at the end: the engine moves K/V along this path.
+    """
+    rng = random.Random(5)
+    gen = torch.Generator().manual_seed(5)
+    walked = 0
+    for _ in range(200):
+        draft = random_tree(rng)
+        probs = torch.rand(len(draft) + 1, 8, generator=gen) ** 4
+        for i, token in enumerate(draft.tokens, start=1):  # 让草稿常被接受 | en: make the drafts likely to be accepted
+            probs[draft.parents[i - 1] + 1, token] += 4.0
+        path, out = accept_sampled(draft, probs, gen)
+        expect(len(out), len(path) + 1, tr("tokens out ({out}) against the nodes accepted ({path})", out=out, path=path))
+        parent = 0
+        for node in path:
+            expect(draft.parents[node - 1] + 1, parent, tr("the parent of accepted node {node} in {draft}", node=node, draft=draft))
+            parent = node
+        expect(out[:-1], [draft.tokens[node - 1] for node in path], tr("the tokens of the accepted nodes {path}", path=path))
+        walked += len(path)
+    expect(walked > 100, True, tr("draft nodes accepted over 200 random trees: {n}", n=walked))
