@@ -31,9 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Stats, ratio_stats
-from bench.machine import machine_info
-from bench.speculative import WORKLOADS, chat_ids, ours
-from minisgl import model_zoo
+from bench.speculative import WORKLOADS, chat_ids, ours, start
 from minisgl.i18n import tr
 
 
@@ -48,18 +46,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS),
                         help=tr("workloads to run (default: all)"))
     args = parser.parse_args(argv)
-    import torch
-
     from minisgl.llm import LLM
 
-    model = args.model or model_zoo.smollm2()
-    info = machine_info()
-    print(tr("machine: {cpu}, {cores} cores; load at start {load}", cpu=info["cpu"], cores=info["cores"],
-             load=info.get("load_at_start")))
-    kw = dict(dtype=torch.float32, device="cpu", max_running_req=8, max_seq_len_override=1024)
-    engines: dict[str, Any] = {"plain": LLM(str(model), **kw)}
+    model, kw = start(args.model)
+    engines: dict[str, Any] = {"plain": LLM(model, **kw)}
     for k in args.layers:
-        engines[f"k={k}"] = LLM(str(model), speculative_algorithm="EARLY_EXIT", speculative_draft_layers=k, **kw)
+        engines[f"k={k}"] = LLM(model, speculative_algorithm="EARLY_EXIT", speculative_draft_layers=k, **kw)
     tok = engines["plain"].tokenizer
     try:
         for name in args.workloads:

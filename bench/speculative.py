@@ -124,6 +124,20 @@ def llamacpp_decode(llama: Any, prompts: list[list[int]], max_tokens: int) -> tu
     return seconds, tokens
 
 
+def start(model: Path | None) -> tuple[str, dict[str, Any]]:
+    """打印机器那一行，返回模型目录（缺省 SmolLM2）和各引擎共用的设置（这里的投机基准都用它）。
+
+    en: Print the machine line; return the model directory (SmolLM2 by default) and the settings every engine shares
+    (the speculative benchmarks here all use it)."""
+    import torch
+
+    info = machine_info()
+    print(tr("machine: {cpu}, {cores} cores; load at start {load}", cpu=info["cpu"], cores=info["cores"],
+             load=info.get("load_at_start")))
+    return str(model or model_zoo.smollm2()), dict(dtype=torch.float32, device="cpu", max_running_req=8,
+                                                   max_seq_len_override=1024)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=tr("Speculative decoding against plain decoding, same run"))
     parser.add_argument("--model", type=Path, default=None, help=tr("model directory (default: SmolLM2, built by setup)"))
@@ -136,12 +150,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from minisgl.llm import LLM
 
-    model = args.model or model_zoo.smollm2()
-    info = machine_info()
-    print(tr("machine: {cpu}, {cores} cores; load at start {load}", cpu=info["cpu"], cores=info["cores"],
-             load=info.get("load_at_start")))
-    kw = dict(dtype=torch.float32, device="cpu", max_running_req=8, max_seq_len_override=1024)
-    engines = {"plain": LLM(str(model), **kw), "ngram": LLM(str(model), speculative_algorithm="NGRAM", **kw)}
+    model, kw = start(args.model)
+    engines = {"plain": LLM(model, **kw), "ngram": LLM(model, speculative_algorithm="NGRAM", **kw)}
     tok = engines["plain"].tokenizer
     llamas: dict[str, Any] = {}
     if args.llamacpp:
