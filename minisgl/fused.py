@@ -44,17 +44,19 @@ __all__ = ["BYPASSED_CHAPTERS", "FusedDecoder", "plan_decode"]
 
 _I64, _F32 = ctypes.c_int64, ctypes.c_float
 
-#: ``cpu_decode.c`` 的 ``W_F32``、``W_BF16_WIDEN``、``W_BF16_DOT``：权重和 KV 缓存的类型，bf16 时点积怎么算。
-#: en: ``cpu_decode.c``'s ``W_F32``, ``W_BF16_WIDEN``, ``W_BF16_DOT``: the dtype of the weights and the KV cache, and
-#: en: for bf16 how the dot products are computed.
-_WEIGHTS = {"fp32": 0, "bf16 widen": 1, "bf16 dot": 2}
+#: ``cpu_decode.c`` 的 ``W_F32``、``W_BF16_WIDEN``、``W_BF16_DOT``、``W_Q8``、``W_Q4``：权重和 KV 缓存的类型，bf16 时
+#: 点积怎么算；量化的权重（第 5.4 章，组装时装上）时激活和 KV 缓存是 fp32。
+#: en: ``cpu_decode.c``'s ``W_F32``, ``W_BF16_WIDEN``, ``W_BF16_DOT``, ``W_Q8``, ``W_Q4``: the dtype of the weights and
+#: en: the KV cache, and for bf16 how the dot products are computed; with quantized weights (chapter 5.4, put in by the
+#: en: assembly) activations and the KV cache are fp32.
+_WEIGHTS = {"fp32": 0, "bf16 widen": 1, "bf16 dot": 2, "int8": 3, "int4": 4}
 
 
 class _Shape(ctypes.Structure):
     """与 ``cpu_decode.c`` 里的 ``Shape`` 一一对应（``weights``：:data:`_WEIGHTS` 里的一个）。"""
 
     _fields_ = [(name, _I64) for name in
-                ("batch", "hidden", "q_heads", "kv_heads", "head_dim", "intermediate", "layers", "weights")] + [("eps", _F32)]
+                ("batch", "hidden", "q_heads", "kv_heads", "head_dim", "intermediate", "layers", "weights", "group")] + [("eps", _F32)]
 
 
 #: 融合解码绕过的章节：算子层、模型、KV 缓存、注意力后端（C 函数里各有一份同样的计算）。
@@ -93,7 +95,7 @@ def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
         problem = tr("cpu_fused_decode and cuda_graph cannot be used together")
     elif is_moe(engine.model_config):
         problem = tr("cpu_fused_decode computes dense MLPs; this model routes tokens to experts")
-    elif not all(kernel.supports(op.weight) for layer in engine.model.model.layers for op in _linears(layer)):
+    elif not all(_fits(op.weight, engine.dtype) for layer in engine.model.model.layers for op in _linears(layer)):
         problem = tr("cpu_fused_decode: a linear layer of this model does not fit the CPU kernel")
     else:
         problem = None
@@ -101,7 +103,7 @@ def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
         raise ValueError(problem)
     if requested:
         return True, tr("Decode: every decoder layer in one C call per step ({how}; cpu_fused_decode=True)",
-                        how=_describe(_weights(engine.dtype)))
+                        how=_describe(_weights(engine)))
     if requested is False:
         return False, tr("Decode: layer by layer through the chapters' code (cpu_fused_decode=False)")
     if engine.graph_mode != "off":
@@ -114,12 +116,30 @@ def plan_decode(engine: Engine, requested: bool | None) -> tuple[bool, str]:
         return False, tr("Decode: layer by layer, through your chapters {labels} (the fused C path runs only when "
                          "chapters 1.2–1.5 are the reference solution)", labels=", ".join(own))
     return True, tr("Decode: every decoder layer in one C call per step ({how}), as chapters 1.2–1.5 are the reference "
-                    "solution (cpu_fused_decode=False runs them layer by layer)", how=_describe(_weights(engine.dtype)))
+                    "solution (cpu_fused_decode=False runs them layer by layer)", how=_describe(_weights(engine)))
 
 
-def _weights(dtype: torch.dtype) -> str:
-    """C 函数里权重和 KV 缓存的类型（:data:`_WEIGHTS` 的键）：bf16 时 CPU 有 AVX512_BF16 就用 vdpbf16ps 的点积，
-    与逐层的 bf16 引擎（``kernel.kernel_linear``）同一个判断。"""
+def _quantized(weight: Any) -> str | None:
+    """量化的权重（第 5.4 章的 ``QuantizedWeight``，组装时换上）是哪一种：``"int8"``、``"int4"``；普通张量是 None。
+    按属性认，不导入后面的章节。"""
+    return None if isinstance(weight, torch.Tensor) else getattr(weight, "method", None)
+
+
+def _fits(weight: Any, dtype: torch.dtype) -> bool:
+    """C 函数能算这块线性层的权重吗：内核认得的原样张量，或者 fp32 模型里量化的权重（int8 的输入维是 8 的倍数）。"""
+    method = _quantized(weight)
+    if method is None:
+        return kernel.supports(weight)
+    return dtype == torch.float32 and weight.device.type == "cpu" and (method == "int4" or weight.shape[-1] % 8 == 0)
+
+
+def _weights(engine: Engine) -> str:
+    """C 函数里权重和 KV 缓存的类型（:data:`_WEIGHTS` 的键）：量化的权重按它的种类；bf16 时 CPU 有 AVX512_BF16 就用
+    vdpbf16ps 的点积，与逐层的 bf16 引擎（``kernel.kernel_linear``）同一个判断。"""
+    method = _quantized(engine.model.model.layers[0].self_attn.qkv_proj.weight)
+    if method is not None:
+        return method
+    dtype = engine.dtype
     if dtype == torch.float32:
         return "fp32"
     return "bf16 dot" if kernel.bf16_dot() else "bf16 widen"
@@ -129,6 +149,8 @@ def _describe(weights: str) -> str:
     """``Engine.decode_path`` 里说类型和点积的那一段。"""
     if weights == "fp32":
         return tr("float32 weights and KV cache")
+    if weights in ("int8", "int4"):
+        return tr("{kind} weights turned into float32 in registers, float32 KV cache", kind=weights)
     if weights == "bf16 dot":
         return tr("bfloat16 weights and KV cache, dot products by vdpbf16ps (AVX512_BF16)")
     return tr("bfloat16 weights and KV cache, widened to float32 for the dot products (no AVX512_BF16 on this CPU)")
@@ -154,9 +176,10 @@ class FusedDecoder:
     def __init__(self, engine: Engine) -> None:
         c, model = engine.model_config, engine.model
         self.ctx, self.page_table, self.model, self.dtype = engine.ctx, engine.page_table, model, engine.dtype
-        self.weights = _weights(engine.dtype)
+        self.weights = _weights(engine)
+        first = model.model.layers[0].self_attn.qkv_proj.weight
         self.shape = _Shape(0, c.hidden_size, c.num_qo_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                            c.num_layers, _WEIGHTS[self.weights], c.rms_norm_eps)
+                            c.num_layers, _WEIGHTS[self.weights], getattr(first, "group_size", None) or 0, c.rms_norm_eps)
         # 归一化权重和偏置在 C 里总是 fp32：bf16 模型另存一份 fp32 副本（同值，很小），这里留着它们
         # en: norm weights and biases are always fp32 in C: a bf16 model keeps an fp32 copy (same values, small) here
         self._fp32: list[torch.Tensor] = []
@@ -167,15 +190,22 @@ class FusedDecoder:
             self._fp32.append(t.float().contiguous())  # fp32 的张量原样返回，不复制
             return self._fp32[-1].data_ptr()
 
+        def weight(op: Any) -> int:  # 量化的权重：存着整数的那块 | en: a quantized weight: the block holding the integers
+            return _ptr(op.weight.data if _quantized(op.weight) else op.weight)
+
+        def scales(op: Any) -> list[int]:  # 量化的权重的 scale 和 zs（int8 没有 zs），否则两个 0 | en: scale and zs of a quantized weight, else two 0s
+            return [_ptr(op.weight.scale), _ptr(op.weight.zs)] if _quantized(op.weight) else [0, 0]
+
         rows = []
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             rows.append([
-                f32(layer.input_layernorm.weight), _ptr(attn.qkv_proj.weight), f32(attn.qkv_proj.bias),
+                f32(layer.input_layernorm.weight), weight(attn.qkv_proj), f32(attn.qkv_proj.bias),
                 f32(attn.q_norm and attn.q_norm.weight), f32(attn.k_norm and attn.k_norm.weight),
-                _ptr(attn.o_proj.weight), f32(attn.o_proj.bias), f32(layer.post_attention_layernorm.weight),
-                _ptr(mlp.gate_up_proj.weight), f32(mlp.gate_up_proj.bias), _ptr(mlp.down_proj.weight),
+                weight(attn.o_proj), f32(attn.o_proj.bias), f32(layer.post_attention_layernorm.weight),
+                weight(mlp.gate_up_proj), f32(mlp.gate_up_proj.bias), weight(mlp.down_proj),
                 f32(mlp.down_proj.bias), _ptr(engine.kv_cache.k_cache(i)), _ptr(engine.kv_cache.v_cache(i)),
+                *(p for op in _linears(layer) for p in scales(op)),
             ])
         self.pointers = torch.tensor(rows, dtype=torch.int64)  # 权重不会再搬家：指针表只做一次
         rotary = model.model.layers[0].self_attn.attn._rotary

@@ -39,7 +39,7 @@ from minisgl.scheduler import Scheduler
 from minisgl.processes.ranks import RANKS_TIMEOUT_S, RankFailed, exit_if_rerunning_main, free_port, rank_died, rank_env, stop_process
 from minisgl.scheduling import Sampler
 
-__all__ = ["FULL_PARTS", "LLM", "TPLLM", "check_split", "full_sampler", "moe_architecture"]
+__all__ = ["FULL_PARTS", "LLM", "TPLLM", "check_split", "full_sampler", "full_weights", "moe_architecture"]
 
 
 def moe_architecture() -> Architecture:
@@ -120,11 +120,25 @@ def full_loop(scheduler: Scheduler) -> Any:
     return SpeculativeLoop(scheduler)
 
 
-#: 组装好的引擎的零件：到第 2.5 章为止的调度器零件（主循环见 :func:`full_loop`），加上第 3.6 章的采样器。离线的
-#: ``LLM``、每个秩和服务器的调度器进程都用它。
+def full_weights(engine: Any, config: Any) -> None:
+    """组装好的引擎加载完权重之后：配置了 ``quantization`` 就按第 5.4 章量化（:mod:`minisgl.quantized`），否则不动。
+
+    en: After the assembled engine loads its weights: with ``quantization`` configured, quantize them by chapter 5.4
+    (:mod:`minisgl.quantized`); otherwise leave them.
+    """
+    if config.quantization is None:
+        return
+    from minisgl.quantized import quantize_engine
+
+    quantize_engine(engine, config.quantization)
+
+
+#: 组装好的引擎的零件：到第 2.5 章为止的调度器零件（主循环见 :func:`full_loop`），加上第 3.6 章的采样器和第 5.4 章的
+#: 量化（:func:`full_weights`）。离线的 ``LLM``、每个秩和服务器的调度器进程都用它。
 #: en: The assembled engine's parts: the scheduler's parts up to chapter 2.5 (the main loop: :func:`full_loop`), plus
-#: chapter 3.6's sampler. The offline ``LLM``, every rank and the server's scheduler process all use them.
-FULL_PARTS = dataclasses.replace(overlap.PARTS, sampler=full_sampler, loop=full_loop)
+#: chapter 3.6's sampler and chapter 5.4's quantization (:func:`full_weights`). The offline ``LLM``, every rank and the
+#: server's scheduler process all use them.
+FULL_PARTS = dataclasses.replace(overlap.PARTS, sampler=full_sampler, loop=full_loop, weights=full_weights)
 
 
 class LLM(Scheduler):

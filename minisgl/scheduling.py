@@ -50,6 +50,13 @@ CacheManagerFactory = Callable[[Engine, "SchedulerConfig", "TableManager"], Any]
 #: without them).
 QueuePolicyFactory = Callable[["SchedulerConfig", Any], Any]
 
+#: 加载完的权重怎么处理：``(引擎, 配置) -> None``，调度器建好引擎后立刻调用一次。缺省什么也不做；组装好的引擎
+#: （:mod:`minisgl.llm`）配置了 ``quantization`` 时把线性层的权重换成量化的（第 5.4 章）。
+#: en: What to do with the loaded weights: ``(engine, config) -> None``, called once right after the scheduler builds
+#: en: its engine. By default nothing; the assembled engine (:mod:`minisgl.llm`) replaces the linear layers' weights
+#: en: with quantized ones when ``quantization`` is configured (chapter 5.4).
+WeightsHook = Callable[[Engine, "SchedulerConfig"], None]
+
 
 @dataclass(frozen=True)
 class SchedulerParts:
@@ -61,7 +68,8 @@ class SchedulerParts:
     - ``policy``：每一步选预填充还是解码的策略类（第 2.4 章让解码插在分块之间）；
     - ``loop``：主循环类，拿到调度器本身（第 2.5 章的重叠调度）；
     - ``sampler``：采样器的做法（第 3.5、3.6 章的采样控制和语法）；
-    - ``queue_policy``：等待队列的顺序（按 ``schedule_policy`` 选；第 2.3 章配上只读匹配和去重，见 :mod:`minisgl.schedule_policy`）。
+    - ``queue_policy``：等待队列的顺序（按 ``schedule_policy`` 选；第 2.3 章配上只读匹配和去重，见 :mod:`minisgl.schedule_policy`）；
+    - ``weights``：引擎加载完权重之后对它们做的事（第 5.4 章：量化），见 :data:`WeightsHook`。
 
     en: The parts a scheduler holds besides its engine. ``None`` means chapter 2.1's own; each later chapter delivers
     one of them, and the assembly (:mod:`minisgl.llm`) puts them together. The scheduler uses a part only through the
@@ -75,7 +83,9 @@ class SchedulerParts:
     - ``loop``: the main-loop class, given the scheduler itself (chapter 2.5's overlap scheduling);
     - ``sampler``: how to make the sampler (chapters 3.5 and 3.6: sampling controls and grammars);
     - ``queue_policy``: the order of the waiting queue (chosen by ``schedule_policy``; chapter 2.3 adds the read-only
-      match and the dedup; see :mod:`minisgl.schedule_policy`).
+      match and the dedup; see :mod:`minisgl.schedule_policy`);
+    - ``weights``: what is done to the engine's weights once they are loaded (chapter 5.4: quantization), see
+      :data:`WeightsHook`.
     """
 
     cache_manager: CacheManagerFactory | None = None
@@ -85,6 +95,7 @@ class SchedulerParts:
     loop: Callable[[Any], MainLoop] | None = None
     sampler: SamplerFactory | None = None
     queue_policy: QueuePolicyFactory | None = None
+    weights: WeightsHook | None = None
 
 
 class TokenLogprob(NamedTuple):
@@ -446,6 +457,10 @@ class SchedulerConfig(EngineConfig):
     # EARLY_EXIT 用目标模型的前几层起草（minisgl.early_exit）；None：按模型的层数挑
     # en: EARLY_EXIT drafts with the target model's first layers (minisgl.early_exit); None: picked by the model's layers
     speculative_draft_layers: int | None = None
+    # 只量化权重（第 5.4 章，minisgl.quantized）：None | "int8wo" | "int4wo-G"，加载后量化；只有组装好的引擎认得
+    # en: weight-only quantization (chapter 5.4, minisgl.quantized): None / "int8wo" / "int4wo-G", applied after
+    # en: loading; only the assembled engine knows it
+    quantization: str | None = None
 
 
 class DecodeManager:

@@ -417,6 +417,44 @@ def check_draft_layers(layers: Any, num_layers: int | None) -> None:
                             top=num_layers - 1, n=num_layers, value=layers))
 
 
+#: 认得的量化（``--quantization``，也叫 ``--torchao-config``）：名字照 torchao / SGLang 的只量化权重的写法。
+#: en: The quantizations known (``--quantization``, also ``--torchao-config``): named as torchao / SGLang write
+#: en: weight-only quantization.
+QUANTIZATIONS = ("int8wo", "int4wo-<group>")
+
+
+def parse_quantization(name: Any) -> tuple[str, int | None]:
+    """``int8wo`` → ``("int8", None)``（每个输出通道一个 scale）；``int4wo-G`` → ``("int4", G)``（每 G 列一组，G 是 32
+    的正倍数）。别的名字抛 ValueError，说出认得的写法。
+
+    en: ``int8wo`` → ``("int8", None)`` (one scale per output channel); ``int4wo-G`` → ``("int4", G)`` (groups of G
+    columns, G a positive multiple of 32). Any other name raises ValueError naming the forms known.
+    """
+    text = str(name).strip().lower()
+    if text == "int8wo":
+        return "int8", None
+    method, _, group = text.partition("-")
+    if method == "int4wo" and group.isdigit() and int(group) > 0 and int(group) % 32 == 0:
+        return "int4", int(group)
+    raise ValueError(tr("Unknown quantization {name!r} (--quantization): choose int8wo (int8, one scale per output "
+                        "channel) or int4wo-G (int4 in groups of G input columns, G a multiple of 32, e.g. int4wo-128)",
+                        name=name))
+
+
+def check_quantization(config: Any) -> None:
+    """``quantization`` 在建引擎之前检查（ValueError），写法统一成小写。组的大小能不能整除每个线性层的输入维，要等
+    模型切好才知道（张量并行时每个秩只有一段），加载后由 :mod:`minisgl.quantized` 查。
+
+    en: Check ``quantization`` before the engine is built (ValueError) and normalise it to lower case. Whether the group
+    size divides every linear layer's input dimension is known only once the model is split (under tensor parallelism
+    each rank holds a slice), so :mod:`minisgl.quantized` checks it after loading.
+    """
+    if config.quantization is None:
+        return
+    parse_quantization(config.quantization)
+    config.quantization = str(config.quantization).strip().lower()
+
+
 def validate_config(config: Any, cache_types: tuple[str, ...] = ("naive",)) -> None:
     """引擎 / 调度器配置在建引擎之前检查一遍：错的值立刻报清楚，而不是到很后面才以奇怪的方式出错。调度器的
     ``cache_type`` 要在 ``cache_types``（零件认得的前缀缓存种类）里；``None`` 换成其中第一个。
@@ -451,6 +489,8 @@ def validate_config(config: Any, cache_types: tuple[str, ...] = ("naive",)) -> N
         check_schedule_policy(config.schedule_policy)
     if hasattr(config, "speculative_algorithm"):
         check_speculative(config)
+    if hasattr(config, "quantization"):
+        check_quantization(config)
     dtype = config.dtype
     if dtype is not None and not isinstance(dtype, torch.dtype) and dtype not in _DTYPES:
         raise ValueError(tr("Unsupported dtype={dtype!r}: choose None (automatic), {names}, or the matching torch.dtype",

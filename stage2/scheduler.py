@@ -244,6 +244,8 @@ class Scheduler:
         self.config = config
         engine_fields = {f.name: getattr(config, f.name) for f in fields(EngineConfig)}
         self.engine = self.engine_cls(EngineConfig(**engine_fields))
+        if parts.weights is not None:  # 组装好的引擎可以换掉加载好的权重（第 5.4 章） | en: the assembled engine may replace the loaded weights (chapter 5.4)
+            parts.weights(self.engine, config)
         self.device = self.engine.device
         self.page_size = config.page_size
         self.page_table: torch.Tensor = self.engine.page_table

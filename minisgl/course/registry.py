@@ -92,6 +92,7 @@ BUILTIN_CHAPTERS: tuple[Chapter, ...] = (
     Chapter("ngram_cache", 5, 1, "起草：n-gram 缓存与起草器接口", "Drafting: the n-gram cache and the drafter interface"),
     Chapter("spec_tree", 5, 2, "验证：树掩码、按深度的位置与接受", "Verification: the tree mask, positions by depth and acceptance"),
     Chapter("speculative", 5, 3, "引擎里的投机解码：一次前向验证，KV 收拾干净", "Speculative decoding in the engine: verify in one forward, keep the KV honest"),
+    Chapter("quantization", 5, 4, "只量化权重：int8 每通道、int4 按组", "Weight-only quantization: int8 per channel, int4 in groups"),
 )
 
 

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from minisgl.i18n import tr
 
 __all__ = ["SOURCES", "Choice", "available", "bf16_dot", "calibrate", "choice", "cpu_linear", "forced", "kernel_linear", "library",
-           "onednn_linear", "onednn_pack", "onednn_supports", "supports"]
+           "onednn_linear", "onednn_pack", "onednn_supports", "q4_linear", "q8_linear", "supports"]
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_decode.c")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
@@ -111,6 +111,10 @@ def library() -> ctypes.CDLL | None:
     if lib.bf16_dot:
         lib.cpu_linear_bf16.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
         lib.cpu_linear_bf16.restype = None
+    lib.cpu_linear_q8.argtypes = [_PTR] * 5 + [_I64] * 3
+    lib.cpu_linear_q8.restype = None
+    lib.cpu_linear_q4.argtypes = [_PTR] * 6 + [_I64] * 4
+    lib.cpu_linear_q4.restype = None
     lib.cpu_decode.argtypes = [_PTR] * 8 + [_I64, _PTR, _PTR, _I64, _PTR]  # 各参数见 cpu_decode.c
     lib.cpu_decode.restype = None
     lib.cpu_decode_work_floats.argtypes = [_PTR, _I64]
@@ -189,6 +193,54 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         fn(x2.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, k, n)
     y = y.to(weight.dtype)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
+def _rows_fp32(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x`` 变成二维、连续的 fp32（已经是时不复制）。"""
+    return (x if x.dim() == 2 else x.reshape(-1, k)).float().contiguous()
+
+
+def _quantized_call(fn: Callable[..., None], x: torch.Tensor, n: int, k: int, bias: torch.Tensor | None,
+                    *args: object) -> torch.Tensor:
+    """量化内核的公共部分：输入变成 fp32 的行，偏置 fp32，结果回到 ``x`` 的类型和形状。"""
+    x2 = _rows_fp32(x, k)
+    y = torch.empty((x2.shape[0], n), dtype=torch.float32)
+    if x2.shape[0]:
+        b = None if bias is None else bias.float().contiguous()
+        fn(x2.data_ptr(), *args, None if b is None else b.data_ptr(), y.data_ptr(), x2.shape[0], k, n)
+    y = y.to(x.dtype)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
+def q8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x · (q · scale[:, None])ᵀ + bias``：``q`` 是 ``[N, K]`` 的 int8（K 是 8 的倍数），``scale`` 是 ``[N]`` 的
+    fp32，都在 CPU 上、连续（第 5.4 章的 int8 权重）。权重读进寄存器才变成 fp32，累加完整行再乘 scale。
+    只给解码的几行用：每个输出由一个线程按固定顺序求和，行数多时重读权重的次数也多。
+
+    en: ``x · (q · scale[:, None])ᵀ + bias``: ``q`` a ``[N, K]`` int8 (K a multiple of 8), ``scale`` an fp32 ``[N]``,
+    both contiguous on the CPU (chapter 5.4's int8 weights). Weights become fp32 only in registers, and a row's sum is
+    scaled once at the end. For the few rows of a decode step.
+    """
+    n, k = q.shape
+    return _quantized_call(library().cpu_linear_q8, x, n, k, bias, q.data_ptr(), scale.data_ptr())
+
+
+def q4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zs: torch.Tensor, group_size: int,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x · Wᵀ + bias``，``W = q · scale + zs`` 按组：``packed`` 是 ``[N, K / 2]`` 的字节（Q4_0 的排法，见第 5.4 章），
+    ``scale``、``zs``（= −零点 · scale）是 ``[N, K / group_size]`` 的 fp32；``group_size`` 是 32 的倍数。
+
+    en: ``x · Wᵀ + bias`` with ``W = q · scale + zs`` per group: ``packed`` is ``[N, K / 2]`` bytes (Q4_0's layout, see
+    chapter 5.4), ``scale`` and ``zs`` (= −zero point · scale) are fp32 ``[N, K / group_size]``; ``group_size`` is a
+    multiple of 32.
+    """
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    lib = library()
+
+    def call(xp: int, w: int, s: int, z: int, b: int | None, y: int, m: int, kk: int, nn: int) -> None:
+        lib.cpu_linear_q4(xp, w, s, z, b, y, m, kk, nn, group_size)
+
+    return _quantized_call(call, x, n, k, bias, packed.data_ptr(), scale.data_ptr(), zs.data_ptr())
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

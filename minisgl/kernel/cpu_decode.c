@@ -16,6 +16,10 @@
 
 void cpu_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t K, int64_t N);
 void cpu_linear_bf16w(const float *x, const uint16_t *w, const float *b, float *y, int64_t M, int64_t K, int64_t N);
+void cpu_linear_q8(const float *x, const int8_t *w, const float *scale, const float *b, float *y, int64_t M, int64_t K,
+                   int64_t N);
+void cpu_linear_q4(const float *x, const uint8_t *w, const float *scale, const float *zs, const float *b, float *y,
+                   int64_t M, int64_t K, int64_t N, int64_t group);
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define HAVE_BF16_DOT 1
 void cpu_linear_bf16(const uint16_t *x, const uint16_t *w, const float *b, uint16_t *y, int64_t M, int64_t K, int64_t N);
@@ -26,13 +30,16 @@ void cpu_linear_bf16(const uint16_t *x, const uint16_t *w, const float *b, uint1
 /* 每层的指针表（Python 那边按这个顺序填，没有的项填 0）。归一化权重和偏置总是 fp32（bf16 模型由 Python 另存
  * 一份 fp32 副本）；线性层的权重和 K/V 缓存是 Shape.weights 说的类型。 */
 enum { IN_NORM, QKV_W, QKV_B, Q_NORM, K_NORM, O_W, O_B, POST_NORM, GATE_UP_W, GATE_UP_B, DOWN_W, DOWN_B,
-       K_CACHE, V_CACHE, NUM_PTRS };
+       K_CACHE, V_CACHE, QKV_S, QKV_Z, O_S, O_Z, GATE_UP_S, GATE_UP_Z, DOWN_S, DOWN_Z, NUM_PTRS };
+enum { QKV_W_S_ = QKV_S, QKV_W_Z_ = QKV_Z, O_W_S_ = O_S, O_W_Z_ = O_Z, GATE_UP_W_S_ = GATE_UP_S, GATE_UP_W_Z_ = GATE_UP_Z,
+       DOWN_W_S_ = DOWN_S, DOWN_W_Z_ = DOWN_Z };
+/* 量化的权重（第 5.4 章）时每个线性层还有 scale 和 zs（= −零点 · scale，只有 int4 有）：上面 *_S、*_Z 四对。 */
 
-/* 权重和 KV 缓存的类型，以及 bf16 线性层用哪种点积。 */
-enum { W_F32, W_BF16_WIDEN, W_BF16_DOT };
+/* 权重和 KV 缓存的类型，以及 bf16 线性层用哪种点积；量化的权重（int8 每通道、int4 按组）时激活和 KV 缓存是 fp32。 */
+enum { W_F32, W_BF16_WIDEN, W_BF16_DOT, W_Q8, W_Q4 };
 
 typedef struct {
-    int64_t batch, hidden, q_heads, kv_heads, head_dim, intermediate, layers, weights;
+    int64_t batch, hidden, q_heads, kv_heads, head_dim, intermediate, layers, weights, group; /* group：int4 的组大小 */
     float eps;
 } Shape;
 
@@ -102,7 +109,15 @@ static void store(void *cache, int64_t at, const float *src, int64_t n, int bf16
 /* y = x Wᵀ + b，x、y 都是 fp32 的草稿，w 是 Shape.weights 说的类型。bf16 时 x 的值已是 bf16（上一步舍入过），
  * y 舍入成 bf16，与逐层引擎里的 kernel_linear 一样；点积那条路要 bf16 的输入输出，借 xb、yb 两块草稿转换。 */
 static void linear(int kind, const float *x, const void *w, const float *b, float *y, int64_t M, int64_t K, int64_t N,
-                   uint16_t *xb, uint16_t *yb) {
+                   uint16_t *xb, uint16_t *yb, const float *scale, const float *zs, int64_t group) {
+    if (kind == W_Q8) {
+        cpu_linear_q8(x, (const int8_t *)w, scale, b, y, M, K, N);
+        return;
+    }
+    if (kind == W_Q4) {
+        cpu_linear_q4(x, (const uint8_t *)w, scale, zs, b, y, M, K, N, group);
+        return;
+    }
 #if HAVE_BF16_DOT
     if (kind == W_BF16_DOT) {
         for (int64_t i = 0; i < M * K; ++i) xb[i] = to_bf16(x[i]);
@@ -174,7 +189,7 @@ void cpu_decode(const Shape *s, const int64_t *ptrs, float *x, const float *cos_
                 const int32_t *table_idx, const int32_t *seq_lens, int64_t max_len, float *work) {
     const int64_t B = s->batch, H = s->hidden, D = s->head_dim, Hq = s->q_heads, Hkv = s->kv_heads;
     const int64_t I = s->intermediate, QKV = (Hq + 2 * Hkv) * D, group = Hq / Hkv, kv_stride = Hkv * D;
-    const int kind = (int)s->weights, bf16 = kind != W_F32;
+    const int kind = (int)s->weights, bf16 = kind == W_BF16_WIDEN || kind == W_BF16_DOT;
     const float scale = 1.f / sqrtf((float)D), eps = s->eps;
     float *h = work, *qkv = h + B * H, *attn = qkv + B * QKV, *gate_up = attn + B * Hq * D;
     float *act = gate_up + B * 2 * I, *proj = act + B * I, *scores = proj + B * H;
@@ -186,7 +201,9 @@ void cpu_decode(const Shape *s, const int64_t *ptrs, float *x, const float *cos_
         const int64_t *p = ptrs + l * NUM_PTRS;
         const float *q_norm = (const float *)p[Q_NORM], *k_norm = (const float *)p[K_NORM];
         void *kc = (void *)p[K_CACHE], *vc = (void *)p[V_CACHE];
-#define LINEAR(in, W, BIAS, out, K, N) linear(kind, in, (const void *)p[W], (const float *)p[BIAS], out, B, K, N, xb, yb)
+#define LINEAR(in, W, BIAS, out, K, N)                                                                          \
+    linear(kind, in, (const void *)p[W], (const float *)p[BIAS], out, B, K, N, xb, yb, (const float *)p[W##_S_], \
+           (const float *)p[W##_Z_], s->group)
 
         for (int64_t b = 0; b < B; ++b) rms_norm(x + b * H, (const float *)p[IN_NORM], h + b * H, H, eps, bf16);
         LINEAR(h, QKV_W, QKV_B, qkv, H, QKV);

@@ -15,7 +15,7 @@
  */
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -315,3 +315,132 @@ void cpu_linear_bf16(const uint16_t *x, const uint16_t *w, const float *b, uint1
     for (int64_t r = TILE_W * tiles; r < N; ++r) rows_dot(w, x, b, y, M, K, N, r, 1);
 }
 #endif
+
+/* ---- 量化的权重（第 5.4 章）：读 1 个或半个字节，在寄存器里变回 fp32 再乘 ----
+ * int8，每个输出行一个 fp32 的 scale：y[m, n] = scale[n] · Σ_k x[m, k] q[n, k] + b[n]。整行共用一个 scale，
+ * 所以先按整数值累加，最后乘一次——与 fp32 那条路一样的分块，只是每个权重读进来时从 int8 变成 fp32。
+ * int4 按组（每 group 个输入列一组，group 是 32 的倍数），每组一个 scale 和一个零点：w = q · scale + zs，
+ * zs = −零点 · scale（Python 那边先算好）。字节的排法与 llama.cpp 的 Q4_0 一样：每 32 列一块 16 个字节，第 i 个
+ * 字节的低 4 位是第 i 列、高 4 位是第 i + 16 列——一次读 16 个字节，与 15 按位与、右移 4 位，就得到两段连续的
+ * 16 列，不用任何重排。组内先把权重还原（一次 FMA），再乘 x 累加。
+ * 这两个函数只管解码的几行 x；行数多（预填充）时 Python 那边还原整块权重、交给 F.linear。 */
+typedef int8_t vi8 __attribute__((vector_size(VW)));
+typedef int8_t v8i8 __attribute__((vector_size(8)));
+typedef uint8_t vu8 __attribute__((vector_size(VW)));
+typedef int32_t vi32 __attribute__((vector_size(VW * sizeof(int32_t))));
+typedef int32_t v8i32 __attribute__((vector_size(8 * sizeof(int32_t))));
+/* 整数向量变成 fp32：先扩成 32 位整数再转（一步转时 GCC 会逐个元素地转） */
+#define TO_F32(v, itype, ftype) __builtin_convertvector(__builtin_convertvector((v), itype), ftype)
+/* VW 个有符号的 int8 变成 fp32：GCC 把有符号的扩展逐个元素地做，x86 上直接用扩展指令（vpmovsxbd） */
+static inline vf load_i8(const int8_t *p) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif defined(__AVX2__)
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    return TO_F32(LOAD(vi8, p), vi32, vf);
+#endif
+}
+#define QX 4 /* int4 一块同时乘几行 x：还原后的权重、每行的 scale 和零点也要寄存器 */
+
+static inline __attribute__((always_inline)) void tile_q8(const int8_t *w, const float *scale, const float *x,
+                                                          const float *b, float *y, int64_t K, int64_t N, int64_t r,
+                                                          int64_t m, int rw, int rx, const int8_t *pf) {
+    vf acc[TILE_W][TILE_X] = {{{0}}};
+    v8f tail[TILE_W][TILE_X] = {{{0}}};
+    const int64_t kv = K - K % VW;
+    for (int64_t k = 0; k < kv; k += VW) {
+        if (pf && k % 64 == 0) /* 下一块的几行里与这一步同一列的 64 字节（与 fp32 那条路一样同步预取） */
+            for (int i = 0; i < TILE_W; ++i) __builtin_prefetch(pf + i * K + k, 0, PF_LOCALITY);
+        vf xv[TILE_X];
+        for (int j = 0; j < rx; ++j) xv[j] = LOAD(vf, x + (m + j) * K + k);
+        for (int i = 0; i < rw; ++i) {
+            vf wv = load_i8(w + (r + i) * K + k);
+            for (int j = 0; j < rx; ++j) acc[i][j] += wv * xv[j];
+        }
+    }
+    for (int64_t k = kv; VW > 8 && k < K; k += 8)
+        for (int i = 0; i < rw; ++i)
+            for (int j = 0; j < rx; ++j)
+                tail[i][j] += TO_F32(LOAD(v8i8, w + (r + i) * K + k), v8i32, v8f) * LOAD(v8f, x + (m + j) * K + k);
+    for (int i = 0; i < rw; ++i)
+        for (int j = 0; j < rx; ++j)
+            y[(m + j) * N + r + i] = (hsum(acc[i][j]) + hsum8(tail[i][j])) * scale[r + i] + (b ? b[r + i] : 0.f);
+}
+
+static inline __attribute__((always_inline)) void rows_q8(const int8_t *w, const float *scale, const float *x,
+                                                          const float *b, float *y, int64_t M, int64_t K, int64_t N,
+                                                          int64_t r, int rw) {
+    /* 只在第一趟 x 时预取下一块权重（之后几趟读的是已在缓存里的这一块） */
+    const int8_t *pf = rw == TILE_W && r + 2 * TILE_W <= N ? w + (r + TILE_W) * K : 0;
+    int64_t m = 0;
+    for (; m + TILE_X <= M; m += TILE_X) tile_q8(w, scale, x, b, y, K, N, r, m, rw, TILE_X, m ? 0 : pf);
+    switch (M - m) {
+#define REST(n) case n: if (n < TILE_X) tile_q8(w, scale, x, b, y, K, N, r, m, rw, n, m ? 0 : pf); break;
+        REST(1) REST(2) REST(3) REST(4) REST(5) REST(6) REST(7)
+#undef REST
+    }
+}
+
+/* K 是 8 的倍数；scale [N]；b 可以是 NULL。 */
+void cpu_linear_q8(const float *x, const int8_t *w, const float *scale, const float *b, float *y, int64_t M, int64_t K,
+                   int64_t N) {
+    const int64_t tiles = N / TILE_W;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) rows_q8(w, scale, x, b, y, M, K, N, TILE_W * t, TILE_W);
+    for (int64_t r = TILE_W * tiles; r < N; ++r) rows_q8(w, scale, x, b, y, M, K, N, r, 1);
+}
+
+static inline __attribute__((always_inline)) void tile_q4(const uint8_t *w, const float *scale, const float *zs,
+                                                          const float *x, const float *b, float *y, int64_t K,
+                                                          int64_t N, int64_t group, int64_t r, int64_t m, int rw,
+                                                          int rx, const uint8_t *pf) {
+    vf acc[TILE_W][QX] = {{{0}}};
+    const int64_t groups = K / group;
+    for (int64_t g = 0; g < groups; ++g) {
+        vf sv[TILE_W], zv[TILE_W];
+        for (int i = 0; i < rw; ++i) {
+            sv[i] = (vf){0} + scale[(r + i) * groups + g];
+            zv[i] = (vf){0} + zs[(r + i) * groups + g];
+        }
+        for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
+            if (pf && k % 128 == 0) /* 128 列是 64 字节 */
+                for (int i = 0; i < TILE_W; ++i) __builtin_prefetch(pf + (i * K + k) / 2, 0, PF_LOCALITY);
+            for (int h = 0; h < 16; h += VW) /* 16 个字节：AVX-512 一次，AVX2 / NEON 两次 */
+                for (int half = 0; half < 2; ++half) { /* 低 4 位：第 k + h 列起；高 4 位：第 k + 16 + h 列起 */
+                    vf xv[QX];
+                    for (int j = 0; j < rx; ++j) xv[j] = LOAD(vf, x + (m + j) * K + k + 16 * half + h);
+                    for (int i = 0; i < rw; ++i) {
+                        vu8 bytes = LOAD(vu8, w + ((r + i) * K + k) / 2 + h);
+                        vu8 q = half ? bytes >> 4 : bytes & 15;
+                        vf wv = TO_F32(q, vi32, vf) * sv[i] + zv[i];
+                        for (int j = 0; j < rx; ++j) acc[i][j] += wv * xv[j];
+                    }
+                }
+        }
+    }
+    for (int i = 0; i < rw; ++i)
+        for (int j = 0; j < rx; ++j) y[(m + j) * N + r + i] = hsum(acc[i][j]) + (b ? b[r + i] : 0.f);
+}
+
+static inline __attribute__((always_inline)) void rows_q4(const uint8_t *w, const float *scale, const float *zs,
+                                                          const float *x, const float *b, float *y, int64_t M,
+                                                          int64_t K, int64_t N, int64_t group, int64_t r, int rw) {
+    const uint8_t *pf = rw == TILE_W && r + 2 * TILE_W <= N ? w + (r + TILE_W) * K / 2 : 0;
+    int64_t m = 0;
+    for (; m + QX <= M; m += QX) tile_q4(w, scale, zs, x, b, y, K, N, group, r, m, rw, QX, m ? 0 : pf);
+    switch (M - m) {
+#define REST(n) case n: if (n < QX) tile_q4(w, scale, zs, x, b, y, K, N, group, r, m, rw, n, m ? 0 : pf); break;
+        REST(1) REST(2) REST(3)
+#undef REST
+    }
+}
+
+/* w [N, K / 2]（上面说的排法）；scale、zs [N, K / group]；K 是 group 的倍数，group 是 32 的倍数；b 可以是 NULL。 */
+void cpu_linear_q4(const float *x, const uint8_t *w, const float *scale, const float *zs, const float *b, float *y,
+                   int64_t M, int64_t K, int64_t N, int64_t group) {
+    const int64_t tiles = N / TILE_W;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) rows_q4(w, scale, zs, x, b, y, M, K, N, group, TILE_W * t, TILE_W);
+    for (int64_t r = TILE_W * tiles; r < N; ++r) rows_q4(w, scale, zs, x, b, y, M, K, N, group, r, 1);
+}
