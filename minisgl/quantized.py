@@ -216,7 +216,8 @@ def quantize_engine(engine: Engine, name: str) -> int:
     for _, op, attr in targets:
         w = getattr(op, attr)
         if id(w) not in done:
-            done[id(w)] = QuantizedWeight.quantize(w, method, group)
+            split = method == "int8" and _row_split(engine, op, attr)
+            done[id(w)] = _quantize_split_rows(w) if split else QuantizedWeight.quantize(w, method, group)
         qw = done[id(w)]
         setattr(op, attr, qw)
         for part, t in qw.tensors().items():  # 作为算子的张量属性登记：模型的字节数（model_nbytes）算得到它们
@@ -229,6 +230,35 @@ def quantize_engine(engine: Engine, name: str) -> int:
             op.weight = done[id(w)]
     _reinstall(engine, name)
     return len(done)
+
+
+def _row_split(engine: Engine, op: Any, attr: str) -> bool:
+    """这块权重的每一行是不是被切给了几个秩（按输入切的线性层，张量并行时每个专家切开时的 ``w2``）。"""
+    if getattr(engine.model, "tp_size", 1) == 1:
+        return False
+    if attr == "w2":
+        return engine.config.ep_size == 1
+    from minisgl.tensor_parallel import RowParallelLinear
+
+    return isinstance(op, RowParallelLinear)
+
+
+def _quantize_split_rows(w: torch.Tensor) -> QuantizedWeight:
+    """int8 的一行切在几个秩上：scale 要按整行（与一个秩时相同），所以先在各秩间取每行绝对值的最大值，作为多出来的
+    一列交给第 5.4 章的函数（它就选出整行的 scale），量化后去掉这一列。每个秩的整数与一个秩时它那几列的整数相同。
+
+    en: An int8 row split over ranks: the scale must cover the whole row (as on one rank), so each row's largest magnitude
+    is taken over the ranks and handed to chapter 5.4's function as one extra column (which makes it choose the whole
+    row's scale), and that column is dropped after quantizing. Each rank's integers equal those of its columns on one rank.
+    """
+    import torch.distributed as dist
+
+    from minisgl.distributed import get_tp_comm
+
+    peak = w.abs().amax(dim=-1, keepdim=True).float()
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=get_tp_comm().group)
+    whole = QuantizedWeight.quantize(torch.cat([w.float(), peak], dim=-1), "int8", None)
+    return QuantizedWeight("int8", whole.data[..., :-1].contiguous(), whole.scale, None, None, w.dtype)
 
 
 def _reinstall(engine: Engine, name: str) -> None:

@@ -181,6 +181,14 @@ class ServerArgs:
         help=lambda: tr("EARLY_EXIT: how many of the model's first layers draft, from 1 to one less than its layers "
                         "(default: half of them)"))
 
+    # 只量化权重（第 5.4 章）：加载后量化，名字照 torchao / SGLang 的写法；--torchao-config 是 SGLang 的同一件事
+    # en: weight-only quantization (chapter 5.4): quantized after loading, named as torchao / SGLang write it;
+    # en: --torchao-config is SGLang's flag for the same thing
+    quantization: str | None = option(
+        None, "--quantization", "--torchao-config", engine="quantization", type=str.lower,
+        help=lambda: tr("weight-only quantization after loading: int8wo (int8, one scale per output channel) or "
+                        "int4wo-G (int4 in groups of G input columns, G a multiple of 32, e.g. int4wo-128)"))
+
     def scheduler_kwargs(self) -> dict[str, Any]:
         """交给调度器（``LLM(model_path, **kw)``）的关键字参数：声明了 ``engine`` 的设置里设置了的那些；
         ``--max-total-tokens`` 折成页数。
@@ -296,6 +304,13 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error(tr("--dist-timeout must be a positive number of seconds, got {value}", value=values["dist_timeout"]))
     for problem in speculative_problems(values):
         parser.error(problem)
+    if values["quantization"] is not None:
+        from minisgl.validation import parse_quantization
+
+        try:
+            parse_quantization(values["quantization"])
+        except ValueError as e:
+            parser.error(str(e))
     if values["ep_size"] not in (1, values["tp_size"]):
         parser.error(tr("--ep {ep} must be 1 or equal to --tp {tp} (the experts are spread over the same ranks)",
                         ep=values["ep_size"], tp=values["tp_size"]))
