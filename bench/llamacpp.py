@@ -1,4 +1,4 @@
-"""llama.cpp 作对照（可选）：同一份 SmolLM2 权重（F32 或 BF16），一个请求的一步解码。
+"""llama.cpp 作对照（可选）：同一份 SmolLM2 权重（F32、BF16，或 llama.cpp 自己量化的 Q8_0、Q4_0），一个请求的一步解码。
 
 ``models/SmolLM2-135M-Instruct`` 是从 PyPI 上一个 GGUF（Q4_1）反量化成 fp32 的；这里用 ``gguf`` 库把同一个 GGUF
 的每个张量反量化成 F32（BF16 时再按最近偶数舍入成 bf16，和 torch 的 ``.to(torch.bfloat16)`` 一样），另写一个 GGUF
@@ -9,9 +9,13 @@ llama.cpp 的 Python 绑定 ``llama-cpp-python`` 不在依赖里：没装时 :fu
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import multiprocessing
 import statistics
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -27,12 +31,15 @@ class LlamaCppMissing(RuntimeError):
 
 
 def weights_gguf(weights: str = "F32") -> Path:
-    """SmolLM2 的 F32 / BF16 GGUF（与 models/SmolLM2-135M-Instruct 同样的权重），第一次调用时生成，之后直接用。"""
+    """SmolLM2 的 F32 / BF16 GGUF（与 models/SmolLM2-135M-Instruct 同样的权重），或把这份权重量化成 Q8_0 / Q4_0
+    （每 32 个一块、一个 fp16 的 scale；二维的张量都量化，含与 LM head 共用的词嵌入）；第一次调用时生成，之后直接用。"""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
     from gguf.quants import dequantize, quantize
 
     qtype, file_type = {"F32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
-                        "BF16": (GGMLQuantizationType.BF16, LlamaFileType.MOSTLY_BF16)}[weights]
+                        "BF16": (GGMLQuantizationType.BF16, LlamaFileType.MOSTLY_BF16),
+                        "Q8_0": (GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+                        "Q4_0": (GGMLQuantizationType.Q4_0, LlamaFileType.MOSTLY_Q4_0)}[weights]
     cache = models_dir() / ".cache" / "gguf"
     out = cache / f"SmolLM2-135M-Instruct.{weights}.gguf"
     if out.is_file():
@@ -66,7 +73,7 @@ def weights_gguf(weights: str = "F32") -> Path:
 
 
 def load(threads: int, n_ctx: int = 512, weights: str = "F32", draft_model: object = None):  # noqa: ANN201 - llama_cpp.Llama, an optional dependency
-    """llama.cpp 加载 F32 / BF16 GGUF（``threads`` 个线程）；``draft_model`` 是 llama-cpp-python 的草稿（例如
+    """llama.cpp 加载 F32 / BF16 / Q8_0 / Q4_0 GGUF（``threads`` 个线程）；``draft_model`` 是 llama-cpp-python 的草稿（例如
     ``LlamaPromptLookupDecoding``：按提示词查找的投机解码）。"""
     try:
         from llama_cpp import Llama
@@ -76,8 +83,54 @@ def load(threads: int, n_ctx: int = 512, weights: str = "F32", draft_model: obje
             "(a source package: it compiles llama.cpp, about {minutes:.0f} minutes on a 2-core machine)",
             minutes=BUILD_MINUTES,
         )) from err
-    return Llama(str(weights_gguf(weights)), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_ctx,
-                 draft_model=draft_model, verbose=False)
+    path = str(weights_gguf(weights))
+    repack = weights in ("F32", "BF16") or repacked_kernels_run(path, threads)
+    if not repack:
+        print(tr("llama.cpp's repacked kernels for {weights} crash on this CPU (a child process running them died): "
+                 "its plain {weights} kernels are measured instead", weights=weights))
+    with _extra_buffer_types(repack):
+        return Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_ctx,
+                     draft_model=draft_model, verbose=False)
+
+
+@contextlib.contextmanager
+def _extra_buffer_types(enabled: bool) -> Iterator[None]:
+    """llama.cpp 的 ``use_extra_bufts``（量化的权重换成按 CPU 重排的布局，例如 AMX、AVX-512 的分块）在这段里是
+    ``enabled``：llama-cpp-python 不把这个参数交出来，只好在加载期间换掉它取缺省参数的那个函数。"""
+    from llama_cpp import llama_cpp as binding  # 高层的 Llama 从这个 ctypes 模块取缺省参数
+
+    original = binding.llama_model_default_params
+
+    def params():  # noqa: ANN202
+        p = original()
+        p.use_extra_bufts = enabled
+        return p
+
+    binding.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        binding.llama_model_default_params = original
+
+
+def _probe(path: str, threads: int) -> None:
+    """子进程里：用缺省的（重排的）内核加载并前向几个 token。"""
+    from llama_cpp import Llama
+
+    Llama(path, n_ctx=64, n_threads=threads, verbose=False).eval([1, 2, 3])
+
+
+@functools.lru_cache(maxsize=None)
+def repacked_kernels_run(path: str, threads: int) -> bool:
+    """llama.cpp 的重排内核在这颗 CPU 上跑得了吗：在一个 spawn 出来的子进程里试（有的虚拟机上 AMX 那条路会让进程
+    崩掉，崩在子进程里就不连累这里）。"""
+    child = multiprocessing.get_context("spawn").Process(target=_probe, args=(path, threads), daemon=True)
+    child.start()
+    child.join(120)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    return child.exitcode == 0
 
 
 def _next_token(llama) -> int:  # noqa: ANN001

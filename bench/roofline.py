@@ -23,6 +23,7 @@
     python bench/roofline.py --dtype bf16    # 权重用 bf16（我们和 HF 都是）：每步少读一半字节
     python bench/roofline.py --llamacpp --dtype bf16   # 我们 bf16 对 llama.cpp 同一份权重的 BF16
     python bench/roofline.py --linear onednn # 我们的线性层换成 oneDNN（或 torch：F.linear），看内核省了多少
+    python bench/roofline.py --quantization int8wo   # 我们的权重量化（第 5.4 章）：下限按量化后的字节算，HF 仍是 fp32
     python bench/roofline.py --plot docs/assets/plots/roofline.svg   # 另把结果画成图（标注用当前语言）
 
 ``--llamacpp`` 时先比 llama.cpp 与我们的贪心输出（同一份权重、同一种精度；fp32 时应逐 token 相同，bf16 时两边的
@@ -47,6 +48,7 @@ from transformers import AutoModelForCausalLM
 from bench.common import Stats, plot_paths
 from minisgl import kernel
 from minisgl.core import SamplingParams
+from minisgl.engine import model_nbytes
 from minisgl.env import ENV
 from minisgl.i18n import tr
 from minisgl.llm import LLM
@@ -171,6 +173,8 @@ def main() -> int:
                         help=tr("weight dtype for ours, HF and llama.cpp (default fp32; llama.cpp runs the F32 or BF16 GGUF)"))
     parser.add_argument("--linear", choices=("kernel", "onednn", "torch"), default="kernel",
                         help=tr("our linear layers: the small-batch kernel (default), oneDNN, or plain F.linear"))
+    parser.add_argument("--quantization", default=None,
+                        help=tr("quantize our weights (int8wo or int4wo-G, chapter 5.4): the bound uses the quantized bytes; HF stays in the dtype given"))
     parser.add_argument("--plot", default=None, help=tr("also draw the result into this image file (svg or png; the English one goes beside it as X.en.svg)"))
     args = parser.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -188,17 +192,24 @@ def main() -> int:
              name=model.name, dtype=args.dtype, threads=torch.get_num_threads(), repeats=args.repeats))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval()
     linear = {"cpu_fast_linear": args.linear != "torch", "cpu_kernel": args.linear == "kernel"}
+    quant = {"quantization": args.quantization}
     llm = LLM(model, dtype=dtype, max_running_req=8, num_page_override=1024, max_seq_len_override=256,
-              cpu_fused_decode=False, **linear)
+              cpu_fused_decode=False, **linear, **quant)
     print(tr("Our linear layers: {kind}", kind=llm.engine.linear_kind))
     fused = None
     if llm.engine.linear_kind == "kernel":
         fused = LLM(model, dtype=dtype, max_running_req=8, num_page_override=1024, max_seq_len_override=256,
-                    cpu_fused_decode=True)
+                    cpu_fused_decode=True, **quant)
     scratch = tempfile.TemporaryDirectory()
-    small = LLM(fixed_cost_model(model, Path(scratch.name)), dtype=dtype, use_dummy_weight=True, max_running_req=8,
-                num_page_override=1024, max_seq_len_override=256, cpu_fused_decode=False)
-    nbytes, params = weight_bytes(hf), linear_params(hf)
+    narrow = fixed_cost_model(model, Path(scratch.name))
+    small = LLM(narrow, dtype=dtype, use_dummy_weight=True, max_running_req=8, num_page_override=1024,
+                max_seq_len_override=256, cpu_fused_decode=False)
+    small_fused = None if fused is None else LLM(narrow, dtype=dtype, use_dummy_weight=True, max_running_req=8,
+                                                 num_page_override=1024, max_seq_len_override=256, cpu_fused_decode=True)
+    # 一步要读的字节：量化时按我们的模型算（量化后的整数、scale 和零点），否则按 HF 的权重
+    # en: the bytes a step reads: from our model when quantized (the integers, scales and zero points), else HF's weights
+    nbytes = model_nbytes(llm.engine.model) if args.quantization else weight_bytes(hf)
+    params = linear_params(hf)
     buf = probe_buffer()
     hot_x = torch.randn(256, 1024)
     hot_w = kernel.onednn_pack(torch.randn(1024, 1024))
@@ -223,7 +234,9 @@ def main() -> int:
         "ours batch 8, narrow": (8, lambda: our_step_ms(small, 8)),
         **({} if fused is None else {
             "ours batch 1, fused": (1, lambda: our_step_ms(fused, 1)),
+            "ours batch 1, fused narrow": (1, lambda: our_step_ms(small_fused, 1)),
             "ours batch 8, fused": (8, lambda: our_step_ms(fused, 8)),
+            "ours batch 8, fused narrow": (8, lambda: our_step_ms(small_fused, 8)),
         }),
         "HF batch 1": (1, lambda: hf_step_ms(hf, 1)),
         "HF batch 8": (8, lambda: hf_step_ms(hf, 8)),
@@ -246,7 +259,7 @@ def main() -> int:
                 print_linear_plan(llm)
     finally:
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
-        for engine in (llm, small, fused):
+        for engine in (llm, small, fused, small_fused):
             if engine is not None:
                 engine.shutdown()
         scratch.cleanup()
@@ -320,6 +333,8 @@ def row_label(name: str, language: str | None = None) -> str:
         bs, _, variant = name.removeprefix("ours batch ").partition(", ")
         if variant == "narrow":
             return tr("ours batch {bs}, narrow", bs=bs, language=language)
+        if variant == "fused narrow":
+            return tr("ours batch {bs}, fused decode, narrow", bs=bs, language=language)
         if variant == "fused":
             return tr("ours batch {bs}, fused decode", bs=bs, language=language)
         return tr("ours batch {bs}, layer by layer", bs=bs, language=language)

@@ -209,9 +209,12 @@ def quantize_engine(engine: Engine, name: str) -> int:
     float weights; return how many were quantized. Copies a fast CPU path kept are dropped, and the fused C decode and
     CUDA graphs are installed again over the quantized weights.
     """
+    from minisgl.engine import model_nbytes
+
     method, group = parse_quantization(name)
     targets = _targets(engine.model)
     _check_groups(targets, method, group, name)
+    before = model_nbytes(engine.model)
     done: dict[int, QuantizedWeight] = {}  # 共用的一块（绑定的 LM head）只量化一次 | en: a shared weight (a tied LM head) is quantized once
     for _, op, attr in targets:
         w = getattr(op, attr)
@@ -228,7 +231,8 @@ def quantize_engine(engine: Engine, name: str) -> int:
         w = vars(op).get("weight")
         if isinstance(w, torch.Tensor) and id(w) in done:
             op.weight = done[id(w)]
-    _reinstall(engine, name)
+    _reinstall(engine, tr("weights quantized as {name}: {after:.0f} MB, from {before:.0f} MB", name=name,
+                          after=model_nbytes(engine.model) / 1e6, before=before / 1e6))
     return len(done)
 
 
@@ -261,8 +265,9 @@ def _quantize_split_rows(w: torch.Tensor) -> QuantizedWeight:
     return QuantizedWeight("int8", whole.data[..., :-1].contiguous(), whole.scale, None, None, w.dtype)
 
 
-def _reinstall(engine: Engine, name: str) -> None:
-    """引擎建好时装上的、读着原来那些权重的东西（融合解码、CUDA 图）卸下，按量化后的权重重新决定、重新装。"""
+def _reinstall(engine: Engine, how: str) -> None:
+    """引擎建好时装上的、读着原来那些权重的东西（融合解码、CUDA 图）卸下，按量化后的权重重新决定、重新装；``how``
+    接在解码路径那句话后面（服务器启动时打印）。"""
     from minisgl.fused import FusedDecoder, plan_decode
     from minisgl.graph import GraphRunner
 
@@ -270,7 +275,7 @@ def _reinstall(engine: Engine, name: str) -> None:
     vars(engine.attn_backend).pop("prepare_metadata", None)
     requested = engine.config.cpu_fused_decode
     engine.fused_decode, path = plan_decode(engine, requested)
-    engine.decode_path = tr("{path}; weights quantized as {name}", path=path, name=name)
+    engine.decode_path = tr("{path}; {how}", path=path, how=how)
     if engine.graph_runner is not None:
         engine.graph_runner = GraphRunner(engine, engine.graph_mode, engine.config.cuda_graph_max_bs)
     engine.fused_decoder = FusedDecoder(engine) if engine.fused_decode else None

@@ -81,8 +81,8 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
     en: The (approximate) inverse of :func:`quantize_int8`: an fp32 ``[N, K]``.
     """
-    # TODO 任务 dequantize_int8：返回 fp32 的 [N, K]：每个整数乘上它那一行的 scale
-    # TODO task dequantize_int8: return an fp32 [N, K]: each integer times its row's scale
+    # TODO 任务 dequantize_int8：返回 fp32 的 [N, K]：每个整数乘上它那一行的缩放系数
+    # TODO task dequantize_int8: return an fp32 [N, K]: each integer times its row's scaling factor
     raise TaskNotDone("quantization", "dequantize_int8")
 
 
@@ -141,8 +141,8 @@ def linear_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: tor
     en: The reference matmul: ``x · dequantize_int8(q, scale)ᵀ + bias``, in ``x``'s dtype. The fast kernel (given, see
     ``minisgl.kernel``) is checked against it.
     """
-    # TODO 任务 linear_int8：返回 x 乘以还原后的权重的转置再加偏置（偏置可以没有），与 x 同类型、同形状（最后一维换成 N）。每一行共用一个 scale：不必先还原整个矩阵，可以先乘整数、最后按输出列乘 scale
-    # TODO task linear_int8: return x times the transpose of the restored weight plus the bias (which may be absent), in x's dtype and shape (the last dimension becoming N). A whole row shares one scale: there is no need to restore the whole matrix first; multiply by the integers and scale each output column at the end
+    # TODO 任务 linear_int8：返回 x 乘以还原后的权重的转置再加偏置向量（可以没有），与 x 同类型、同形状（最后一维换成 N）。每一行共用一个缩放系数：不必先还原整个矩阵，可以先乘整数、最后把每个输出列乘上它的系数
+    # TODO task linear_int8: return x times the transpose of the restored weight plus the offset vector (which may be absent), with x's type and shape (the last dimension becoming N). A whole row shares one scaling factor: there is no need to restore the whole matrix first; multiply by the integers and apply each output column's factor at the end
     raise TaskNotDone("quantization", "linear_int8")
 
 

@@ -89,8 +89,8 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
     en: The (approximate) inverse of :func:`quantize_int8`: an fp32 ``[N, K]``.
     """
-    # >>> TASK dequantize_int8: 返回 fp32 的 [N, K]：每个整数乘上它那一行的 scale
-    # en: return an fp32 [N, K]: each integer times its row's scale
+    # >>> TASK dequantize_int8: 返回 fp32 的 [N, K]：每个整数乘上它那一行的缩放系数
+    # en: return an fp32 [N, K]: each integer times its row's scaling factor
     # hint1: scale 是 [N]，要沿着行广播到 [N, K]。
     # en1: scale is [N] and must broadcast along the rows to [N, K].
     # hint2: return q.float() * scale[:, None]。
@@ -202,8 +202,8 @@ def linear_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: tor
     en: The reference matmul: ``x · dequantize_int8(q, scale)ᵀ + bias``, in ``x``'s dtype. The fast kernel (given, see
     ``minisgl.kernel``) is checked against it.
     """
-    # >>> TASK linear_int8: 返回 x 乘以还原后的权重的转置再加偏置（偏置可以没有），与 x 同类型、同形状（最后一维换成 N）。每一行共用一个 scale：不必先还原整个矩阵，可以先乘整数、最后按输出列乘 scale
-    # en: return x times the transpose of the restored weight plus the bias (which may be absent), in x's dtype and shape (the last dimension becoming N). A whole row shares one scale: there is no need to restore the whole matrix first; multiply by the integers and scale each output column at the end
+    # >>> TASK linear_int8: 返回 x 乘以还原后的权重的转置再加偏置向量（可以没有），与 x 同类型、同形状（最后一维换成 N）。每一行共用一个缩放系数：不必先还原整个矩阵，可以先乘整数、最后把每个输出列乘上它的系数
+    # en: return x times the transpose of the restored weight plus the offset vector (which may be absent), with x's type and shape (the last dimension becoming N). A whole row shares one scaling factor: there is no need to restore the whole matrix first; multiply by the integers and apply each output column's factor at the end
     # hint1: 在 fp32 里算：x.float() @ q.float().T 的第 n 列乘 scale[n]；偏置最后加；最后转回 x 的类型。
     # en1: Compute in fp32: column n of x.float() @ q.float().T times scale[n]; add the bias last; convert back to x's dtype at the end.
     # hint2: 1. y = (x.float() @ q.float().T) * scale；
