@@ -420,3 +420,29 @@ def test_bf16_engine_matches_hf_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     assert compared * 2 >= BF16_NEW_TOKENS * len(BF16_PROMPTS), tr(
         "only {compared} tokens had a top-2 margin of at least {bound}: the check proves too little",
         compared=compared, bound=BF16_MARGIN)
+
+
+def test_every_prefetch_way_gives_the_same_bits() -> None:
+    """预取的做法（按这颗 CPU 量出来选的）只改快慢：每一种下 fp32、int8、int4 内核的结果逐位相同，几行 x 都一样。"""
+    lib = kernel.library()
+    w, q = torch.randn(37, 64), torch.randint(-127, 128, (37, 64), dtype=torch.int8)
+    packed, scale, zs = torch.randint(0, 256, (37, 32), dtype=torch.uint8), torch.rand(37, 2), torch.randn(37, 2)
+    outputs: dict[str, list[torch.Tensor]] = {}
+    try:
+        for name in kernel.PREFETCH:
+            lib.cpu_linear_set_prefetch(*kernel._prefetch_args(name))
+            outputs[name] = [f(torch.randn(m, 64, generator=torch.Generator().manual_seed(m)))
+                             for m in range(1, 10)
+                             for f in (lambda x: kernel.kernel_linear(x, w), lambda x: kernel.q8_linear(x, q, scale[:, 0].contiguous()),
+                                       lambda x: kernel.q4_linear(x, packed, scale, zs, 32))]
+    finally:
+        lib.cpu_linear_set_prefetch(*kernel._prefetch_args(lib.prefetch))
+    first = next(iter(outputs.values()))
+    for name, got in outputs.items():
+        assert all(torch.equal(a, b) for a, b in zip(got, first)), tr("prefetch way {name} changed a result", name=name)
+
+
+def test_a_bad_prefetch_setting_says_what_to_do(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINISGL_KERNEL_PREFETCH", "sideways")
+    with pytest.raises(ValueError, match="lockstep-l2"):
+        kernel.library()

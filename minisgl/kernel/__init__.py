@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,7 @@ COLD_BYTES = 512 << 20  # 测量时轮流用这么多字节的权重副本：比
 BUSY_SHARE = 0.25  # 量的时候别的进程平均占了超过这么多个核：算“机器正忙”
 LOADED_PLAN_S = 3600.0  # 机器正忙时量出的选择存多久（秒）：之后第一个用到它的进程重量
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
+T = TypeVar("T")
 
 
 def cache_dir() -> Path:
@@ -111,6 +112,8 @@ def library() -> ctypes.CDLL | None:
     if lib.bf16_dot:
         lib.cpu_linear_bf16.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64]
         lib.cpu_linear_bf16.restype = None
+    lib.cpu_linear_set_prefetch.argtypes = [ctypes.c_int] * 4
+    lib.cpu_linear_set_prefetch.restype = None
     lib.cpu_linear_q8.argtypes = [_PTR] * 5 + [_I64] * 3
     lib.cpu_linear_q8.restype = None
     lib.cpu_linear_q4.argtypes = [_PTR] * 6 + [_I64] * 4
@@ -119,7 +122,81 @@ def library() -> ctypes.CDLL | None:
     lib.cpu_decode.restype = None
     lib.cpu_decode_work_floats.argtypes = [_PTR, _I64]
     lib.cpu_decode_work_floats.restype = _I64
+    lib.prefetch = use_prefetch(lib)
     return lib
+
+
+#: 预取的几种做法（``cpu_linear.c`` 的 ``cpu_linear_set_prefetch`` 的参数：分几趟、x 至少几行、是否同步、是否进 L2）。
+#: ``later-passes-l1`` 的行数是“多于一趟”：AVX-512 上一趟 6 行，别处 3 行（运行时按指令集换）。
+#: en: the ways to prefetch (the arguments of ``cpu_linear.c``'s ``cpu_linear_set_prefetch``: over how many passes, from
+#: en: how many x rows, in lockstep or not, into L2 or not). ``later-passes-l1`` starts "beyond one pass": 6 rows on AVX-512,
+#: en: 3 elsewhere (filled in by the instruction set at run time).
+PREFETCH = {
+    "lockstep-l2": (1, 1, 1, 1),
+    "lockstep-l1": (1, 1, 1, 0),
+    "later-passes-l1": (2, -1, 0, 0),
+    "off": (1, 1 << 30, 1, 1),
+}
+PREFETCH_SHAPE = (3072, 1024)  # 量预取时用的权重形状（0.6B 形状模型的 gate_up 的一半）
+
+
+def _prefetch_args(name: str) -> tuple[int, int, int, int]:
+    split, rows, lockstep, l2 = PREFETCH[name]
+    return split, (7 if isa() == "AVX-512" else 4) if rows < 0 else rows, lockstep, l2
+
+
+def use_prefetch(lib: ctypes.CDLL) -> str:
+    """这颗 CPU 上预取下一块权重的做法：``MINISGL_KERNEL_PREFETCH`` 指定了就用它；否则查编好的库旁边的计划文件，没有就在
+    冷的权重上把 :data:`PREFETCH` 里的几种轮流量一遍（M = 1 和 8，约一两秒），取最快的存下。只改快慢，结果逐位相同。
+
+    en: How this CPU prefetches the next weight block: ``MINISGL_KERNEL_PREFETCH`` when set; otherwise the plan file beside
+    the built library, or, the first time, the ways in :data:`PREFETCH` raced on cold weights (M = 1 and 8, a second or
+    two) and the fastest saved. Changes the speed only; results are identical bit for bit.
+    """
+    name = os.environ.get("MINISGL_KERNEL_PREFETCH", "").strip()
+    if name and name not in PREFETCH:
+        raise ValueError(tr("MINISGL_KERNEL_PREFETCH={value!r}: choose one of {names}, or unset it to measure on this CPU",
+                            value=name, names=", ".join(PREFETCH)))
+    path = _plan_file(lib)
+    saved = _read_plan(path).get("prefetch")
+    if not name and isinstance(saved, dict) and saved.get("name") in PREFETCH and time.time() <= saved.get("expires", math.inf):
+        name = saved["name"]
+    if not name:
+        timings, busy = _measure_prefetch(lib)
+        name = min(timings, key=timings.get)
+        entry: dict[str, object] = {"name": name, "ms": {k: round(v * 1e3, 3) for k, v in timings.items()}}
+        if busy > BUSY_SHARE:
+            entry |= {"busy_cores": round(busy, 2), "expires": time.time() + LOADED_PLAN_S}
+        _write_plan(path, {**_read_plan(path), "prefetch": entry})
+        print(tr("CPU kernels prefetch the next weights {how} (fastest of {n} ways on this CPU, saved in {path})",
+                 how=name, n=len(PREFETCH), path=path), file=sys.stderr)
+    lib.cpu_linear_set_prefetch(*_prefetch_args(name))
+    return name
+
+
+def _measure_prefetch(lib: ctypes.CDLL) -> tuple[dict[str, float], float]:
+    """每种预取一步的秒数（M = 1 和 M = 8 两次调用之和，冷的权重：轮流用约 COLD_BYTES / 2 的副本），和量的时候别的进程
+    占的核数。"""
+    n, k = PREFETCH_SHAPE
+    copies = max(2, (COLD_BYTES // 2) // (n * k * 4))
+    weights = [torch.randn(n, k) for _ in range(copies)]
+    xs = [torch.randn(m, k) for m in (1, 8)]
+    ys = [torch.empty(m, n) for m in (1, 8)]
+    turn = itertools.cycle(weights)
+
+    def step() -> None:
+        w = next(turn)
+        for x, y in zip(xs, ys):
+            lib.cpu_linear(x.data_ptr(), w.data_ptr(), None, y.data_ptr(), x.shape[0], k, n)
+
+    def way(name: str) -> Callable[[], None]:
+        args = _prefetch_args(name)
+        return lambda: (lib.cpu_linear_set_prefetch(*args), step())
+
+    timings, busy = _watch(lambda: _race([way(name) for name in PREFETCH]))
+    del weights
+    _trim_heap()
+    return dict(zip(PREFETCH, timings)), busy
 
 
 def available() -> bool:
@@ -352,9 +429,13 @@ def _busy_jiffies() -> tuple[int, int] | None:
     return sum(fields[:8]) - fields[3] - fields[4], os.sysconf("SC_CLK_TCK")
 
 
-def measured_while_watching(fn: Callable[[], Choice]) -> tuple[Choice, float]:
+def measured_while_watching(fn: Callable[[], T]) -> tuple[T, float]:
     """跑 ``fn``，同时看别的进程平均占了几个核（整机的忙时减去本进程的 CPU 时间，除以经过的时间）。读不到整机的
-    忙时（不是 Linux）就按系统负载减去本进程估。"""
+    忙时（不是 Linux）就按系统负载减去本进程估。形状的测量用这个名字、预取的测量用 :func:`_watch`：检查可以只替换前者。"""
+    return _watch(fn)
+
+
+def _watch(fn: Callable[[], T]) -> tuple[T, float]:
     before, own, start = _busy_jiffies(), os.times(), time.monotonic()
     chosen = fn()
     after, own_after, wall = _busy_jiffies(), os.times(), max(time.monotonic() - start, 1e-3)
@@ -374,8 +455,12 @@ def _trim_heap() -> None:
 
 def plan_path() -> Path:
     """量出来的表存在哪儿：编好的库旁边，按库（源码 + CPU）、PyTorch 版本和线程数各存一份。"""
-    lib = Path(library()._name)  # noqa: SLF001
-    return lib.with_name(f"{lib.stem}.linear-torch{torch.__version__}-t{torch.get_num_threads()}.json")
+    return _plan_file(library())
+
+
+def _plan_file(lib: ctypes.CDLL) -> Path:
+    built = Path(lib._name)  # noqa: SLF001
+    return built.with_name(f"{built.stem}.linear-torch{torch.__version__}-t{torch.get_num_threads()}.json")
 
 
 def _read_plan(path: Path) -> dict[str, dict]:

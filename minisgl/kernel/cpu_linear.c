@@ -4,7 +4,7 @@
  * 行 x（TILE_W × TILE_X 个累加器都留在寄存器里），所以 M = 1 时按读带宽流过权重，M = 8 时每个权重读一遍就够。
  * 向量宽度和分块按编译它的 CPU 定（-march=native）：AVX-512 有 32 个 16 路寄存器，4 × 6 个累加器加 6 行 x、
  * 1 行权重正好放下，M = 8 只要两趟；AVX2 / NEON 只有 16 个 8 路（或 4 路）寄存器，放得下 4 × 3。
- * 边算这一块边预取下一块权重（何时、预取进哪一级缓存按 CPU 定，见 PF_SPLIT）。
+ * 边算这一块边预取下一块权重（何时、预取进哪一级缓存在这颗 CPU 上现量，见 pf_split）。
  * x 行数多（M ≥ GEMM_FROM，长提示词的预填充）时换成矩阵乘的分块（gemm_panel）：权重的读取已经摊薄，省的是 hsum。
  * 再往上（M 超过测量过的行数）Python 那边改用 F.linear——在哪儿换由第一次用到时的测量决定。
  * 权重也可以是 bf16（cpu_linear_bf16w）：读的字节减半，读进寄存器后左移 16 位就是同值的 fp32，照样 fp32 累加。
@@ -19,10 +19,11 @@
 #include <immintrin.h>
 #endif
 
-/* 预取下一块权重：前 PF_SPLIT 趟分摊（每趟 TILE_W / PF_SPLIT 行），x 至少 PF_FROM 行时才预取；PF_LOCKSTEP 时
- * 这几行与正在算的列同步往前走，否则一行接一行地扫；PF_LOCALITY 是 __builtin_prefetch 的第三个参数（3：进 L1，
- * 2：进 L2）。两组数都是在那种 CPU 上量出来的：AVX-512 的至强上，第一趟就把下一块四行同步预取进 L2，
- * M = 1、2、8 快 3–38%；AVX2 的 Zen 1 上 M = 1 时预取反而慢 3–7%，所以只在 x 多于一趟时、由前两趟分摊。 */
+/* 预取下一块权重：前 pf_split 趟分摊（每趟 TILE_W / pf_split 行），x 至少 pf_from 行时才预取；pf_lockstep 时
+ * 这几行与正在算的列同步往前走，否则一行接一行地扫；pf_l2 时预取进 L2，否则进 L1。哪组好因 CPU 而异：AVX-512 的
+ * 至强上，第一趟就把下一块四行同步预取进 L2，M = 1、2、8 快 3–38%；AVX2 的 Zen 1 上 M = 1 时预取反而慢 3–7%，只在 x
+ * 多于一趟时、由前两趟分摊才好。下面的 PF_* 是编译时按指令集给的初值；Python 第一次加载库时在这颗 CPU 上把几组
+ * 现量一遍（minisgl/kernel 的 prefetch_plan），用 cpu_linear_set_prefetch 换成最快的那组。预取只改快慢，不改结果。 */
 #if defined(__AVX512F__)
 #define VW 16 /* 一个向量寄存器放几个 float */
 #define TILE_W 4
@@ -40,6 +41,17 @@
 #define PF_LOCKSTEP 0
 #define PF_LOCALITY 3
 #endif
+
+static int pf_split = PF_SPLIT, pf_from = PF_FROM, pf_lockstep = PF_LOCKSTEP, pf_l2 = PF_LOCALITY == 2;
+
+/* 换一组预取的做法（split 要整除 TILE_W；from 很大就是不预取）。在没有线程正在算的时候调用。 */
+void cpu_linear_set_prefetch(int split, int from, int lockstep, int l2) {
+    pf_split = split == 1 || split == 2 || split == 4 ? split : 1;
+    pf_from = from, pf_lockstep = lockstep, pf_l2 = l2;
+}
+
+/* __builtin_prefetch 的第三个参数必须是常数：进 L2 是 2，进 L1 是 3。 */
+#define PREFETCH(a) (pf_l2 ? __builtin_prefetch((a), 0, 2) : __builtin_prefetch((a), 0, 3))
 
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 typedef float v8f __attribute__((vector_size(8 * sizeof(float))));
@@ -79,13 +91,13 @@ static inline __attribute__((always_inline)) void tile(const void *w, const floa
     v8f tail[TILE_W][TILE_X] = {{{0}}};
     const int64_t kv = K - K % VW;
     for (int64_t k = 0; k < kv; k += VW) {
-        if (pf) { /* 这一趟分到的那几行（连续的 TILE_W / PF_SPLIT × K 个权重）里这一步的一份：每 64 字节一条指令 */
-            const int bytes = bf16 ? 2 : 4, rows = TILE_W / PF_SPLIT;
-            if (PF_LOCKSTEP) /* 每行里与这一步同一列的那段 */
+        if (pf) { /* 这一趟分到的那几行（连续的 TILE_W / pf_split × K 个权重）里这一步的一份：每 64 字节一条指令 */
+            const int bytes = bf16 ? 2 : 4, rows = TILE_W / pf_split;
+            if (pf_lockstep) /* 每行里与这一步同一列的那段 */
                 for (int i = 0; i < rows; ++i)
-                    for (int l = 0; l < VW * bytes; l += 64) __builtin_prefetch(pf + (i * K + k) * bytes + l, 0, PF_LOCALITY);
+                    for (int l = 0; l < VW * bytes; l += 64) PREFETCH(pf + (i * K + k) * bytes + l);
             else /* 把这几行当成一整段，每步往前扫 rows 倍 */
-                for (int l = 0; l < rows * VW * bytes; l += 64) __builtin_prefetch(pf + rows * k * bytes + l, 0, PF_LOCALITY);
+                for (int l = 0; l < rows * VW * bytes; l += 64) PREFETCH(pf + rows * k * bytes + l);
         }
         vf xv[TILE_X];
         for (int j = 0; j < rx; ++j) xv[j] = LOAD(vf, x + (m + j) * K + k);
@@ -109,8 +121,8 @@ static inline __attribute__((always_inline)) void tile(const void *w, const floa
 static inline const char *prefetch(const void *w, int64_t M, int64_t K, int64_t N, int64_t r, int rw, int64_t pass,
                                    int bf16) {
     const int64_t row = K * (bf16 ? 2 : 4); /* 一行权重的字节数 */
-    return (M >= PF_FROM && rw == TILE_W && r + 2 * TILE_W <= N && pass < PF_SPLIT)
-               ? (const char *)w + (r + TILE_W + pass * (TILE_W / PF_SPLIT)) * row : 0;
+    return (M >= pf_from && rw == TILE_W && r + 2 * TILE_W <= N && pass < pf_split)
+               ? (const char *)w + (r + TILE_W + pass * (TILE_W / pf_split)) * row : 0;
 }
 
 static inline __attribute__((always_inline)) void rows(const void *w, const float *x, const float *b, float *y,
@@ -271,8 +283,8 @@ static inline __attribute__((always_inline)) void tile_dot(const uint16_t *w, co
         for (int j = 0; j < rx; ++j) acc[i][j] = _mm512_setzero_ps();
     const int64_t kv = K - K % 32;
     for (int64_t k = 0; k < kv; k += 32) {
-        if (pf) /* 这一趟分到的每行里与这一步同一列的 64 字节（AVX-512 上 PF_LOCKSTEP：同步预取） */
-            for (int i = 0; i < TILE_W / PF_SPLIT; ++i) __builtin_prefetch(pf + (i * K + k) * 2, 0, PF_LOCALITY);
+        if (pf) /* 这一趟分到的每行里与这一步同一列的 64 字节（同步预取） */
+            for (int i = 0; i < TILE_W / pf_split; ++i) PREFETCH(pf + (i * K + k) * 2);
         __m512bh xv[TILE_X];
         for (int j = 0; j < rx; ++j) xv[j] = (__m512bh)_mm512_loadu_si512(x + (m + j) * K + k);
         for (int i = 0; i < rw; ++i) {
@@ -351,7 +363,7 @@ static inline __attribute__((always_inline)) void tile_q8(const int8_t *w, const
     const int64_t kv = K - K % VW;
     for (int64_t k = 0; k < kv; k += VW) {
         if (pf && k % 64 == 0) /* 下一块的几行里与这一步同一列的 64 字节（与 fp32 那条路一样同步预取） */
-            for (int i = 0; i < TILE_W; ++i) __builtin_prefetch(pf + i * K + k, 0, PF_LOCALITY);
+            for (int i = 0; i < TILE_W; ++i) PREFETCH(pf + i * K + k);
         vf xv[TILE_X];
         for (int j = 0; j < rx; ++j) xv[j] = LOAD(vf, x + (m + j) * K + k);
         for (int i = 0; i < rw; ++i) {
@@ -372,7 +384,7 @@ static inline __attribute__((always_inline)) void rows_q8(const int8_t *w, const
                                                           const float *b, float *y, int64_t M, int64_t K, int64_t N,
                                                           int64_t r, int rw) {
     /* 只在第一趟 x 时预取下一块权重（之后几趟读的是已在缓存里的这一块） */
-    const int8_t *pf = rw == TILE_W && r + 2 * TILE_W <= N ? w + (r + TILE_W) * K : 0;
+    const int8_t *pf = M >= pf_from && rw == TILE_W && r + 2 * TILE_W <= N ? w + (r + TILE_W) * K : 0;
     int64_t m = 0;
     for (; m + TILE_X <= M; m += TILE_X) tile_q8(w, scale, x, b, y, K, N, r, m, rw, TILE_X, m ? 0 : pf);
     switch (M - m) {
@@ -405,7 +417,7 @@ static inline __attribute__((always_inline)) void tile_q4(const uint8_t *w, cons
         }
         for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
             if (pf && k % 128 == 0) /* 128 列是 64 字节 */
-                for (int i = 0; i < TILE_W; ++i) __builtin_prefetch(pf + (i * K + k) / 2, 0, PF_LOCALITY);
+                for (int i = 0; i < TILE_W; ++i) PREFETCH(pf + (i * K + k) / 2);
             for (int h = 0; h < 16; h += VW) /* 16 个字节：AVX-512 一次，AVX2 / NEON 两次 */
                 for (int half = 0; half < 2; ++half) { /* 低 4 位：第 k + h 列起；高 4 位：第 k + 16 + h 列起 */
                     vf xv[QX];
@@ -426,7 +438,7 @@ static inline __attribute__((always_inline)) void tile_q4(const uint8_t *w, cons
 static inline __attribute__((always_inline)) void rows_q4(const uint8_t *w, const float *scale, const float *zs,
                                                           const float *x, const float *b, float *y, int64_t M,
                                                           int64_t K, int64_t N, int64_t group, int64_t r, int rw) {
-    const uint8_t *pf = rw == TILE_W && r + 2 * TILE_W <= N ? w + (r + TILE_W) * K / 2 : 0;
+    const uint8_t *pf = M >= pf_from && rw == TILE_W && r + 2 * TILE_W <= N ? w + (r + TILE_W) * K / 2 : 0;
     int64_t m = 0;
     for (; m + QX <= M; m += QX) tile_q4(w, scale, zs, x, b, y, K, N, group, r, m, rw, QX, m ? 0 : pf);
     switch (M - m) {
