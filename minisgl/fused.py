@@ -193,8 +193,8 @@ class FusedDecoder:
         def weight(op: Any) -> int:  # 量化的权重：存着整数的那块 | en: a quantized weight: the block holding the integers
             return _ptr(op.weight.data if _quantized(op.weight) else op.weight)
 
-        def scales(op: Any) -> list[int]:  # 量化的权重的 scale 和 zs（int8 没有 zs），否则两个 0 | en: scale and zs of a quantized weight, else two 0s
-            return [_ptr(op.weight.scale), _ptr(op.weight.zs)] if _quantized(op.weight) else [0, 0]
+        def scales(op: Any) -> list[int]:  # 量化的权重的 scale 和偏移（int8 没有偏移），否则两个 0 | en: scale and offset of a quantized weight, else two 0s
+            return [_ptr(op.weight.scale), _ptr(op.weight.offset)] if _quantized(op.weight) else [0, 0]
 
         rows = []
         for i, layer in enumerate(model.model.layers):

@@ -7,8 +7,9 @@
 
 乘法走哪条路：CPU 上、不超过 :data:`KERNEL_ROWS` 行（解码）时用 ``minisgl.kernel`` 的 C 内核，权重在寄存器里才变回
 fp32；行数多（预填充）或不在 CPU 上时用第 5.4 章的参考矩阵乘（先还原成浮点数再乘）。两条路只差求和顺序。
-量化哪些：每个线性层（含 LM head；权重与词嵌入共用时词嵌入跟着一起，查表时只还原查到的那几行）和混合专家的每个专家；
-路由器（``gate``，决定 token 去哪个专家）不量化。融合的 C 解码（:mod:`minisgl.fused`）认得两种量化的权重。
+量化哪些：每个线性层和混合专家的每个专家；LM head 总是 int8（每个输出通道一个 scale：它把隐藏状态变成每个词的分数，
+4 位在这里损失最大，llama.cpp 的 Q4_0 也把输出层留在 6 位；权重与词嵌入共用时词嵌入跟着一起，查表时只还原查到的
+那几行）；路由器（``gate``，决定 token 去哪个专家）不量化。融合的 C 解码（:mod:`minisgl.fused`）认得两种量化的权重。
 
 en: Quantized weights in the engine (given machinery, not a chapter's task): chapter 5.4's functions quantize each linear
 layer's weight, and this module puts the result back into the engine.
@@ -21,9 +22,11 @@ quantization: it happens in the assembly (:mod:`minisgl.llm`'s ``weights`` part)
 
 Which path multiplies: on the CPU with at most :data:`KERNEL_ROWS` rows (decoding), ``minisgl.kernel``'s C kernels, the
 weights turning into fp32 only in registers; with more rows (prefill) or off the CPU, chapter 5.4's reference matmul
-(restore to floats, then multiply). The two differ only in the summation order. What is quantized: every linear layer
-(the LM head included; a word embedding sharing its weight follows, restoring only the rows looked up) and every expert
-of a mixture of experts; the router (``gate``, which decides where tokens go) is not. The fused C decode
+(restore to floats, then multiply). The two differ only in the summation order. What is quantized: every linear layer and
+every expert of a mixture of experts; the LM head always as int8 (one scale per output channel: it turns hidden states
+into a score per word, where 4 bits lose the most, and llama.cpp's Q4_0 keeps its output layer at 6 bits too; a word
+embedding sharing its weight follows, restoring only the rows looked up); the router (``gate``, which decides where
+tokens go) is not. The fused C decode
 (:mod:`minisgl.fused`) knows both quantized kinds.
 """
 
@@ -54,21 +57,18 @@ KERNEL_ROWS = 16
 class QuantizedWeight:
     """一块（或一叠：混合专家的 ``[E, N, K]``）量化的权重，代替原来的张量。``method`` 是 ``"int8"`` 或 ``"int4"``；
     ``data`` 是 int8 的 ``[..., N, K]`` 或打包的 uint8 ``[..., N, K / 2]``；``scale`` 是 ``[..., N]``（int8）或
-    ``[..., N, K / group_size]``（int4）；``zero`` 只有 int4 有。``shape`` 是原来那块权重的形状。
+    ``[..., N, K / group_size]``（int4）；``offset`` 只有 int4 有。``shape`` 是原来那块权重的形状。
 
     en: One quantized weight (or a stack: a mixture of experts' ``[E, N, K]``) standing in for the tensor. ``method`` is
     ``"int8"`` or ``"int4"``; ``data`` is an int8 ``[..., N, K]`` or a packed uint8 ``[..., N, K / 2]``; ``scale`` is
-    ``[..., N]`` (int8) or ``[..., N, K / group_size]`` (int4); only int4 has ``zero``. ``shape`` is the original
+    ``[..., N]`` (int8) or ``[..., N, K / group_size]`` (int4); only int4 has ``offset``. ``shape`` is the original
     weight's shape.
     """
 
-    def __init__(self, method: str, data: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+    def __init__(self, method: str, data: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
                  group_size: int | None, float_dtype: torch.dtype = torch.float32) -> None:
-        self.method, self.data, self.scale, self.zero, self.group_size = method, data, scale, zero, group_size
+        self.method, self.data, self.scale, self.offset, self.group_size = method, data, scale, offset, group_size
         self.float_dtype = float_dtype  # 原来那块权重的类型：查表还原出的行是这个类型 | en: the original weight's dtype, that of rows looked up
-        # 内核用 w = q · scale + zs：zs 预先算好（同 scale 的形状，fp32）
-        # en: the kernel uses w = q · scale + zs: zs is computed once (scale's shape, fp32)
-        self.zs = None if zero is None else (-zero.float() * scale).contiguous()
         k = data.shape[-1] * (2 if method == "int4" else 1)
         self.shape = torch.Size([*data.shape[:-1], k])
 
@@ -81,13 +81,13 @@ class QuantizedWeight:
         if w.dim() == 3:
             parts = [cls.quantize(m, method, group_size) for m in w.unbind(0)]
             stack = lambda name: torch.stack([getattr(p, name) for p in parts])  # noqa: E731
-            zero = None if method == "int8" else stack("zero")
-            return cls(method, stack("data"), stack("scale"), zero, group_size, w.dtype)
+            offset = None if method == "int8" else stack("offset")
+            return cls(method, stack("data"), stack("scale"), offset, group_size, w.dtype)
         if method == "int8":
             q, scale = quantize_int8(w)
             return cls(method, q.contiguous(), scale.contiguous(), None, None, w.dtype)
-        q, scale, zero = quantize_int4(w, group_size)
-        return cls(method, pack_int4(q).contiguous(), scale.contiguous(), zero.contiguous(), group_size, w.dtype)
+        q, scale, offset = quantize_int4(w, group_size)
+        return cls(method, pack_int4(q).contiguous(), scale.contiguous(), offset.contiguous(), group_size, w.dtype)
 
     # 让检查“能不能走 fp32 / bf16 内核”的代码（kernel.supports）看到一块不是浮点数的权重
     # en: so that code asking "can the fp32 / bf16 kernel take this" (kernel.supports) sees a non-float weight
@@ -110,15 +110,15 @@ class QuantizedWeight:
 
         en: The stored tensors by name, for counting bytes.
         """
-        return {name: t for name, t in (("q", self.data), ("scale", self.scale), ("zero", self.zero)) if t is not None}
+        return {name: t for name, t in (("q", self.data), ("scale", self.scale), ("offset", self.offset)) if t is not None}
 
     def __getitem__(self, index: int) -> QuantizedWeight:
         """一叠里的第 ``index`` 块（混合专家按专家取）。
 
         en: Block ``index`` of a stack (a mixture of experts takes one expert).
         """
-        zero = None if self.zero is None else self.zero[index]
-        return QuantizedWeight(self.method, self.data[index], self.scale[index], zero, self.group_size, self.float_dtype)
+        offset = None if self.offset is None else self.offset[index]
+        return QuantizedWeight(self.method, self.data[index], self.scale[index], offset, self.group_size, self.float_dtype)
 
     def dequantize(self) -> torch.Tensor:
         """还原成 fp32 的二维权重。
@@ -127,17 +127,17 @@ class QuantizedWeight:
         """
         if self.method == "int8":
             return dequantize_int8(self.data, self.scale)
-        return dequantize_int4(unpack_int4(self.data), self.scale, self.zero, self.group_size)
+        return dequantize_int4(unpack_int4(self.data), self.scale, self.offset, self.group_size)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """第 ``ids`` 行还原出来（词嵌入查表）：每一行有自己的 scale（和零点），只还原查到的那几行。
+        """第 ``ids`` 行还原出来（词嵌入查表）：每一行有自己的 scale（和偏移），只还原查到的那几行。
 
-        en: Rows ``ids`` restored (a word-embedding lookup): every row has its own scale (and zero points), so only the
+        en: Rows ``ids`` restored (a word-embedding lookup): every row has its own scale (and offsets), so only the
         rows looked up are restored.
         """
         flat = ids.reshape(-1).long()
-        zero = None if self.zero is None else self.zero[flat]
-        part = QuantizedWeight(self.method, self.data[flat], self.scale[flat], zero, self.group_size)
+        offset = None if self.offset is None else self.offset[flat]
+        part = QuantizedWeight(self.method, self.data[flat], self.scale[flat], offset, self.group_size)
         return part.dequantize().to(self.float_dtype).view(*ids.shape, self.shape[-1])
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -150,10 +150,10 @@ class QuantizedWeight:
         if x.device.type == "cpu" and x.numel() <= KERNEL_ROWS * k and self._kernel_fits():
             if self.method == "int8":
                 return kernel.q8_linear(x, self.data, self.scale, bias)
-            return kernel.q4_linear(x, self.data, self.scale, self.zs, self.group_size, bias)
+            return kernel.q4_linear(x, self.data, self.scale, self.offset, self.group_size, bias)
         if self.method == "int8":
             return linear_int8(x, self.data, self.scale, bias)
-        return linear_int4(x, self.data, self.scale, self.zero, self.group_size, bias)
+        return linear_int4(x, self.data, self.scale, self.offset, self.group_size, bias)
 
     def _kernel_fits(self) -> bool:
         """C 内核能算这块吗：编得出库；int8 的输入维是 8 的倍数（int4 的组总是 32 的倍数）。"""
@@ -190,7 +190,9 @@ def _check_groups(targets: list[tuple[str, Any, str]], method: str, group: int |
     """量化之前查一遍每块权重的输入维（这个秩上的那一段）：int4 的组要整除它，不然抛 ValueError，说出能用的组。"""
     if method != "int4":
         return
-    dims = {prefix or attr: getattr(op, attr).shape[-1] for prefix, op, attr in targets}
+    from minisgl.layers import LMHead
+
+    dims = {prefix or attr: getattr(op, attr).shape[-1] for prefix, op, attr in targets if not isinstance(op, LMHead)}
     bad = {where: k for where, k in dims.items() if k % group}
     if bad:
         where, k = next(iter(bad.items()))
@@ -210,6 +212,7 @@ def quantize_engine(engine: Engine, name: str) -> int:
     CUDA graphs are installed again over the quantized weights.
     """
     from minisgl.engine import model_nbytes
+    from minisgl.layers import LMHead
 
     method, group = parse_quantization(name)
     targets = _targets(engine.model)
@@ -219,8 +222,9 @@ def quantize_engine(engine: Engine, name: str) -> int:
     for _, op, attr in targets:
         w = getattr(op, attr)
         if id(w) not in done:
-            split = method == "int8" and _row_split(engine, op, attr)
-            done[id(w)] = _quantize_split_rows(w) if split else QuantizedWeight.quantize(w, method, group)
+            how = "int8" if isinstance(op, LMHead) else method  # LM head 总是 8 位 | en: the LM head always keeps 8 bits
+            split = how == "int8" and _row_split(engine, op, attr)
+            done[id(w)] = _quantize_split_rows(w) if split else QuantizedWeight.quantize(w, how, group)
         qw = done[id(w)]
         setattr(op, attr, qw)
         for part, t in qw.tensors().items():  # 作为算子的张量属性登记：模型的字节数（model_nbytes）算得到它们

@@ -12,10 +12,11 @@
 
 - **int8，每个输出通道一个 scale**（对称）：第 n 行的 ``scale[n] = max|W[n]| / 127``，``q = round(W / scale)``，
   落在 [-127, 127]。一整行共用一个 scale，所以 ``y[n] = scale[n] · Σ_k x[k] q[n, k]``：先按整数累加，最后乘一次。
-- **int4，按组**（非对称，带零点）：每行每 ``group_size`` 个输入列一组，组内的最小值到最大值等分成 15 份：
-  ``scale = (max - min) / 15``，零点 ``zero = round(-min / scale)``（落在 [0, 15]），``q = round(W / scale) + zero``
-  （落在 [0, 15]）；还原 ``W ≈ (q - zero) · scale``。4 位只有 16 个值，一整行一个 scale 太粗：一个大的离群值会让整行
-  的其余权重都挤进一两个值里，所以按组；零点让不对称的组（比如全是正数）也用上全部 16 个值。
+- **int4，按组**（非对称，带偏移）：每行每 ``group_size`` 个输入列一组，组内的最小值到最大值等分成 15 份：
+  ``scale = (max - min) / 15``，``offset = min``，``q = round((W - offset) / scale)``（落在 [0, 15]）；还原
+  ``W ≈ q · scale + offset``（llama.cpp 的 Q4_1、torchao 的浮点零点都是这个形式）。4 位只有 16 个值，一整行一个 scale
+  太粗：一个大的离群值会让整行的其余权重都挤进一两个值里，所以按组；偏移让不对称的组（比如全是正数）也用上全部
+  16 个值——只有 scale、没有偏移的对称做法，全是正数的组一半的值白白浪费在负数上。
 
 int4 两个值放一个字节，排法与 llama.cpp 的 Q4_0 相同：每 32 列一块 16 个字节，第 i 个字节的低 4 位是这一块的第 i 列、
 高 4 位是第 i + 16 列。一次读 16 个字节，与 15 按位与、右移 4 位，就得到两段各 16 个连续的列，向量指令不用任何重排。
@@ -33,12 +34,13 @@ Two schemes:
 - **int8, one scale per output channel** (symmetric): row n has ``scale[n] = max|W[n]| / 127``, ``q = round(W / scale)``
   in [-127, 127]. A whole row shares one scale, so ``y[n] = scale[n] · Σ_k x[k] q[n, k]``: accumulate the integers,
   multiply once at the end.
-- **int4 in groups** (asymmetric, with a zero point): every ``group_size`` input columns of a row form a group, and the
-  group's range from its minimum to its maximum is cut into 15 steps: ``scale = (max - min) / 15``, zero point
-  ``zero = round(-min / scale)`` (in [0, 15]), ``q = round(W / scale) + zero`` (in [0, 15]); restored as
-  ``W ≈ (q - zero) · scale``. Four bits have only 16 values, so one scale per row is too coarse: one large outlier would
-  squeeze the rest of the row into one or two values. Hence groups; and the zero point lets a lopsided group (all
-  positive, say) use all 16 values.
+- **int4 in groups** (asymmetric, with an offset): every ``group_size`` input columns of a row form a group, and the
+  group's range from its minimum to its maximum is cut into 15 steps: ``scale = (max - min) / 15``, ``offset = min``,
+  ``q = round((W - offset) / scale)`` (in [0, 15]); restored as ``W ≈ q · scale + offset`` (the form of llama.cpp's Q4_1
+  and of torchao's floating-point zero point). Four bits have only 16 values, so one scale per row is too coarse: one
+  large outlier would squeeze the rest of the row into one or two values. Hence groups; and the offset lets a lopsided
+  group (all positive, say) use all 16 values — a symmetric scheme with a scale and no offset wastes half its values on
+  negatives such a group never has.
 
 int4 puts two values in a byte, laid out as llama.cpp's Q4_0: every 32 columns make a block of 16 bytes, and byte i
 holds column i of the block in its low 4 bits and column i + 16 in its high 4 bits. Read 16 bytes, AND with 15 and
@@ -87,27 +89,27 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``[N, K]`` 的浮点权重 → (``q``：``[N, K]`` uint8，值在 [0, 15]；``scale``：``[N, K / group_size]`` fp32；
-    ``zero``：同形状的 uint8，值在 [0, 15])。第 n 行第 g 组是第 ``g·group_size`` 到 ``(g+1)·group_size - 1`` 列。
+    """``[N, K]`` 的浮点权重 → (``q``：``[N, K]`` uint8，值在 [0, 15]；``scale``、``offset``：``[N, K / group_size]``
+    的 fp32)，``W ≈ q · scale + offset``。第 n 行第 g 组是第 ``g·group_size`` 到 ``(g+1)·group_size - 1`` 列。
 
-    en: A ``[N, K]`` float weight → (``q``: ``[N, K]`` uint8 with values in [0, 15]; ``scale``: ``[N, K / group_size]``
-    fp32; ``zero``: uint8 of the same shape, values in [0, 15]). Group g of row n is columns ``g·group_size`` to
+    en: A ``[N, K]`` float weight → (``q``: ``[N, K]`` uint8 with values in [0, 15]; ``scale``, ``offset``: fp32
+    ``[N, K / group_size]``), ``W ≈ q · scale + offset``. Group g of row n is columns ``g·group_size`` to
     ``(g+1)·group_size - 1``.
     """
     if group_size <= 0 or w.shape[1] % group_size:
         raise ValueError(tr("group_size {group} does not divide the {k} input columns", group=group_size, k=w.shape[1]))
-    # TODO 任务 quantize_int4：返回 (q, scale, zero)：每行每组各自的 scale 把这一组最小值到最大值的范围等分成 INT4_MAX 份，零点是 0 落在哪一格（四舍五入，夹在 [0, INT4_MAX]），q = 最近的整数 + 零点，同样夹在 [0, INT4_MAX]；q 和零点是 uint8，scale 是 fp32。全组相等（范围为 0）时也要给出有限的 scale
-    # TODO task quantize_int4: return (q, scale, zero): each group of each row gets its own scale that cuts the group's range from its minimum to its maximum into INT4_MAX steps; the zero point is the step where 0 falls (rounded, clamped to [0, INT4_MAX]); q = the nearest integer + the zero point, clamped to [0, INT4_MAX] too; q and the zero points are uint8, scale is fp32. A group whose values are all equal (range 0) must also get a finite scale
+    # TODO 任务 quantize_int4：返回 (q, scale, offset)：每行每组各自的 scale 把这一组从最小值到最大值的范围等分成 INT4_MAX 份，offset 是这一组的最小值（一个浮点数，对应 q = 0），q 是离 (w - offset) / scale 最近的整数，夹在 [0, INT4_MAX]；q 是 uint8，scale 和 offset 是 fp32。全组相等（范围为 0）时也要给出有限的 scale
+    # TODO task quantize_int4: return (q, scale, offset): each group of each row gets its own scale that cuts the group's range from its minimum to its maximum into INT4_MAX steps; offset is the group's minimum (a float, what q = 0 stands for), and q is the integer nearest (w - offset) / scale, clamped to [0, INT4_MAX]; q is uint8, scale and offset are fp32. A group whose values are all equal (range 0) must also get a finite scale
     raise TaskNotDone("quantization", "quantize_int4")
 
 
-def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> torch.Tensor:
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group_size: int) -> torch.Tensor:
     """:func:`quantize_int4` 的逆（近似）：fp32 的 ``[N, K]``，``q`` 是没打包的 ``[N, K]``。
 
     en: The (approximate) inverse of :func:`quantize_int4`: an fp32 ``[N, K]``, ``q`` being the unpacked ``[N, K]``.
     """
-    # TODO 任务 dequantize_int4：返回 fp32 的 [N, K]：每个整数减去它那一组的零点，再乘那一组的 scale
-    # TODO task dequantize_int4: return an fp32 [N, K]: each integer minus its group's zero point, times its group's scale
+    # TODO 任务 dequantize_int4：返回 fp32 的 [N, K]：每个整数乘上它那一组的缩放系数，再加上那一组的偏移
+    # TODO task dequantize_int4: return an fp32 [N, K]: each integer times its group's scaling factor, plus its group's shift
     raise TaskNotDone("quantization", "dequantize_int4")
 
 
@@ -146,7 +148,7 @@ def linear_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: tor
     raise TaskNotDone("quantization", "linear_int8")
 
 
-def linear_int4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group_size: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """参考的矩阵乘：``x · W_int4ᵀ + bias``，``W_int4`` 是打包的 ``packed`` 按组还原的权重；结果与 ``x`` 同类型。
 

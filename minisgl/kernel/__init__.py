@@ -302,14 +302,13 @@ def q8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch
     return _quantized_call(library().cpu_linear_q8, x, n, k, bias, q.data_ptr(), scale.data_ptr())
 
 
-def q4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zs: torch.Tensor, group_size: int,
+def q4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group_size: int,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x · Wᵀ + bias``，``W = q · scale + zs`` 按组：``packed`` 是 ``[N, K / 2]`` 的字节（Q4_0 的排法，见第 5.4 章），
-    ``scale``、``zs``（= −零点 · scale）是 ``[N, K / group_size]`` 的 fp32；``group_size`` 是 32 的倍数。
+    """``x · Wᵀ + bias``，``W = q · scale + offset`` 按组：``packed`` 是 ``[N, K / 2]`` 的字节（Q4_0 的排法，见第 5.4 章），
+    ``scale``、``offset`` 是 ``[N, K / group_size]`` 的 fp32；``group_size`` 是 32 的倍数。
 
-    en: ``x · Wᵀ + bias`` with ``W = q · scale + zs`` per group: ``packed`` is ``[N, K / 2]`` bytes (Q4_0's layout, see
-    chapter 5.4), ``scale`` and ``zs`` (= −zero point · scale) are fp32 ``[N, K / group_size]``; ``group_size`` is a
-    multiple of 32.
+    en: ``x · Wᵀ + bias`` with ``W = q · scale + offset`` per group: ``packed`` is ``[N, K / 2]`` bytes (Q4_0's layout,
+    see chapter 5.4), ``scale`` and ``offset`` are fp32 ``[N, K / group_size]``; ``group_size`` is a multiple of 32.
     """
     n, k = packed.shape[0], 2 * packed.shape[1]
     lib = library()
@@ -317,7 +316,7 @@ def q4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zs: to
     def call(xp: int, w: int, s: int, z: int, b: int | None, y: int, m: int, kk: int, nn: int) -> None:
         lib.cpu_linear_q4(xp, w, s, z, b, y, m, kk, nn, group_size)
 
-    return _quantized_call(call, x, n, k, bias, packed.data_ptr(), scale.data_ptr(), zs.data_ptr())
+    return _quantized_call(call, x, n, k, bias, packed.data_ptr(), scale.data_ptr(), offset.data_ptr())
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -33,7 +33,7 @@ enum { IN_NORM, QKV_W, QKV_B, Q_NORM, K_NORM, O_W, O_B, POST_NORM, GATE_UP_W, GA
        K_CACHE, V_CACHE, QKV_S, QKV_Z, O_S, O_Z, GATE_UP_S, GATE_UP_Z, DOWN_S, DOWN_Z, NUM_PTRS };
 enum { QKV_W_S_ = QKV_S, QKV_W_Z_ = QKV_Z, O_W_S_ = O_S, O_W_Z_ = O_Z, GATE_UP_W_S_ = GATE_UP_S, GATE_UP_W_Z_ = GATE_UP_Z,
        DOWN_W_S_ = DOWN_S, DOWN_W_Z_ = DOWN_Z };
-/* 量化的权重（第 5.4 章）时每个线性层还有 scale 和 zs（= −零点 · scale，只有 int4 有）：上面 *_S、*_Z 四对。 */
+/* 量化的权重（第 5.4 章）时每个线性层还有 scale 和偏移 zs（只有 int4 有）：上面 *_S、*_Z 四对。 */
 
 /* 权重和 KV 缓存的类型，以及 bf16 线性层用哪种点积；量化的权重（int8 每通道、int4 按组）时激活和 KV 缓存是 fp32。 */
 enum { W_F32, W_BF16_WIDEN, W_BF16_DOT, W_Q8, W_Q4 };

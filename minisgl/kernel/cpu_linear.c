@@ -331,8 +331,7 @@ void cpu_linear_bf16(const uint16_t *x, const uint16_t *w, const float *b, uint1
 /* ---- 量化的权重（第 5.4 章）：读 1 个或半个字节，在寄存器里变回 fp32 再乘 ----
  * int8，每个输出行一个 fp32 的 scale：y[m, n] = scale[n] · Σ_k x[m, k] q[n, k] + b[n]。整行共用一个 scale，
  * 所以先按整数值累加，最后乘一次——与 fp32 那条路一样的分块，只是每个权重读进来时从 int8 变成 fp32。
- * int4 按组（每 group 个输入列一组，group 是 32 的倍数），每组一个 scale 和一个零点：w = q · scale + zs，
- * zs = −零点 · scale（Python 那边先算好）。字节的排法与 llama.cpp 的 Q4_0 一样：每 32 列一块 16 个字节，第 i 个
+ * int4 按组（每 group 个输入列一组，group 是 32 的倍数），每组一个 scale 和一个偏移 zs：w = q · scale + zs。字节的排法与 llama.cpp 的 Q4_0 一样：每 32 列一块 16 个字节，第 i 个
  * 字节的低 4 位是第 i 列、高 4 位是第 i + 16 列——一次读 16 个字节，与 15 按位与、右移 4 位，就得到两段连续的
  * 16 列，不用任何重排。组内先把权重还原（一次 FMA），再乘 x 累加。
  * 这两个函数只管解码的几行 x；行数多（预填充）时 Python 那边还原整块权重、交给 F.linear。 */
@@ -353,7 +352,7 @@ static inline vf load_i8(const int8_t *p) {
     return TO_F32(LOAD(vi8, p), vi32, vf);
 #endif
 }
-#define QX 4 /* int4 一块同时乘几行 x：还原后的权重、每行的 scale 和零点也要寄存器 */
+#define QX 4 /* int4 一块同时乘几行 x：还原后的权重、每行的 scale 和偏移也要寄存器 */
 
 static inline __attribute__((always_inline)) void tile_q8(const int8_t *w, const float *scale, const float *x,
                                                           const float *b, float *y, int64_t K, int64_t N, int64_t r,
@@ -448,7 +447,7 @@ static inline __attribute__((always_inline)) void rows_q4(const uint8_t *w, cons
     }
 }
 
-/* w [N, K / 2]（上面说的排法）；scale、zs [N, K / group]；K 是 group 的倍数，group 是 32 的倍数；b 可以是 NULL。 */
+/* w [N, K / 2]（上面说的排法）；scale、zs（偏移）[N, K / group]；K 是 group 的倍数，group 是 32 的倍数；b 可以是 NULL。 */
 void cpu_linear_q4(const float *x, const uint8_t *w, const float *scale, const float *zs, const float *b, float *y,
                    int64_t M, int64_t K, int64_t N, int64_t group) {
     const int64_t tiles = N / TILE_W;

@@ -8,10 +8,11 @@
 
 - **int8，每个输出通道一个 scale**（对称）：第 n 行的 ``scale[n] = max|W[n]| / 127``，``q = round(W / scale)``，
   落在 [-127, 127]。一整行共用一个 scale，所以 ``y[n] = scale[n] · Σ_k x[k] q[n, k]``：先按整数累加，最后乘一次。
-- **int4，按组**（非对称，带零点）：每行每 ``group_size`` 个输入列一组，组内的最小值到最大值等分成 15 份：
-  ``scale = (max - min) / 15``，零点 ``zero = round(-min / scale)``（落在 [0, 15]），``q = round(W / scale) + zero``
-  （落在 [0, 15]）；还原 ``W ≈ (q - zero) · scale``。4 位只有 16 个值，一整行一个 scale 太粗：一个大的离群值会让整行
-  的其余权重都挤进一两个值里，所以按组；零点让不对称的组（比如全是正数）也用上全部 16 个值。
+- **int4，按组**（非对称，带偏移）：每行每 ``group_size`` 个输入列一组，组内的最小值到最大值等分成 15 份：
+  ``scale = (max - min) / 15``，``offset = min``，``q = round((W - offset) / scale)``（落在 [0, 15]）；还原
+  ``W ≈ q · scale + offset``（llama.cpp 的 Q4_1、torchao 的浮点零点都是这个形式）。4 位只有 16 个值，一整行一个 scale
+  太粗：一个大的离群值会让整行的其余权重都挤进一两个值里，所以按组；偏移让不对称的组（比如全是正数）也用上全部
+  16 个值——只有 scale、没有偏移的对称做法，全是正数的组一半的值白白浪费在负数上。
 
 int4 两个值放一个字节，排法与 llama.cpp 的 Q4_0 相同：每 32 列一块 16 个字节，第 i 个字节的低 4 位是这一块的第 i 列、
 高 4 位是第 i + 16 列。一次读 16 个字节，与 15 按位与、右移 4 位，就得到两段各 16 个连续的列，向量指令不用任何重排。
@@ -29,12 +30,13 @@ Two schemes:
 - **int8, one scale per output channel** (symmetric): row n has ``scale[n] = max|W[n]| / 127``, ``q = round(W / scale)``
   in [-127, 127]. A whole row shares one scale, so ``y[n] = scale[n] · Σ_k x[k] q[n, k]``: accumulate the integers,
   multiply once at the end.
-- **int4 in groups** (asymmetric, with a zero point): every ``group_size`` input columns of a row form a group, and the
-  group's range from its minimum to its maximum is cut into 15 steps: ``scale = (max - min) / 15``, zero point
-  ``zero = round(-min / scale)`` (in [0, 15]), ``q = round(W / scale) + zero`` (in [0, 15]); restored as
-  ``W ≈ (q - zero) · scale``. Four bits have only 16 values, so one scale per row is too coarse: one large outlier would
-  squeeze the rest of the row into one or two values. Hence groups; and the zero point lets a lopsided group (all
-  positive, say) use all 16 values.
+- **int4 in groups** (asymmetric, with an offset): every ``group_size`` input columns of a row form a group, and the
+  group's range from its minimum to its maximum is cut into 15 steps: ``scale = (max - min) / 15``, ``offset = min``,
+  ``q = round((W - offset) / scale)`` (in [0, 15]); restored as ``W ≈ q · scale + offset`` (the form of llama.cpp's Q4_1
+  and of torchao's floating-point zero point). Four bits have only 16 values, so one scale per row is too coarse: one
+  large outlier would squeeze the rest of the row into one or two values. Hence groups; and the offset lets a lopsided
+  group (all positive, say) use all 16 values — a symmetric scheme with a scale and no offset wastes half its values on
+  negatives such a group never has.
 
 int4 puts two values in a byte, laid out as llama.cpp's Q4_0: every 32 columns make a block of 16 bytes, and byte i
 holds column i of the block in its low 4 bits and column i + 16 in its high 4 bits. Read 16 bytes, AND with 15 and
@@ -100,58 +102,54 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``[N, K]`` 的浮点权重 → (``q``：``[N, K]`` uint8，值在 [0, 15]；``scale``：``[N, K / group_size]`` fp32；
-    ``zero``：同形状的 uint8，值在 [0, 15])。第 n 行第 g 组是第 ``g·group_size`` 到 ``(g+1)·group_size - 1`` 列。
+    """``[N, K]`` 的浮点权重 → (``q``：``[N, K]`` uint8，值在 [0, 15]；``scale``、``offset``：``[N, K / group_size]``
+    的 fp32)，``W ≈ q · scale + offset``。第 n 行第 g 组是第 ``g·group_size`` 到 ``(g+1)·group_size - 1`` 列。
 
-    en: A ``[N, K]`` float weight → (``q``: ``[N, K]`` uint8 with values in [0, 15]; ``scale``: ``[N, K / group_size]``
-    fp32; ``zero``: uint8 of the same shape, values in [0, 15]). Group g of row n is columns ``g·group_size`` to
+    en: A ``[N, K]`` float weight → (``q``: ``[N, K]`` uint8 with values in [0, 15]; ``scale``, ``offset``: fp32
+    ``[N, K / group_size]``), ``W ≈ q · scale + offset``. Group g of row n is columns ``g·group_size`` to
     ``(g+1)·group_size - 1``.
     """
     if group_size <= 0 or w.shape[1] % group_size:
         raise ValueError(tr("group_size {group} does not divide the {k} input columns", group=group_size, k=w.shape[1]))
-    # >>> TASK quantize_int4: 返回 (q, scale, zero)：每行每组各自的 scale 把这一组最小值到最大值的范围等分成 INT4_MAX 份，零点是 0 落在哪一格（四舍五入，夹在 [0, INT4_MAX]），q = 最近的整数 + 零点，同样夹在 [0, INT4_MAX]；q 和零点是 uint8，scale 是 fp32。全组相等（范围为 0）时也要给出有限的 scale
-    # en: return (q, scale, zero): each group of each row gets its own scale that cuts the group's range from its minimum to its maximum into INT4_MAX steps; the zero point is the step where 0 falls (rounded, clamped to [0, INT4_MAX]); q = the nearest integer + the zero point, clamped to [0, INT4_MAX] too; q and the zero points are uint8, scale is fp32. A group whose values are all equal (range 0) must also get a finite scale
-    # hint1: 把 [N, K] 看成 [N, K / group_size, group_size]，每组的最小、最大值沿最后一维取；零点必须先取整再用来算 q（还原时用的是同一个整数零点）。
+    # >>> TASK quantize_int4: 返回 (q, scale, offset)：每行每组各自的 scale 把这一组从最小值到最大值的范围等分成 INT4_MAX 份，offset 是这一组的最小值（一个浮点数，对应 q = 0），q 是离 (w - offset) / scale 最近的整数，夹在 [0, INT4_MAX]；q 是 uint8，scale 和 offset 是 fp32。全组相等（范围为 0）时也要给出有限的 scale
+    # en: return (q, scale, offset): each group of each row gets its own scale that cuts the group's range from its minimum to its maximum into INT4_MAX steps; offset is the group's minimum (a float, what q = 0 stands for), and q is the integer nearest (w - offset) / scale, clamped to [0, INT4_MAX]; q is uint8, scale and offset are fp32. A group whose values are all equal (range 0) must also get a finite scale
+    # hint1: 把 [N, K] 看成 [N, K / group_size, group_size]，每组的最小、最大值沿最后一维取；scale 和 offset 是每组一个数，沿最后一维广播回去。
     # en1: View [N, K] as [N, K / group_size, group_size] and take each group's minimum and maximum along the last dimension;
-    # en1: round the zero point before using it to compute q (dequantizing uses that same integer zero point).
+    # en1: scale and offset are one number per group, broadcast back along the last dimension.
     # hint2: 1. n, k = w.shape；g = w.float().reshape(n, k // group_size, group_size)；lo, hi = g.amin(-1), g.amax(-1)；
     # hint2: 2. scale = (hi - lo) / INT4_MAX；scale = torch.where(scale > 0, scale, torch.ones_like(scale))；
-    # hint2: 3. zero = torch.round(-lo / scale).clamp(0, INT4_MAX)；
-    # hint2: 4. q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX)；
-    # hint2: 5. return q.reshape(n, k).to(torch.uint8), scale, zero.to(torch.uint8)。
+    # hint2: 3. q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, INT4_MAX)；
+    # hint2: 4. return q.reshape(n, k).to(torch.uint8), scale, lo。
     # en2: 1. n, k = w.shape; g = w.float().reshape(n, k // group_size, group_size); lo, hi = g.amin(-1), g.amax(-1);
     # en2: 2. scale = (hi - lo) / INT4_MAX; scale = torch.where(scale > 0, scale, torch.ones_like(scale));
-    # en2: 3. zero = torch.round(-lo / scale).clamp(0, INT4_MAX);
-    # en2: 4. q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX);
-    # en2: 5. return q.reshape(n, k).to(torch.uint8), scale, zero.to(torch.uint8).
+    # en2: 3. q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, INT4_MAX);
+    # en2: 4. return q.reshape(n, k).to(torch.uint8), scale, lo.
     n, k = w.shape
     g = w.float().reshape(n, k // group_size, group_size)
     lo, hi = g.amin(-1), g.amax(-1)
     scale = (hi - lo) / INT4_MAX
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    zero = torch.round(-lo / scale).clamp(0, INT4_MAX)
-    q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, INT4_MAX)
-    return q.reshape(n, k).to(torch.uint8), scale, zero.to(torch.uint8)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, INT4_MAX)
+    return q.reshape(n, k).to(torch.uint8), scale, lo
     # <<< TASK
 
 
-def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> torch.Tensor:
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group_size: int) -> torch.Tensor:
     """:func:`quantize_int4` 的逆（近似）：fp32 的 ``[N, K]``，``q`` 是没打包的 ``[N, K]``。
 
     en: The (approximate) inverse of :func:`quantize_int4`: an fp32 ``[N, K]``, ``q`` being the unpacked ``[N, K]``.
     """
-    # >>> TASK dequantize_int4: 返回 fp32 的 [N, K]：每个整数减去它那一组的零点，再乘那一组的 scale
-    # en: return an fp32 [N, K]: each integer minus its group's zero point, times its group's scale
-    # hint1: 同样把 q 看成 [N, 组数, group_size]，scale 和零点沿最后一维广播；先转成浮点数再减（uint8 相减会绕回 255）。
-    # en1: Again view q as [N, groups, group_size] and broadcast scale and zero along the last dimension;
-    # en1: convert to float before subtracting (uint8 subtraction wraps around to 255).
+    # >>> TASK dequantize_int4: 返回 fp32 的 [N, K]：每个整数乘上它那一组的缩放系数，再加上那一组的偏移
+    # en: return an fp32 [N, K]: each integer times its group's scaling factor, plus its group's shift
+    # hint1: 同样把 q 看成 [N, 组数, group_size]，两个每组一个的数沿最后一维广播；先转成浮点数再算。
+    # en1: Again view q as [N, groups, group_size] and broadcast the two per-group numbers along the last dimension; convert to float first.
     # hint2: 1. n, k = q.shape；g = q.float().reshape(n, k // group_size, group_size)；
-    # hint2: 2. return ((g - zero.float()[..., None]) * scale[..., None]).reshape(n, k)。
+    # hint2: 2. return (g * scale[..., None] + offset[..., None]).reshape(n, k)。
     # en2: 1. n, k = q.shape; g = q.float().reshape(n, k // group_size, group_size);
-    # en2: 2. return ((g - zero.float()[..., None]) * scale[..., None]).reshape(n, k).
+    # en2: 2. return (g * scale[..., None] + offset[..., None]).reshape(n, k).
     n, k = q.shape
     g = q.float().reshape(n, k // group_size, group_size)
-    return ((g - zero.float()[..., None]) * scale[..., None]).reshape(n, k)
+    return (g * scale[..., None] + offset[..., None]).reshape(n, k)
     # <<< TASK
 
 
@@ -219,7 +217,7 @@ def linear_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: tor
     # <<< TASK
 
 
-def linear_int4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group_size: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """参考的矩阵乘：``x · W_int4ᵀ + bias``，``W_int4`` 是打包的 ``packed`` 按组还原的权重；结果与 ``x`` 同类型。
 
@@ -230,10 +228,10 @@ def linear_int4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     # en: return x times the transpose of the packed int4 weight (unpacked and restored group by group) plus the bias (which may be absent), in x's dtype. Given: this chapter's earlier functions
     # hint1: 参考实现要的是对，不是快：解包、还原成 fp32 的矩阵，在 fp32 里乘，最后转回 x 的类型。
     # en1: The reference needs to be right, not fast: unpack, restore an fp32 matrix, multiply in fp32, convert back to x's dtype.
-    # hint2: 1. w = dequantize_int4(unpack_int4(packed), scale, zero, group_size)；
+    # hint2: 1. w = dequantize_int4(unpack_int4(packed), scale, offset, group_size)；
     # hint2: 2. return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)。
-    # en2: 1. w = dequantize_int4(unpack_int4(packed), scale, zero, group_size);
+    # en2: 1. w = dequantize_int4(unpack_int4(packed), scale, offset, group_size);
     # en2: 2. return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype).
-    w = dequantize_int4(unpack_int4(packed), scale, zero, group_size)
+    w = dequantize_int4(unpack_int4(packed), scale, offset, group_size)
     return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
     # <<< TASK
