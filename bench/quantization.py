@@ -32,7 +32,6 @@ import importlib
 import inspect
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Callable

@@ -39,8 +39,8 @@ import torch.nn.functional as F
 
 from minisgl import kernel
 from minisgl.i18n import tr
-from minisgl.quantization import (INT4_BLOCK, dequantize_int4, dequantize_int8, linear_int4, linear_int8, pack_int4,
-                                  quantize_int4, quantize_int8, unpack_int4)
+from minisgl.quantization import (dequantize_int4, dequantize_int8, linear_int4, linear_int8, pack_int4, quantize_int4,
+                                  quantize_int8, unpack_int4)
 from minisgl.validation import parse_quantization
 
 if TYPE_CHECKING:
