@@ -32,7 +32,8 @@ class LlamaCppMissing(RuntimeError):
 
 def weights_gguf(weights: str = "F32") -> Path:
     """SmolLM2 的 F32 / BF16 GGUF（与 models/SmolLM2-135M-Instruct 同样的权重），或把这份权重量化成 Q8_0 / Q4_0
-    （每 32 个一块、一个 fp16 的 scale；二维的张量都量化，含与 LM head 共用的词嵌入）；第一次调用时生成，之后直接用。"""
+    （每 32 个一块、一个 fp16 的 scale；二维的张量都量化，与 LM head 共用的词嵌入在 Q4_0 里也是 Q8_0）；第一次调用时
+    生成，之后直接用。"""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
     from gguf.quants import dequantize, quantize
 
@@ -59,6 +60,12 @@ def weights_gguf(weights: str = "F32") -> Path:
     writer.add_file_type(file_type)
     for tensor in reader.tensors:
         data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        if qtype == GGMLQuantizationType.Q4_0 and tensor.name == "token_embd.weight":
+            # 与 LM head 共用的词嵌入留在 8 位（Q8_0）：我们的 int4wo 也把 LM head 留在 int8，llama.cpp 自己量化时也把输出层留得更高
+            # en: the word embedding shared with the LM head stays at 8 bits (Q8_0): our int4wo keeps the LM head at
+            # en: int8 too, and llama.cpp's own quantizer keeps the output layer higher as well
+            writer.add_tensor(tensor.name, quantize(data, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+            continue
         # 1 维的（各层的 norm）llama.cpp 只认 F32
         if qtype != GGMLQuantizationType.F32 and data.ndim > 1:
             writer.add_tensor(tensor.name, quantize(data, qtype), raw_dtype=qtype)
@@ -72,9 +79,10 @@ def weights_gguf(weights: str = "F32") -> Path:
     return out
 
 
-def load(threads: int, n_ctx: int = 512, weights: str = "F32", draft_model: object = None):  # noqa: ANN201 - llama_cpp.Llama, an optional dependency
+def load(threads: int, n_ctx: int = 512, weights: str = "F32", draft_model: object = None,  # noqa: ANN201 - llama_cpp.Llama, an optional dependency
+         logits_all: bool = False):
     """llama.cpp 加载 F32 / BF16 / Q8_0 / Q4_0 GGUF（``threads`` 个线程）；``draft_model`` 是 llama-cpp-python 的草稿（例如
-    ``LlamaPromptLookupDecoding``：按提示词查找的投机解码）。"""
+    ``LlamaPromptLookupDecoding``：按提示词查找的投机解码）；``logits_all`` 时每个位置的 logits 都留着（算困惑度用）。"""
     try:
         from llama_cpp import Llama
     except ImportError as err:
@@ -90,7 +98,7 @@ def load(threads: int, n_ctx: int = 512, weights: str = "F32", draft_model: obje
                  "its plain {weights} kernels are measured instead", weights=weights))
     with _extra_buffer_types(repack):
         return Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_ctx,
-                     draft_model=draft_model, verbose=False)
+                     draft_model=draft_model, logits_all=logits_all, verbose=False)
 
 
 @contextlib.contextmanager
@@ -131,6 +139,26 @@ def repacked_kernels_run(path: str, threads: int) -> bool:
         child.kill()
         child.join()
     return child.exitcode == 0
+
+
+def perplexity(llama, ids: list[int], window: int) -> float:  # noqa: ANN001
+    """llama.cpp 在 ``ids`` 上的困惑度：每 ``window`` 个 token 一段、互不重叠（``llama`` 要用 ``logits_all=True`` 加载，
+    ``n_ctx`` 至少 ``window``）。
+
+    en: llama.cpp's perplexity on ``ids``, in non-overlapping windows of ``window`` tokens (``llama`` loaded with
+    ``logits_all=True`` and ``n_ctx`` at least ``window``).
+    """
+    nll, count = 0.0, 0
+    for start in range(0, len(ids) - 1, window):
+        chunk = ids[start : start + window + 1]
+        llama.reset()
+        llama.eval(chunk[:-1])
+        logits = np.asarray(llama.scores[: len(chunk) - 1], dtype=np.float64)
+        top = logits.max(axis=1, keepdims=True)
+        logz = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
+        nll += float((logz - logits[np.arange(len(chunk) - 1), chunk[1:]]).sum())
+        count += len(chunk) - 1
+    return float(np.exp(nll / count))
 
 
 def _next_token(llama) -> int:  # noqa: ANN001

