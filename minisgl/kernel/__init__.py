@@ -195,7 +195,7 @@ def _measure_prefetch(lib: ctypes.CDLL) -> tuple[dict[str, float], float]:
 
     timings, busy = _watch(lambda: _race([way(name) for name in PREFETCH]))
     del weights
-    _trim_heap()
+    trim_heap()
     return dict(zip(PREFETCH, timings)), busy
 
 
@@ -384,7 +384,7 @@ def choice(weight: torch.Tensor) -> Choice:
             chosen = Choice(**{f: saved[f] for f in ("kernel_from", "kernel_to", "onednn")})
         except (KeyError, TypeError):  # 没量过、量的时候机器正忙而且已过期、或者文件里是别的写法：现量
             chosen, busy = measured_while_watching(lambda: calibrate(weight))
-            _trim_heap()
+            trim_heap()
             entry: dict[str, object] = vars(chosen)
             if busy > BUSY_SHARE:
                 entry = {**entry, "busy_cores": round(busy, 2), "expires": time.time() + LOADED_PLAN_S}
@@ -444,7 +444,7 @@ def _watch(fn: Callable[[], T]) -> tuple[T, float]:
     return chosen, max(0.0, ((after[0] - before[0]) / after[1] - own_s) / wall)
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """量的时候用了几百 MB 的权重副本；释放后 glibc 仍把这些页留在进程里（常驻内存一直多出这么多），还给系统。"""
     try:
         ctypes.CDLL(None).malloc_trim(0)
