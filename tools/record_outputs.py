@@ -94,6 +94,7 @@ EXAMPLES: dict[str, Example] = {
     "ngram_cache": Example("examples/chapters/ngram_cache.py"),
     "spec_tree": Example("examples/chapters/spec_tree.py"),
     "speculative": Example("examples/chapters/speculative.py"),
+    "quantization": Example("examples/chapters/quantization.py"),
 }
 
 _UNIT = r"(?:ms|s|秒|毫秒|tok/s|token/s|tokens/s|it/s|GB/s|MB/s|GB|GiB|MB|MiB|KB|KiB|%)"

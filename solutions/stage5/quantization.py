@@ -166,9 +166,9 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     # hint1: 把 [N, K] 看成 [N, 块数, 2, 16]：第 2 维的 0 是每块的前一半（低 4 位），1 是后一半（高 4 位，左移 4 位）。
     # en1: View [N, K] as [N, blocks, 2, 16]: index 0 of the third dimension is each block's first half (the low 4 bits), 1 its second half (the high 4 bits, shifted left by 4).
     # hint2: 1. b = q.reshape(n, k // INT4_BLOCK, 2, INT4_BLOCK // 2)；
-    # hint2: 2. return (b[:, :, 0] | (b[:, :, 1] << 4)).reshape(n, k // 2)。
+    # hint2: 2. return torch.bitwise_or(b[:, :, 0], b[:, :, 1] << 4).reshape(n, k // 2)。
     # en2: 1. b = q.reshape(n, k // INT4_BLOCK, 2, INT4_BLOCK // 2);
-    # en2: 2. return (b[:, :, 0] | (b[:, :, 1] << 4)).reshape(n, k // 2).
+    # en2: 2. return torch.bitwise_or(b[:, :, 0], b[:, :, 1] << 4).reshape(n, k // 2).
     b = q.reshape(n, k // INT4_BLOCK, 2, INT4_BLOCK // 2)
     return (b[:, :, 0] | (b[:, :, 1] << 4)).reshape(n, k // 2)
     # <<< TASK
