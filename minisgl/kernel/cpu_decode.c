@@ -31,8 +31,6 @@ void cpu_linear_bf16(const uint16_t *x, const uint16_t *w, const float *b, uint1
  * 一份 fp32 副本）；线性层的权重和 K/V 缓存是 Shape.weights 说的类型。 */
 enum { IN_NORM, QKV_W, QKV_B, Q_NORM, K_NORM, O_W, O_B, POST_NORM, GATE_UP_W, GATE_UP_B, DOWN_W, DOWN_B,
        K_CACHE, V_CACHE, QKV_S, QKV_Z, O_S, O_Z, GATE_UP_S, GATE_UP_Z, DOWN_S, DOWN_Z, NUM_PTRS };
-enum { QKV_W_S_ = QKV_S, QKV_W_Z_ = QKV_Z, O_W_S_ = O_S, O_W_Z_ = O_Z, GATE_UP_W_S_ = GATE_UP_S, GATE_UP_W_Z_ = GATE_UP_Z,
-       DOWN_W_S_ = DOWN_S, DOWN_W_Z_ = DOWN_Z };
 /* 量化的权重（第 5.4 章）时每个线性层还有 scale 和偏移 zs（只有 int4 有）：上面 *_S、*_Z 四对。 */
 
 /* 权重和 KV 缓存的类型，以及 bf16 线性层用哪种点积；量化的权重（int8 每通道、int4 按组）时激活和 KV 缓存是 fp32。 */
@@ -201,12 +199,13 @@ void cpu_decode(const Shape *s, const int64_t *ptrs, float *x, const float *cos_
         const int64_t *p = ptrs + l * NUM_PTRS;
         const float *q_norm = (const float *)p[Q_NORM], *k_norm = (const float *)p[K_NORM];
         void *kc = (void *)p[K_CACHE], *vc = (void *)p[V_CACHE];
-#define LINEAR(in, W, BIAS, out, K, N)                                                                          \
-    linear(kind, in, (const void *)p[W], (const float *)p[BIAS], out, B, K, N, xb, yb, (const float *)p[W##_S_], \
-           (const float *)p[W##_Z_], s->group)
+/* P 是线性层的前缀（QKV、O、GATE_UP、DOWN）：它的权重、偏置、scale、偏移在指针表里的位置是 P_W、P_B、P_S、P_Z */
+#define LINEAR(in, P, out, K, N)                                                                                    \
+    linear(kind, in, (const void *)p[P##_W], (const float *)p[P##_B], out, B, K, N, xb, yb, (const float *)p[P##_S], \
+           (const float *)p[P##_Z], s->group)
 
         for (int64_t b = 0; b < B; ++b) rms_norm(x + b * H, (const float *)p[IN_NORM], h + b * H, H, eps, bf16);
-        LINEAR(h, QKV_W, QKV_B, qkv, H, QKV);
+        LINEAR(h, QKV, qkv, H, QKV);
         for (int64_t b = 0; b < B; ++b) {
             float *q = qkv + b * QKV, *k = q + Hq * D, *v = k + Hkv * D;
             const float *c = cos_table + (int64_t)positions[b] * D, *sn = sin_table + (int64_t)positions[b] * D;
@@ -228,18 +227,18 @@ void cpu_decode(const Shape *s, const int64_t *ptrs, float *x, const float *cos_
                 attend_one(qkv + b * QKV + hh * D, kc, vc, (hh / group) * D, slots, seq_lens[b], kv_stride, D, scale,
                            scores + (b * Hq + hh) * max_len, attn + (b * Hq + hh) * D, bf16);
             }
-        LINEAR(attn, O_W, O_B, proj, Hq * D, H);
+        LINEAR(attn, O, proj, Hq * D, H);
         add_into(x, proj, B * H, bf16);
 
         for (int64_t b = 0; b < B; ++b) rms_norm(x + b * H, (const float *)p[POST_NORM], h + b * H, H, eps, bf16);
-        LINEAR(h, GATE_UP_W, GATE_UP_B, gate_up, H, 2 * I);
+        LINEAR(h, GATE_UP, gate_up, H, 2 * I);
 #pragma omp parallel for collapse(2) schedule(static) if (B * I >= 8192)
         for (int64_t b = 0; b < B; ++b)
             for (int64_t i = 0; i < I; ++i) {
                 float g = gate_up[b * 2 * I + i], u = gate_up[b * 2 * I + I + i];
                 act[b * I + i] = bf16 ? rnd(rnd(g / (1.f + expf(-g)), 1) * u, 1) : g / (1.f + expf(-g)) * u;
             }
-        LINEAR(act, DOWN_W, DOWN_B, proj, I, H);
+        LINEAR(act, DOWN, proj, I, H);
         add_into(x, proj, B * H, bf16);
 #undef LINEAR
     }
