@@ -80,3 +80,15 @@ def test_a_bad_quantization_flag_is_refused_before_loading(value: str) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "int4wo-G" in done.stderr, tr(
         "--quantization {value}: exit code {code}, output:\n{output}", value=value, code=done.returncode, output=done.stderr)
+
+
+def test_quantization_needs_the_assembled_engine() -> None:
+    """第 2.1 章的调度器自己不量化：给了 ``quantization`` 却没有组装的 ``weights`` 零件，在加载之前就拒绝，不悄悄不管。
+
+    en: Chapter 2.1's scheduler does not quantize by itself: ``quantization`` given without the assembly's ``weights``
+    part is refused before loading, not silently ignored.
+    """
+    from minisgl.scheduler import Scheduler
+
+    with pytest.raises(ValueError, match="minisgl.llm.LLM"):
+        Scheduler(built(model_zoo.tiny_qwen3), quantization="int8wo", **KW)
