@@ -241,6 +241,9 @@ class Scheduler:
         parts = parts or SchedulerParts()
         config = SchedulerConfig(model_path=str(model_path), dtype=dtype, **kwargs)
         validate_config(config, parts.cache_types)
+        if config.quantization is not None and parts.weights is None:  # 没人接的设置要说出来，不悄悄不管 | en: a setting nobody takes is refused, not silently ignored
+            raise ValueError(tr("quantization={name!r} is applied by the assembled engine's weights part: use minisgl.llm.LLM",
+                                name=config.quantization))
         self.config = config
         engine_fields = {f.name: getattr(config, f.name) for f in fields(EngineConfig)}
         self.engine = self.engine_cls(EngineConfig(**engine_fields))
