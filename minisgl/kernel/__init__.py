@@ -260,32 +260,20 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             b = None if bias is None else bias.float()
             lib.cpu_linear_bf16(xb.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, k, n)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
-    x2 = x if x.dim() == 2 else x.reshape(-1, k)
-    x2 = x2.float().contiguous()  # 已是连续的 fp32 时两步都不复制
-    m = x2.shape[0]
-    y = torch.empty((m, n), dtype=torch.float32)
-    if m:
-        fn = lib.cpu_linear_bf16w if weight.dtype == torch.bfloat16 else lib.cpu_linear
-        b = None if bias is None else bias.float()
-        fn(x2.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), m, k, n)
-    y = y.to(weight.dtype)
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+    fn = lib.cpu_linear_bf16w if weight.dtype == torch.bfloat16 else lib.cpu_linear
+    return _fp32_call(fn, x, n, k, bias, weight.dtype, weight.data_ptr())
 
 
-def _rows_fp32(x: torch.Tensor, k: int) -> torch.Tensor:
-    """``x`` 变成二维、连续的 fp32（已经是时不复制）。"""
-    return (x if x.dim() == 2 else x.reshape(-1, k)).float().contiguous()
-
-
-def _quantized_call(fn: Callable[..., None], x: torch.Tensor, n: int, k: int, bias: torch.Tensor | None,
-                    *args: object) -> torch.Tensor:
-    """量化内核的公共部分：输入变成 fp32 的行，偏置 fp32，结果回到 ``x`` 的类型和形状。"""
-    x2 = _rows_fp32(x, k)
+def _fp32_call(fn: Callable[..., None], x: torch.Tensor, n: int, k: int, bias: torch.Tensor | None,
+               out_dtype: torch.dtype, *weights: int) -> torch.Tensor:
+    """fp32 激活的内核（``cpu_linear``、读 bf16 或量化权重的几种）共用的部分：``x`` 变成二维、连续的 fp32 行（已经是时
+    不复制），偏置 fp32，调用 ``fn(x, *weights, b, y, M, K, N)``，结果变成 ``out_dtype``、回到 ``x`` 的形状。"""
+    x2 = (x if x.dim() == 2 else x.reshape(-1, k)).float().contiguous()
     y = torch.empty((x2.shape[0], n), dtype=torch.float32)
     if x2.shape[0]:
         b = None if bias is None else bias.float().contiguous()
-        fn(x2.data_ptr(), *args, None if b is None else b.data_ptr(), y.data_ptr(), x2.shape[0], k, n)
-    y = y.to(x.dtype)
+        fn(x2.data_ptr(), *weights, None if b is None else b.data_ptr(), y.data_ptr(), x2.shape[0], k, n)
+    y = y.to(out_dtype)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 
@@ -299,7 +287,7 @@ def q8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch
     scaled once at the end. For the few rows of a decode step.
     """
     n, k = q.shape
-    return _quantized_call(library().cpu_linear_q8, x, n, k, bias, q.data_ptr(), scale.data_ptr())
+    return _fp32_call(library().cpu_linear_q8, x, n, k, bias, x.dtype, q.data_ptr(), scale.data_ptr())
 
 
 def q4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group_size: int,
@@ -316,7 +304,7 @@ def q4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset
     def call(xp: int, w: int, s: int, z: int, b: int | None, y: int, m: int, kk: int, nn: int) -> None:
         lib.cpu_linear_q4(xp, w, s, z, b, y, m, kk, nn, group_size)
 
-    return _quantized_call(call, x, n, k, bias, packed.data_ptr(), scale.data_ptr(), offset.data_ptr())
+    return _fp32_call(call, x, n, k, bias, x.dtype, packed.data_ptr(), scale.data_ptr(), offset.data_ptr())
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
