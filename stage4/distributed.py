@@ -10,7 +10,8 @@
 - **进程组**：每个秩用同一个集合点地址 ``host:port`` 调 ``torch.distributed.init_process_group``，知道自己是第几个、
   一共几个（:class:`DistributedInfo`）。CPU 上用 gloo，GPU 上用 NCCL；
 - **控制组**：在数据组旁边再建一个 gloo 组，专门传小的控制信息（数一数有几条消息、大家都同意的页数）。
-  NCCL 只管 GPU 上的张量，而控制信息在 CPU 上；
+  NCCL 只管 GPU 上的张量，而控制信息在 CPU 上。它只归调度器的线程用，前向里的通信一律走数据组：重叠调度时两个线程
+  同时通信，同一个组上就会互相等死；
 - **通信器**（:class:`Communicator`）：引擎只用它的三个操作——``all_reduce``（各秩的部分和加起来，每个秩都拿到总和）、
   ``all_gather``（各秩的一段沿最后一维按秩号拼起来）、``agree_min``（大家取最小的那个整数）——不管底下是 gloo 还是
   NCCL；每次真的通信都记一笔（``calls``），学员和检查都能数；
@@ -29,7 +30,8 @@ This chapter lays the wires between them:
   a GPU;
 - **the control group**: beside the data group, one more gloo group only for small control data (how many messages
   there are, the page count everyone agrees on). NCCL handles only tensors on the GPU, and control data lives on the
-  CPU;
+  CPU. It belongs to the scheduler's thread; every collective inside a forward goes over the data group: with overlap
+  scheduling both threads communicate at once, and on one group they would wait on each other forever;
 - **the communicator** (:class:`Communicator`): the engine uses just its three operations — ``all_reduce`` (the ranks'
   partial sums added, every rank gets the total), ``all_gather`` (each rank's piece joined along the last dimension in
   rank order), ``agree_min`` (everyone takes the smallest integer) — whether gloo or NCCL is underneath; every real
@@ -185,12 +187,15 @@ class Communicator:
         if self.info.size == 1:
             return x, list(send_splits)
         if recv_splits is None:
-            # 条数走控制组（CPU 上的张量）：每个秩先知道要收几行，才能分配收的地方
-            # en: the counts go over the control group (CPU tensors): each rank must know how many rows come before it
-            # en: can allocate room for them
-            send = torch.tensor(send_splits, dtype=torch.int64)
+            # 每个秩先知道要收几行，才能分配收的地方。条数走数据组（张量放在 x 所在的设备上）、不走控制组：重叠调度时
+            # 前向在自己的线程里跑，调度器的线程正同时在控制组上通信，同一个组上两个线程的集合通信在各秩上的先后不同，就会互相等死
+            # en: each rank must know how many rows come before it can allocate room for them. The counts go over the data
+            # en: group (a tensor on x's device), not the control group: with overlap scheduling the forward runs in a
+            # en: thread of its own while the scheduler's thread uses the control group, and two threads' collectives on
+            # en: one group, ordered differently on different ranks, wait on each other forever
+            send = torch.tensor(send_splits, dtype=torch.int64, device=x.device)
             recv = torch.empty_like(send)
-            dist.all_to_all_single(recv, send, group=self.control)
+            dist.all_to_all_single(recv, send, group=self.group)
             recv_splits = recv.tolist()
         out = x.new_empty((sum(recv_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), recv_splits, list(send_splits), group=self.group)

@@ -117,6 +117,9 @@ class Server(ServerProcess):
                 status, text = resp.status, resp.read().decode()
         except urllib.error.HTTPError as e:
             status, text = e.code, e.read().decode()
+        except TimeoutError:  # 卡住了：带上服务器的输出失败，别只留一个 socket 的超时 | en: stuck: fail with the server's output, not a bare socket timeout
+            pytest.fail(tr("{method} {path} got no answer within {timeout:.0f} s; the server's output:\n{output}",
+                           method=method, path=path, timeout=timeout, output=self.output), pytrace=False)
         try:
             return status, json.loads(text)
         except ValueError:

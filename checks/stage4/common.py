@@ -8,8 +8,9 @@ so it holds only module-level functions.
 
 from __future__ import annotations
 
+import contextlib
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -35,6 +36,44 @@ def run_step(out: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
         out[name] = ("ok", fn())
     except Exception:  # noqa: BLE001
         out[name] = ("error", traceback.format_exc())
+
+
+#: torch.distributed 里会发起通信的函数：:func:`control_group_calls` 看它们哪次用了控制组。
+#: en: The functions of torch.distributed that communicate: :func:`control_group_calls` watches which use the control group.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+               "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "reduce", "reduce_scatter",
+               "reduce_scatter_tensor", "scatter", "send", "recv", "isend", "irecv")
+
+
+@contextlib.contextmanager
+def control_group_calls(control: Any) -> Iterator[list[str]]:
+    """在这段代码里，记下每次经控制组 ``control`` 的通信（函数名）。前向里一次也不该有：重叠调度时前向在自己的线程里
+    跑，调度器的线程正同时在控制组上通信，同一个组上两个线程的通信在各秩上先后不同，就会互相等死。
+
+    en: Note each communication over the control group ``control`` inside this block (by function name). A forward
+    should make none: with overlap scheduling the forward runs in a thread of its own while the scheduler's thread uses
+    the control group, and two threads' communications on one group, ordered differently on different ranks, wait on
+    each other forever.
+    """
+    import torch.distributed as dist
+
+    seen: list[str] = []
+    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def watched(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if control is not None and any(a is control for a in (*args, *kwargs.values())):
+                seen.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+    for name, fn in originals.items():
+        setattr(dist, name, watched(name, fn))
+    try:
+        yield seen
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
 
 
 def step(ranks: list[dict[str, Any]], name: str, first: str = "init") -> list[Any]:

@@ -31,7 +31,7 @@ import torch
 from checks.common import expect
 from checks.hf_reference import greedy_reference
 from checks.stage1.conftest import LATER_PROMPTS, LATER_TOKENS, Hand
-from checks.stage4.common import run_step, step
+from checks.stage4.common import control_group_calls, run_step, step
 from minisgl.i18n import tr
 
 WORLD = 2
@@ -132,8 +132,12 @@ def model_steps(model_path: str, out: dict[str, Any]) -> None:
         seen = logits.setdefault(kind, [])
         forward = engine.model.forward
 
+        control: list[str] = []
+
         def noted() -> torch.Tensor:
-            result = forward()
+            with control_group_calls(get_tp_comm().control) as calls:
+                result = forward()
+            control.extend(calls)
             seen.append(result.clone())
             return result
 
@@ -147,7 +151,7 @@ def model_steps(model_path: str, out: dict[str, Any]) -> None:
             tokens = Hand.run_to_completion(engine, Batch, reqs)
             experts = [layer.mlp.experts for layer in engine.model.model.layers if hasattr(layer.mlp, "experts")]
             return {"tokens": tokens, "calls": dict(get_tp_comm().calls), "kinds": [type(e).__name__ for e in experts],
-                    "held": [e.w13.shape[0] for e in experts]}
+                    "held": [e.w13.shape[0] for e in experts], "control": sorted(set(control))}
         finally:
             engine.shutdown()
 
@@ -352,6 +356,21 @@ def test_expert_parallel_stays_within_its_communication_budget(request: pytest.F
             "for the others'), at most one row plus {extra} bytes of bookkeeping per pair crossing ranks, both with "
             "the whole output joined", rank=rank, world=world, name=name, got=r["bytes"], low=low, high=high,
             extra=BOOKKEEPING_BYTES)
+
+
+@pytest.mark.parametrize("kind", ["tp", "ep"])
+def test_a_forward_keeps_off_the_control_group(ranks: list[dict[str, Any]], kind: str) -> None:
+    """重叠调度时前向在自己的线程里跑，调度器的线程正同时在控制组上广播消息条数：前向里的通信（派发、合并交换的条数
+    也算）只能走数据组。
+
+    en: With overlap scheduling the forward runs in a thread of its own while the scheduler's thread broadcasts message
+    counts on the control group: a forward's communication (the counts dispatch and combine exchange included) goes over
+    the data group only.
+    """
+    for rank, got in enumerate(step(ranks, f"generate-{kind}")):
+        expect(got["control"], [], tr("Rank {rank}, {kind}=2: communication a forward made over the control group (the "
+                                      "scheduler's thread uses it at the same time; two threads on one group wait on "
+                                      "each other forever)", rank=rank, kind=kind.upper()))
 
 
 def test_tensor_parallel_experts_reduce_once(ranks: list[dict[str, Any]]) -> None:
