@@ -8,9 +8,9 @@ so it holds only module-level functions.
 
 from __future__ import annotations
 
-import contextlib
+import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,42 +38,56 @@ def run_step(out: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
         out[name] = ("error", traceback.format_exc())
 
 
-#: torch.distributed 里会发起通信的函数：:func:`control_group_calls` 看它们哪次用了控制组。
-#: en: The functions of torch.distributed that communicate: :func:`control_group_calls` watches which use the control group.
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
-               "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "reduce", "reduce_scatter",
-               "reduce_scatter_tensor", "scatter", "send", "recv", "isend", "irecv")
+#: torch.distributed 里和别的秩碰头的函数：检查在每个秩上把它们包一层，数每次迭代调用了几次。
+#: en: The torch.distributed functions that meet the other ranks: the checks wrap them on each rank to count the calls
+#: en: of every iteration.
+COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "gather",
+               "gather_object", "scatter", "scatter_object_list", "broadcast_object_list", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "send", "recv",
+               "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
 
 
-@contextlib.contextmanager
-def control_group_calls(control: Any) -> Iterator[list[str]]:
-    """在这段代码里，记下每次经控制组 ``control`` 的通信（函数名）。前向里一次也不该有：重叠调度时前向在自己的线程里
-    跑，调度器的线程正同时在控制组上通信，同一个组上两个线程的通信在各秩上先后不同，就会互相等死。
+def count_collectives(note: Callable[[str, Any], None]) -> None:
+    """把 :data:`COLLECTIVES` 包一层（``torch.distributed`` 和 ``distributed_c10d`` 两处都换）：每次最外层的调用都在
+    调用它的线程里 ``note(名字, 组)``——一个集合通信里面再调的（``broadcast_object_list`` 里的 ``broadcast``）不另算。
+    每个线程各数各的：重叠调度时前向在另一个线程里跑。
 
-    en: Note each communication over the control group ``control`` inside this block (by function name). A forward
-    should make none: with overlap scheduling the forward runs in a thread of its own while the scheduler's thread uses
-    the control group, and two threads' communications on one group, ordered differently on different ranks, wait on
-    each other forever.
+    en: Wrap :data:`COLLECTIVES` (replaced in both ``torch.distributed`` and ``distributed_c10d``): every outermost call
+    runs ``note(name, group)`` in the calling thread — calls made inside another collective (the ``broadcast`` inside
+    ``broadcast_object_list``) do not count again. Each thread counts on its own: with overlap scheduling the forward
+    runs in another thread.
     """
+    import inspect
+
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
-    seen: list[str] = []
-    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    local = threading.local()
 
-    def watched(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if control is not None and any(a is control for a in (*args, *kwargs.values())):
-                seen.append(name)
-            return fn(*args, **kwargs)
-        return call
+    def wrap(name: str, real: Any) -> Any:
+        params = inspect.signature(real).parameters
 
-    for name, fn in originals.items():
-        setattr(dist, name, watched(name, fn))
-    try:
-        yield seen
-    finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(local, "depth", 0)
+            if depth == 0:
+                bound = {**dict(zip(params, args)), **kwargs}
+                note(name, bound.get("group"))
+            local.depth = depth + 1
+            try:
+                return real(*args, **kwargs)
+            finally:
+                local.depth = depth
+
+        return counted
+
+    for name in COLLECTIVES:
+        real = getattr(c10d, name, None)
+        if real is None:
+            continue
+        counted = wrap(name, real)
+        setattr(c10d, name, counted)
+        if getattr(dist, name, None) is real:
+            setattr(dist, name, counted)
 
 
 def step(ranks: list[dict[str, Any]], name: str, first: str = "init") -> list[Any]:

@@ -31,7 +31,7 @@ import torch
 from checks.common import expect
 from checks.hf_reference import greedy_reference
 from checks.stage1.conftest import LATER_PROMPTS, LATER_TOKENS, Hand
-from checks.stage4.common import control_group_calls, run_step, step
+from checks.stage4.common import count_collectives, run_step, step
 from minisgl.i18n import tr
 
 WORLD = 2
@@ -116,7 +116,24 @@ def layer_steps(out: dict[str, Any], world: int) -> None:
         run_step(out, f"ep-{name}", lambda name=name: run(EPMoE, name))
 
 
-def model_steps(model_path: str, out: dict[str, Any]) -> None:
+@dataclasses.dataclass
+class ControlWatch:
+    """前向里经控制组的通信：:func:`rank_scenario` 包好的集合通信在 ``in_forward`` 时记进 ``calls``。
+
+    en: Communication over the control group inside a forward: the collectives :func:`rank_scenario` wrapped note it in
+    ``calls`` while ``in_forward``.
+    """
+
+    in_forward: bool = False
+    calls: list[str] = dataclasses.field(default_factory=list)
+
+
+def model_steps(model_path: str, out: dict[str, Any], watch: ControlWatch) -> None:
+    """一个秩、TP=2、EP=2 各生成一遍，记下 token、通信、专家的种类和形状、前向里经控制组的通信；最后比 logits。
+
+    en: Generate once on one rank, at TP=2 and at EP=2, noting the tokens, the collectives, the experts' kinds and shapes
+    and the forward's communication over the control group; last, compare the logits.
+    """
     from minisgl.core import Batch, Req, SamplingParams
     from minisgl.distributed import get_tp_comm
     from minisgl.engine import Engine, EngineConfig
@@ -132,17 +149,18 @@ def model_steps(model_path: str, out: dict[str, Any]) -> None:
         seen = logits.setdefault(kind, [])
         forward = engine.model.forward
 
-        control: list[str] = []
-
         def noted() -> torch.Tensor:
-            with control_group_calls(get_tp_comm().control) as calls:
+            watch.in_forward = True
+            try:
                 result = forward()
-            control.extend(calls)
+            finally:
+                watch.in_forward = False
             seen.append(result.clone())
             return result
 
         engine.model.forward = noted
         get_tp_comm().calls.clear()
+        watch.calls.clear()
         try:
             reqs = []
             for uid, (row, prompt) in enumerate(zip([3, 0, 2, 1], LATER_PROMPTS)):
@@ -151,7 +169,7 @@ def model_steps(model_path: str, out: dict[str, Any]) -> None:
             tokens = Hand.run_to_completion(engine, Batch, reqs)
             experts = [layer.mlp.experts for layer in engine.model.model.layers if hasattr(layer.mlp, "experts")]
             return {"tokens": tokens, "calls": dict(get_tp_comm().calls), "kinds": [type(e).__name__ for e in experts],
-                    "held": [e.w13.shape[0] for e in experts], "control": sorted(set(control))}
+                    "held": [e.w13.shape[0] for e in experts], "control": sorted(set(watch.calls))}
         finally:
             engine.shutdown()
 
@@ -170,6 +188,19 @@ def rank_scenario(rank: int, world_size: int, addr: str, moe: str | None) -> dic
     en: All the steps each rank runs: with two ranks the layer cases plus the whole model (``moe`` is its path), with
     three ranks the layer cases only.
     """
+    # 在导入本章的模块之前包好集合通信：前向里每次经控制组的通信记进 watch
+    # en: wrap the collectives before this chapter's modules are imported: every communication over the control group
+    # en: inside a forward is noted in watch
+    watch = ControlWatch()
+
+    def note(name: str, group: Any) -> None:
+        from minisgl.distributed import get_tp_comm
+
+        if watch.in_forward and group is not None and group is get_tp_comm().control:
+            watch.calls.append(name)
+
+    count_collectives(note)
+
     import minisgl.distributed
     from minisgl.distributed import DistributedInfo, destroy_distributed, init_distributed
 
@@ -182,7 +213,7 @@ def rank_scenario(rank: int, world_size: int, addr: str, moe: str | None) -> dic
     if out["init"][0] == "ok":
         layer_steps(out, world_size)
         if moe is not None:
-            model_steps(moe, out)
+            model_steps(moe, out, watch)
         destroy_distributed()
     return out
 

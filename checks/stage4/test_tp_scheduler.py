@@ -40,7 +40,7 @@ from checks.hf_reference import greedy_reference
 from checks.stage1.conftest import LATER_PROMPTS
 from checks.stage3.conftest import (TINY_SERVER_ARGS, Server, descendants, idle, read_events, send_request, start_server,
                                    stop_server)
-from checks.stage4.common import run_step, step
+from checks.stage4.common import count_collectives, run_step, step
 from minisgl.i18n import tr
 
 WORLD = 2
@@ -60,58 +60,6 @@ COLLECTIVE_TIMEOUT_S, IDLE_S = 10, 12
 #: en: (not through torch.distributed), waiting at most this many seconds for each other: a difference is reported at
 #: en: once, naming the iteration and what each received, instead of waiting for a later collective to get stuck.
 COMPARE_WAIT_S = 8
-#: torch.distributed 里和别的秩碰头的函数：检查在每个秩上把它们包一层，数每次迭代调用了几次。
-#: en: The torch.distributed functions that meet the other ranks: the checks wrap them on each rank to count the calls
-#: en: of every iteration.
-COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "gather",
-               "gather_object", "scatter", "scatter_object_list", "broadcast_object_list", "reduce_scatter",
-               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "send", "recv",
-               "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
-
-
-def count_collectives(note: Callable[[str, Any], None]) -> None:
-    """把 :data:`COLLECTIVES` 包一层（``torch.distributed`` 和 ``distributed_c10d`` 两处都换）：每次最外层的调用都在
-    调用它的线程里 ``note(名字, 组)``——一个集合通信里面再调的（``broadcast_object_list`` 里的 ``broadcast``）不另算。
-    每个线程各数各的：重叠调度时前向在另一个线程里跑。
-
-    en: Wrap :data:`COLLECTIVES` (replaced in both ``torch.distributed`` and ``distributed_c10d``): every outermost call
-    runs ``note(name, group)`` in the calling thread — calls made inside another collective (the ``broadcast`` inside
-    ``broadcast_object_list``) do not count again. Each thread counts on its own: with overlap scheduling the forward
-    runs in another thread.
-    """
-    import inspect
-
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    local = threading.local()
-
-    def wrap(name: str, real: Any) -> Any:
-        params = inspect.signature(real).parameters
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            depth = getattr(local, "depth", 0)
-            if depth == 0:
-                bound = {**dict(zip(params, args)), **kwargs}
-                note(name, bound.get("group"))
-            local.depth = depth + 1
-            try:
-                return real(*args, **kwargs)
-            finally:
-                local.depth = depth
-
-        return counted
-
-    for name in COLLECTIVES:
-        real = getattr(c10d, name, None)
-        if real is None:
-            continue
-        counted = wrap(name, real)
-        setattr(c10d, name, counted)
-        if getattr(dist, name, None) is real:
-            setattr(dist, name, counted)
-
-
 def arrive_late(sock: Any) -> None:
     """让这个 SUB 套接字上的每条消息都“晚到一会儿”：对还没露过面的下一条，第一次不等的查看（带 NOBLOCK 的 recv、
     ``poll(0)``）看不到它，之后才看得到；等着的查看（不带 NOBLOCK 的 recv、限时或不限时地 poll）照常。ZMQ 只保证顺序、
