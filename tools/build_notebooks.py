@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from minisgl.course.bilingual import for_language, problems as comment_problems
+from minisgl.course.calibration_lines import without_calibration
 from minisgl.course.registry import BUILTIN_CHAPTERS, notebook_edition
 from minisgl.i18n import CJK
 from minisgl.paths import REPO_ROOT
@@ -207,27 +208,11 @@ def execute(pair: Pair, timeout: int = 900):
     return nb
 
 
-#: A line the CPU kernel prints the first time it measures a weight shape (minisgl/kernel), and the line it adds when
-#: other processes kept the cores busy meanwhile: whether they show depends on what this machine's kernel cache already
-#: holds and on its load, not on the lesson, so recorded outputs drop them.
-CALIBRATION_LINE = re.compile(r"^(线性层 .*量过一次|Linear layer .*measured once on this CPU"
-                              r"|\s*量的时候别的进程占着 .*重量|\s*other processes kept .* measured again after ).*$")
-
-
 def drop_calibration(nb) -> None:
-    """Remove the kernel's calibration lines from stderr outputs (and the outputs left empty)."""
+    """Remove the kernel's measuring lines from the code cells' stderr outputs (minisgl.course.calibration_lines)."""
     for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        kept = []
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stderr":
-                lines = [ln for ln in out["text"].splitlines(keepends=True) if not CALIBRATION_LINE.match(ln.rstrip("\n"))]
-                if not "".join(lines).strip():
-                    continue
-                out["text"] = "".join(lines)
-            kept.append(out)
-        cell.outputs = kept
+        if cell.cell_type == "code":
+            cell.outputs = without_calibration(cell.get("outputs", []))
 
 
 def write(pair: Pair, nb) -> None:

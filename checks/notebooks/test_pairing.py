@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -147,20 +148,61 @@ def test_committed_notebooks_are_built_by_the_tool():
     assert not problems, "笔记本与源文件不一致（请运行 python tools/build_notebooks.py 重新生成，不要手改 .ipynb）：\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("language", ["zh", "en"])
-def test_recorded_outputs_drop_the_kernels_calibration_lines(language: str) -> None:
-    """The CPU kernel's first-measurement line, and the line it adds when the machine was busy meanwhile, depend on this
-    machine's cache and load, not on the lesson: a recorded notebook drops both and keeps everything else."""
+def calibration_lines(language: str) -> list[str]:
+    """The lines the CPU kernel prints when it measures, in one language: a shape's path, the machine being busy
+    meanwhile, the prefetch chosen."""
     from minisgl.i18n import tr
 
-    first = tr("Linear layer {k}→{n} ({dtype}): {how} (measured once on this CPU with {threads} threads, saved in {path})",
-               language=language, k=64, n=96, dtype="torch.float32", how="F.linear", threads=2, path="/tmp/plan.json")
-    busy = tr("  other processes kept {busy:.1f} cores busy while measuring: this choice is measured again after {hours:g} h",
-              language=language, busy=1.5, hours=1)
+    return [tr("Linear layer {k}→{n} ({dtype}): {how} (measured once on this CPU with {threads} threads, saved in {path})",
+               language=language, k=64, n=96, dtype="torch.float32", how="F.linear", threads=2, path="/tmp/plan.json"),
+            tr("  other processes kept {busy:.1f} cores busy while measuring: this choice is measured again after {hours:g} h",
+               language=language, busy=1.5, hours=1),
+            tr("CPU kernels prefetch the next weights {how} (fastest of {n} ways on this CPU, saved in {path})",
+               language=language, how="lockstep-l2", n=4, path="/tmp/plan.json")]
+
+
+def test_the_calibration_lines_are_the_kernels_messages() -> None:
+    """The messages dropped from notebook outputs are word for word ones the kernel prints (a reworded message would
+    otherwise slip through and fail notebooks on whichever machine measures during a run)."""
+    from minisgl import kernel
+    from minisgl.course.calibration_lines import MESSAGES
+
+    tree = ast.parse(Path(kernel.__file__).read_text(encoding="utf-8"))
+    printed = {node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+               and getattr(node.func, "id", None) == "tr" and node.args and isinstance(node.args[0], ast.Constant)}
+    assert set(MESSAGES) <= printed, set(MESSAGES) - printed
+
+
+@pytest.mark.parametrize("language", ["zh", "en"])
+def test_recorded_outputs_drop_the_kernels_calibration_lines(language: str) -> None:
+    """The CPU kernel's measuring lines depend on this machine's cache and load, not on the lesson: a recorded notebook
+    drops them and keeps everything else."""
+    first, busy, prefetch = calibration_lines(language)
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("pass")
-    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=f"{first}\n{busy}\nkept\n"),
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=f"{prefetch}\n{first}\n{busy}\nkept\n"),
                     nbformat.v4.new_output("stream", name="stderr", text=f"{busy}\n")]
     nb.cells = [cell]
     build.drop_calibration(nb)
     assert [out["text"] for out in nb.cells[0].outputs] == ["kept\n"], nb.cells[0].outputs
+
+
+@pytest.mark.parametrize("extra, passes", [("calibration", True), ("other", False)])
+def test_a_notebook_run_ignores_a_measurement_made_meanwhile(tmp_path, extra: str, passes: bool) -> None:
+    """A notebook recorded without stderr, run again while the kernel measures (its lines on stderr): still equal under
+    ``--nbval`` with the course's plugin. Any other line on stderr is still a difference."""
+    import subprocess
+    import sys
+
+    lines = calibration_lines("zh") + calibration_lines("en") if extra == "calibration" else ["something else"]
+    nb = nbformat.v4.new_notebook()
+    printed = "\n".join(lines)
+    cell = nbformat.v4.new_code_cell(f"import sys\nprint('out')\nprint({printed!r}, file=sys.stderr)")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="out\n")]
+    cell.execution_count = 1
+    nb.cells = [cell]
+    nbformat.write(nb, tmp_path / "run.ipynb")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "minisgl.course.pytest_plugin", "--nbval",
+                           "--nbval-current-env", "-q", "-p", "no:cacheprovider", "run.ipynb"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert (done.returncode == 0) == passes, done.stdout[-3000:] + done.stderr[-2000:]

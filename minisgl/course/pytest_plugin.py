@@ -9,6 +9,8 @@
 - ``--results-json 路径``：把每章的结果写成 JSON（``course status`` 和 ``course grade`` 读它），
   每章记下实际用的实现和学员文件的哈希（文件改了，status 就把结果标为过期）。
 
+``--nbval`` 跑笔记本时，比对输出之前先去掉 CPU 内核量一次时打印的几行（:mod:`minisgl.course.calibration_lines`）。
+
 输出按 ``MINISGL_LANG`` 用中文或英文；英文时没给 ``--tb`` 就用 ``--tb=short``
 （长调用栈会把骨架里的中文 TODO 注释也打印出来）。
 
@@ -181,12 +183,35 @@ def pytest_configure(config: pytest.Config) -> None:
             select.saved_selection()
         except select.ImplSpecError as err:
             raise pytest.UsageError(str(err)) from None
+    if getattr(config.option, "nbval", False):
+        _compare_notebooks_without_calibration()
     config.stash[_PLAN] = Plan(
         impl=config.getoption("--impl"),
         expect_red=config.getoption("--expect-red"),
         leave_one_out=loo,
         strict=_strict(config),
     )
+
+
+def _compare_notebooks_without_calibration() -> None:
+    """nbval 比对一格重跑的输出之前，先去掉 CPU 内核量一次时打印的几行：记下的输出里本来就没有它们。
+
+    en: Before nbval compares a cell's new outputs, take out the lines the CPU kernel prints when it measures: the
+    recorded outputs never hold them.
+    """
+    from nbval.plugin import IPyNbCell
+
+    from minisgl.course.calibration_lines import without_calibration
+
+    compare = IPyNbCell.compare_outputs
+    if getattr(compare, "without_calibration", False):
+        return
+
+    def compare_outputs(self: IPyNbCell, test: list, ref: list, skip_compare: tuple | None = None) -> bool:
+        return compare(self, without_calibration(test), ref, skip_compare)
+
+    compare_outputs.without_calibration = True  # type: ignore[attr-defined]
+    IPyNbCell.compare_outputs = compare_outputs
 
 
 def _strict(config: pytest.Config) -> bool:
