@@ -158,16 +158,13 @@ def use_prefetch(lib: ctypes.CDLL) -> str:
         raise ValueError(tr("MINISGL_KERNEL_PREFETCH={value!r}: choose one of {names}, or unset it to measure on this CPU",
                             value=name, names=", ".join(PREFETCH)))
     path = _plan_file(lib)
-    saved = _read_plan(path).get("prefetch")
-    if not name and isinstance(saved, dict) and saved.get("name") in PREFETCH and time.time() <= saved.get("expires", math.inf):
+    saved = _saved(path, "prefetch")
+    if not name and saved is not None and saved.get("name") in PREFETCH:
         name = saved["name"]
     if not name:
         timings, busy = _measure_prefetch(lib)
         name = min(timings, key=timings.get)
-        entry: dict[str, object] = {"name": name, "ms": {k: round(v * 1e3, 3) for k, v in timings.items()}}
-        if busy > BUSY_SHARE:
-            entry |= {"busy_cores": round(busy, 2), "expires": time.time() + LOADED_PLAN_S}
-        _write_plan(path, {**_read_plan(path), "prefetch": entry})
+        _save(path, "prefetch", {"name": name, "ms": {k: round(v * 1e3, 3) for k, v in timings.items()}}, busy)
         print(tr("CPU kernels prefetch the next weights {how} (fastest of {n} ways on this CPU, saved in {path})",
                  how=name, n=len(PREFETCH), path=path), file=sys.stderr)
     lib.cpu_linear_set_prefetch(*_prefetch_args(name))
@@ -365,18 +362,15 @@ def choice(weight: torch.Tensor) -> Choice:
     if key not in _chosen:
         path, dtype = plan_path(), str(weight.dtype).removeprefix("torch.")
         name = f"{k}x{n}" + ("" if weight.dtype == torch.float32 else f"-{dtype}")
-        saved = _read_plan(path).get(name)
+        saved = _saved(path, name)
         try:
-            if not isinstance(saved, dict) or time.time() > saved.get("expires", math.inf):
+            if saved is None:
                 raise KeyError(name)
             chosen = Choice(**{f: saved[f] for f in ("kernel_from", "kernel_to", "onednn")})
         except (KeyError, TypeError):  # 没量过、量的时候机器正忙而且已过期、或者文件里是别的写法：现量
             chosen, busy = measured_while_watching(lambda: calibrate(weight))
             trim_heap()
-            entry: dict[str, object] = vars(chosen)
-            if busy > BUSY_SHARE:
-                entry = {**entry, "busy_cores": round(busy, 2), "expires": time.time() + LOADED_PLAN_S}
-            _write_plan(path, {**_read_plan(path), name: entry})  # 几个进程同时量也不丢别人量的形状
+            _save(path, name, vars(chosen), busy)
             print(tr("Linear layer {k}→{n} ({dtype}): {how} (measured once on this CPU with {threads} threads, saved in "
                      "{path})", k=k, n=n, dtype=dtype, how=chosen.describe(weight.dtype), threads=key[3], path=path), file=sys.stderr)
             if busy > BUSY_SHARE:
@@ -455,6 +449,20 @@ def _read_plan(path: Path) -> dict[str, dict]:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+
+
+def _saved(path: Path, name: str) -> dict | None:
+    """计划文件里的 ``name`` 这一条；没有、不是一条记录、或者是机器正忙时量的而且已过期，都是 None。"""
+    entry = _read_plan(path).get(name)
+    return entry if isinstance(entry, dict) and time.time() <= entry.get("expires", math.inf) else None
+
+
+def _save(path: Path, name: str, entry: dict, busy: float) -> None:
+    """把一次测量存成计划文件里的 ``name`` 这一条（别的进程同时量的条目照样留着）；量的时候别的进程占着超过
+    :data:`BUSY_SHARE` 个核，这一条记下占了多少、:data:`LOADED_PLAN_S` 秒后过期。"""
+    if busy > BUSY_SHARE:
+        entry = {**entry, "busy_cores": round(busy, 2), "expires": time.time() + LOADED_PLAN_S}
+    _write_plan(path, {**_read_plan(path), name: entry})
 
 
 def _write_plan(path: Path, plan: dict[str, dict]) -> None:
